@@ -1,0 +1,1 @@
+"""Streamlit app: predictions, users, offline metrics, stream health. Reads, never trains."""

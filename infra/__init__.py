@@ -1,0 +1,1 @@
+"""Local services (Kafka-API broker, Redis), configuration and the `astec` CLI root."""

@@ -1,0 +1,55 @@
+"""The `astec` command line: a thin root that loads each area's commands lazily."""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import click
+
+from infra.commands import BENCH_COMMANDS, COMMANDS
+
+
+class LazyGroup(click.Group):
+    """A click group whose sub-commands are imported on first use."""
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx, name):
+        if name in self.lazy:
+            module_name, attr = self.lazy[name].split(":")
+            return getattr(importlib.import_module(module_name), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """Astec: extreme multi-label query prediction for streaming personalized ads.
+
+    Train the Astec engine from click logs or benchmark files, evaluate it, export a fast CPU
+    predictor, run the Kafka/Redis stream, train the GRU personalization and run the demo.
+    Every command has --help.
+    """
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    logging.basicConfig(level=int(os.environ.get("ASTEC_LOG_LEVEL", level)),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@cli.group(cls=LazyGroup, lazy=BENCH_COMMANDS)
+def bench() -> None:
+    """Benchmarks that print figures (accuracy, speed, memory) measured side by side."""
+
+
+def main() -> None:
+    cli(prog_name="astec")
+
+
+if __name__ == "__main__":
+    main()

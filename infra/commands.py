@@ -1,0 +1,12 @@
+"""Where each `astec` command lives, as "module:attribute".
+
+Commands are imported only when run (or when `--help` lists them), so `astec --help` and the
+light commands never pay for importing torch. Add one line per command; keep each area's
+commands in that area's own module.
+"""
+
+COMMANDS: dict[str, str] = {
+}
+
+BENCH_COMMANDS: dict[str, str] = {
+}

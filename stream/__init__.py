@@ -1,0 +1,1 @@
+"""Kafka consumers/producers, message schemas, the Redis state store, click logging, simulator."""
