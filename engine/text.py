@@ -1,0 +1,269 @@
+"""Text features for short texts (page titles): a tokenizer and a TF-IDF vectoriser.
+
+One module serves training (batch `transform`) and the latency-critical predictor
+(`transform_one`, a few microseconds per title), so both paths share the same analyser.
+
+Tokens (deterministic, unicode-aware):
+* text is lower-cased with `str.lower` (what scikit-learn does; `casefold` would also fold
+  e.g. German sharp s, which changes nothing for our corpora and breaks the sklearn check);
+* words are runs of `\\w` (unicode letters, digits, underscore) followed by any trailing `+`
+  or `#`: `c++`, `g++`, `gtk+`, `c#`, `x86_64`, `libc6`, `ä` stay single tokens; hyphens,
+  dots, slashes and other punctuation split (`python3.11` -> `python3`, `11`; `e-mail` ->
+  `e`, `mail`). Single characters are kept (`c`, `r`, `x` are meaningful in package titles);
+* with `word_ngrams=2`, adjacent word pairs are added as `"w1 w2"` (space-joined);
+* with `char_ngrams=(lo, hi)`, each word wrapped in boundary markers `<word>` contributes its
+  character n-grams of length lo..hi, prefixed with `~` so they never collide with a word
+  (`libc6`, (3, 3) -> `~<li`, `~lib`, `~ibc`, `~bc6`, `~c6>`), as the paper did for queries.
+
+Weights: tf (raw count, or 1 + ln tf with `sublinear_tf`) times the scikit-learn smooth idf
+ln((1 + n) / (1 + df)) + 1, rows L2-normalised; unknown tokens are ignored and a text with no
+known token gives an all-zero row. Saved as JSON (parameters + vocabulary in index order) plus
+an .npz with the idf vector: no pickle.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+from tqdm import tqdm
+
+__all__ = ["TOKEN_PATTERN", "words", "analyze", "TfidfVectorizer"]
+
+TOKEN_PATTERN = r"\w+[+#]*"
+_WORD_RE = re.compile(TOKEN_PATTERN)
+_FORMAT = "astec-tfidf"
+_VERSION = 1
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased word tokens of `text` (see the module docstring for the rules)."""
+    return _WORD_RE.findall(text.lower())
+
+
+def analyze(text: str, word_ngrams: int = 1,
+            char_ngrams: tuple[int, int] | None = None) -> list[str]:
+    """All features of `text` in a fixed order: words, then bigrams, then char n-grams."""
+    ws = _WORD_RE.findall(text.lower())
+    out = list(ws)
+    if word_ngrams >= 2 and len(ws) > 1:
+        out.extend([a + " " + b for a, b in zip(ws, ws[1:])])
+    if char_ngrams is not None:
+        lo, hi = char_ngrams
+        for w in ws:
+            m = "<" + w + ">"
+            lm = len(m)
+            for n in range(lo, min(hi, lm) + 1):
+                out.extend(["~" + m[i:i + n] for i in range(lm - n + 1)])
+    return out
+
+
+@dataclass
+class TfidfVectorizer:
+    """TF-IDF over `analyze` features; fit / transform / transform_one / save / load.
+
+    min_df: int = minimum document count, float in (0, 1) = minimum fraction of documents.
+    max_df: float in (0, 1] = maximum fraction of documents (or int count).
+    max_features: keep the features with the highest df (ties by token) after the df filters.
+    Vocabulary order is deterministic: df descending, then token.
+    """
+    min_df: int | float = 1
+    max_df: int | float = 1.0
+    max_features: int | None = None
+    sublinear_tf: bool = False
+    word_ngrams: int = 1
+    char_ngrams: tuple[int, int] | None = None
+    vocabulary_: dict[str, int] = field(default_factory=dict, repr=False)
+    idf_: np.ndarray | None = field(default=None, repr=False)
+    n_docs_: int = 0
+
+    def __post_init__(self):
+        if self.word_ngrams not in (1, 2):
+            raise ValueError(f"word_ngrams must be 1 or 2, got {self.word_ngrams}")
+        if self.char_ngrams is not None:
+            lo, hi = (int(v) for v in self.char_ngrams)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"char_ngrams must be (lo, hi) with 1 <= lo <= hi, "
+                                 f"got {self.char_ngrams}")
+            self.char_ngrams = (lo, hi)
+        if self.idf_ is not None:
+            self._compile()
+        if self.max_features is not None and self.max_features < 1:
+            raise ValueError(f"max_features must be >= 1, got {self.max_features}")
+
+    # ---- analysis -------------------------------------------------------------------------
+    def analyze(self, text: str) -> list[str]:
+        """The features of one text, before vocabulary lookup."""
+        return analyze(text, self.word_ngrams, self.char_ngrams)
+
+    @property
+    def num_features(self) -> int:
+        return len(self.vocabulary_)
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Tokens in index order."""
+        names = [""] * len(self.vocabulary_)
+        for tok, i in self.vocabulary_.items():
+            names[i] = tok
+        return names
+
+    # ---- fitting --------------------------------------------------------------------------
+    def fit(self, texts, progress: bool = False) -> "TfidfVectorizer":
+        """Learn the vocabulary and idf from an iterable of texts."""
+        df: Counter[str] = Counter()
+        n = 0
+        an = self.analyze
+        for text in tqdm(texts, desc="tfidf fit", unit="doc", disable=not progress):
+            df.update(set(an(text)))
+            n += 1
+        if n == 0:
+            raise ValueError("TfidfVectorizer.fit: no texts given")
+        lo = self.min_df if isinstance(self.min_df, int) else math.ceil(self.min_df * n)
+        hi = self.max_df if isinstance(self.max_df, int) else math.floor(self.max_df * n)
+        kept = [(c, t) for t, c in df.items() if lo <= c <= hi]
+        kept.sort(key=lambda ct: (-ct[0], ct[1]))
+        if self.max_features is not None:
+            kept = kept[:self.max_features]
+        if not kept:
+            raise ValueError(f"TfidfVectorizer.fit: no token left after min_df={self.min_df}, "
+                             f"max_df={self.max_df} over {n} texts")
+        self.vocabulary_ = {t: i for i, (_, t) in enumerate(kept)}
+        counts = np.array([c for c, _ in kept], dtype=np.float64)
+        self.idf_ = np.log((1.0 + n) / (1.0 + counts)) + 1.0
+        self.n_docs_ = n
+        self._compile()
+        return self
+
+    def _compile(self) -> None:
+        self._idf32 = self.idf_.astype(np.float32)
+        self._idf_list = self.idf_.tolist()
+
+    def _check_fitted(self) -> None:
+        if self.idf_ is None:
+            raise RuntimeError("TfidfVectorizer is not fitted: call fit() or load()")
+
+    # ---- transforming ---------------------------------------------------------------------
+    def transform(self, texts, progress: bool = False) -> sp.csr_matrix:
+        """CSR float32 [n, V] with L2-normalised rows (all-zero rows for unknown-only texts)."""
+        self._check_fitted()
+        vocab_get = self.vocabulary_.get
+        an = self.analyze
+        cols: list[int] = []
+        lengths: list[int] = []
+        for text in tqdm(texts, desc="tfidf", unit="doc", disable=not progress):
+            ids = [i for i in map(vocab_get, an(text)) if i is not None]
+            cols.extend(ids)
+            lengths.append(len(ids))
+        n = len(lengths)
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        X = sp.csr_matrix((np.ones(len(cols), dtype=np.float32), np.asarray(cols, dtype=np.int32),
+                           indptr), shape=(n, len(self.vocabulary_)))
+        X.sum_duplicates()  # counts repeated tokens, sorts indices
+        if self.sublinear_tf:
+            np.log(X.data, out=X.data)
+            X.data += 1.0
+        X.data *= self._idf32[X.indices]
+        row_len = np.diff(X.indptr)
+        rows = np.repeat(np.arange(n), row_len)
+        norms = np.sqrt(np.bincount(rows, weights=X.data.astype(np.float64) ** 2, minlength=n))
+        norms[norms == 0] = 1.0
+        X.data /= norms[rows].astype(np.float32)
+        return X
+
+    def fit_transform(self, texts, progress: bool = False) -> sp.csr_matrix:
+        texts = list(texts)
+        return self.fit(texts, progress).transform(texts, progress)
+
+    def transform_one(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """One text -> (indices int32 ascending, values float32), same values as `transform`.
+
+        The predictor's hot path: plain dict/list work on ~10 tokens, no sparse matrices.
+        """
+        vocab_get = self.vocabulary_.get
+        counts: dict[int, int] = {}
+        for tok in self.analyze(text):
+            i = vocab_get(tok)
+            if i is not None:
+                counts[i] = counts.get(i, 0) + 1
+        if not counts:
+            return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.float32)
+        idx = sorted(counts)
+        idf = self._idf_list
+        if self.sublinear_tf:
+            vals = [(1.0 + math.log(counts[i])) * idf[i] for i in idx]
+        else:
+            vals = [counts[i] * idf[i] for i in idx]
+        norm = math.sqrt(sum(v * v for v in vals))
+        return (np.array(idx, dtype=np.int32),
+                np.array([v / norm for v in vals], dtype=np.float32))
+
+    # ---- persistence ----------------------------------------------------------------------
+    @staticmethod
+    def _paths(path) -> tuple[Path, Path]:
+        p = Path(path)
+        if p.suffix == ".json":
+            return p, p.with_suffix(".npz")
+        return p / "tfidf.json", p / "tfidf.npz"
+
+    def save(self, path) -> Path:
+        """Write `<dir>/tfidf.json` + `<dir>/tfidf.npz` (or `<name>.json` + `<name>.npz`)."""
+        self._check_fitted()
+        jpath, npath = self._paths(path)
+        jpath.parent.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "format": _FORMAT, "version": _VERSION, "token_pattern": TOKEN_PATTERN,
+            "min_df": self.min_df, "max_df": self.max_df, "max_features": self.max_features,
+            "sublinear_tf": self.sublinear_tf, "word_ngrams": self.word_ngrams,
+            "char_ngrams": list(self.char_ngrams) if self.char_ngrams else None,
+            "n_docs": self.n_docs_, "vocabulary": self.feature_names,
+        }
+        jpath.write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+        np.savez(npath, idf=self.idf_)
+        return jpath
+
+    @classmethod
+    def load(cls, path) -> "TfidfVectorizer":
+        """Read what `save` wrote; errors name the file and the bad field."""
+        jpath, npath = cls._paths(path)
+        try:
+            meta = json.loads(jpath.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{jpath}: TF-IDF vectoriser file not found") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{jpath}: not valid JSON ({e})") from None
+        if meta.get("format") != _FORMAT or meta.get("version") != _VERSION:
+            raise ValueError(f"{jpath}: field 'format'/'version' is "
+                             f"{meta.get('format')!r}/{meta.get('version')!r}, expected "
+                             f"{_FORMAT!r}/{_VERSION}")
+        if meta.get("token_pattern") != TOKEN_PATTERN:
+            raise ValueError(f"{jpath}: field 'token_pattern' {meta.get('token_pattern')!r} "
+                             f"differs from this code's {TOKEN_PATTERN!r}")
+        try:
+            vocab = meta["vocabulary"]
+            v = cls(min_df=meta["min_df"], max_df=meta["max_df"],
+                    max_features=meta["max_features"], sublinear_tf=bool(meta["sublinear_tf"]),
+                    word_ngrams=int(meta["word_ngrams"]),
+                    char_ngrams=tuple(meta["char_ngrams"]) if meta["char_ngrams"] else None)
+            v.n_docs_ = int(meta["n_docs"])
+        except KeyError as e:
+            raise ValueError(f"{jpath}: missing field {e.args[0]!r}") from None
+        with np.load(npath, allow_pickle=False) as z:
+            if "idf" not in z:
+                raise ValueError(f"{npath}: missing array 'idf'")
+            idf = np.asarray(z["idf"], dtype=np.float64)
+        if idf.shape != (len(vocab),):
+            raise ValueError(f"{npath}: 'idf' has shape {idf.shape} but {jpath} has "
+                             f"{len(vocab)} vocabulary entries")
+        v.vocabulary_ = {t: i for i, t in enumerate(vocab)}
+        if len(v.vocabulary_) != len(vocab):
+            raise ValueError(f"{jpath}: field 'vocabulary' has duplicate tokens")
+        v.idf_ = idf
+        v._compile()
+        return v
