@@ -6,6 +6,8 @@ commands in that area's own module.
 """
 
 COMMANDS: dict[str, str] = {
+    "infra": "infra.cli_infra:infra",
+    "data": "engine.cli_data:data",
 }
 
 BENCH_COMMANDS: dict[str, str] = {
