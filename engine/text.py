@@ -39,6 +39,7 @@ TOKEN_PATTERN = r"\w+[+#]*"
 _WORD_RE = re.compile(TOKEN_PATTERN)
 _FORMAT = "astec-tfidf"
 _VERSION = 1
+_CACHE_MAX = 200_000
 
 
 def words(text: str) -> list[str]:
@@ -143,6 +144,42 @@ class TfidfVectorizer:
     def _compile(self) -> None:
         self._idf32 = self.idf_.astype(np.float32)
         self._idf_list = self.idf_.tolist()
+        self._word_cache: dict[str, list[int]] = {}
+
+    def _word_ids(self, w: str) -> list[int]:
+        """Known feature ids of one word (itself + its char n-grams), memoised per word.
+
+        Words repeat across titles, so the char n-gram work is done once per distinct word;
+        the cache is dropped when it grows past _CACHE_MAX words to bound memory.
+        """
+        vocab_get = self.vocabulary_.get
+        feats = [w]
+        if self.char_ngrams is not None:
+            lo, hi = self.char_ngrams
+            m = "<" + w + ">"
+            lm = len(m)
+            for n in range(lo, min(hi, lm) + 1):
+                feats.extend(["~" + m[i:i + n] for i in range(lm - n + 1)])
+        ids = [i for i in map(vocab_get, feats) if i is not None]
+        cache = self._word_cache
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[w] = ids
+        return ids
+
+    def _ids(self, text: str) -> list[int]:
+        """Known feature ids of a text, with repeats (same multiset as looking up `analyze`)."""
+        ws = _WORD_RE.findall(text.lower())
+        cache_get = self._word_cache.get
+        out: list[int] = []
+        for w in ws:
+            ids = cache_get(w)
+            out.extend(ids if ids is not None else self._word_ids(w))
+        if self.word_ngrams >= 2 and len(ws) > 1:
+            vocab_get = self.vocabulary_.get
+            out.extend([i for i in map(vocab_get, [a + " " + b for a, b in zip(ws, ws[1:])])
+                        if i is not None])
+        return out
 
     def _check_fitted(self) -> None:
         if self.idf_ is None:
@@ -152,12 +189,11 @@ class TfidfVectorizer:
     def transform(self, texts, progress: bool = False) -> sp.csr_matrix:
         """CSR float32 [n, V] with L2-normalised rows (all-zero rows for unknown-only texts)."""
         self._check_fitted()
-        vocab_get = self.vocabulary_.get
-        an = self.analyze
+        ids_of = self._ids
         cols: list[int] = []
         lengths: list[int] = []
         for text in tqdm(texts, desc="tfidf", unit="doc", disable=not progress):
-            ids = [i for i in map(vocab_get, an(text)) if i is not None]
+            ids = ids_of(text)
             cols.extend(ids)
             lengths.append(len(ids))
         n = len(lengths)
@@ -186,14 +222,19 @@ class TfidfVectorizer:
 
         The predictor's hot path: plain dict/list work on ~10 tokens, no sparse matrices.
         """
-        vocab_get = self.vocabulary_.get
-        counts: dict[int, int] = {}
-        for tok in self.analyze(text):
-            i = vocab_get(tok)
-            if i is not None:
-                counts[i] = counts.get(i, 0) + 1
+        counts = Counter(self._ids(text))
         if not counts:
             return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.float32)
+        if len(counts) > 24:  # many char n-grams: numpy beats Python lists
+            idx = np.fromiter(counts.keys(), dtype=np.int32, count=len(counts))
+            tf = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+            order = np.argsort(idx)
+            idx, tf = idx[order], tf[order]
+            if self.sublinear_tf:
+                tf = 1.0 + np.log(tf)
+            vals = tf * self.idf_[idx]
+            vals /= math.sqrt(float(vals @ vals))
+            return idx, vals.astype(np.float32)
         idx = sorted(counts)
         idf = self._idf_list
         if self.sublinear_tf:
