@@ -1,0 +1,75 @@
+"""`astec infra up|down|status|env`: the loopback Kafka-API broker and Redis for one machine."""
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from infra.config import DEFAULT_SERVICES_DIR
+
+_DIR = click.option("--data-dir", default=lambda: os.environ.get("ASTEC_SERVICES_DIR",
+                                                                  DEFAULT_SERVICES_DIR),
+                    show_default=DEFAULT_SERVICES_DIR, type=click.Path(file_okay=False),
+                    help="Where services.json, logs and Redis' AOF live ($ASTEC_SERVICES_DIR).")
+
+
+@click.group()
+def infra() -> None:
+    """Start/stop the local Tansu broker and redis-server (loopback, recorded PIDs and ports)."""
+
+
+@infra.command()
+@_DIR
+@click.option("--kafka-port", type=int, default=None, help="Broker port (default: a free one).")
+@click.option("--redis-port", type=int, default=None, help="Redis port (default: a free one).")
+@click.option("--create-topics/--no-create-topics", default=True, show_default=True,
+              help="Create the stream topics (memory storage loses them on a broker restart).")
+def up(data_dir: str, kafka_port: int | None, redis_port: int | None, create_topics: bool) -> None:
+    """Start both services, wait until they answer, record them in DATA_DIR/services.json."""
+    from infra.services import ServiceError, start_services
+    try:
+        info = start_services(data_dir, kafka_port, redis_port)
+    except ServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    if create_topics:
+        from infra.config import load_settings
+        from stream.topics import ensure_topics
+        ensure_topics(load_settings(services_dir=data_dir))
+    click.echo(f"kafka  pid {info.kafka.pid}  bootstrap {info.kafka_bootstrap}")
+    click.echo(f"redis  pid {info.redis.pid}  port {info.redis.port} (password in "
+               f"{os.path.join(info.data_dir, 'services.json')})")
+    click.echo(f"commands in this directory find them via {data_dir}; elsewhere run "
+               f"`eval $(astec infra env --data-dir {info.data_dir})`")
+
+
+@infra.command()
+@_DIR
+def down(data_dir: str) -> None:
+    """Stop exactly the processes recorded in DATA_DIR/services.json."""
+    from infra.services import stop_services
+    stopped = stop_services(data_dir)
+    click.echo("\n".join(f"stopped {s}" for s in stopped) or "nothing recorded as running")
+
+
+@infra.command()
+@_DIR
+def status(data_dir: str) -> None:
+    """Print (JSON) whether the recorded services run and answer; exit 1 when not."""
+    from infra.services import services_status
+    st = services_status(data_dir)
+    click.echo(json.dumps(st, indent=2))
+    if not st["running"]:
+        raise SystemExit(1)
+
+
+@infra.command()
+@_DIR
+def env(data_dir: str) -> None:
+    """Print `export KAFKA_BOOTSTRAP=... REDIS_URL=...` for the recorded services."""
+    from infra.services import read_info
+    info = read_info(data_dir)
+    if info is None:
+        raise click.ClickException(f"no services recorded in {data_dir} (run `astec infra up`)")
+    click.echo(f"export KAFKA_BOOTSTRAP={info.kafka_bootstrap}")
+    click.echo(f"export REDIS_URL={info.redis_url}")

@@ -1,0 +1,158 @@
+"""Settings for the services and the stream: defaults < services.json < config file < env.
+
+One resolution order lets the same code run on loopback services started by `astec infra up`
+(their ports and password are read from DIR/services.json) and against a production Kafka
+cluster and Redis (a TOML/JSON config file, or `KAFKA_BOOTSTRAP` / `REDIS_URL` / `ASTEC_*` env).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+DEFAULT_SERVICES_DIR = ".astec/services"
+
+
+class ConfigError(ValueError):
+    """A setting could not be read; the message names the source and the field."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a service, consumer or producer needs to find and use Kafka and Redis."""
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    services_dir: str = DEFAULT_SERVICES_DIR
+    # topics
+    topic_page_views: str = "page-views"
+    topic_ad_queries: str = "ad-queries"
+    topic_ad_clicks: str = "ad-clicks"
+    topic_dead_letters: str = "dead-letters"
+    partitions: int = 4
+    replication_factor: int = 1
+    # consumers (short timeouts: Tansu group joins take about half the session timeout)
+    consumer_group: str = "astec-stream"
+    session_timeout_ms: int = 6000
+    heartbeat_interval_ms: int = 1000
+    max_poll_interval_ms: int = 10000
+    poll_timeout_ms: int = 20
+    batch_max: int = 256
+    max_message_bytes: int = 16384
+    # prediction and user state
+    top_k: int = 10
+    state_k: int = 16
+    state_ttl_s: int = 30 * 86400
+    dedup_ttl_s: int = 7 * 86400
+    redis_key_prefix: str = "astec"
+    models_dir: str = "models"
+    metrics_interval_s: float = 1.0
+    metrics_port: int = 0
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+    def topics(self) -> list[str]:
+        return [self.topic_page_views, self.topic_ad_queries, self.topic_ad_clicks,
+                self.topic_dead_letters]
+
+
+_FIELDS = {f.name: f for f in fields(Settings)}
+_ENV_ALIASES = {"KAFKA_BOOTSTRAP": "kafka_bootstrap", "REDIS_URL": "redis_url"}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """Convert a raw value (env strings included) to the field's type, or say where it broke."""
+    kind = _FIELDS[name].type
+    try:
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ValueError("a boolean is not an integer")
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "str":
+            if not isinstance(value, (str, int, float)):
+                raise ValueError(f"expected a string, got {type(value).__name__}")
+            return str(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: field {name!r}: {exc}") from None
+    raise ConfigError(f"{source}: field {name!r} has unsupported type {kind}")
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a TOML or JSON settings file (flat keys, or a [astec] / {"astec": ...} table)."""
+    p = Path(path)
+    try:
+        text = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a table of settings at the top level")
+    if isinstance(data.get("astec"), dict):
+        data = data["astec"]
+    out = {}
+    for key, value in data.items():
+        if key not in _FIELDS:
+            raise ConfigError(f"{p}: unknown setting {key!r} (known: {', '.join(sorted(_FIELDS))})")
+        out[key] = _coerce(key, value, str(p))
+    return out
+
+
+def services_overrides(services_dir: str | os.PathLike) -> dict[str, Any]:
+    """Bootstrap and Redis URL of services started by `astec infra up` in that directory."""
+    path = Path(services_dir) / "services.json"
+    if not path.is_file():
+        return {}
+    try:
+        info = json.loads(path.read_text())
+        return {"kafka_bootstrap": info["kafka"]["bootstrap"], "redis_url": info["redis"]["url"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: malformed services record: {exc}") from None
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    out = {}
+    for var, name in _ENV_ALIASES.items():
+        if env.get(var):
+            out[name] = env[var]
+    for name in _FIELDS:
+        var = f"ASTEC_{name.upper()}"
+        if env.get(var):
+            out[name] = _coerce(name, env[var], f"environment variable {var}")
+    return out
+
+
+def load_settings(config_file: str | os.PathLike | None = None,
+                  env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Resolve settings: defaults < services.json < config file (or $ASTEC_CONFIG) < env < overrides.
+
+    Explicit keyword overrides (from command-line options) win over everything; None values are
+    ignored so click options can be passed straight through.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    config_file = config_file or env.get("ASTEC_CONFIG") or None
+    from_file = read_config_file(config_file) if config_file else {}
+    from_env = env_overrides(env)
+    services_dir = (overrides.get("services_dir") or from_env.get("services_dir")
+                    or from_file.get("services_dir") or DEFAULT_SERVICES_DIR)
+    values.update(services_overrides(services_dir))
+    values.update(from_file)
+    values.update(from_env)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in _FIELDS:
+            raise ConfigError(f"unknown setting {key!r}")
+        values[key] = _coerce(key, value, "command line")
+    values["services_dir"] = str(services_dir)
+    return Settings(**values)

@@ -1,0 +1,72 @@
+"""`astec infra up|status|down` starts real services, records them, and stops exactly those PIDs;
+settings resolve defaults < config file < env."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from infra.cli import cli
+from infra.config import ConfigError, load_settings
+from infra.services import pid_alive
+
+
+def test_infra_up_status_down(tmp_path):
+    runner = CliRunner()
+    data_dir = tmp_path / "svc"
+    result = runner.invoke(cli, ["infra", "up", "--data-dir", str(data_dir)])
+    assert result.exit_code == 0, result.output
+    info = json.loads((data_dir / "services.json").read_text())
+    kpid, rpid = info["kafka"]["pid"], info["redis"]["pid"]
+    try:
+        assert pid_alive(kpid) and pid_alive(rpid)
+        st = runner.invoke(cli, ["infra", "status", "--data-dir", str(data_dir)])
+        assert st.exit_code == 0, st.output
+        status = json.loads(st.output)
+        assert status["kafka"]["answers"] and status["redis"]["answers"]
+        assert info["redis"]["password"] not in st.output
+
+        # Redis: loopback, password required, AOF on; settings find the services via the dir
+        settings = load_settings(services_dir=str(data_dir), env={})
+        assert settings.kafka_bootstrap == f"127.0.0.1:{info['kafka']['port']}"
+        client = redis.Redis.from_url(settings.redis_url)
+        assert client.config_get("appendonly")["appendonly"] == "yes"
+        assert client.config_get("bind")["bind"] == "127.0.0.1"
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=info["redis"]["port"]).ping()
+        client.close()
+
+        # a second `up` is idempotent: same processes
+        again = runner.invoke(cli, ["infra", "up", "--data-dir", str(data_dir)])
+        assert again.exit_code == 0, again.output
+        assert json.loads((data_dir / "services.json").read_text())["kafka"]["pid"] == kpid
+    finally:
+        down = runner.invoke(cli, ["infra", "down", "--data-dir", str(data_dir)])
+    assert down.exit_code == 0, down.output
+    assert not pid_alive(kpid) and not pid_alive(rpid)
+    assert not (data_dir / "services.json").exists()
+    st = runner.invoke(cli, ["infra", "status", "--data-dir", str(data_dir)])
+    assert st.exit_code == 1
+
+
+def test_settings_precedence(tmp_path):
+    cfg = tmp_path / "astec.toml"
+    cfg.write_text('[astec]\nkafka_bootstrap = "broker-a:9092"\npartitions = 12\nstate_k = 8\n')
+    s = load_settings(cfg, env={"KAFKA_BOOTSTRAP": "broker-b:9092", "ASTEC_STATE_K": "32"},
+                      services_dir=str(tmp_path))
+    assert s.kafka_bootstrap == "broker-b:9092"   # env beats file
+    assert s.partitions == 12                      # file beats default
+    assert s.state_k == 32
+    assert s.redis_url == "redis://127.0.0.1:6379/0"
+    assert load_settings(cfg, env={}, state_k=4, services_dir=str(tmp_path)).state_k == 4
+
+
+def test_settings_errors_name_source_and_field(tmp_path):
+    cfg = tmp_path / "bad.json"
+    cfg.write_text('{"partitons": 3}')
+    with pytest.raises(ConfigError, match=r"bad.json.*'partitons'"):
+        load_settings(cfg, env={}, services_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="ASTEC_PARTITIONS.*'partitions'"):
+        load_settings(env={"ASTEC_PARTITIONS": "four"}, services_dir=str(tmp_path))
