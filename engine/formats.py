@@ -142,8 +142,8 @@ def _slow_pairs(path, line: int, field: str, what: str) -> None:
         if tok.count(":") != 1:
             raise FormatError(path, line, f"bad pair {tok!r} (expected {what}:value)")
         i, v = tok.split(":")
-        _parse_int(path, line, i, what)
-        _parse_float(path, line, v, "value")
+        _parse_int(path, line, i, f"{what} in pair {tok!r}:")
+        _parse_float(path, line, v, f"value in pair {tok!r}:")
 
 
 def _id_lists(path, fields: list[str], first_line: int, what: str) -> tuple[np.ndarray, np.ndarray]:
