@@ -8,6 +8,7 @@ commands in that area's own module.
 COMMANDS: dict[str, str] = {
     "infra": "infra.cli_infra:infra",
     "data": "engine.cli_data:data",
+    "evaluate": "engine.cli_evaluate:evaluate",
 }
 
 BENCH_COMMANDS: dict[str, str] = {
