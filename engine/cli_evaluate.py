@@ -21,10 +21,17 @@ def _pad_columns(Y: sp.csr_matrix, L: int) -> sp.csr_matrix:
     return sp.csr_matrix((Y.data, Y.indices, Y.indptr), shape=(Y.shape[0], L))
 
 
-def _read_pred(path: str, L: int) -> sp.csr_matrix:
-    """Text `id:score` lines or an .npz score matrix, with every label id checked against L."""
+def _label_count_known(ds) -> bool:
+    """False when L was only inferred as max id + 1 (a text TSV without a label-names file)."""
+    return not (ds.source.startswith("text-tsv:") and ds.label_names is None)
+
+
+def _read_pred(path: str, L: int | None) -> sp.csr_matrix:
+    """Text `id:score` lines or an .npz score matrix, every label id checked against L if given."""
     if detect_format(path) == "npz":
         P = read_npz(path)
+        if L is None:
+            return P
         if P.nnz and int(P.indices.max()) >= L:
             row = int(np.searchsorted(P.indptr, int(np.argmax(P.indices)), side="right")) - 1
             raise FormatError(path, None, f"row {row} predicts label id {int(P.indices.max())} "
@@ -75,8 +82,12 @@ def evaluate(test_path, pred_path, train_path, labels_path, train_labels_path, A
         test = load_dataset(test_path, labels_path)
         train = load_dataset(train_path, train_labels_path) if train_path else None
         L = max(test.num_labels, train.num_labels if train else 0)
+        known = _label_count_known(test) or (train is not None and _label_count_known(train))
+        P = _read_pred(pred_path, L if known else None)
+        if not known and P.shape[1] > L:
+            L = P.shape[1]  # no label names anywhere: a predicted id above the test's max is a miss
         Y = _pad_columns(test.Y, L)
-        P = _read_pred(pred_path, L)
+        P = _pad_columns(P, L)
     except FormatError as e:
         raise click.ClickException(str(e)) from None
     if P.shape[0] != Y.shape[0]:
@@ -91,7 +102,9 @@ def evaluate(test_path, pred_path, train_path, labels_path, train_labels_path, A
         metrics = evaluate_metrics(Y, P, inv_prop=inv_prop, ks=ks)
     except ValueError as e:
         raise click.ClickException(f"{pred_path}: {e}") from None
-    click.echo(f"{Y.shape[0]} test points, {L} labels, predictions from {pred_path}")
+    click.echo(f"{Y.shape[0]} test points, {L} labels"
+               f"{'' if known else ' (inferred from label ids: no label-names file)'}, "
+               f"predictions from {pred_path}")
     click.echo(format_table(metrics, ks))
     if inv_prop is None:
         click.echo("PSP/PSnDCG not computed: they need label propensities from the training "
