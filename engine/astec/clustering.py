@@ -1,0 +1,86 @@
+"""Module I's surrogate labels: balanced 2-means over label centroids, applied recursively."""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from tqdm import tqdm
+
+from .sparse import normalize_rows
+
+
+def label_centroids(X: sp.csr_matrix, Y: sp.csr_matrix) -> sp.csr_matrix:
+    """mu_l = normalised sum of the features of label l's positive points (zero row if none)."""
+    return normalize_rows(sp.csr_matrix(Y.T.astype(np.float32)) @ sp.csr_matrix(X, dtype=np.float32))
+
+
+def _split(C, rng, iters: int = 10):
+    """One balanced 2-means++ split of the rows of C (cosine); returns a boolean 'left' mask."""
+    n = C.shape[0]
+    first = rng.integers(n)
+    sims = np.asarray(C @ C[first].T.toarray() if sp.issparse(C) else C @ C[first]).ravel()
+    second = int(np.argmin(sims))
+    if second == first:
+        second = (first + 1) % n
+    centres = C[[first, second]]
+    centres = centres.toarray() if sp.issparse(centres) else np.asarray(centres)
+    half = n // 2
+    left = np.zeros(n, dtype=bool)
+    prev = None
+    for _ in range(iters):
+        S = np.asarray(C @ centres.T)
+        diff = S[:, 0] - S[:, 1]
+        order = np.argsort(-diff, kind="stable")
+        left[:] = False
+        left[order[:half + (n % 2) * (rng.random() < 0.5)]] = True
+        if prev is not None and np.array_equal(prev, left):
+            break
+        prev = left.copy()
+        for j, m in enumerate((left, ~left)):
+            c = np.asarray(C[m].sum(axis=0)).ravel()
+            nrm = np.linalg.norm(c)
+            centres[j] = c / nrm if nrm > 0 else c
+    return left
+
+
+def balanced_clusters(centroids, num_clusters: int, seed: int = 0, progress: bool = True) -> np.ndarray:
+    """Cluster id in [0, num_clusters) for each label: recursive balanced 2-means (Parabel/Astec).
+
+    Splits continue until there are num_clusters leaves (a power of two need not be asked for:
+    the largest leaves are split first). Zero centroids (labels without training points) are
+    spread over the clusters by the balance constraint.
+    """
+    L = centroids.shape[0]
+    num_clusters = max(1, min(num_clusters, L))
+    rng = np.random.default_rng(seed)
+    C = sp.csr_matrix(centroids, dtype=np.float32) if sp.issparse(centroids) else np.asarray(centroids, np.float32)
+    leaves = [np.arange(L)]
+    bar = tqdm(total=num_clusters - 1, desc="Module I: clustering labels", disable=not progress, leave=False)
+    while len(leaves) < num_clusters:
+        # split the largest leaves of the current level (keeps sizes balanced)
+        leaves.sort(key=len, reverse=True)
+        n_split = min(len(leaves), num_clusters - len(leaves))
+        new = []
+        for idx in leaves[:n_split]:
+            if len(idx) < 2:
+                new.append(idx)
+                continue
+            left = _split(C[idx], rng)
+            new.extend([idx[left], idx[~left]])
+            bar.update(1)
+        leaves = new + leaves[n_split:]
+        if all(len(x) < 2 for x in leaves[:n_split]):
+            break
+    bar.close()
+    assign = np.empty(L, dtype=np.int64)
+    for k, idx in enumerate(leaves):
+        assign[idx] = k
+    return assign
+
+
+def meta_labels(Y: sp.csr_matrix, assign: np.ndarray, num_clusters: int) -> sp.csr_matrix:
+    """Y_hat[i, k] = 1 iff point i has a label in cluster k."""
+    L = Y.shape[1]
+    A = sp.csr_matrix((np.ones(L, np.float32), (np.arange(L), assign)), shape=(L, num_clusters))
+    M = sp.csr_matrix(Y, dtype=np.float32) @ A
+    M.data[:] = 1.0
+    return M

@@ -1,0 +1,127 @@
+"""Astec hyper-parameters: one dataclass, JSON round-trip, defaults from the paper adapted to size."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class AstecConfig:
+    """All knobs of one Astec learner (an ensemble repeats them with different seeds).
+
+    Defaults follow the paper's supplementary material (D=300, dropout 0.5, batch 255, surrogate
+    lr in {0.003..0.02}, extreme lr 0.002, 0.05L <= L_hat <= 0.2L, HNSW M/efC/efS) with epochs cut
+    for 2-core CPU training; `resolve(L, N)` adapts size-dependent values to tiny label sets.
+    """
+
+    # features (passed to engine.text.TfidfVectorizer when training from raw text)
+    word_ngrams: int = 2             # 2 = words + adjacent word pairs (exact phrase cues)
+    char_ngrams: tuple = ()          # e.g. (3, 5) for character n-grams (the paper's query features)
+    min_df: int = 1
+    embedding_dim: int = 300
+    # Module I: surrogate task on balanced label clusters
+    num_clusters: int = 0            # 0 = auto: power of two nearest cluster_fraction * L
+    cluster_fraction: float = 0.1
+    max_clusters: int = 65536        # the paper's 2^16
+    surrogate_epochs: int = 10
+    surrogate_lr: float = 0.01
+    # residual blocks
+    spectral_lambda: float = 1.0
+    dropout: float = 0.5
+    batch_size: int = 255
+    # Module II: negatives / shortlist
+    knn_neighbours: int = 40         # neighbours from ANNS^x
+    centroid_neighbours: int = 100   # label centres from ANNS^mu
+    centroid_weight: float = 0.5     # s = w * centroid_sim + (1 - w) * knn_score
+    head_centres: int = 4            # k-means centres for head labels
+    head_min_points: int = 200       # a label with at least this many points is a head label
+    shortlist_size: int = 300        # hard negatives per training point (paper: 500)
+    predict_shortlist: int = 300     # candidates scored per test point
+    random_negatives: int = 16
+    prior_labels: int = 10           # most frequent labels always scored (empty texts get these)
+    exact_knn_max_points: int = 60000  # exact search below this many vectors, hnswlib above
+    hnsw_x: tuple = (50, 100, 100)   # M, efC, efS for ANNS^x (instances)
+    hnsw_mu: tuple = (100, 300, 300) # M, efC, efS for ANNS^mu (label centres)
+    # Modules III/IV: extreme classifier
+    extreme_epochs: int = 6
+    extreme_lr: float = 0.002
+    finetune_embeddings: bool = True
+    finetune_lr: float = 0.001
+    # re-ranker
+    reranker: bool = True
+    reranker_epochs: int = 4
+    reranker_negatives: int = 50     # base model's top mispredictions per training point
+    # score combination, chosen on the validation split
+    alpha_grid: tuple = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    beta_grid: tuple = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    alpha: float = -1.0              # < 0: choose on validation
+    beta: float = -1.0
+    select_metrics: tuple = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5")
+    valid_fraction: float = 0.1
+    max_valid_points: int = 5000
+    propensity_a: float = 0.55
+    propensity_b: float = 1.5
+    # run
+    learners: int = 1
+    seed: int = 0
+    num_threads: int = 2
+    predict_batch: int = 2048
+
+    def resolve(self, num_labels: int) -> "AstecConfig":
+        """Return a copy with size-dependent values fixed for L labels (tiny L never breaks)."""
+        c = dataclasses.replace(self)
+        L = max(int(num_labels), 1)
+        if c.num_clusters <= 0:
+            target = max(c.cluster_fraction * L, 1.0)
+            c.num_clusters = int(2 ** round(math.log2(target)))
+        c.num_clusters = int(max(1, min(c.num_clusters, c.max_clusters, L)))
+        c.shortlist_size = int(min(c.shortlist_size, L))
+        c.predict_shortlist = int(min(c.predict_shortlist, L))
+        c.centroid_neighbours = int(min(c.centroid_neighbours, L))
+        c.prior_labels = int(min(c.prior_labels, L))
+        c.random_negatives = int(min(c.random_negatives, L))
+        c.reranker_negatives = int(min(c.reranker_negatives, L))
+        return c
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "config") -> "AstecConfig":
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ValueError(f"{source}: unknown AstecConfig field(s) {unknown}; known: {sorted(names)}")
+        kw = {}
+        for k, v in d.items():
+            default = names[k].default
+            if isinstance(default, tuple):
+                if not isinstance(v, (list, tuple)):
+                    raise ValueError(f"{source}: field {k!r} must be a list, got {v!r}")
+                v = tuple(v)
+            elif isinstance(default, bool):
+                if not isinstance(v, bool):
+                    raise ValueError(f"{source}: field {k!r} must be true/false, got {v!r}")
+            elif isinstance(default, (int, float)) and not isinstance(default, bool):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ValueError(f"{source}: field {k!r} must be a number, got {v!r}")
+                v = type(default)(v) if isinstance(default, float) or float(v).is_integer() else v
+            kw[k] = v
+        return cls(**kw)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "AstecConfig":
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}:{e.lineno}: invalid JSON config: {e.msg}") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{p}: config must be a JSON object")
+        return cls.from_dict(d, source=str(p))

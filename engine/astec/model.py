@@ -1,0 +1,471 @@
+"""The Astec model (PECOS-style API): `Astec.train`, `.predict`, `.features`, `.save`, `Astec.load`.
+
+One model directory holds one or more learners (an ensemble: Astec-3 = 3 learners with different
+seeds whose final scores are averaged). See docs/model-format.md for the files.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import scipy.sparse as sp
+import torch
+from tqdm import tqdm
+
+from engine.metrics import evaluate, inv_propensity
+from engine.text import TfidfVectorizer
+
+from . import io as mio
+from .ann import AnnIndex
+from .clustering import balanced_clusters, label_centroids, meta_labels
+from .config import AstecConfig
+from .network import Classifier, Encoder, SpectralResidual, bag_inputs, dense_bag
+from .predict import classifier_logits, combine
+from .shortlist import ShortlistIndex, label_centres, recall_at, training_shortlist
+from .sparse import topk_dense_from_csr, topk_rows
+from .trainer import train_shortlisted, train_surrogate
+
+
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+def _rss_mb() -> float:
+    return round(psutil.Process().memory_info().rss / 2 ** 20, 1)
+
+
+@dataclass
+class Learner:
+    """One Astec learner: encoder Z (E, R), classifier W, optional re-ranker, shortlist indexes."""
+
+    encoder: Encoder
+    clf: Classifier
+    index: ShortlistIndex
+    reranker: Encoder | None = None
+    rr_clf: Classifier | None = None
+    alpha: float = 0.5
+    beta: float = 1.0
+
+    # ---- prediction pieces (numpy in, numpy out) --------------------------------------------
+    def shortlist(self, X: sp.csr_matrix, cfg: AstecConfig, exclude_self=None):
+        """(C, Z): top candidates with base similarity s as data, and final features z."""
+        V = dense_bag(self.encoder, X)
+        with torch.no_grad():
+            self.encoder.eval()
+            Z = self.encoder.residual(torch.from_numpy(V)).numpy()
+        S = self.index.scores(V, cfg.knn_neighbours, cfg.centroid_neighbours, cfg.centroid_weight,
+                              cfg.num_threads, exclude_self=exclude_self)
+        C = topk_rows(S, cfg.predict_shortlist)
+        if self.index.prior.size:  # frequent labels are always scored (covers empty texts)
+            n, k = X.shape[0], self.index.prior.size
+            P = sp.csr_matrix((np.tile(self.index.prior_score, n).astype(np.float32), np.tile(self.index.prior, n),
+                               np.arange(0, n * k + 1, k)), shape=C.shape)
+            C = sp.csr_matrix(C.maximum(P))
+        return C, Z
+
+    def logits(self, X, C, Z):
+        W = self.clf.weight.weight.detach().numpy()
+        b = self.clf.bias.weight.detach().numpy().ravel()
+        base = classifier_logits(Z, W, b, C)
+        rr = None
+        if self.reranker is not None:
+            Zr = dense_bag(self.reranker, X, what="z")
+            rr = classifier_logits(Zr, self.rr_clf.weight.weight.detach().numpy(),
+                                   self.rr_clf.bias.weight.detach().numpy().ravel(), C)
+        return base, rr
+
+    def scores(self, X: sp.csr_matrix, cfg: AstecConfig) -> sp.csr_matrix:
+        C, Z = self.shortlist(X, cfg)
+        base, rr = self.logits(X, C, Z)
+        return combine(C, base, self.alpha, rr, self.beta)
+
+
+def _build_index(encoder: Encoder, X: sp.csr_matrix, Y: sp.csr_matrix, cfg: AstecConfig, seed: int,
+                 V: np.ndarray | None = None) -> ShortlistIndex:
+    if V is None:
+        V = dense_bag(encoder, X)
+    Mx, cx, ex = cfg.hnsw_x
+    Mm, cm, em = cfg.hnsw_mu
+    points = AnnIndex.build(V, cfg.exact_knn_max_points, Mx, cx, ex, cfg.num_threads, seed)
+    cents, owner = label_centres(V, Y, cfg.head_centres, cfg.head_min_points, seed)
+    centres = AnnIndex.build(cents, cfg.exact_knn_max_points, Mm, cm, em, cfg.num_threads, seed)
+    counts = np.diff(sp.csc_matrix(Y).indptr)
+    prior = np.argsort(-counts, kind="stable")[:cfg.prior_labels]
+    prior = prior[counts[prior] > 0].astype(np.int64)
+    return ShortlistIndex(points, sp.csr_matrix(Y, dtype=np.float32), centres, owner, Y.shape[1], prior,
+                          _prior_score(counts[prior]))
+
+
+def _prior_score(counts: np.ndarray) -> np.ndarray:
+    """1e-3 * relative frequency: orders the always-scored labels without outweighing similarities."""
+    return (1e-3 * counts / max(float(counts.max(initial=1)), 1.0)).astype(np.float32)
+
+
+def _select(name, grid, make_scores, Yv, inv_prop, metrics, log):
+    """Pick the grid value maximising the mean of `metrics` on the validation split."""
+    best, best_val, table = grid[0], -1.0, []
+    for g in grid:
+        ids, sc = topk_dense_from_csr(make_scores(g), 5)
+        m = evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5))
+        val = float(np.mean([m[k] for k in metrics]))
+        table.append({name: g, "objective": round(val, 3), **{k: round(m[k], 2) for k in metrics}})
+        if val > best_val:
+            best, best_val = g, val
+    log[f"{name}_selection"] = table
+    return best
+
+
+def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True):
+    """Train Modules I-IV and the re-ranker for one learner; returns (Learner, log dict)."""
+    log: dict = {"seed": seed, "modules": {}}
+    torch.manual_seed(seed)
+    Xf, Yf = X[fit], Y[fit]
+    Xv, Yv = X[valid], Y[valid]
+    L = Y.shape[1]
+    D = cfg.embedding_dim
+
+    # Module I: clusters -> surrogate task
+    t0 = time.time()
+    cents = label_centroids(Xf, Yf)
+    assign = balanced_clusters(cents, cfg.num_clusters, seed, progress)
+    Ym = meta_labels(Yf, assign, cfg.num_clusters)
+    encoder = Encoder(X.shape[1], D, cfg.spectral_lambda, cfg.dropout)
+    epochs_log = train_surrogate(encoder, Xf, Ym, cfg.surrogate_epochs, cfg.surrogate_lr, cfg.batch_size, seed,
+                                 progress, valid=(Xv, meta_labels(Yv, assign, cfg.num_clusters)))
+    log["modules"]["I"] = {"seconds": round(time.time() - t0, 1), "peak_rss_mb": _peak_rss_mb(),
+                           "clusters": int(cfg.num_clusters), "epochs": epochs_log}
+
+    # Module II: frozen E -> indexes -> hard-negative shortlists
+    t0 = time.time()
+    Vf = dense_bag(encoder, Xf)
+    index = _build_index(encoder, Xf, Yf, cfg, seed, Vf)
+    S = index.scores(Vf, cfg.knn_neighbours, cfg.centroid_neighbours, cfg.centroid_weight, cfg.num_threads,
+                     exclude_self=np.arange(Xf.shape[0]))
+    negatives = training_shortlist(S, Yf, cfg.shortlist_size, cfg.random_negatives, seed)
+    del S
+    m2 = {"seconds": None, "index_kind": index.points.kind, "centres": int(index.centres.count)}
+    if Xv.shape[0]:
+        Sv = index.scores(dense_bag(encoder, Xv), cfg.knn_neighbours, cfg.centroid_neighbours,
+                          cfg.centroid_weight, cfg.num_threads)
+        m2[f"valid_recall@{cfg.predict_shortlist}"] = round(recall_at(Sv, Yv, cfg.predict_shortlist), 2)
+        ids, sc = topk_dense_from_csr(Sv, 5)
+        m2["valid_shortlist_only"] = {k: round(v, 2) for k, v in
+                                      evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
+        del Sv
+    m2["seconds"] = round(time.time() - t0, 1)
+    m2["peak_rss_mb"] = _peak_rss_mb()
+    log["modules"]["II"] = m2
+    if progress:
+        tqdm.write(f"  Module II: {json.dumps({k: v for k, v in m2.items() if k != 'valid_shortlist_only'})}")
+
+    # Modules III/IV: new residual R (identity), classifier on positives + shortlist
+    t0 = time.time()
+    encoder.residual = SpectralResidual(D, cfg.spectral_lambda)
+    clf = Classifier(L, D)
+    ep = train_shortlisted(encoder, clf, Xf, Yf, negatives, cfg.extreme_epochs, cfg.extreme_lr, cfg.batch_size,
+                           seed, cfg.finetune_embeddings, cfg.finetune_lr, "Module IV", progress)
+    del negatives
+    # E may have been fine-tuned: rebuild the indexes on the final v
+    index = _build_index(encoder, Xf, Yf, cfg, seed)
+    learner = Learner(encoder, clf, index)
+    m4 = {"epochs": ep}
+    if Xv.shape[0]:
+        C, Z = learner.shortlist(Xv, cfg)
+        base, _ = learner.logits(Xv, C, Z)
+        if cfg.alpha >= 0:
+            learner.alpha = cfg.alpha
+        else:
+            learner.alpha = _select("alpha", cfg.alpha_grid, lambda a: combine(C, base, a), Yv, inv_prop,
+                                    cfg.select_metrics, m4)
+        ids, sc = topk_dense_from_csr(combine(C, base, learner.alpha), 5)
+        m4["valid"] = {k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
+    elif cfg.alpha >= 0:
+        learner.alpha = cfg.alpha
+    m4["alpha"] = learner.alpha
+    m4["seconds"] = round(time.time() - t0, 1)
+    m4["peak_rss_mb"] = _peak_rss_mb()
+    log["modules"]["IV"] = m4
+    if progress and "valid" in m4:
+        tqdm.write(f"  Module IV: alpha={learner.alpha} valid={m4['valid']}")
+
+    # Re-ranker: independent Z~, W~ on positives + the base model's top mispredictions
+    if cfg.reranker and cfg.reranker_epochs > 0:
+        t0 = time.time()
+        C, Z = learner.shortlist(Xf, cfg, exclude_self=np.arange(Xf.shape[0]))
+        base, _ = learner.logits(Xf, C, Z)
+        P = combine(C, base, learner.alpha)
+        from .sparse import remove_entries
+        hard = topk_rows(remove_entries(P, Yf), cfg.reranker_negatives)
+        hard.data[:] = 1.0
+        del C, Z, base, P
+        rr = Encoder(X.shape[1], D, cfg.spectral_lambda, cfg.dropout)
+        with torch.no_grad():
+            rr.embed.weight.copy_(encoder.embed.weight)
+        rr_clf = Classifier(L, D)
+        with torch.no_grad():
+            rr_clf.weight.weight.copy_(clf.weight.weight)
+            rr_clf.bias.weight.copy_(clf.bias.weight)
+        ep = train_shortlisted(rr, rr_clf, Xf, Yf, hard, cfg.reranker_epochs, cfg.extreme_lr, cfg.batch_size,
+                               seed + 1, True, cfg.finetune_lr, "Re-ranker", progress)
+        learner.reranker, learner.rr_clf = rr, rr_clf
+        mr = {"epochs": ep}
+        if Xv.shape[0]:
+            C, Z = learner.shortlist(Xv, cfg)
+            base, rrl = learner.logits(Xv, C, Z)
+            if cfg.beta >= 0:
+                learner.beta = cfg.beta
+            else:
+                learner.beta = _select("beta", cfg.beta_grid, lambda b: combine(C, base, learner.alpha, rrl, b),
+                                       Yv, inv_prop, cfg.select_metrics, mr)
+            ids, sc = topk_dense_from_csr(combine(C, base, learner.alpha, rrl, learner.beta), 5)
+            mr["valid"] = {k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
+        elif cfg.beta >= 0:
+            learner.beta = cfg.beta
+        mr["beta"] = learner.beta
+        mr["seconds"] = round(time.time() - t0, 1)
+        mr["peak_rss_mb"] = _peak_rss_mb()
+        log["modules"]["reranker"] = mr
+        if progress and "valid" in mr:
+            tqdm.write(f"  Re-ranker: beta={learner.beta} valid={mr['valid']}")
+
+    # final indexes over all training points (the validation points' labels help prediction)
+    if Xv.shape[0]:
+        learner.index = _build_index(encoder, X, Y, cfg, seed)
+    return learner, log
+
+
+class Astec:
+    """A trained Astec model: vectoriser + one or more learners + label names."""
+
+    def __init__(self, config: AstecConfig, learners: list[Learner], num_labels: int,
+                 vectorizer: TfidfVectorizer | None = None, label_names: list[str] | None = None,
+                 train_log: dict | None = None):
+        self.config = config
+        self.learners = learners
+        self.num_labels = num_labels
+        self.vectorizer = vectorizer
+        self.label_names = label_names
+        self.train_log = train_log or {}
+
+    # ---- training --------------------------------------------------------------------------
+    @classmethod
+    def train(cls, texts, Y, config: AstecConfig | None = None, label_names: list[str] | None = None,
+              valid_fraction: float | None = None, seed: int | None = None, learners: int | None = None,
+              progress: bool = True) -> "Astec":
+        """Train on raw texts (list of str) or a ready feature matrix (csr, XC sparse format).
+
+        A validation split (valid_fraction of the points, at most max_valid_points) is carved out
+        of the training data to choose alpha/beta and log metrics; its points join the shortlist
+        indexes at the end.
+        """
+        cfg = config or AstecConfig()
+        if valid_fraction is not None:
+            cfg.valid_fraction = valid_fraction
+        if seed is not None:
+            cfg.seed = seed
+        if learners is not None:
+            cfg.learners = learners
+        Y = sp.csr_matrix(Y, dtype=np.float32)
+        Y.data[:] = 1.0
+        n, L = Y.shape
+        if n == 0:
+            raise ValueError("Astec.train: no training points")
+        cfg = cfg.resolve(L)
+        torch.set_num_threads(max(1, cfg.num_threads))
+        t_start = time.time()
+        vectorizer = None
+        if sp.issparse(texts):
+            X = sp.csr_matrix(texts, dtype=np.float32)
+        else:
+            texts = list(texts)
+            if len(texts) != n:
+                raise ValueError(f"Astec.train: {len(texts)} texts but Y has {n} rows")
+            vectorizer = TfidfVectorizer(min_df=cfg.min_df, word_ngrams=cfg.word_ngrams,
+                                         char_ngrams=tuple(cfg.char_ngrams) if cfg.char_ngrams else None)
+            X = vectorizer.fit_transform(texts, progress=progress)
+        if X.shape[0] != n:
+            raise ValueError(f"Astec.train: X has {X.shape[0]} rows but Y has {n}")
+        rng = np.random.default_rng(cfg.seed)
+        perm = rng.permutation(n)
+        n_valid = min(int(cfg.valid_fraction * n), cfg.max_valid_points) if n >= 20 else 0
+        valid, fit = np.sort(perm[:n_valid]), np.sort(perm[n_valid:])
+        inv_prop = inv_propensity(Y, A=cfg.propensity_a, B=cfg.propensity_b) if n >= 2 else np.ones(L)
+        log = {"num_points": n, "num_labels": L, "num_features": int(X.shape[1]), "valid_points": int(n_valid),
+               "features_seconds": round(time.time() - t_start, 1), "learners": []}
+        models = []
+        for j in range(cfg.learners):
+            if progress:
+                tqdm.write(f"learner {j + 1}/{cfg.learners}")
+            lr, llog = train_learner(X, Y, fit, valid, cfg, cfg.seed + 1000 * j, inv_prop, progress)
+            models.append(lr)
+            log["learners"].append(llog)
+        model = cls(cfg, models, L, vectorizer, label_names, log)
+        if n_valid and cfg.learners > 1:
+            # ensemble figure on the validation split, for the log (indexes now include these points)
+            log["ensemble_note"] = "per-learner valid figures are before the validation points joined the indexes"
+        log["train_seconds"] = round(time.time() - t_start, 1)
+        log["peak_rss_mb"] = _peak_rss_mb()
+        return model
+
+    # ---- inference -------------------------------------------------------------------------
+    def transform(self, texts) -> sp.csr_matrix:
+        """Sparse features of texts (csr passes through); str gives one row."""
+        if sp.issparse(texts):
+            X = sp.csr_matrix(texts, dtype=np.float32)
+            V = self.learners[0].encoder.embed.num_embeddings
+            if X.shape[1] > V:
+                raise ValueError(f"feature matrix has {X.shape[1]} columns, the model knows {V}")
+            if X.shape[1] < V:
+                X = sp.csr_matrix((X.data, X.indices, X.indptr), shape=(X.shape[0], V))
+            return X
+        if self.vectorizer is None:
+            raise ValueError("this model was trained on feature vectors (XC sparse format): pass a csr matrix")
+        if isinstance(texts, str):
+            texts = [texts]
+        return self.vectorizer.transform(list(texts))
+
+    def predict_scores(self, texts) -> sp.csr_matrix:
+        """Sparse [n, L] final scores over each point's shortlisted labels (ensemble average)."""
+        X = self.transform(texts)
+        total = None
+        for lr in self.learners:
+            S = lr.scores(X, self.config)
+            total = S if total is None else total + S
+        return total / float(len(self.learners))
+
+    def predict(self, texts, k: int = 10, batch: int | None = None):
+        """(ids int64 [n, k], scores float32 [n, k]), best first; -1 pads when < k candidates."""
+        X = self.transform(texts)
+        batch = batch or self.config.predict_batch
+        ids = np.full((X.shape[0], k), -1, np.int64)
+        scores = np.zeros((X.shape[0], k), np.float32)
+        torch.set_num_threads(max(1, self.config.num_threads))
+        for s in range(0, X.shape[0], batch):
+            i, sc = topk_dense_from_csr(self.predict_scores(X[s:s + batch]), k)
+            ids[s:s + batch], scores[s:s + batch] = i, sc
+        return ids, scores
+
+    def features(self, texts) -> np.ndarray:
+        """Final Astec features z = v + ReLU(R v) of the first learner (float32 [n, D])."""
+        return dense_bag(self.learners[0].encoder, self.transform(texts), what="z")
+
+    # ---- persistence -----------------------------------------------------------------------
+    def save(self, path) -> Path:
+        """Write the model directory (see docs/model-format.md); the manifest is written last."""
+        root = Path(path)
+        if (root / mio.MANIFEST).exists():
+            (root / mio.MANIFEST).unlink()
+        root.mkdir(parents=True, exist_ok=True)
+        for old in root.glob("learner_*"):
+            shutil.rmtree(old)
+        self.config.save(root / "config.json")
+        if self.vectorizer is not None:
+            self.vectorizer.save(root / "vectorizer")
+        if self.label_names is not None:
+            (root / "labels.json").write_text(json.dumps(self.label_names, ensure_ascii=False))
+        (root / "train_log.json").write_text(json.dumps(self.train_log, indent=1))
+        learners_meta = []
+        for j, lr in enumerate(self.learners):
+            d = root / f"learner_{j}"
+            d.mkdir()
+            enc = {"E": lr.encoder.embed.weight.detach().numpy(),
+                   "R_raw": lr.encoder.residual.weight.detach().numpy(),
+                   "R_u": lr.encoder.residual.u.numpy(),
+                   "R": lr.encoder.baked_residual(),
+                   "W": lr.clf.weight.weight.detach().numpy(),
+                   "b": lr.clf.bias.weight.detach().numpy().ravel()}
+            mio.save_tensors(d / "model.safetensors", enc)
+            if lr.reranker is not None:
+                mio.save_tensors(d / "reranker.safetensors",
+                                 {"E": lr.reranker.embed.weight.detach().numpy(),
+                                  "R_raw": lr.reranker.residual.weight.detach().numpy(),
+                                  "R_u": lr.reranker.residual.u.numpy(),
+                                  "R": lr.reranker.baked_residual(),
+                                  "W": lr.rr_clf.weight.weight.detach().numpy(),
+                                  "b": lr.rr_clf.bias.weight.detach().numpy().ravel()})
+            ix = lr.index
+            pfile = ix.points.save(d / "ann_points")
+            cfile = ix.centres.save(d / "ann_centres")
+            mio.save_csr(d / "point_labels.npz", ix.point_labels)
+            np.save(d / "centre_owner.npy", ix.centre_owner, allow_pickle=False)
+            np.save(d / "prior.npy", ix.prior, allow_pickle=False)
+            meta = {"alpha": lr.alpha, "beta": lr.beta, "reranker": lr.reranker is not None,
+                    "vocab_size": int(lr.encoder.embed.num_embeddings), "dim": int(lr.encoder.embed.embedding_dim),
+                    "num_labels": self.num_labels,
+                    "points": {"file": pfile, "kind": ix.points.kind, "count": ix.points.count,
+                               "ef_search": ix.points.ef_search},
+                    "centres": {"file": cfile, "kind": ix.centres.kind, "count": ix.centres.count,
+                                "ef_search": ix.centres.ef_search}}
+            (d / "learner.json").write_text(json.dumps(meta, indent=1))
+            learners_meta.append(f"learner_{j}")
+        mio.write_model_manifest(root, {"num_labels": self.num_labels, "learners": learners_meta,
+                                        "has_vectorizer": self.vectorizer is not None})
+        return root
+
+    @classmethod
+    def load(cls, path, check_hashes: bool = True) -> "Astec":
+        """Load a model directory after verifying sizes, sha256 and shapes of every file."""
+        root = Path(path)
+        man = mio.verify_model_dir(root, check_hashes)
+        cfg = AstecConfig.load(root / "config.json")
+        L = int(man["num_labels"])
+        vec = TfidfVectorizer.load(root / "vectorizer") if man.get("has_vectorizer") else None
+        names = json.loads((root / "labels.json").read_text()) if (root / "labels.json").exists() else None
+        if names is not None and len(names) != L:
+            raise mio.ModelDirError(f"{root / 'labels.json'}: {len(names)} names for {L} labels")
+        log = json.loads((root / "train_log.json").read_text()) if (root / "train_log.json").exists() else {}
+        learners = []
+        for name in man["learners"]:
+            d = root / name
+            meta = json.loads((d / "learner.json").read_text())
+            V, D = meta["vocab_size"], meta["dim"]
+            if vec is not None and vec.num_features > V:
+                raise mio.ModelDirError(f"{d / 'model.safetensors'}: vocabulary {vec.num_features} > E rows {V}")
+            shapes = {"E": [V, D], "R_raw": [D, D], "R_u": [D], "R": [D, D], "W": [max(L, 1), D], "b": [max(L, 1)]}
+            t = mio.load_tensors(d / "model.safetensors", shapes)
+            enc, clf = _encoder_from(t, V, D, cfg), _clf_from(t, L, D)
+            rr = rr_clf = None
+            if meta["reranker"]:
+                t = mio.load_tensors(d / "reranker.safetensors", shapes)
+                rr, rr_clf = _encoder_from(t, V, D, cfg), _clf_from(t, L, D)
+            try:
+                points = AnnIndex.load(d / meta["points"]["file"], meta["points"]["kind"], D,
+                                       meta["points"]["count"], meta["points"]["ef_search"])
+                centres = AnnIndex.load(d / meta["centres"]["file"], meta["centres"]["kind"], D,
+                                        meta["centres"]["count"], meta["centres"]["ef_search"])
+                plab = mio.load_csr(d / "point_labels.npz")
+                owner = np.load(d / "centre_owner.npy", allow_pickle=False)
+                prior = np.load(d / "prior.npy", allow_pickle=False)
+            except (ValueError, RuntimeError, OSError) as e:
+                raise mio.ModelDirError(f"{d}: {e}") from None
+            if plab.shape != (points.count, L) or owner.shape != (centres.count,):
+                raise mio.ModelDirError(f"{d}: index label arrays do not match the indexes")
+            counts = np.diff(sp.csc_matrix(plab).indptr)
+            index = ShortlistIndex(points, plab, centres, owner.astype(np.int64), L, prior.astype(np.int64),
+                                   _prior_score(counts[prior.astype(np.int64)]))
+            learners.append(Learner(enc, clf, index, rr, rr_clf, float(meta["alpha"]), float(meta["beta"])))
+        return cls(cfg, learners, L, vec, names, log)
+
+
+def _encoder_from(t, V, D, cfg) -> Encoder:
+    enc = Encoder(V, D, cfg.spectral_lambda, cfg.dropout)
+    with torch.no_grad():
+        enc.embed.weight.copy_(torch.from_numpy(t["E"]))
+        enc.residual.weight.copy_(torch.from_numpy(t["R_raw"]))
+        enc.residual.u.copy_(torch.from_numpy(t["R_u"]))
+    enc.eval()
+    return enc
+
+
+def _clf_from(t, L, D) -> Classifier:
+    clf = Classifier(L, D)
+    with torch.no_grad():
+        clf.weight.weight.copy_(torch.from_numpy(t["W"]))
+        clf.bias.weight.copy_(torch.from_numpy(t["b"]).reshape(-1, 1))
+    return clf

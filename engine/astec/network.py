@@ -1,0 +1,110 @@
+"""Astec's small torch networks: v = ReLU(E^T x), z = v + ReLU(R v) with ||R||_2 <= lambda.
+
+Inputs are EmbeddingBag-style (flat token ids, offsets, TF-IDF weights) so that the CPU predictor
+can be exported without this package; `baked_residual()` gives R with the spectral norm applied.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def bag_inputs(X: sp.csr_matrix):
+    """(ids int64, offsets int64, weights float32) torch tensors for an EmbeddingBag from csr rows."""
+    X = sp.csr_matrix(X)
+    return (torch.from_numpy(X.indices.astype(np.int64)),
+            torch.from_numpy(X.indptr[:-1].astype(np.int64)),
+            torch.from_numpy(X.data.astype(np.float32)))
+
+
+class SpectralResidual(nn.Module):
+    """x + ReLU(R x) where R is rescaled so its spectral norm never exceeds lambda (power iteration)."""
+
+    def __init__(self, dim: int, lam: float = 1.0):
+        super().__init__()
+        self.lam = float(lam)
+        self.weight = nn.Parameter(torch.eye(dim))
+        u = torch.randn(dim)
+        self.register_buffer("u", u / u.norm())
+        with torch.no_grad():
+            for _ in range(20):
+                self._power_step()
+
+    def _power_step(self):
+        v = F.normalize(self.weight.t() @ self.u, dim=0)
+        self.u.copy_(F.normalize(self.weight @ v, dim=0))
+
+    def effective_weight(self) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self._power_step()
+        u = self.u
+        v = F.normalize(self.weight.t() @ u, dim=0).detach()
+        sigma = u @ self.weight @ v
+        return self.weight * torch.clamp(self.lam / sigma.clamp_min(1e-12), max=1.0)
+
+    def forward(self, x: torch.Tensor, dropout: nn.Module | None = None) -> torch.Tensor:
+        h = F.relu(F.linear(x, self.effective_weight()))
+        return x + (dropout(h) if dropout is not None else h)
+
+
+class Encoder(nn.Module):
+    """Token embeddings E (sparse gradients) + one spectral-norm residual block."""
+
+    def __init__(self, vocab_size: int, dim: int, lam: float = 1.0, dropout: float = 0.5):
+        super().__init__()
+        self.embed = nn.EmbeddingBag(max(vocab_size, 1), dim, mode="sum", sparse=True)
+        nn.init.normal_(self.embed.weight, std=dim ** -0.5)
+        self.residual = SpectralResidual(dim, lam)
+        self.drop = nn.Dropout(dropout)
+
+    def v(self, ids, offsets, weights) -> torch.Tensor:
+        return F.relu(self.embed(ids, offsets, per_sample_weights=weights))
+
+    def forward(self, ids, offsets, weights) -> torch.Tensor:
+        v = self.drop(self.v(ids, offsets, weights))
+        return self.residual(v, self.drop)
+
+    def z_from_v(self, v: torch.Tensor) -> torch.Tensor:
+        return self.residual(v, self.drop)
+
+    @torch.no_grad()
+    def baked_residual(self) -> np.ndarray:
+        was = self.training
+        self.eval()
+        R = self.residual.effective_weight().detach().numpy().copy()
+        self.train(was)
+        return R
+
+
+class Classifier(nn.Module):
+    """1-vs-all rows W (L x D) and biases b with sparse gradients: only touched rows are updated."""
+
+    def __init__(self, num_labels: int, dim: int):
+        super().__init__()
+        self.weight = nn.Embedding(max(num_labels, 1), dim, sparse=True)
+        self.bias = nn.Embedding(max(num_labels, 1), 1, sparse=True)
+        nn.init.xavier_uniform_(self.weight.weight)
+        nn.init.zeros_(self.bias.weight)
+
+    def scores_on(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """z [B,D] against a shared candidate set labels [U] -> logits [B,U]."""
+        return z @ self.weight(labels).t() + self.bias(labels).t()
+
+
+def dense_bag(encoder: Encoder, X: sp.csr_matrix, batch: int = 4096, what: str = "v") -> np.ndarray:
+    """v (or z) for every row of X, in eval mode, as float32 [n, D]."""
+    was = encoder.training
+    encoder.eval()
+    out = np.zeros((X.shape[0], encoder.embed.embedding_dim), dtype=np.float32)
+    with torch.no_grad():
+        for s in range(0, X.shape[0], batch):
+            v = encoder.v(*bag_inputs(X[s:s + batch]))
+            if what == "z":
+                v = encoder.residual(v)
+            out[s:s + batch] = v.numpy()
+    encoder.train(was)
+    return out

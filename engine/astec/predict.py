@@ -1,0 +1,40 @@
+"""The prediction pipeline as plain numpy functions (shortlist -> classifier scores -> alpha/beta).
+
+    S      = base similarities s(v) of shortlisted labels        (shortlist.ShortlistIndex.scores)
+    C      = top `predict_shortlist` labels of S                  (sparse.topk_rows)
+    logit  = w_l^T z + b_l on the entries of C                    (classifier_logits)
+    y_hat  = alpha * sigmoid(logit) + (1 - alpha) * sigmoid(s)    (combine)
+    y_bar  = beta * y_hat + (1 - beta) * sigmoid(w~_l^T z~ + b~_l)
+An ensemble averages y_bar over learners (a label a learner did not shortlist counts 0).
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-np.clip(x, -30, 30)))).astype(np.float32)
+
+
+def classifier_logits(Z: np.ndarray, W: np.ndarray, b: np.ndarray, C: sp.csr_matrix,
+                      chunk: int = 1 << 20) -> np.ndarray:
+    """w_l^T z_i + b_l for every stored entry (i, l) of C, in C's entry order (float32 [nnz])."""
+    C = sp.csr_matrix(C)
+    rows = np.repeat(np.arange(C.shape[0]), np.diff(C.indptr))
+    cols = C.indices
+    out = np.empty(cols.size, np.float32)
+    for s in range(0, cols.size, chunk):
+        r, c = rows[s:s + chunk], cols[s:s + chunk]
+        out[s:s + chunk] = np.einsum("ij,ij->i", W[c], Z[r]) + b[c]
+    return out
+
+
+def combine(C: sp.csr_matrix, logits: np.ndarray, alpha: float,
+            rerank_logits: np.ndarray | None = None, beta: float = 1.0) -> sp.csr_matrix:
+    """Final scores on C's pattern: alpha/beta combination of the paper (C.data holds s)."""
+    y = alpha * sigmoid(logits) + (1.0 - alpha) * sigmoid(C.data)
+    if rerank_logits is not None:
+        y = beta * y + (1.0 - beta) * sigmoid(rerank_logits)
+    out = sp.csr_matrix((y.astype(np.float32), C.indices, C.indptr), shape=C.shape)
+    return out

@@ -1,0 +1,152 @@
+"""Module II: label shortlists from the two indexes (ANNS^x over points, ANNS^mu over label centres).
+
+The base similarity s of a candidate label l for a point with features v is
+    s = w * max_c cos(v, mu_lc) + (1 - w) * sum_j cos(v, v_j) y_jl / sum_j cos(v, v_j)
+over the label's centres c and the k nearest training points j. Everything is sparse-matrix
+algebra on whole batches; no per-point Python loops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from .ann import AnnIndex
+from .sparse import from_pairs, normalize_rows, remove_entries, topk_rows
+
+
+def spherical_kmeans(V: np.ndarray, k: int, rng, iters: int = 10) -> np.ndarray:
+    """k unit centres of the rows of V (cosine k-means, k-means++-style seeding by distance)."""
+    V = normalize_rows(V)
+    n = V.shape[0]
+    k = min(k, n)
+    centres = [V[rng.integers(n)]]
+    for _ in range(1, k):
+        d = 1.0 - np.max(V @ np.stack(centres).T, axis=1)
+        d = np.clip(d, 0, None)
+        p = d / d.sum() if d.sum() > 0 else None
+        centres.append(V[rng.choice(n, p=p)])
+    C = np.stack(centres)
+    for _ in range(iters):
+        a = np.argmax(V @ C.T, axis=1)
+        sums = np.zeros_like(C)
+        np.add.at(sums, a, V)
+        empty = np.linalg.norm(sums, axis=1) == 0
+        sums[empty] = C[empty]
+        C = normalize_rows(sums)
+    return C
+
+
+def label_centres(V: np.ndarray, Y: sp.csr_matrix, head_centres: int, head_min_points: int, seed: int = 0):
+    """Centres in v-space: one per label (normalised mean), several k-means centres per head label.
+
+    Returns (centres float32 [C, D], owner int64 [C]) for labels with at least one point.
+    """
+    Vn = normalize_rows(V)
+    Yc = sp.csc_matrix(Y, dtype=np.float32)
+    counts = np.diff(Yc.indptr)
+    mu = normalize_rows(np.asarray(sp.csr_matrix(Yc.T) @ Vn))
+    has = np.flatnonzero(counts > 0)
+    centres, owner = [mu[has]], [has]
+    if head_centres > 1:
+        rng = np.random.default_rng(seed)
+        for l in np.flatnonzero(counts >= head_min_points):
+            pts = Yc.indices[Yc.indptr[l]:Yc.indptr[l + 1]]
+            C = spherical_kmeans(Vn[pts], head_centres, rng)
+            centres.append(C)
+            owner.append(np.full(C.shape[0], l))
+    return np.concatenate(centres).astype(np.float32), np.concatenate(owner).astype(np.int64)
+
+
+@dataclass
+class ShortlistIndex:
+    """The two ANNS structures plus what is needed to turn neighbours into label scores."""
+
+    points: AnnIndex             # ANNS^x over training points' v
+    point_labels: sp.csr_matrix  # labels of the indexed points [N_index, L]
+    centres: AnnIndex            # ANNS^mu over label centres
+    centre_owner: np.ndarray     # label of each centre
+    num_labels: int
+    prior: np.ndarray            # most frequent labels, always candidates
+    prior_score: np.ndarray      # their tiny base score (ordered by frequency, < any real similarity)
+
+    def scores(self, V: np.ndarray, knn: int, kmu: int, centroid_weight: float, num_threads: int = 2,
+               exclude_self: np.ndarray | None = None) -> sp.csr_matrix:
+        """Base similarity s for every candidate label of every row of V (sparse [n, L]).
+
+        exclude_self: for training rows, the row's own id in the point index (so a point is
+        not its own neighbour).
+        """
+        n = V.shape[0]
+        L = self.num_labels
+        parts = []
+        if knn > 0 and self.points.count > 0:
+            extra = 1 if exclude_self is not None else 0
+            ids, sims = self.points.query(V, knn + extra, num_threads)
+            if exclude_self is not None:
+                keep = ids != exclude_self[:, None]
+                # drop self (or the last column when self was not found) to keep knn columns
+                drop_last = keep.all(axis=1)
+                keep[drop_last, -1] = False
+                ids = ids[keep].reshape(n, -1)
+                sims = sims[keep].reshape(n, -1)
+            sims = np.clip(sims, 0, None)
+            k = ids.shape[1]
+            S = sp.csr_matrix((sims.ravel(), ids.ravel(), np.arange(0, n * k + 1, k)),
+                              shape=(n, self.points.count))
+            denom = np.asarray(S.sum(axis=1)).ravel()
+            denom[denom == 0] = 1.0
+            K = sp.diags((1.0 / denom).astype(np.float32)) @ (S @ self.point_labels)
+            parts.append((1.0 - centroid_weight) * sp.csr_matrix(K, dtype=np.float32))
+        if kmu > 0 and self.centres.count > 0:
+            ids, sims = self.centres.query(V, kmu, num_threads)
+            rows = np.repeat(np.arange(n), ids.shape[1])
+            M = from_pairs(rows, self.centre_owner[ids.ravel()], np.clip(sims.ravel(), 0, None), (n, L), "max")
+            parts.append(centroid_weight * M)
+        if self.prior.size:
+            # tiny positive score so that prior labels are stored entries (the classifier scores them)
+            P = sp.csr_matrix((np.tile(self.prior_score, n).astype(np.float32),
+                               np.tile(self.prior, n), np.arange(0, n * self.prior.size + 1, self.prior.size)),
+                              shape=(n, L))
+            parts.append(P)
+        out = parts[0] if parts else sp.csr_matrix((n, L), dtype=np.float32)
+        for p in parts[1:]:
+            out = out + p
+        out = sp.csr_matrix(out, dtype=np.float32)
+        out.eliminate_zeros()
+        return out
+
+
+def candidates(S: sp.csr_matrix, size: int, extra: sp.csr_matrix | None = None) -> sp.csr_matrix:
+    """Top `size` labels of S per row, with prior labels in `extra` kept too (scores from S)."""
+    T = topk_rows(S, size)
+    return sp.csr_matrix(T)
+
+
+def training_shortlist(S: sp.csr_matrix, Y: sp.csr_matrix, size: int, random_negatives: int,
+                       seed: int) -> sp.csr_matrix:
+    """Hard negatives (top `size` of S minus positives) + random negatives, as a 0/1 csr."""
+    n, L = Y.shape
+    H = topk_rows(remove_entries(S, Y), size)
+    H.data[:] = 1.0
+    if random_negatives > 0 and L > 0:
+        rng = np.random.default_rng(seed)
+        R = sp.csr_matrix((np.ones(n * random_negatives, np.float32),
+                           rng.integers(0, L, n * random_negatives),
+                           np.arange(0, n * random_negatives + 1, random_negatives)), shape=(n, L))
+        R.sum_duplicates()
+        R = remove_entries(R, Y)
+        R.data[:] = 1.0
+        H = H + R
+        H.data[:] = 1.0
+    return sp.csr_matrix(H, dtype=np.float32)
+
+
+def recall_at(S: sp.csr_matrix, Y: sp.csr_matrix, size: int) -> float:
+    """Fraction of all positive (point, label) pairs found in the top `size` of S (percent)."""
+    T = topk_rows(S, size)
+    T.data[:] = 1.0
+    hit = T.multiply(sp.csr_matrix(Y) != 0).sum()
+    total = sp.csr_matrix(Y).nnz
+    return float(100.0 * hit / max(total, 1))

@@ -1,0 +1,114 @@
+"""`astec train` and `astec predict`: thin click wrappers over engine.astec.Astec."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+
+@click.command("train")
+@click.option("--train", "train_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Training data: text TSV (text<TAB>id,id,...), XC sparse (N F L header) or XC raw text.")
+@click.option("--labels", "labels_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="labels.txt (line i = name of label i) or, for XC titles/feature files, the *_X_Y.txt matrix.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Model directory to write.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="JSON object of AstecConfig fields overriding the defaults.")
+@click.option("--learners", type=click.IntRange(1, 16), default=None, help="Ensemble size (Astec-3: 3).")
+@click.option("--seed", type=int, default=None, help="Random seed (learner j uses seed + 1000 j).")
+@click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch/hnswlib threads (default 2).")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def train(train_path, labels_path, out_dir, config_path, learners, seed, threads, quiet):
+    """Train Astec (Modules I-IV, re-ranker, optional ensemble) and save MODEL_DIR.
+
+    Writes config.json, the vocabulary, weights (safetensors), the hnswlib/exact indexes, the label
+    map, train_log.json (per-module wall time, peak memory, validation metrics) and a manifest.
+    """
+    from engine.astec import Astec, AstecConfig
+    from engine.formats import FormatError, load_dataset
+
+    try:
+        cfg = AstecConfig.load(config_path) if config_path else AstecConfig()
+        ds = load_dataset(train_path, labels_path)
+    except (FormatError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if threads:
+        cfg.num_threads = threads
+    inputs = ds.texts if ds.texts is not None else ds.X
+    t0 = time.time()
+    try:
+        model = Astec.train(inputs, ds.Y, cfg, label_names=ds.label_names, seed=seed, learners=learners,
+                            progress=not quiet)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    model.save(out_dir)
+    log = model.train_log
+    click.echo(f"trained {len(model.learners)} learner(s) on {ds.num_points} points, {ds.num_labels} labels "
+               f"in {time.time() - t0:.1f} s (peak RSS {log.get('peak_rss_mb')} MB) -> {out_dir}")
+    for j, lr in enumerate(log.get("learners", [])):
+        mods = lr["modules"]
+        best = mods.get("reranker", mods.get("IV", {})).get("valid")
+        times = ", ".join(f"{k}={v.get('seconds')}s" for k, v in mods.items())
+        click.echo(f"  learner {j}: {times}" + (f"; valid P@1={best['P@1']:.2f} PSP@5={best['PSP@5']:.2f}"
+                                                 if best else ""))
+
+
+def _read_inputs(path):
+    from engine.formats import detect_format, read_text_lines, read_text_tsv, read_xc_sparse
+
+    fmt = detect_format(path)
+    if fmt == "text-tsv":
+        return read_text_tsv(path)[0]
+    if fmt == "text-lines":
+        return read_text_lines(path)
+    if fmt == "xc-sparse":
+        return read_xc_sparse(path)[0]
+    raise click.ClickException(f"{path}: {fmt} input is not supported by predict "
+                               "(give a text TSV, one text per line, or an XC sparse file)")
+
+
+@click.command("predict")
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Texts to label: text TSV (labels ignored), one text per line, or XC sparse features.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Prediction file: one line per input, 'id:score id:score ...' best first.")
+@click.option("--text", "texts", multiple=True, help="A text to label (repeatable); prints names and scores.")
+@click.option("--k", type=click.IntRange(1, 10000), default=10, show_default=True)
+@click.option("--no-verify", is_flag=True, help="Skip sha256 checks when loading (sizes are still checked).")
+def predict(model_dir, input_path, out_path, texts, k, no_verify):
+    """Predict the top-k labels with a trained model (batch file or --text)."""
+    from engine.astec import Astec
+    from engine.astec.io import ModelDirError
+    from engine.formats import FormatError, write_predictions
+
+    if not input_path and not texts:
+        raise click.UsageError("give --input FILE (with --out) or --text 'some title'")
+    if input_path and not out_path:
+        raise click.UsageError("--input needs --out PRED.txt")
+    try:
+        model = Astec.load(model_dir, check_hashes=not no_verify)
+    except (ModelDirError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if input_path:
+        try:
+            inputs = _read_inputs(input_path)
+            t0 = time.time()
+            ids, scores = model.predict(inputs, k=k)
+        except (FormatError, ValueError) as e:
+            raise click.ClickException(str(e)) from None
+        write_predictions(out_path, ids, scores)
+        n = ids.shape[0]
+        dt = time.time() - t0
+        click.echo(f"{n} predictions -> {out_path} ({dt:.1f} s, {1000 * dt / max(n, 1):.2f} ms/point)", err=True)
+    if texts:
+        ids, scores = model.predict(list(texts), k=k)
+        names = model.label_names
+        for t, row, sc in zip(texts, ids, scores):
+            click.echo(f"{t}")
+            for i, s in zip(row, sc):
+                if i >= 0:
+                    click.echo(f"  {s:.4f}  {names[i] if names else i}")
