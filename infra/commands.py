@@ -6,6 +6,8 @@ commands in that area's own module.
 """
 
 COMMANDS: dict[str, str] = {
+    "train": "engine.cli_train:train",
+    "predict": "engine.cli_train:predict",
     "infra": "infra.cli_infra:infra",
     "data": "engine.cli_data:data",
     "evaluate": "engine.cli_evaluate:evaluate",
