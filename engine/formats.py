@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,45 +147,91 @@ def _slow_pairs(path, line: int, field: str, what: str) -> None:
         _parse_float(path, line, v, f"value in pair {tok!r}:")
 
 
+def _fast_numbers(s: str, sep: str, expected: int) -> np.ndarray | None:
+    """All numbers in ``s`` parsed by numpy in one C pass; None if any token is not a number.
+
+    ``np.fromstring`` in text mode stops (warning or ValueError) at the first bad token, so a
+    count that differs from the separators counted beforehand flags a malformed file.
+    """
+    if expected == 0:
+        return np.zeros(0) if not s.strip() else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            nums = np.fromstring(s, sep=sep)
+        except (ValueError, DeprecationWarning):
+            return None
+    return nums if nums.size == expected else None
+
+
+def _ints(nums: np.ndarray | None) -> np.ndarray | None:
+    if nums is None or not np.array_equal(nums, np.floor(nums)):
+        return None
+    return nums.astype(np.int64)
+
+
+def _indptr(counts) -> np.ndarray:
+    indptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=indptr[1:])
+    return indptr
+
+
 def _id_lists(path, fields: list[str], first_line: int, what: str) -> tuple[np.ndarray, np.ndarray]:
     """Comma-separated id lists (one per row, '' = none) -> (indptr, ids)."""
-    counts = np.fromiter((f.count(",") + 1 if f else 0 for f in fields), dtype=np.int64,
-                         count=len(fields))
-    indptr = np.zeros(len(fields) + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    tokens = ",".join(f for f in fields if f).split(",") if indptr[-1] else []
-    try:
-        if any(t == "" for t in tokens):
-            raise ValueError
-        ids = np.array(tokens, dtype=np.int64)
-    except ValueError:
+    indptr = _indptr(np.fromiter((f.count(",") + 1 if f else 0 for f in fields),
+                                 dtype=np.int64, count=len(fields)))
+    ids = _ints(_fast_numbers(",".join(f for f in fields if f), ",", int(indptr[-1])))
+    if ids is None:
         for r, f in enumerate(fields):
             if f:
                 _slow_id_list(path, first_line + r, f, what)
-        raise FormatError(path, None, f"unparseable {what} list") from None
+        raise FormatError(path, None, f"unparseable {what} list")
     return indptr, ids
+
+
+_SPACE = np.zeros(256, dtype=bool)
+_SPACE[[9, 32]] = True
+
+
+def _pairs_well_formed(joined: str, n: int) -> bool:
+    """True if ``joined`` is exactly n whitespace-separated tokens, each ``a:b`` with one colon.
+
+    Done on the bytes with numpy so no per-token string is created: with n token starts and n
+    colons, token i must hold colon i (start_i < colon_i < start_i+1) with non-blank neighbours.
+    """
+    b = np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
+    if b.size == 0:
+        return n == 0
+    space = _SPACE[b]
+    start_mask = ~space
+    start_mask[1:] &= space[:-1]
+    starts = np.flatnonzero(start_mask)
+    colons = np.flatnonzero(b == 58)
+    if starts.size != n or colons.size != n:
+        return False
+    if n == 0:
+        return True
+    if colons[-1] == b.size - 1 or space[colons - 1].any() or space[colons + 1].any():
+        return False
+    return bool((starts < colons).all() and (colons[:-1] < starts[1:]).all())
 
 
 def _pair_lists(path, fields: list[str], first_line: int, what: str
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Space-separated ``i:v`` lists (one per row) -> (indptr, ids, float32 values)."""
-    counts = np.fromiter((f.count(":") for f in fields), dtype=np.int64, count=len(fields))
-    indptr = np.zeros(len(fields) + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
+    indptr = _indptr(np.fromiter((f.count(":") for f in fields), dtype=np.int64,
+                                 count=len(fields)))
     n = int(indptr[-1])
-    items = " ".join(fields).replace(":", " ").split() if n else []
-    try:
-        # every token must be exactly one 'i:v' for the items to pair up with the colon counts
-        if len(items) != 2 * n or len(" ".join(fields).split()) != n:
-            raise ValueError
-        ids = np.array(items[0::2], dtype=np.int64)
-        vals = np.array(items[1::2], dtype=np.float32)
-        if not np.isfinite(vals).all():
-            raise ValueError
-    except ValueError:
+    joined = " ".join(fields)
+    ids = vals = None
+    if _pairs_well_formed(joined, n):
+        nums = _fast_numbers(joined.replace(":", " "), " ", 2 * n)
+        if nums is not None and np.isfinite(nums).all():
+            ids, vals = _ints(nums[0::2]), nums[1::2].astype(np.float32)
+    if ids is None:
         for r, f in enumerate(fields):
             _slow_pairs(path, first_line + r, f, what)
-        raise FormatError(path, None, f"unparseable {what}:value list") from None
+        raise FormatError(path, None, f"unparseable {what}:value list")
     return indptr, ids, vals
 
 

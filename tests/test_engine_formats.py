@@ -63,6 +63,8 @@ def test_tsv_writer_rejects_tabs_in_text(tmp_path):
     ("ok\t1\nin\tside\t2\n", 2, "tabs are not allowed"),
     ("ok\t1\nbad\tx,2\n", 2, "'x'"),
     ("ok\t1\nbad\t1,,2\n", 2, "empty label id"),
+    ("ok\t1\nbad\t1,2,\n", 2, "empty label id"),
+    ("ok\t1\nbad\t2.5\n", 2, "'2.5'"),
     ("ok\t1\nok\t2\nneg\t-3\n", 3, "-3 out of range"),
 ])
 def test_tsv_errors_name_the_line(tmp_path, content, line, fragment):
@@ -120,6 +122,10 @@ def test_xc_sparse_round_trip(tmp_path):
     ("2 5 4\n0 0:1\nx,2 3:1\n", 3, "'x'"),
     ("2 5 4\n0 0:1\n1 3: 1\n", 3, "in pair '3:'"),
     ("2 5\n0 0:1\n1 1:1\n", 1, "bad header"),
+    ("2 5 4\n0 0:1\n1 1:2:3 4\n", 3, "bad pair '1:2:3'"),
+    ("2 5 4\n0 0:1 2\n1 1:2\n", 2, "bad pair '2'"),
+    ("2 5 4\n0 0:1\n1 1:nan\n", 3, "not finite"),
+    ("2 5 4\n0 0:1\n1 1.5:2\n", 3, "'1.5'"),
 ])
 def test_xc_sparse_errors_name_the_line(tmp_path, content, line, fragment):
     _raises(_w(tmp_path, "bad.txt", content), line, fragment, read_xc_sparse)
