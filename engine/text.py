@@ -222,6 +222,7 @@ class TfidfVectorizer:
 
         The predictor's hot path: plain dict/list work on ~10 tokens, no sparse matrices.
         """
+        self._check_fitted()
         counts = Counter(self._ids(text))
         if not counts:
             return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.float32)

@@ -144,3 +144,10 @@ def test_matches_scikit_learn(params, ngram_range):
     perm = [ref.vocabulary_[t] for t in v.feature_names]
     np.testing.assert_allclose(v.transform(CORPUS).toarray(), R.toarray()[:, perm], rtol=1e-5,
                                atol=1e-7)
+
+
+def test_unfitted_vectoriser_says_so():
+    with pytest.raises(RuntimeError, match="not fitted"):
+        TfidfVectorizer().transform_one("gnu")
+    with pytest.raises(RuntimeError, match="not fitted"):
+        TfidfVectorizer().transform(["gnu"])
