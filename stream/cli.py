@@ -1,0 +1,84 @@
+"""`astec stream run|log-clicks|simulate|metrics`: the online half on Kafka and Redis."""
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+
+def settings_options(f):
+    """Options shared by every stream command; they override config file and env."""
+    @click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True),
+                  default=None, help="TOML/JSON settings file (default $ASTEC_CONFIG).")
+    @click.option("--services-dir", default=None,
+                  help="Directory of `astec infra up` (its services.json gives ports, password).")
+    @click.option("--bootstrap", default=None, help="Kafka bootstrap servers ($KAFKA_BOOTSTRAP).")
+    @click.option("--redis-url", default=None, help="Redis URL ($REDIS_URL).")
+    @click.option("--group", default=None, help="Consumer group id.")
+    @functools.wraps(f)
+    def wrapper(config_file, services_dir, bootstrap, redis_url, group, **kw):
+        from infra.config import ConfigError, load_settings
+        try:
+            settings = load_settings(config_file, services_dir=services_dir,
+                                     kafka_bootstrap=bootstrap, redis_url=redis_url,
+                                     consumer_group=group)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        return f(settings=settings, **kw)
+    return wrapper
+
+
+@click.group()
+def stream() -> None:
+    """Consumers, producers and the click logger of the streaming ads pipeline."""
+
+
+@stream.command()
+@settings_options
+@click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Exported predictor dir, or a model registry root (CURRENT + versions/): "
+                   "the latter is hot-reloaded when a new version is promoted.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Consumer processes in the group.")
+@click.option("--policy", type=click.Choice(["top1", "gru"]), default="top1", show_default=True)
+@click.option("--policy-model", type=click.Path(exists=True, file_okay=False), default=None,
+              help="GRU policy dir or its registry root (for --policy gru).")
+@click.option("--batch-max", type=int, default=None, help="Max records per batch.")
+@click.option("--metrics-port", type=int, default=0, show_default=True,
+              help="Serve Prometheus metrics on 127.0.0.1:PORT+i for worker i (0: off).")
+@click.option("--threads", type=int, default=1, show_default=True, help="Math threads per worker.")
+def run(settings, model_path, workers, policy, policy_model, batch_max, metrics_port, threads):
+    """Consume page views, predict, update user state, produce one ad query per event."""
+    from stream.runner import run_workers
+    from stream.topics import ensure_topics
+    if batch_max:
+        settings = settings.replace(batch_max=batch_max)
+    ensure_topics(settings)
+    restarts = run_workers(settings, model_path, policy, policy_model, workers, metrics_port,
+                           threads)
+    click.echo(f"stopped ({restarts} worker restarts)")
+
+
+@stream.command("log-clicks")
+@settings_options
+@click.option("--out", "log_dir", required=True, type=click.Path(file_okay=False),
+              help="Click-log directory (LOG_DIR/ad_impressions, LOG_DIR/ad_clicks).")
+@click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
+def log_clicks(settings, log_dir, max_seconds):
+    """Consume ad-queries and ad-clicks into the durable click log; commit after fsync."""
+    from stream.click_logger import run_click_logger
+    from stream.topics import ensure_topics
+    ensure_topics(settings)
+    counts = run_click_logger(settings, log_dir, max_seconds=max_seconds)
+    click.echo(json.dumps(counts))
+
+
+@stream.command()
+@settings_options
+def metrics(settings):
+    """Print every live consumer's metrics (JSON lines) from Redis."""
+    from stream.metrics import read_all
+    from stream.state import connect
+    for m in read_all(connect(settings.redis_url), settings.redis_key_prefix):
+        click.echo(json.dumps(m))

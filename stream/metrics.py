@@ -1,0 +1,152 @@
+"""Per-consumer operational metrics, published to Redis (and optionally Prometheus).
+
+Redis layout, read by the dashboard:
+    <prefix>:metrics:consumers              set of consumer ids seen
+    <prefix>:metrics:consumer:<id>          hash, rewritten every metrics_interval_s, TTL 120 s:
+        events, events_per_s, dead_letters, duplicates, batches, model_version, policy, pid,
+        batch_ms_p50/p99, e2a_ms_p50/p95/p99 (event ts -> ad query acked), time shares
+        predict_s/redis_s/policy_s/kafka_s/decode_s (cumulative seconds), updated_at
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+STAGES = ("decode", "predict", "redis", "policy", "kafka")
+
+
+class Ring:
+    """The last `size` samples, for percentiles without unbounded memory."""
+
+    def __init__(self, size: int = 20000):
+        self.buf = np.zeros(size, np.float64)
+        self.n = 0
+
+    def extend(self, xs: np.ndarray) -> None:
+        xs = np.asarray(xs, np.float64)[-self.buf.size:]
+        i = self.n % self.buf.size
+        first = min(xs.size, self.buf.size - i)
+        self.buf[i:i + first] = xs[:first]
+        self.buf[:xs.size - first] = xs[first:]
+        self.n += xs.size
+
+    def values(self) -> np.ndarray:
+        return self.buf[:min(self.n, self.buf.size)]
+
+    def pct(self, q) -> np.ndarray:
+        v = self.values()
+        return np.percentile(v, q) if v.size else np.full(np.shape(q), np.nan)
+
+
+@dataclass
+class ConsumerMetrics:
+    consumer_id: str
+    policy: str = ""
+    model_version: str = ""
+    events: int = 0
+    dead_letters: int = 0
+    duplicates: int = 0
+    batches: int = 0
+    stage_s: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    e2a_ms: Ring = field(default_factory=Ring)
+    batch_ms: Ring = field(default_factory=lambda: Ring(4000))
+    started: float = field(default_factory=time.monotonic)
+    _window: list = field(default_factory=list)   # (monotonic time, events) of recent publishes
+
+    def record_batch(self, n_events: int, n_dead: int, n_dup: int, batch_s: float,
+                     e2a_ms: np.ndarray, stages: dict[str, float]) -> None:
+        self.events += n_events
+        self.dead_letters += n_dead
+        self.duplicates += n_dup
+        self.batches += 1
+        self.batch_ms.extend(np.array([batch_s * 1000.0]))
+        if len(e2a_ms):
+            self.e2a_ms.extend(e2a_ms)
+        for k, v in stages.items():
+            self.stage_s[k] = self.stage_s.get(k, 0.0) + v
+
+    def snapshot(self) -> dict:
+        now = time.monotonic()
+        self._window.append((now, self.events))
+        self._window = [w for w in self._window if now - w[0] <= 10.0]
+        t0, e0 = self._window[0]
+        rate = (self.events - e0) / (now - t0) if now > t0 else 0.0
+        b50, b99 = self.batch_ms.pct([50, 99])
+        l50, l95, l99 = self.e2a_ms.pct([50, 95, 99])
+        snap = {"consumer": self.consumer_id, "pid": os.getpid(), "policy": self.policy,
+                "model_version": self.model_version, "events": self.events,
+                "events_per_s": round(rate, 1), "dead_letters": self.dead_letters,
+                "duplicates": self.duplicates, "batches": self.batches,
+                "batch_ms_p50": b50, "batch_ms_p99": b99,
+                "e2a_ms_p50": l50, "e2a_ms_p95": l95, "e2a_ms_p99": l99,
+                "uptime_s": round(now - self.started, 1), "updated_at": time.time()}
+        snap.update({f"{k}_s": round(v, 4) for k, v in self.stage_s.items()})
+        return {k: (round(float(v), 3) if isinstance(v, (float, np.floating)) else v)
+                for k, v in snap.items()}
+
+
+def publish(client, prefix: str, metrics: ConsumerMetrics, ttl_s: int = 120) -> dict:
+    """Write the snapshot to Redis (one pipelined round trip)."""
+    snap = metrics.snapshot()
+    key = f"{prefix}:metrics:consumer:{metrics.consumer_id}"
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(key, mapping={k: ("nan" if isinstance(v, float) and v != v else v)
+                            for k, v in snap.items()})
+    pipe.expire(key, ttl_s)
+    pipe.sadd(f"{prefix}:metrics:consumers", metrics.consumer_id)
+    pipe.execute()
+    return snap
+
+
+def read_all(client, prefix: str) -> list[dict]:
+    """Every live consumer's last snapshot (what the dashboard shows)."""
+    ids = sorted(x.decode() if isinstance(x, bytes) else x
+                 for x in client.smembers(f"{prefix}:metrics:consumers"))
+    pipe = client.pipeline(transaction=False)
+    for cid in ids:
+        pipe.hgetall(f"{prefix}:metrics:consumer:{cid}")
+    out = []
+    for h in pipe.execute():
+        if h:
+            out.append({(k.decode() if isinstance(k, bytes) else k):
+                        (v.decode() if isinstance(v, bytes) else v) for k, v in h.items()})
+    return out
+
+
+class PromExporter:
+    """Optional Prometheus endpoint mirroring the Redis metrics (metrics_port > 0)."""
+
+    def __init__(self, port: int, consumer_id: str):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+        self.reg = CollectorRegistry()
+        lab = {"consumer": consumer_id}
+        self.events = Counter("astec_stream_events", "page views processed", ["consumer"],
+                              registry=self.reg).labels(**lab)
+        self.dead = Counter("astec_stream_dead_letters", "messages sent to the dead-letter topic",
+                            ["consumer"], registry=self.reg).labels(**lab)
+        self.batch = Histogram("astec_stream_batch_seconds", "batch latency", ["consumer"],
+                               registry=self.reg).labels(**lab)
+        self.e2a = Histogram("astec_stream_event_to_ad_seconds", "event ts -> ad query acked",
+                             ["consumer"], buckets=(.005, .01, .02, .05, .1, .2, .5, 1, 2, 5),
+                             registry=self.reg).labels(**lab)
+        self.version = Gauge("astec_stream_model_info", "model version in use",
+                             ["consumer", "version"], registry=self.reg)
+        self._last_version = None
+        self.cid = consumer_id
+        start_http_server(port, addr="127.0.0.1", registry=self.reg)
+
+    def observe(self, n_events: int, n_dead: int, batch_s: float, e2a_ms: np.ndarray,
+                version: str) -> None:
+        self.events.inc(n_events)
+        self.dead.inc(n_dead)
+        self.batch.observe(batch_s)
+        for x in np.asarray(e2a_ms)[:: max(1, len(e2a_ms) // 64)]:   # sampled: bounded cost
+            self.e2a.observe(float(x) / 1000.0)
+        if version != self._last_version:
+            if self._last_version is not None:
+                self.version.remove(self.cid, self._last_version)
+            self.version.labels(consumer=self.cid, version=version).set(1)
+            self._last_version = version

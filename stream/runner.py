@@ -1,0 +1,75 @@
+"""`astec stream run`: N worker processes in one consumer group, restarted if they crash.
+
+SIGTERM/SIGINT to the supervisor is forwarded to every worker (each finishes its batch, commits
+and leaves the group); a worker that dies abnormally (e.g. kill -9) is restarted with backoff.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import signal
+import socket
+import time
+
+from infra.config import Settings
+from stream.worker import worker_main
+
+log = logging.getLogger(__name__)
+
+
+def run_workers(settings: Settings, model_path: str, policy: str, policy_model: str | None,
+                n_workers: int, metrics_port: int = 0, threads: int = 1,
+                restart: bool = True) -> int:
+    """Supervise n_workers processes until SIGTERM/SIGINT; returns the number of restarts."""
+    ctx = mp.get_context("spawn")
+    host = socket.gethostname()
+    stopping = False
+    restarts = 0
+
+    def start(i: int) -> mp.Process:
+        cid = f"{host}-w{i}-{int(time.time() * 1000) % 10**8}"
+        port = metrics_port + i if metrics_port else 0
+        p = ctx.Process(target=worker_main, name=cid, daemon=False,
+                        args=(settings, model_path, policy, policy_model, cid, port, threads))
+        p.start()
+        log.info("started worker %s pid %s", cid, p.pid)
+        return p
+
+    def on_signal(*_):
+        nonlocal stopping
+        stopping = True
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    procs = {i: start(i) for i in range(n_workers)}
+    backoff = {i: 0.5 for i in procs}
+    try:
+        while not stopping:
+            time.sleep(0.2)
+            for i, p in list(procs.items()):
+                if p.is_alive() or p.exitcode is None:
+                    continue
+                if p.exitcode == 0 or not restart:
+                    log.info("worker %s exited (%s)", p.name, p.exitcode)
+                    del procs[i]
+                    continue
+                log.warning("worker %s died (exit %s); restarting in %.1fs",
+                            p.name, p.exitcode, backoff[i])
+                time.sleep(backoff[i])
+                backoff[i] = min(backoff[i] * 2, 10.0)
+                procs[i] = start(i)
+                restarts += 1
+            if not procs:
+                break
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.terminate()   # SIGTERM: graceful stop in the worker
+        for p in procs.values():
+            p.join(timeout=30)
+            if p.is_alive():
+                log.error("worker %s did not stop in 30s; killing", p.name)
+                p.kill()
+                p.join()
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    return restarts

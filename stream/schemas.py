@@ -1,0 +1,120 @@
+"""Versioned, validated JSON message schemas of the stream's topics.
+
+Every message is one UTF-8 JSON object with `"v": <schema version>`. Readers accept the versions in
+SUPPORTED and ignore unknown extra fields (producers may add fields without a version bump;
+removing or retyping a field bumps the version). A message that fails `decode` goes to the dead-
+letter topic with the reason and its raw bytes.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import time
+from typing import Any
+
+VERSION = 1
+SUPPORTED = {1}
+
+_S, _N, _B, _LS, _LI = "str", "number", "bool", "list[str]", "list[int]"
+
+# topic kind -> field -> (type, required, max length for strings/lists)
+SCHEMAS: dict[str, dict[str, tuple[str, bool, int]]] = {
+    "page_view": {"event_id": (_S, True, 128), "user_id": (_S, True, 128), "ts": (_N, True, 0),
+                  "url": (_S, True, 2048), "title": (_S, True, 1024),
+                  "session_id": (_S, False, 128)},
+    "ad_query": {"event_id": (_S, True, 128), "user_id": (_S, True, 128), "ts": (_N, True, 0),
+                 "event_ts": (_N, True, 0), "query": (_S, True, 1024), "query_id": (_N, True, 0),
+                 "score": (_N, True, 0), "candidates": (_LS, True, 1000),
+                 "candidate_ids": (_LI, False, 1000), "propensity": (_N, False, 0),
+                 "policy": (_S, False, 64), "model_version": (_S, True, 256),
+                 "url": (_S, False, 2048), "title": (_S, False, 1024),
+                 "session_id": (_S, False, 128)},
+    "ad_click": {"event_id": (_S, True, 128), "user_id": (_S, True, 128), "query": (_S, True, 1024),
+                 "clicked": (_B, True, 0), "ts": (_N, True, 0)},
+    "dead_letter": {"reason": (_S, True, 4096), "source_topic": (_S, True, 256),
+                    "partition": (_N, True, 0), "offset": (_N, True, 0), "raw_b64": (_S, True, 0),
+                    "ts": (_N, True, 0), "consumer": (_S, False, 256)},
+}
+_NON_EMPTY = {"event_id", "user_id", "title", "query"}
+
+
+class SchemaError(ValueError):
+    """A message that does not match its schema; str() is the dead-letter reason."""
+
+
+def validate(kind: str, msg: Any) -> dict:
+    """Return msg if it is a valid `kind` message, else raise SchemaError naming the field."""
+    if not isinstance(msg, dict):
+        raise SchemaError(f"expected a JSON object, got {type(msg).__name__}")
+    v = msg.get("v")
+    if v not in SUPPORTED or isinstance(v, bool):
+        raise SchemaError(f"field 'v': unsupported schema version {v!r} (supported {sorted(SUPPORTED)})")
+    for name, (typ, required, cap) in SCHEMAS[kind].items():
+        val = msg.get(name)
+        if val is None:
+            if required:
+                raise SchemaError(f"missing field {name!r}")
+            continue
+        if typ == _S:
+            if not isinstance(val, str):
+                raise SchemaError(f"field {name!r} must be a string, got {type(val).__name__}")
+            if name in _NON_EMPTY and not val.strip():
+                raise SchemaError(f"field {name!r} is empty")
+            if cap and len(val) > cap:
+                raise SchemaError(f"field {name!r} longer than {cap} characters ({len(val)})")
+        elif typ == _N:
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+                raise SchemaError(f"field {name!r} must be a finite number, got {val!r}")
+            if name in ("ts", "event_ts") and val <= 0:
+                raise SchemaError(f"field {name!r} must be seconds since the epoch, got {val!r}")
+        elif typ == _B:
+            if not isinstance(val, bool):
+                raise SchemaError(f"field {name!r} must be true/false, got {val!r}")
+        else:
+            item = str if typ == _LS else int
+            if not isinstance(val, list) or not all(isinstance(x, item) and not isinstance(x, bool)
+                                                    for x in val):
+                raise SchemaError(f"field {name!r} must be a {typ}")
+            if cap and len(val) > cap:
+                raise SchemaError(f"field {name!r} has more than {cap} items")
+    return msg
+
+
+def decode(kind: str, raw: bytes | None, max_bytes: int) -> dict:
+    """Bytes from Kafka -> validated message dict; SchemaError says why not."""
+    if raw is None:
+        raise SchemaError("empty message (null value)")
+    if len(raw) > max_bytes:
+        raise SchemaError(f"oversized message: {len(raw)} bytes > limit {max_bytes}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"not UTF-8: {exc}") from None
+    try:
+        msg = json.loads(text)
+    except ValueError as exc:
+        raise SchemaError(f"not JSON: {exc}") from None
+    return validate(kind, msg)
+
+
+def encode(kind: str, msg: dict, check: bool = False) -> bytes:
+    """Message dict -> compact UTF-8 JSON with the schema version added."""
+    out = {"v": VERSION, **msg}
+    if check:
+        validate(kind, out)
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def dead_letter(raw: bytes | None, reason: str, topic: str, partition: int, offset: int,
+                consumer: str = "") -> bytes:
+    """The dead-letter message for a rejected record (raw bytes kept, base64)."""
+    return encode("dead_letter", {
+        "reason": reason[:4096], "source_topic": topic, "partition": partition, "offset": offset,
+        "raw_b64": base64.b64encode(raw or b"").decode("ascii"), "ts": time.time(),
+        "consumer": consumer})
+
+
+def dead_letter_raw(msg: dict) -> bytes:
+    """The original bytes of a dead-letter message."""
+    return base64.b64decode(msg["raw_b64"])

@@ -1,0 +1,89 @@
+"""Users' last K visit states in Redis, appended idempotently by event id.
+
+Keys (hash-tagged, so Redis Cluster keeps one user's keys in one slot):
+    <prefix>:{user:<id>}:states          list of encoded UserState, newest first, capped at K, TTL
+    <prefix>:{user:<id>}:seen:<event_id> idempotence key, TTL dedup_ttl_s
+
+One Lua script per event sets the idempotence key with NX and appends only when it was new, so a
+replay after a crash (at-least-once delivery) never appends the same visit twice. A batch is one
+pipelined round trip. The client retries connection errors with exponential backoff (Redis restarts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from personalization.state import UserState
+
+# KEYS: states, seen.  ARGV: state bytes, K, state ttl, dedup ttl, want history ("1"/"0").
+# Returns {1 if appended else 0, [history newest first, before this append]}.
+_APPEND = """
+local hist = {}
+if ARGV[5] == '1' then hist = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1) end
+local fresh = redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[4]))
+if fresh then
+  redis.call('LPUSH', KEYS[1], ARGV[1])
+  redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+if fresh then return {1, hist} end
+return {0, hist}
+"""
+
+
+def connect(url: str, retries: int = 10) -> redis.Redis:
+    """A client that reconnects with exponential backoff (50 ms doubling, capped at 2 s)."""
+    return redis.Redis.from_url(
+        url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+
+
+@dataclass
+class StateStore:
+    client: redis.Redis
+    prefix: str = "astec"
+    k: int = 16
+    ttl_s: int = 30 * 86400
+    dedup_ttl_s: int = 7 * 86400
+
+    def states_key(self, user_id: str) -> str:
+        return f"{self.prefix}:{{user:{user_id}}}:states"
+
+    def seen_key(self, user_id: str, event_id: str) -> str:
+        return f"{self.prefix}:{{user:{user_id}}}:seen:{event_id}"
+
+    def append_batch(self, user_ids: list[str], states: list[UserState], with_history: bool = False
+                     ) -> tuple[list[bool], list[list[UserState]]]:
+        """Append each state to its user's list unless its event id was seen; one round trip.
+
+        Returns per event whether it was appended (False = replayed duplicate) and, when asked,
+        the user's earlier states oldest first (the current event excluded), for the policy.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        want = "1" if with_history else "0"
+        for uid, st in zip(user_ids, states):
+            pipe.eval(_APPEND, 2, self.states_key(uid), self.seen_key(uid, st.event_id),
+                      st.encode(), self.k, self.ttl_s, self.dedup_ttl_s, want)
+        results = pipe.execute()
+        fresh = [bool(r[0]) for r in results]
+        if not with_history:
+            return fresh, [[] for _ in states]
+        hists = []
+        for r, st in zip(results, states):
+            h = [UserState.decode(raw) for raw in reversed(r[1])]
+            hists.append([s for s in h if s.event_id != st.event_id])
+        return fresh, hists
+
+    def history(self, user_id: str) -> list[UserState]:
+        """A user's stored states, oldest first."""
+        return [UserState.decode(raw) for raw in reversed(self.client.lrange(self.states_key(user_id), 0, -1))]
+
+    def histories(self, user_ids: list[str]) -> list[list[UserState]]:
+        pipe = self.client.pipeline(transaction=False)
+        for uid in user_ids:
+            pipe.lrange(self.states_key(uid), 0, -1)
+        return [[UserState.decode(raw) for raw in reversed(r)] for r in pipe.execute()]

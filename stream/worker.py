@@ -1,0 +1,217 @@
+"""One stream consumer: page views -> top-k queries -> user state -> one ad query, at least once.
+
+Per batch: poll -> validate (bad -> dead-letter topic) -> reload model if promoted -> predict
+(batched) -> Redis (one pipelined, idempotent append per event) -> policy -> produce ad queries
+-> flush (acks) -> commit offsets. Offsets are committed only after Redis and Kafka acknowledged,
+so a crash replays the uncommitted batch: duplicates can appear on `ad-queries` (counted), never
+a lost event nor a visit appended twice to a user's state. SIGTERM/SIGINT: finish the batch,
+commit, leave the group.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import redis
+
+from infra.config import Settings
+from personalization.state import UserState
+from stream.metrics import ConsumerMetrics, PromExporter, publish
+from stream.model import ModelHandle
+from stream.schemas import SchemaError, decode, dead_letter, encode
+from stream.state import StateStore, connect
+from stream.topics import make_consumer, make_producer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchResult:
+    events: int = 0
+    dead: int = 0
+    duplicates: int = 0
+    e2a_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+class StreamWorker:
+    """A consumer-group member over `page-views`; `run()` until stop() or SIGTERM."""
+
+    def __init__(self, settings: Settings, model: ModelHandle, policy, consumer_id: str | None = None,
+                 metrics_port: int = 0):
+        self.s = settings
+        self.model = model
+        self.policy = policy
+        self.cid = consumer_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.stop_event = threading.Event()
+        self.redis = connect(settings.redis_url)
+        self.store = StateStore(self.redis, settings.redis_key_prefix, settings.state_k,
+                                settings.state_ttl_s, settings.dedup_ttl_s)
+        self.producer = make_producer(settings, client_id=f"astec-{self.cid}")
+        self.consumer = make_consumer(settings, [settings.topic_page_views], settings.consumer_group,
+                                      client_id=f"astec-{self.cid}")
+        self.metrics = ConsumerMetrics(self.cid, policy.name, model.version)
+        self.prom = PromExporter(metrics_port, self.cid) if metrics_port else None
+        self.commit_failures = 0
+        self._last_publish = 0.0
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def stop(self, *_args) -> None:
+        self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+    def run(self, max_seconds: float | None = None) -> None:
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        try:
+            while not self.stop_event.is_set():
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                polled = self.consumer.poll(timeout_ms=max(1, self.s.poll_timeout_ms * 5),
+                                            max_records=self.s.batch_max)
+                records = [r for rs in polled.values() for r in rs]
+                if records:
+                    self.process(records)
+                    self.commit()
+                self._maybe_publish()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Leave the group (fast rebalance for the others), flush, publish final metrics."""
+        try:
+            self._maybe_publish(force=True)
+        except redis.RedisError:
+            pass
+        try:
+            self.producer.flush(timeout=10)
+            self.producer.close(timeout=10)
+        finally:
+            self.consumer.close(autocommit=False)
+            self.redis.close()
+
+    def commit(self) -> None:
+        from kafka.errors import CommitFailedError, KafkaError
+        try:
+            self.consumer.commit()
+        except (CommitFailedError, KafkaError) as exc:
+            # the partitions moved to another member: it replays them (idempotent state)
+            self.commit_failures += 1
+            log.warning("%s: commit failed (%s); the batch will be replayed", self.cid, exc)
+
+    def _maybe_publish(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_publish >= self.s.metrics_interval_s:
+            self._last_publish = now
+            self.metrics.model_version = self.model.version
+            try:
+                publish(self.redis, self.s.redis_key_prefix, self.metrics)
+            except redis.RedisError as exc:
+                log.warning("%s: metrics not published: %s", self.cid, exc)
+
+    # ---- one batch ----------------------------------------------------------------------
+    def process(self, records) -> BatchResult:
+        t0 = time.perf_counter()
+        stages = {}
+        s = self.s
+        msgs, futures = [], []
+        dead = 0
+        for r in records:
+            try:
+                msgs.append(decode("page_view", r.value, s.max_message_bytes))
+            except SchemaError as exc:
+                dead += 1
+                futures.append(self.producer.send(
+                    s.topic_dead_letters, key=r.key,
+                    value=dead_letter(r.value, str(exc), r.topic, r.partition, r.offset, self.cid)))
+        t1 = time.perf_counter()
+        stages["decode"] = t1 - t0
+        if self.model.maybe_reload():
+            self.metrics.model_version = self.model.version
+        self.policy.maybe_reload()
+        res = BatchResult(events=len(msgs), dead=dead)
+        event_ts = np.array([m["ts"] for m in msgs], np.float64)
+        if msgs:
+            pred = self.model.predictor
+            ids, scores, z = pred.predict_with_features([m["title"] for m in msgs], s.top_k)
+            ids = np.asarray(ids, np.int64)
+            scores = np.asarray(scores, np.float32)
+            t2 = time.perf_counter()
+            stages["predict"] = t2 - t1
+            states = [UserState.from_visit(m["event_id"], m["ts"], m["url"], m["title"], z[i],
+                                           ids[i][ids[i] >= 0], scores[i][ids[i] >= 0])
+                      for i, m in enumerate(msgs)]
+            fresh, hists = self._append_with_backoff([m["user_id"] for m in msgs], states)
+            res.duplicates = len(fresh) - int(sum(fresh))
+            t3 = time.perf_counter()
+            stages["redis"] = t3 - t2
+            q, qs, prop = self.policy.choose_batch(hists, states, ids, scores)
+            t4 = time.perf_counter()
+            stages["policy"] = t4 - t3
+            names = pred.label_names
+            version = self.model.version
+            now = time.time()
+            for i, m in enumerate(msgs):
+                cand = [int(j) for j in ids[i] if j >= 0]
+                out = {"event_id": m["event_id"], "user_id": m["user_id"], "ts": now,
+                       "event_ts": m["ts"], "query": names[int(q[i])], "query_id": int(q[i]),
+                       "score": float(qs[i]), "candidates": [names[j] for j in cand],
+                       "candidate_ids": cand, "propensity": float(prop[i]),
+                       "policy": self.policy.name, "model_version": version,
+                       "url": m["url"], "title": m["title"]}
+                if "session_id" in m:
+                    out["session_id"] = m["session_id"]
+                futures.append(self.producer.send(s.topic_ad_queries, key=m["user_id"].encode(),
+                                                  value=encode("ad_query", out)))
+        t5 = time.perf_counter()
+        self.producer.flush()
+        for f in futures:
+            f.get(timeout=30)   # raises if a produce failed: then no commit, the batch replays
+        t6 = time.perf_counter()
+        stages["kafka"] = t6 - t5 + (t5 - t4 if msgs else 0.0)
+        if msgs:
+            res.e2a_ms = (time.time() - event_ts) * 1000.0
+        self.metrics.record_batch(res.events, res.dead, res.duplicates, t6 - t0, res.e2a_ms, stages)
+        if self.prom:
+            self.prom.observe(res.events, res.dead, t6 - t0, res.e2a_ms, self.model.version)
+        return res
+
+    def _append_with_backoff(self, user_ids, states):
+        """Redis append, retried with backoff while Redis restarts (the batch stays uncommitted)."""
+        delay = 0.1
+        while True:
+            try:
+                return self.store.append_batch(user_ids, states, self.policy.needs_history)
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                if self.stop_event.is_set():
+                    raise
+                log.warning("%s: Redis unavailable (%s); retrying in %.1fs", self.cid, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
+def worker_main(settings: Settings, model_path: str, policy_name: str, policy_model: str | None,
+                consumer_id: str, metrics_port: int = 0, threads: int = 1) -> None:
+    """Entry point of one worker process (also used in-process for --workers 1)."""
+    logging.basicConfig(level=int(os.environ.get("ASTEC_LOG_LEVEL", logging.INFO)),
+                        format=f"%(asctime)s %(levelname)s {consumer_id} %(name)s: %(message)s")
+    try:
+        import torch
+        torch.set_num_threads(threads)
+    except ImportError:
+        pass
+    from stream.policy import make_policy
+    model = ModelHandle.open(model_path)
+    policy = make_policy(policy_name, policy_model)
+    worker = StreamWorker(settings, model, policy, consumer_id, metrics_port)
+    worker.install_signal_handlers()
+    log.info("worker %s up: model %s, policy %s, group %s", consumer_id, model.version,
+             policy.name, settings.consumer_group)
+    worker.run()

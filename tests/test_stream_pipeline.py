@@ -1,0 +1,200 @@
+"""The stream worker against the real broker and Redis: every event yields an ad query, workers
+split partitions, bad messages go to the dead-letter topic, user state and metrics are written,
+and a promoted model is picked up between batches (a broken one refused)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+
+from personalization.state import UserState
+from stream.metrics import read_all
+from stream.model import ModelHandle
+from stream.policy import Top1Policy
+from stream.schemas import dead_letter_raw, decode, encode
+from stream.state import StateStore, connect
+from stream.topics import make_consumer, make_producer
+from stream.worker import StreamWorker
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
+
+
+def page_views(titles, n, users=20, tag=None):
+    tag = tag or uuid.uuid4().hex[:6]
+    return [{"event_id": f"{tag}-{i}", "user_id": f"u{i % users}", "ts": time.time(),
+             "url": f"https://example.org/{i}", "title": titles[i % len(titles)]} for i in range(n)]
+
+
+def produce(settings, msgs, raw: list[bytes] = ()):
+    p = make_producer(settings)
+    for m in msgs:
+        m = {**m, "ts": time.time()}
+        p.send(settings.topic_page_views, key=m["user_id"].encode(), value=encode("page_view", m))
+    for r in raw:
+        p.send(settings.topic_page_views, key=b"bad", value=r)
+    p.flush()
+    p.close()
+
+
+def read_topic(settings, topic, until_n, timeout=60.0):
+    """All messages of a topic (no group), until `until_n` arrived or timeout."""
+    c = make_consumer(settings, [topic], None)
+    out, deadline = [], time.monotonic() + timeout
+    while len(out) < until_n and time.monotonic() < deadline:
+        for recs in c.poll(timeout_ms=200).values():
+            out.extend(recs)
+    c.close()
+    return out
+
+
+def start_worker(settings, predictor_loader, model_path, cid):
+    w = StreamWorker(settings, ModelHandle.open(model_path, loader=predictor_loader,
+                                                check_every_s=0.1), Top1Policy(), cid)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    return w, t
+
+
+def test_every_event_yields_one_ad_query_and_state(stream_settings, knn_predictor, stream_corpus,
+                                                   tmp_path):
+    s = stream_settings
+    titles, labels, names = stream_corpus
+    msgs = page_views(titles, 300, users=25)
+    produce(s, msgs)
+    w, t = start_worker(s, lambda p: knn_predictor, tmp_path, "w-test-0")
+    try:
+        got = read_topic(s, s.topic_ad_queries, len(msgs))
+    finally:
+        w.stop()
+        t.join(30)
+    ads = [decode("ad_query", r.value, 1 << 20) for r in got]
+    assert {a["event_id"] for a in ads} == {m["event_id"] for m in msgs}
+    by_id = {m["event_id"]: m for m in msgs}
+    ids, _, _ = knn_predictor.predict_with_features([by_id[a["event_id"]]["title"] for a in ads], 10)
+    for a, row in zip(ads, ids):
+        assert a["query_id"] == row[0] and a["query"] == names[row[0]]   # top1 of this page
+        assert a["candidates"] == [names[j] for j in row]
+        assert a["model_version"] == "knn-test" and a["event_ts"] <= a["ts"]
+        assert {r.key for r in got} <= {f"u{i}".encode() for i in range(25)}
+
+    # user state: last K visits per user, newest last, each with its features and top-k
+    store = StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
+    hist = store.history("u3")
+    mine = [m for m in msgs if m["user_id"] == "u3"]
+    assert [h.event_id for h in hist] == [m["event_id"] for m in mine][-s.state_k:]
+    assert hist[-1].z.shape == (32,) and hist[-1].query_ids.shape == (10,)
+    assert store.client.ttl(store.states_key("u3")) > 0
+
+    # metrics for the dashboard
+    snap = [m for m in read_all(store.client, s.redis_key_prefix) if m["consumer"] == "w-test-0"]
+    assert snap and int(snap[0]["events"]) == len(msgs)
+    assert snap[0]["model_version"] == "knn-test" and float(snap[0]["e2a_ms_p99"]) > 0
+
+
+def test_two_workers_split_partitions(stream_settings, knn_predictor, stream_corpus, tmp_path):
+    s = stream_settings
+    workers = [start_worker(s, lambda p: knn_predictor, tmp_path, f"w-split-{i}") for i in range(2)]
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:   # wait until the group settled on both members
+            a = [w.consumer.assignment() for w, _ in workers]
+            if all(a) and len(a[0] | a[1]) == s.partitions:
+                break
+            time.sleep(0.2)
+        a0, a1 = (w.consumer.assignment() for w, _ in workers)
+        assert a0 and a1 and not (a0 & a1) and len(a0 | a1) == s.partitions
+        msgs = page_views(stream_corpus[0], 200, users=40)
+        produce(s, msgs)
+        got = read_topic(s, s.topic_ad_queries, len(msgs))
+    finally:
+        for w, _ in workers:
+            w.stop()
+        for _, t in workers:
+            t.join(30)
+    assert {decode("ad_query", r.value, 1 << 20)["event_id"] for r in got} == \
+        {m["event_id"] for m in msgs}
+    assert all(w.metrics.events > 0 for w, _ in workers)
+    assert sum(w.metrics.events for w, _ in workers) == len(msgs)
+
+
+def test_bad_messages_go_to_dead_letters_and_stream_goes_on(stream_settings, knn_predictor,
+                                                           stream_corpus, tmp_path):
+    s = stream_settings
+    good = page_views(stream_corpus[0], 50)
+    bad = [b"{not json", b"\xff\xfe\x00garbage", json.dumps({"v": 1, "event_id": "x"}).encode(),
+           encode("page_view", {**good[0], "title": "x" * (s.max_message_bytes + 10)}),
+           json.dumps({**good[0], "v": 99}).encode()]
+    produce(s, good[:25], raw=bad)
+    produce(s, good[25:])
+    w, t = start_worker(s, lambda p: knn_predictor, tmp_path, "w-dlq")
+    try:
+        got = read_topic(s, s.topic_ad_queries, len(good))
+        dls = read_topic(s, s.topic_dead_letters, len(bad))
+    finally:
+        w.stop()
+        t.join(30)
+    assert {decode("ad_query", r.value, 1 << 20)["event_id"] for r in got} == \
+        {m["event_id"] for m in good}
+    letters = [decode("dead_letter", r.value, 1 << 22) for r in dls]
+    assert sorted(dead_letter_raw(d) for d in letters) == sorted(bad)
+    reasons = " | ".join(d["reason"] for d in letters)
+    for expected in ("not JSON", "not UTF-8", "missing field 'user_id'", "oversized", "version 99"):
+        assert expected in reasons
+    assert all(d["source_topic"] == s.topic_page_views for d in letters)
+    assert w.metrics.dead_letters == len(bad)
+
+
+class VersionedKnn:
+    """Loads 'predictor' dirs of a registry: a version is a JSON file naming a kNN size."""
+
+    def __init__(self, corpus):
+        self.corpus = corpus
+
+    def __call__(self, path):
+        from conftest import KnnPredictor
+        spec = json.loads((path / "spec.json").read_text())   # raises for a broken version
+        titles, labels, names = self.corpus
+        return KnnPredictor(titles, labels, names, neighbours=spec["neighbours"],
+                            version=path.parent.name)
+
+
+def test_hot_reload_switches_between_batches_and_refuses_broken(stream_settings, stream_corpus,
+                                                                tmp_path):
+    from engine.registry import Registry
+    s = stream_settings
+    reg = Registry(tmp_path / "models")
+
+    def add_version(neighbours, broken=False):
+        st = reg.stage()
+        (st.path / "predictor").mkdir()
+        if not broken:
+            (st.path / "predictor" / "spec.json").write_text(json.dumps({"neighbours": neighbours}))
+        reg.commit(st)
+        reg.promote(st.version)
+        return st.version
+
+    v1 = add_version(5)
+    w, t = start_worker(s, VersionedKnn(stream_corpus), reg.root, "w-reload")
+    try:
+        produce(s, page_views(stream_corpus[0], 20, tag="a"))
+        first = read_topic(s, s.topic_ad_queries, 20)
+        v2 = add_version(8)
+        time.sleep(0.5)
+        produce(s, page_views(stream_corpus[0], 20, tag="b"))
+        second = read_topic(s, s.topic_ad_queries, 40)
+        v3 = add_version(0, broken=True)
+        time.sleep(0.5)
+        produce(s, page_views(stream_corpus[0], 20, tag="c"))
+        third = read_topic(s, s.topic_ad_queries, 60)
+    finally:
+        w.stop()
+        t.join(30)
+    version_of = lambda recs, tag: {decode("ad_query", r.value, 1 << 20)["model_version"]
+                                    for r in recs if r.value and f'"{tag}-' in r.value.decode()}
+    assert version_of(first, "a") == {v1}
+    assert version_of(second, "b") == {v2}
+    assert version_of(third, "c") == {v2}       # broken v3 refused, v2 kept
+    assert v3 in w.model.refused and w.model.version == v2
