@@ -1,0 +1,441 @@
+"""The torch-free CPU predictor: title -> top-k labels in O(D^2 + D log L), for stream consumers.
+
+Loads an exported predictor directory (see docs/predictor-format.md, written by `astec export`)
+with numpy, hnswlib and, optionally, onnxruntime only: importing this module never imports torch.
+Loading verifies the manifest (size + sha256 of every file) before any file is used and builds
+the object only once everything is loaded, so a predictor is either complete or refused.
+
+Per learner, for a text with TF-IDF vector x:
+    v = ReLU(E^T x)                      shortlist features (ANNS^x over points, ANNS^mu over centres)
+    s = w max_c cos(v, mu_c) + (1 - w) sum_j cos(v, v_j) y_j / sum_j cos(v, v_j)  (+ prior labels)
+    C = the top `predict_shortlist` labels by s
+    C = C + the prior (most frequent) labels, always scored
+    z = v + ReLU(R v)
+    y = alpha sigma(w_l^T z + b_l) + (1 - alpha) sigma(s_l)
+    y = beta y + (1 - beta) sigma(w~_l^T z~ + b~_l)   (re-ranker)
+and an ensemble averages y over learners (a label a learner did not shortlist counts 0).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import hnswlib
+import numpy as np
+
+from engine.manifest import Manifest, ManifestError, verify_manifest
+from engine.text import TfidfVectorizer
+
+__all__ = ["Predictor", "PredictorError", "ManifestError"]
+
+log = logging.getLogger(__name__)
+CONFIG_NAME = "predictor.json"
+
+
+class PredictorError(ManifestError):
+    """A predictor directory is inconsistent (shapes, fields) or cannot be loaded."""
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # same clipping and dtype as engine.astec.predict.sigmoid, so scores match to float32 rounding
+    return (1.0 / (1.0 + np.exp(-np.clip(x, -30, 30)))).astype(np.float32)
+
+
+@dataclass
+class Encoder:
+    """v = ReLU(E^T x); z = v + ReLU(R v). E may be memory-mapped (only touched rows are paged in)."""
+
+    emb: np.ndarray          # [V, D] float32
+    residual: np.ndarray     # [D, D] float32, spectral norm already applied
+    onnx_path: Path | None = None
+    _session: object | None = None
+
+    def v_one(self, idx: np.ndarray, val: np.ndarray) -> np.ndarray:
+        if idx.size == 0:
+            return np.zeros(self.emb.shape[1], np.float32)
+        v = val @ self.emb[idx]
+        np.maximum(v, 0, out=v)
+        return v
+
+    def v_batch(self, rows: np.ndarray, idx: np.ndarray, val: np.ndarray, n: int) -> np.ndarray:
+        """Bag of weighted embedding rows for n texts given flat (row, token, weight) triples."""
+        out = np.zeros((n, self.emb.shape[1]), np.float32)
+        if idx.size:
+            np.add.at(out, rows, self.emb[idx] * val[:, None])
+        np.maximum(out, 0, out=out)
+        return out
+
+    def z_from_v(self, v: np.ndarray) -> np.ndarray:
+        h = v @ self.residual.T
+        np.maximum(h, 0, out=h)
+        h += v
+        return h
+
+    # ---- ONNX backend ----------------------------------------------------------------------
+    def session(self, threads: int):
+        if self._session is None:
+            import onnxruntime as ort  # imported lazily: the numpy backend does not need it
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            self._session = ort.InferenceSession(str(self.onnx_path), opts,
+                                                 providers=["CPUExecutionProvider"])
+        return self._session
+
+    def vz_onnx(self, ids: np.ndarray, weights: np.ndarray, threads: int):
+        """(v, z) from padded [n, T] token ids / TF-IDF weights (weight 0 pads)."""
+        v, z = self.session(threads).run(["v", "z"], {"ids": ids, "weights": weights})
+        return v, z
+
+
+@dataclass
+class Learner:
+    """One Astec learner's arrays: shortlist structures, classifier, optional re-ranker."""
+
+    enc: Encoder                      # v for the indexes, z for the classifier
+    W: np.ndarray                     # [L, D] float32 or float16
+    b: np.ndarray                     # [L] float32
+    points: hnswlib.Index | None      # ANNS^x over training points' normalised v
+    point_indptr: np.ndarray
+    point_labels: np.ndarray
+    point_values: np.ndarray
+    centres: hnswlib.Index | None     # ANNS^mu over label centres
+    centre_owner: np.ndarray
+    prior: np.ndarray                 # labels always scored (covers empty texts)
+    prior_score: np.ndarray           # their tiny base score (< any real similarity)
+    knn: int
+    kmu: int
+    centroid_weight: float
+    shortlist_size: int
+    alpha: float
+    beta: float
+    rr_enc: Encoder | None = None
+    rr_W: np.ndarray | None = None
+    rr_b: np.ndarray | None = None
+
+    # ---- shortlist ------------------------------------------------------------------------
+    def base_scores(self, V: np.ndarray, threads: int):
+        """Flat (row, label, s) candidates for a batch of shortlist features V [n, D].
+
+        Vectorised over the batch: keys row*L+label are reduced with bincount (neighbour sum)
+        and maximum.at (centre max); no Python loop per point or label.
+        """
+        n, L = V.shape[0], self.W.shape[0]
+        norms = np.linalg.norm(V, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0
+        Q = np.ascontiguousarray(V / norms, dtype=np.float32)
+        key_parts, kind_parts, val_parts = [], [], []
+        if self.knn > 0 and self.points is not None:
+            ids, dist = self.points.knn_query(Q, k=self.knn, num_threads=threads)
+            sims = np.clip(1.0 - dist, 0, None).astype(np.float32)
+            denom = sims.sum(axis=1, dtype=np.float32)
+            denom[denom == 0] = 1.0
+            ids = ids.astype(np.int64).ravel()
+            start = self.point_indptr[ids]
+            lens = self.point_indptr[ids + 1] - start
+            total = int(lens.sum())
+            pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(total)
+            rows = np.repeat(np.repeat(np.arange(n), self.knn), lens)
+            w = np.repeat((sims / denom[:, None]).ravel(), lens) * self.point_values[pos]
+            key_parts.append(rows * L + self.point_labels[pos])
+            kind_parts.append(np.zeros(total, np.int8))
+            val_parts.append(w.astype(np.float32))
+        if self.kmu > 0 and self.centres is not None:
+            ids, dist = self.centres.knn_query(Q, k=self.kmu, num_threads=threads)
+            sims = np.clip(1.0 - dist, 0, None).astype(np.float32).ravel()
+            rows = np.repeat(np.arange(n), ids.shape[1])
+            key_parts.append(rows * L + self.centre_owner[ids.ravel()])
+            kind_parts.append(np.ones(sims.size, np.int8))
+            val_parts.append(sims)
+        if self.prior.size:
+            rows = np.repeat(np.arange(n), self.prior.size)
+            key_parts.append(rows * L + np.tile(self.prior, n))
+            kind_parts.append(np.full(rows.size, 2, np.int8))
+            val_parts.append(np.tile(self.prior_score, n))
+        if not key_parts:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+        keys = np.concatenate(key_parts)
+        kind = np.concatenate(kind_parts)
+        vals = np.concatenate(val_parts)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        u = uniq.size
+        knn_sum = np.bincount(inv[kind == 0], weights=vals[kind == 0], minlength=u)
+        mu_max = np.zeros(u, np.float32)
+        np.maximum.at(mu_max, inv[kind == 1], vals[kind == 1])
+        prior = np.bincount(inv[kind == 2], weights=vals[kind == 2], minlength=u)
+        s = ((1.0 - self.centroid_weight) * knn_sum.astype(np.float32)
+             + self.centroid_weight * mu_max + prior.astype(np.float32)).astype(np.float32)
+        keep = s != 0
+        uniq, s = uniq[keep], s[keep]
+        rows, labels = np.divmod(uniq, L)
+        # top `shortlist_size` per row by s (ties: lower label id), like sparse.topk_rows
+        order = np.lexsort((labels, -s, rows))
+        rows, labels, s = rows[order], labels[order], s[order]
+        first = np.searchsorted(rows, np.arange(n))
+        rank = np.arange(rows.size) - first[rows]
+        sel = rank < self.shortlist_size
+        if self.prior.size and not sel.all():
+            # prior labels are always scored; one cut from the top gets s = its prior score
+            cut = ~sel & np.isin(labels, self.prior)
+            s = s.copy()
+            s[cut] = self.prior_score[np.argmax(labels[cut, None] == self.prior[None, :], axis=1)]
+            sel |= cut
+        return rows[sel], labels[sel], s[sel]
+
+    # ---- scores -----------------------------------------------------------------------------
+    def final_scores(self, rows, labels, s, Z, Zr, chunk: int = 1 << 16) -> np.ndarray:
+        """alpha/beta combination for flat (row, label) candidates (float32, candidate order)."""
+        out = np.empty(labels.size, np.float32)
+        for a in range(0, labels.size, chunk):
+            r, c = rows[a:a + chunk], labels[a:a + chunk]
+            logit = np.einsum("ij,ij->i", self.W[c].astype(np.float32, copy=False), Z[r]) + self.b[c]
+            y = self.alpha * _sigmoid(logit) + (1.0 - self.alpha) * _sigmoid(s[a:a + chunk])
+            if self.rr_enc is not None:
+                rl = np.einsum("ij,ij->i", self.rr_W[c].astype(np.float32, copy=False), Zr[r]) + self.rr_b[c]
+                y = self.beta * y + (1.0 - self.beta) * _sigmoid(rl)
+            out[a:a + chunk] = y
+        return out
+
+
+def _topk(rows: np.ndarray, labels: np.ndarray, y: np.ndarray, n: int, k: int):
+    """(ids int64 [n,k], scores float32 [n,k]) best first, ties by lower label, pads -1 / 0."""
+    ids = np.full((n, k), -1, np.int64)
+    scores = np.zeros((n, k), np.float32)
+    if labels.size == 0 or k == 0:
+        return ids, scores
+    order = np.lexsort((labels, -y, rows))
+    r = rows[order]
+    first = np.searchsorted(r, np.arange(n))
+    rank = np.arange(r.size) - first[r]
+    sel = rank < k
+    ids[r[sel], rank[sel]] = labels[order][sel]
+    scores[r[sel], rank[sel]] = y[order][sel]
+    return ids, scores
+
+
+class Predictor:
+    """Exported Astec model for CPU serving. Build with `Predictor.load(dir, threads=1)`."""
+
+    def __init__(self, *, root: Path, manifest: Manifest, config: dict, vectorizer: TfidfVectorizer,
+                 learners: list[Learner], label_names: list[str], threads: int, backend: str):
+        self.root = root
+        self.manifest = manifest
+        self.config = config
+        self.vectorizer = vectorizer
+        self.learners = learners
+        self.label_names = label_names
+        self.threads = threads
+        self.backend = backend
+        self.version: str = str(manifest.data.get("version", ""))
+        self.num_labels = int(config["num_labels"])
+        self.dim = int(config["dim"])
+
+    # ---- loading ----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | os.PathLike, threads: int = 1, backend: str | None = None,
+             check_hashes: bool = True) -> "Predictor":
+        """Verify every file against manifest.json, then load; raise ManifestError/PredictorError.
+
+        threads: hnswlib / onnxruntime threads per call (1 by default: consumers scale by
+        processes). backend: "numpy" (default, fastest per `astec bench predict`) or "onnx"
+        for the feature networks.
+        """
+        root = Path(path)
+        m = verify_manifest(root, check_hashes=check_hashes)   # nothing is read before this passes
+        cfg = m.load_json(CONFIG_NAME)
+        src = root / CONFIG_NAME
+        for key in ("num_labels", "dim", "learners", "vectorizer", "label_names"):
+            if key not in cfg:
+                raise PredictorError(f"{src}: missing field {key!r}")
+        backend = backend or cfg.get("backend", "numpy")
+        if backend not in ("numpy", "onnx"):
+            raise PredictorError(f"backend must be 'numpy' or 'onnx', got {backend!r}")
+        L, D = int(cfg["num_labels"]), int(cfg["dim"])
+        vec_rel = cfg["vectorizer"]
+        m.path(vec_rel), m.path(Path(vec_rel).with_suffix(".npz").as_posix())
+        try:
+            vectorizer = TfidfVectorizer.load(root / vec_rel)
+        except (ValueError, FileNotFoundError) as e:
+            raise PredictorError(str(e)) from e
+        names = m.load_json(cfg["label_names"])
+        if not isinstance(names, list) or len(names) != L:
+            raise PredictorError(f"{root / cfg['label_names']}: expected a list of {L} label "
+                                 f"names, got {type(names).__name__} of {len(names)}")
+        learners = [cls._load_learner(m, lc, L, D, vectorizer.num_features, threads,
+                                      f"{src}: learners[{i}]")
+                    for i, lc in enumerate(cfg["learners"])]
+        if not learners:
+            raise PredictorError(f"{src}: field 'learners' is empty")
+        return cls(root=root, manifest=m, config=cfg, vectorizer=vectorizer, learners=learners,
+                   label_names=[str(x) for x in names], threads=int(threads), backend=backend)
+
+    @staticmethod
+    def _load_encoder(m: Manifest, ec: dict, V: int, D: int, where: str) -> Encoder:
+        emb = m.load_npy(ec["embeddings"])
+        R = np.ascontiguousarray(m.load_npy(ec["residual"], mmap=False))
+        if emb.shape[1] != D or emb.shape[0] < V or R.shape != (D, D):
+            raise PredictorError(f"{where}: encoder shapes E{list(emb.shape)} R{list(R.shape)} "
+                                 f"do not fit vocabulary {V} x dim {D}")
+        onnx = m.path(ec["onnx"]) if ec.get("onnx") else None
+        return Encoder(emb=emb, residual=R, onnx_path=onnx)
+
+    @classmethod
+    def _load_learner(cls, m: Manifest, lc: dict, L: int, D: int, V: int, threads: int,
+                      where: str) -> Learner:
+        try:
+            enc = cls._load_encoder(m, lc["encoder"], V, D, where + ".encoder")
+            W = m.load_npy(lc["classifier"]["weight"])
+            b = np.ascontiguousarray(m.load_npy(lc["classifier"]["bias"], mmap=False),
+                                     dtype=np.float32)
+            if W.shape != (L, D) or b.shape != (L,):
+                raise PredictorError(f"{where}.classifier: W{list(W.shape)} b{list(b.shape)}, "
+                                     f"expected [{L}, {D}] and [{L}]")
+            sc = lc["shortlist"]
+            indptr = np.ascontiguousarray(m.load_npy(sc["point_indptr"], mmap=False), np.int64)
+            plabels = np.ascontiguousarray(m.load_npy(sc["point_labels"], mmap=False), np.int64)
+            pvals = np.ascontiguousarray(m.load_npy(sc["point_values"], mmap=False), np.float32)
+            owner = np.ascontiguousarray(m.load_npy(sc["centre_owner"], mmap=False), np.int64)
+            prior = np.ascontiguousarray(m.load_npy(sc["prior"], mmap=False), np.int64)
+            prior_score = np.ascontiguousarray(m.load_npy(sc["prior_score"], mmap=False),
+                                               np.float32)
+            if prior_score.shape != prior.shape:
+                raise PredictorError(f"{where}.shortlist: prior_score{list(prior_score.shape)} "
+                                     f"does not match prior{list(prior.shape)}")
+            n_points, n_centres = int(sc["num_points"]), int(sc["num_centres"])
+            if indptr.shape != (n_points + 1,) or plabels.shape != pvals.shape or \
+                    int(indptr[-1]) != plabels.size or owner.shape != (n_centres,):
+                raise PredictorError(f"{where}.shortlist: point label arrays do not match "
+                                     f"num_points={n_points} / num_centres={n_centres}")
+            for arr, what in ((plabels, "point_labels"), (owner, "centre_owner"), (prior, "prior")):
+                if arr.size and (arr.min() < 0 or arr.max() >= L):
+                    raise PredictorError(f"{where}.shortlist.{what}: label id out of [0, {L})")
+            points = _load_hnsw(m, sc["points_index"], D, n_points, int(sc["ef_points"])) \
+                if n_points else None
+            centres = _load_hnsw(m, sc["centres_index"], D, n_centres, int(sc["ef_centres"])) \
+                if n_centres else None
+            rr_enc = rr_W = rr_b = None
+            if lc.get("reranker"):
+                rc = lc["reranker"]
+                rr_enc = cls._load_encoder(m, rc, V, D, where + ".reranker")
+                rr_W = m.load_npy(rc["weight"])
+                rr_b = np.ascontiguousarray(m.load_npy(rc["bias"], mmap=False), np.float32)
+                if rr_W.shape != (L, D) or rr_b.shape != (L,):
+                    raise PredictorError(f"{where}.reranker: W{list(rr_W.shape)} "
+                                         f"b{list(rr_b.shape)}, expected [{L}, {D}] and [{L}]")
+            return Learner(
+                enc=enc, W=W, b=b, points=points, point_indptr=indptr,
+                point_labels=plabels, point_values=pvals, centres=centres, centre_owner=owner,
+                prior=prior, prior_score=prior_score, knn=min(int(sc["knn"]), n_points), kmu=min(int(sc["kmu"]), n_centres),
+                centroid_weight=float(sc["centroid_weight"]),
+                shortlist_size=int(sc["shortlist_size"]), alpha=float(lc["alpha"]),
+                beta=float(lc.get("beta", 1.0)), rr_enc=rr_enc, rr_W=rr_W, rr_b=rr_b)
+        except KeyError as e:
+            raise PredictorError(f"{where}: missing field {e.args[0]!r}") from None
+
+    # ---- features ---------------------------------------------------------------------------
+    def _bags(self, texts: list[str]):
+        """Flat (row, token, weight) triples of the texts' TF-IDF vectors."""
+        parts = [self.vectorizer.transform_one(t) for t in texts]
+        lens = np.fromiter((p[0].size for p in parts), np.int64, len(parts))
+        rows = np.repeat(np.arange(len(texts)), lens)
+        if lens.sum():
+            idx = np.concatenate([p[0] for p in parts]).astype(np.int64)
+            val = np.concatenate([p[1] for p in parts])
+        else:
+            idx, val = np.zeros(0, np.int64), np.zeros(0, np.float32)
+        return rows, idx, val, lens
+
+    def _padded(self, idx, val, lens):
+        n, T = lens.size, max(int(lens.max(initial=0)), 1)
+        ids = np.zeros((n, T), np.int64)
+        w = np.zeros((n, T), np.float32)
+        col = np.arange(idx.size) - np.repeat(np.cumsum(lens) - lens, lens)
+        r = np.repeat(np.arange(n), lens)
+        ids[r, col], w[r, col] = idx, val
+        return ids, w
+
+    def _encode(self, enc: Encoder, bags, n: int):
+        rows, idx, val, lens = bags
+        if self.backend == "onnx" and enc.onnx_path is not None:
+            ids, w = self._padded(idx, val, lens)
+            return enc.vz_onnx(ids, w, self.threads)
+        v = enc.v_batch(rows, idx, val, n)
+        return v, enc.z_from_v(v)
+
+    def _run(self, texts: list[str], k: int, want_z: bool = False):
+        if isinstance(texts, str):
+            raise TypeError("predict takes a list of texts; use predict_one(text) for one")
+        n = len(texts)
+        bags = self._bags(texts)
+        all_rows, all_labels, all_y = [], [], []
+        z0 = None
+        for li, lr in enumerate(self.learners):
+            v, z = self._encode(lr.enc, bags, n)
+            zr = self._encode(lr.rr_enc, bags, n)[1] if lr.rr_enc is not None else None
+            rows, labels, s = lr.base_scores(v, self.threads)
+            y = lr.final_scores(rows, labels, s, z, zr)
+            all_rows.append(rows), all_labels.append(labels), all_y.append(y)
+            if li == 0:
+                z0 = z
+        rows, labels, y = self._average(all_rows, all_labels, all_y)
+        ids, scores = _topk(rows, labels, y, n, k)
+        return (ids, scores, z0) if want_z else (ids, scores)
+
+    def _average(self, rows_l, labels_l, y_l):
+        if len(rows_l) == 1:
+            return rows_l[0], labels_l[0], y_l[0]
+        L = self.num_labels
+        keys = np.concatenate([r * L + c for r, c in zip(rows_l, labels_l)])
+        uniq, inv = np.unique(keys, return_inverse=True)
+        y = (np.bincount(inv, weights=np.concatenate(y_l), minlength=uniq.size)
+             / len(rows_l)).astype(np.float32)
+        rows, labels = np.divmod(uniq, L)
+        return rows, labels, y
+
+    # ---- public API ---------------------------------------------------------------------------
+    def predict(self, texts: list[str], k: int = 10):
+        """Top-k labels of each text: (ids int64 [n, k], scores float32 [n, k]), best first."""
+        return self._run(list(texts), int(k))
+
+    def predict_one(self, text: str, k: int = 10):
+        """One text -> (ids int64 [k], scores float32 [k]): the latency path (no batching work)."""
+        ids, scores = self._run([text], int(k))
+        return ids[0], scores[0]
+
+    def predict_with_features(self, texts: list[str], k: int = 10):
+        """(ids, scores, z) with z the first learner's final features float32 [n, D]."""
+        return self._run(list(texts), int(k), want_z=True)
+
+    def features(self, texts: list[str]) -> np.ndarray:
+        """Final Astec features z (first learner) float32 [n, D], the GRU's input."""
+        texts = list(texts)
+        return self._encode(self.learners[0].enc, self._bags(texts), len(texts))[1]
+
+    def classifier_rows(self, ids) -> np.ndarray:
+        """Classifier rows w_l (first learner, z's space) as float32 [len(ids), D]."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_labels):
+            raise IndexError(f"label ids must be in [0, {self.num_labels})")
+        return np.asarray(self.learners[0].W[ids], dtype=np.float32)
+
+    def __repr__(self) -> str:
+        return (f"Predictor({str(self.root)!r}, version={self.version!r}, L={self.num_labels}, "
+                f"D={self.dim}, learners={len(self.learners)}, backend={self.backend!r})")
+
+
+def _load_hnsw(m: Manifest, rel: str, dim: int, count: int, ef: int) -> hnswlib.Index:
+    path = m.path(rel)
+    index = hnswlib.Index(space="ip", dim=dim)
+    try:
+        index.load_index(str(path), max_elements=count)
+    except RuntimeError as e:
+        raise PredictorError(f"{path}: unreadable hnswlib index ({e})") from None
+    if index.get_current_count() != count:
+        raise PredictorError(f"{path}: index holds {index.get_current_count()} items, "
+                             f"manifest says {count}")
+    index.set_ef(max(ef, 1))
+    index.set_num_threads(1)
+    return index
