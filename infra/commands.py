@@ -9,6 +9,7 @@ COMMANDS: dict[str, str] = {
     "train": "engine.cli_train:train",
     "predict": "engine.cli_train:predict",
     "infra": "infra.cli_infra:infra",
+    "simulate": "stream.simulator.cli:simulate",
     "stream": "stream.cli:stream",
     "data": "engine.cli_data:data",
     "evaluate": "engine.cli_evaluate:evaluate",

@@ -1,0 +1,76 @@
+"""The click model: how likely a user is to click an ad for `query` shown after viewing `page`.
+
+Assumptions (the personalization is judged against these):
+1. A session has one latent intent, a sub-topic. The click probability grows with the query's
+   relevance to that intent: full if the query is in the intent sub-topic, partial if it is in the
+   intent's topic, none otherwise.
+2. Relevance to the page just viewed matters less: a query that leads to the page adds a small
+   bonus, one of the page's sub-topic a smaller one.
+3. Popular (head) queries of a sub-topic are a little more clickable than its tail.
+4. Clicks are independent Bernoulli draws given (query, intent, page); no position or fatigue bias.
+
+So on an off-intent page (a news article in the middle of a shopping session) the page's own top
+query is a poor choice; a query from an earlier on-intent page is better. The best query depends
+on the user's recent history, not only on the current page.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from stream.simulator.world import World
+
+
+@dataclass(frozen=True)
+class ClickParams:
+    """p = base + intent * rel(q, intent) + page * rel(q, page) + pop * head(q), clipped to [0, 1]."""
+
+    base: float = 0.005
+    intent: float = 0.10            # weight of relevance to the session's latent intent
+    intent_same_topic: float = 0.3  # relevance of a query in the intent's topic, other sub-topic
+    page: float = 0.03              # weight of relevance to the page just viewed
+    page_same_subtopic: float = 0.3 # relevance to the page of a non-linked query of its sub-topic
+    pop: float = 0.02               # bonus for a sub-topic's most popular query (scaled down the tail)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT_PARAMS = ClickParams()
+
+
+def _head_score(world: World) -> np.ndarray:
+    """Per query: popularity / the most popular query of its sub-topic, in [0, 1] (cached)."""
+    cached = getattr(world, "_head_score", None)
+    if cached is None:
+        best = np.zeros(world.n_subtopics)
+        np.maximum.at(best, world.query_subtopic, world.query_pop)
+        cached = world.query_pop / np.maximum(best[world.query_subtopic], 1e-300)
+        world._head_score = cached
+    return cached
+
+
+def click_probability(query, user_intent, page, *, world: World,
+                      params: ClickParams = DEFAULT_PARAMS) -> np.ndarray:
+    """Vectorised P(click | query, the session's intent sub-topic, the page just viewed).
+
+    `query`, `user_intent` and `page` are ids (scalars or equal-length arrays); query id -1 means
+    "nothing shown" and gets probability 0.
+    """
+    q = np.asarray(query, np.int64)
+    intent = np.asarray(user_intent, np.int64)
+    pg = np.asarray(page, np.int64)
+    q, intent, pg = np.broadcast_arrays(q, intent, pg)
+    shown = q >= 0
+    qs = np.where(shown, q, 0)
+    q_sub = world.query_subtopic[qs]
+    q_top = world.query_topic[qs]
+    rel_intent = np.where(q_sub == intent, 1.0,
+                          np.where(q_top == world.subtopic_topic[intent], params.intent_same_topic, 0.0))
+    linked = world.is_linked(pg, qs)
+    rel_page = np.where(linked, 1.0,
+                        np.where(q_sub == world.page_subtopic[pg], params.page_same_subtopic, 0.0))
+    head = _head_score(world)[qs]
+    p = params.base + params.intent * rel_intent + params.page * rel_page + params.pop * head
+    return np.where(shown, np.clip(p, 0.0, 1.0), 0.0)

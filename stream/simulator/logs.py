@@ -1,0 +1,228 @@
+"""Simulated traffic on a world: search clicks, browsing sessions, and ad impressions/clicks.
+
+Written through engine.clicklog (date-partitioned JSON lines), so the same readers consume real logs:
+  LOG_DIR/search_clicks/   {query, url, title, ts}              population-level search clicks
+  LOG_DIR/page_views/      {event_id, user_id, session_id, ts, url, title}
+  LOG_DIR/ad_impressions/  {event_id, user_id, session_id, ts, url, title, query, candidates,
+                            propensity, policy, model_version}  one query shown after each view
+  LOG_DIR/ad_clicks/       {event_id, user_id, query, clicked, ts}  only for clicked impressions
+  LOG_DIR/truth/intents.jsonl  per session: latent intent (topic, subtopic), on_intent flags
+                               (evaluation only; never read by training)
+  LOG_DIR/simulation.json      the settings and counts of the run
+
+Sessions: a user has 1-3 latent interests; each session draws one as its intent (a sub-topic);
+each page view is on-intent with probability `on_intent`, otherwise a popular page from anywhere.
+The logging policy shows the current page's strongest query with probability 1 - epsilon and
+otherwise a uniform pick among the candidates (the top queries of the last `history` pages of the
+session), and logs the propensity, so the GRU can learn off-policy from these logs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from engine.clicklog import ClickLogWriter
+from stream.simulator.clickmodel import DEFAULT_PARAMS, ClickParams, click_probability
+from stream.simulator.world import World, _compact_left, _row_dups, sample_in_ranges
+
+log = logging.getLogger(__name__)
+DAY = 86400.0
+
+
+@dataclass
+class LogSettings:
+    days: int = 3
+    start: str = "2026-01-05"            # first UTC day of the logs
+    seed: int = 0
+    search_clicks_per_day: int | None = None  # default: 5 per page of the world
+    noise: float = 0.03                 # share of search clicks on a random (query, page)
+    on_intent: float = 0.7              # P(a page view follows the session's intent)
+    mean_session_views: float = 6.0
+    epsilon: float = 0.3                # exploration of the logging policy
+    history: int = 5                    # pages of the session whose queries are candidates
+    per_page: int = 3                   # top queries per page in the candidate set
+    writer_id: str = "sim"
+
+
+def _start_ts(day: str) -> float:
+    return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
+
+
+def _write(out: Path, kind: str, records, total: int, writer_id: str) -> int:
+    n = 0
+    with ClickLogWriter(out, kind, writer_id=writer_id) as w, \
+            tqdm(total=total, desc=f"write {kind}", unit="rec", leave=False, mininterval=1) as bar:
+        batch = []
+        for rec in records:
+            batch.append(rec)
+            if len(batch) >= 50_000:
+                n += w.write_many(batch)
+                bar.update(len(batch))
+                batch = []
+        n += w.write_many(batch)
+        bar.update(len(batch))
+    return n
+
+
+def simulate_search_clicks(world: World, rng, t0: float, s: LogSettings):
+    """(page, query, ts) arrays of search clicks: links drawn by page popularity x link share."""
+    per_day = s.search_clicks_per_day or 5 * world.n_pages
+    n = int(per_day * s.days)
+    lp = world.link_pages()
+    w = world.page_pop[lp] * world.link_weight
+    w = w / w.sum()
+    pick = np.minimum(np.searchsorted(np.cumsum(w), rng.random(n), side="right"), len(w) - 1)
+    page, query = lp[pick], world.link_query[pick].astype(np.int64)
+    noisy = rng.random(n) < s.noise
+    k = int(noisy.sum())
+    query[noisy] = np.minimum(np.searchsorted(np.cumsum(world.query_pop), rng.random(k), side="right"),
+                              world.n_queries - 1)
+    page[noisy] = np.minimum(np.searchsorted(np.cumsum(world.page_pop), rng.random(k), side="right"),
+                             world.n_pages - 1)
+    ts = np.sort(t0 + rng.random(n) * s.days * DAY)
+    return page, query, ts
+
+
+@dataclass
+class Sessions:
+    user: np.ndarray        # per session
+    intent: np.ndarray      # per session: subtopic id
+    start: np.ndarray       # per session
+    v_session: np.ndarray   # per view
+    v_pos: np.ndarray       # per view: position within its session
+    v_page: np.ndarray
+    v_on: np.ndarray
+    v_ts: np.ndarray
+
+
+def simulate_sessions(world: World, rng, t0: float, s: LogSettings) -> Sessions:
+    """Browsing sessions with a latent intent each; views in session order."""
+    n_sess = rng.poisson(world.user_activity * s.days)
+    user = np.repeat(np.arange(world.n_users), n_sess)
+    # intent: one of the user's interests, by weight (each user's weights sum to 1)
+    C = np.cumsum(world.interest_weight)
+    idx = np.searchsorted(C, user + rng.random(len(user)), side="right")
+    idx = np.clip(idx, world.interest_indptr[user], world.interest_indptr[user + 1] - 1)
+    intent = world.interest_subtopic[idx].astype(np.int64)
+    start = t0 + rng.random(len(user)) * (s.days * DAY - 2 * 3600)
+    length = np.minimum(1 + rng.geometric(1.0 / (s.mean_session_views - 1), len(user)), 60)
+    v_session = np.repeat(np.arange(len(user)), length)
+    first = np.concatenate([[0], np.cumsum(length)[:-1]])
+    v_pos = np.arange(len(v_session)) - first[v_session]
+    on = rng.random(len(v_session)) < s.on_intent
+    # on-intent views: a page of the intent subtopic by popularity; else a popular page anywhere
+    order = np.argsort(world.page_subtopic, kind="stable")
+    sub_sorted = world.page_subtopic[order]
+    bounds = np.searchsorted(sub_sorted, np.arange(world.n_subtopics + 1))
+    vi = intent[v_session]
+    lo, hi = bounds[vi], bounds[vi + 1]
+    on &= hi > lo
+    lo, hi = np.where(on, lo, 0), np.where(on, hi, world.n_pages)
+    page = order[sample_in_ranges(rng, world.page_pop[order], lo, hi)]
+    gaps = 3.0 + rng.exponential(40.0, len(v_session))
+    gaps[v_pos == 0] = 0.0
+    csum = np.cumsum(gaps)
+    ts = start[v_session] + csum - csum[first][v_session]
+    return Sessions(user, intent, start, v_session, v_pos, page, on, ts)
+
+
+def logging_policy(world: World, ss: Sessions, rng, s: LogSettings):
+    """Candidates from the session's last `history` pages; epsilon-greedy on the page's top query."""
+    V = len(ss.v_page)
+    tops = world.top_queries(ss.v_page, s.per_page)
+    cols = []
+    for lag in range(s.history):
+        src = np.arange(V) - lag
+        ok = (ss.v_pos >= lag)
+        cols.append(np.where(ok[:, None], tops[np.maximum(src, 0)], -1))
+    cand = np.concatenate(cols, axis=1)
+    cand = _compact_left(np.where(_row_dups(cand), -1, cand))
+    n_valid = (cand >= 0).sum(axis=1)
+    top = cand[:, 0]
+    explore = rng.random(V) < s.epsilon
+    pick = np.minimum((rng.random(V) * n_valid).astype(np.int64), n_valid - 1)
+    shown = np.where(explore, cand[np.arange(V), pick], top)
+    propensity = (1 - s.epsilon) * (shown == top) + s.epsilon / n_valid
+    return cand, shown, propensity
+
+
+def simulate_logs(world: World, out: str | Path, settings: LogSettings | None = None,
+                  params: ClickParams = DEFAULT_PARAMS, world_dir: str | None = None) -> dict:
+    """Simulate and write all logs; returns the counts written to simulation.json."""
+    s = settings or LogSettings()
+    out = Path(out)
+    if (out / "simulation.json").exists():
+        raise FileExistsError(f"{out}: already holds simulated logs (simulation.json); "
+                              "logs are append-only, so choose a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(s.seed)
+    t0 = _start_ts(s.start)
+    clock = time.perf_counter()
+    qt, titles, urls = world.query_text, world.page_title, world.page_url
+
+    page, query, ts = simulate_search_clicks(world, rng, t0, s)
+    n_search = _write(out, "search_clicks",
+                      ({"query": qt[q], "url": urls[p], "title": titles[p], "ts": round(t, 3)}
+                       for p, q, t in zip(page.tolist(), query.tolist(), ts.tolist())),
+                      len(ts), s.writer_id)
+
+    ss = simulate_sessions(world, rng, t0, s)
+    cand, shown, prop = logging_policy(world, ss, rng, s)
+    p_click = click_probability(shown, ss.intent[ss.v_session], ss.v_page, world=world, params=params)
+    clicked = rng.random(len(shown)) < p_click
+    order = np.argsort(ss.v_ts, kind="stable")
+    uid = [world.user_id(u) for u in ss.user.tolist()]
+    sid = [f"s{i:08d}" for i in range(len(ss.user))]
+    v_sess, v_pos, v_page = ss.v_session.tolist(), ss.v_pos.tolist(), ss.v_page.tolist()
+    v_ts = ss.v_ts.tolist()
+
+    def eid(prefix, i):
+        return f"{prefix}-{sid[v_sess[i]]}-{v_pos[i]:03d}"
+
+    n_views = _write(out, "page_views", (
+        {"event_id": eid("pv", i), "user_id": uid[v_sess[i]], "session_id": sid[v_sess[i]],
+         "ts": round(v_ts[i], 3), "url": urls[v_page[i]], "title": titles[v_page[i]]}
+        for i in order.tolist()), len(order), s.writer_id)
+    cand_l, shown_l, prop_l = cand.tolist(), shown.tolist(), prop.tolist()
+    n_imp = _write(out, "ad_impressions", (
+        {"event_id": eid("ad", i), "user_id": uid[v_sess[i]], "session_id": sid[v_sess[i]],
+         "ts": round(v_ts[i] + 1.0, 3), "url": urls[v_page[i]], "title": titles[v_page[i]],
+         "query": qt[shown_l[i]], "candidates": [qt[q] for q in cand_l[i] if q >= 0],
+         "propensity": round(prop_l[i], 6), "policy": f"top-query-eps{s.epsilon:g}",
+         "model_version": "simulator"}
+        for i in order.tolist()), len(order), s.writer_id)
+    c_idx = order[clicked[order]]
+    delay = rng.exponential(10.0, len(c_idx)) + 1.5
+    c_ts = ss.v_ts[c_idx] + delay
+    c_order = np.argsort(c_ts, kind="stable")
+    c_idx, c_ts = c_idx[c_order].tolist(), c_ts[c_order].tolist()
+    n_clicks = _write(out, "ad_clicks", (
+        {"event_id": eid("ad", i), "user_id": uid[v_sess[i]], "query": qt[shown_l[i]],
+         "clicked": True, "ts": round(t, 3)} for i, t in zip(c_idx, c_ts)), len(c_idx), s.writer_id)
+
+    (out / "truth").mkdir(exist_ok=True)
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(ss.v_session, minlength=len(ss.user)))])
+    on_l = ss.v_on.tolist()
+    with open(out / "truth" / "intents.jsonl", "w", encoding="utf-8") as f:
+        for k in range(len(ss.user)):
+            a, b = int(bounds[k]), int(bounds[k + 1])
+            f.write(json.dumps({"session_id": sid[k], "user_id": uid[k],
+                                "subtopic": int(ss.intent[k]),
+                                "topic": int(world.subtopic_topic[ss.intent[k]]),
+                                "start_ts": round(v_ts[a], 3), "end_ts": round(v_ts[b - 1], 3),
+                                "on_intent": on_l[a:b]}) + "\n")
+    summary = {"world": world_dir, "settings": asdict(s), "click_model": params.to_dict(),
+               "counts": {"search_clicks": n_search, "sessions": len(ss.user), "page_views": n_views,
+                          "ad_impressions": n_imp, "ad_clicks": n_clicks},
+               "ctr": round(n_clicks / max(n_imp, 1), 5),
+               "on_intent_share": round(float(ss.v_on.mean()), 4) if len(ss.v_on) else 0.0,
+               "seconds": round(time.perf_counter() - clock, 1)}
+    (out / "simulation.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
