@@ -82,3 +82,20 @@ def metrics(settings):
     from stream.state import connect
     for m in read_all(connect(settings.redis_url), settings.redis_key_prefix):
         click.echo(json.dumps(m))
+
+
+@stream.command()
+@settings_options
+@click.option("--world", "world_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="World directory (`astec simulate world`).")
+@click.option("--rate", type=float, default=200.0, show_default=True, help="Page views per second.")
+@click.option("--duration", type=float, default=30.0, show_default=True, help="Seconds of traffic.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--drain", type=float, default=15.0, show_default=True,
+              help="Seconds to wait for the last ad queries after sending.")
+def simulate(settings, world_dir, rate, duration, seed, drain):
+    """Produce page views from simulated users; answer ad queries with clicks (click model)."""
+    from stream.live_sim import run_simulation
+    from stream.topics import ensure_topics
+    ensure_topics(settings)
+    click.echo(json.dumps(run_simulation(settings, world_dir, rate, duration, seed, drain)))

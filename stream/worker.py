@@ -111,6 +111,7 @@ class StreamWorker:
         if force or now - self._last_publish >= self.s.metrics_interval_s:
             self._last_publish = now
             self.metrics.model_version = self.model.version
+            self.metrics.partitions = len(self.consumer.assignment())
             try:
                 publish(self.redis, self.s.redis_key_prefix, self.metrics)
             except redis.RedisError as exc:

@@ -1,0 +1,162 @@
+"""`astec stream simulate`: live traffic from a simulated world, and clicks from its click model.
+
+Page views come from the world's browsing-session model (stream.simulator.logs: one latent
+intent per session, on/off-intent pages), replayed in time order at --rate events/s with the
+current time stamped. A second thread reads `ad-queries` and, for the events this run produced,
+draws a click with stream.simulator.clickmodel.click_probability(query, session intent, page)
+and produces `ad-clicks`. Event -> ad latency is measured on arrival (receive time - event ts).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from infra.config import Settings
+from stream.schemas import SchemaError, decode, encode
+from stream.topics import make_consumer, make_producer
+
+log = logging.getLogger(__name__)
+
+
+def plan_views(world, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """n page views (user, session, intent, page) in time order from the world's session model."""
+    from stream.simulator.logs import LogSettings, simulate_sessions
+    rng = np.random.default_rng(seed)
+    days = 1
+    while True:
+        ss = simulate_sessions(world, rng, 0.0, LogSettings(days=days, seed=seed))
+        if len(ss.v_page) >= n or days >= 64:
+            break
+        days *= 2
+    if len(ss.v_page) == 0:
+        raise ValueError("the world produced no page views (no active users?)")
+    order = np.argsort(ss.v_ts, kind="stable")
+    order = np.resize(order, n)   # cycles when a small world has fewer views than asked
+    sess = ss.v_session[order]
+    return {"user": ss.user[sess], "session": sess, "intent": ss.intent[sess],
+            "page": ss.v_page[order]}
+
+
+class ClickResponder(threading.Thread):
+    """Reads ad queries for this run's events; produces one ad-click (clicked or not) each."""
+
+    def __init__(self, settings: Settings, world, pending: dict, seed: int, run_id: str):
+        super().__init__(daemon=True)
+        self.s, self.world, self.pending = settings, world, pending
+        self.rng = np.random.default_rng(seed + 1)
+        self.qid = {t: i for i, t in enumerate(world.query_text)}
+        self.consumer = make_consumer(settings, [settings.topic_ad_queries],
+                                      f"{settings.consumer_group}-simulator-{run_id}",
+                                      auto_offset_reset="latest", max_poll_records=2000)
+        self.producer = make_producer(settings)
+        self.stop_event = threading.Event()
+        self.answered = 0
+        self.clicks = 0
+        self.ignored = 0   # ad queries of other runs, or replays of answered events
+        self.unknown_queries = 0
+        self.latency_ms: list[np.ndarray] = []
+        self.ready = threading.Event()
+
+    def wait_assigned(self, timeout: float = 30.0) -> None:
+        """Join the group before any event is produced (offset reset is 'latest')."""
+        deadline = time.monotonic() + timeout
+        while not self.consumer.assignment() and time.monotonic() < deadline:
+            self.consumer.poll(timeout_ms=100)
+        if not self.consumer.assignment():
+            raise RuntimeError(f"simulator consumer got no partition of {self.s.topic_ad_queries} "
+                               f"within {timeout}s")
+
+    def run(self) -> None:
+        from stream.simulator.clickmodel import click_probability
+        try:
+            while not self.stop_event.is_set():
+                recs = [r for rs in self.consumer.poll(timeout_ms=100).values() for r in rs]
+                if not recs:
+                    continue
+                now = time.time()
+                batch = []
+                for r in recs:
+                    try:
+                        m = decode("ad_query", r.value, 1 << 22)
+                    except SchemaError:
+                        continue
+                    ev = self.pending.pop(m["event_id"], None)
+                    if ev is None:
+                        self.ignored += 1
+                        continue
+                    batch.append((m, ev))
+                if not batch:
+                    continue
+                self.latency_ms.append(np.array([(now - m["event_ts"]) * 1000 for m, _ in batch]))
+                q = np.array([self.qid.get(m["query"], -1) for m, _ in batch], np.int64)
+                self.unknown_queries += int((q < 0).sum())
+                intent = np.array([ev[0] for _, ev in batch], np.int64)
+                page = np.array([ev[1] for _, ev in batch], np.int64)
+                p = click_probability(q, intent, page, world=self.world)
+                clicked = self.rng.random(len(batch)) < p
+                for (m, _), c in zip(batch, clicked):
+                    self.producer.send(self.s.topic_ad_clicks, key=m["user_id"].encode(),
+                                       value=encode("ad_click", {
+                                           "event_id": m["event_id"], "user_id": m["user_id"],
+                                           "query": m["query"], "clicked": bool(c), "ts": now}))
+                self.producer.flush()
+                self.consumer.commit()
+                self.answered += len(batch)
+                self.clicks += int(clicked.sum())
+        finally:
+            self.producer.close(timeout=10)
+            self.consumer.close(autocommit=False)
+
+
+def run_simulation(settings: Settings, world_dir: str, rate: float, duration: float,
+                   seed: int = 0, drain_s: float = 15.0, progress: bool = True) -> dict:
+    """Produce rate*duration page views, answer their ad queries with clicks; returns figures."""
+    from tqdm import tqdm
+
+    from stream.simulator.world import load_world
+    world = load_world(world_dir)
+    n = max(1, int(rate * duration))
+    plan = plan_views(world, n, seed)
+    run_id = uuid.uuid4().hex[:8]
+    pending: dict[str, tuple[int, int]] = {}
+    responder = ClickResponder(settings, world, pending, seed, run_id)
+    responder.wait_assigned()
+    responder.start()
+    producer = make_producer(settings)
+    t0 = time.monotonic()
+    bar = tqdm(total=n, desc="page views", unit="ev", disable=not progress)
+    try:
+        for i in range(n):
+            u, page = int(plan["user"][i]), int(plan["page"][i])
+            eid = f"sim-{run_id}-{i}"
+            pending[eid] = (int(plan["intent"][i]), page)
+            uid = world.user_id(u)
+            producer.send(settings.topic_page_views, key=uid.encode(), value=encode("page_view", {
+                "event_id": eid, "user_id": uid, "ts": time.time(), "url": world.page_url[page],
+                "title": world.page_title[page], "session_id": f"s{run_id}-{int(plan['session'][i])}"}))
+            bar.update(1)
+            ahead = (i + 1) / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+        producer.flush()
+        sent_s = time.monotonic() - t0
+        deadline = time.monotonic() + drain_s
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        bar.close()
+        producer.close(timeout=10)
+        responder.stop_event.set()
+        responder.join(15)
+    lat = np.concatenate(responder.latency_ms) if responder.latency_ms else np.zeros(0)
+    pct = (np.percentile(lat, [50, 95, 99]).round(1).tolist() if lat.size else [None] * 3)
+    return {"page_views": n, "send_s": round(sent_s, 2), "rate_achieved": round(n / sent_s, 1),
+            "ad_queries": responder.answered, "unanswered": len(pending),
+            "clicks": responder.clicks,
+            "ctr": round(responder.clicks / max(1, responder.answered), 4),
+            "unknown_queries": responder.unknown_queries, "ignored": responder.ignored,
+            "e2a_ms_p50": pct[0], "e2a_ms_p95": pct[1], "e2a_ms_p99": pct[2]}
