@@ -84,14 +84,14 @@ def _gc_paused(fn):
                 gc.enable()
     return wrapper
 
-def _read_lines(path: PathLike, allow_empty: bool = False) -> list[str]:
+def _read_lines(path: PathLike) -> list[str]:
     """Decode a UTF-8 file strictly and split it on newlines (a final newline ends the last line).
 
     ``str.splitlines`` is avoided on purpose: it also splits on form feeds, U+2028 etc., which
     can occur inside titles.
     """
     raw = Path(path).read_bytes()
-    if not raw and not allow_empty:
+    if not raw:
         raise FormatError(path, None, "empty file")
     try:
         text = raw.decode("utf-8")
@@ -268,8 +268,7 @@ def _valued_csr(indptr, ids, vals, shape) -> sp.csr_matrix:
 
 
 def _as_csr(M) -> sp.csr_matrix:
-    M = sp.csr_matrix(M, dtype=np.float32)
-    return M
+    return sp.csr_matrix(M, dtype=np.float32)
 
 
 def _row_strings(indptr: np.ndarray, tokens: list[str], sep: str) -> list[str]:
