@@ -310,7 +310,7 @@ def generate_world(n_queries: int = 50_000, n_pages: int = 100_000, n_users: int
     order = np.lexsort((-strength, lp))
     lp, lq, strength = lp[order], lq[order], strength[order]
     indptr = np.concatenate([[0], np.cumsum(np.bincount(lp, minlength=n_pages))])
-    share = strength ** 0.6
+    share = strength ** 0.25
     share = share / np.repeat(np.add.reduceat(share, indptr[:-1]), np.diff(indptr))
 
     # --- titles: paraphrase the page's two strongest queries, then fill with topic words
