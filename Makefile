@@ -9,13 +9,17 @@ PYTEST_ARGS ?=
 
 install: system-deps $(STAMP)
 
-# Debian packages the services and tests need (Redis server). Skipped when already present.
+# Debian packages the services and tests need (Redis server, Chromium). Skipped when already present.
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "installing redis-server (apt)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
 	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server missing: install Debian's redis-server"; exit 1; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (apt; the dashboard's browser smoke test)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
