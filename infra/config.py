@@ -156,3 +156,10 @@ def load_settings(config_file: str | os.PathLike | None = None,
         values[key] = _coerce(key, value, "command line")
     values["services_dir"] = str(services_dir)
     return Settings(**values)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment variables that make a child process resolve exactly these settings."""
+    env = {f"ASTEC_{f.name.upper()}": str(getattr(settings, f.name)) for f in fields(Settings)}
+    env["KAFKA_BOOTSTRAP"], env["REDIS_URL"] = settings.kafka_bootstrap, settings.redis_url
+    return env

@@ -110,3 +110,25 @@ def stream_corpus():
 @pytest.fixture(scope="session")
 def knn_predictor(stream_corpus):
     return KnnPredictor(*stream_corpus)
+
+
+def astec(*args: str, timeout: float = 600) -> str:
+    """Run the `astec` CLI in a subprocess (as a user would); returns stdout, raises on failure."""
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-m", "infra.cli", *args], capture_output=True, text=True,
+                         timeout=timeout, cwd=os.path.dirname(os.path.dirname(__file__)))
+    if res.returncode != 0:
+        raise RuntimeError(f"astec {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    return res.stdout
+
+
+@pytest.fixture(scope="session")
+def astec_predictor(tmp_path_factory) -> str:
+    """A real exported Astec predictor trained on tests/data/stream (about 10 s on 2 cores)."""
+    d = tmp_path_factory.mktemp("astec")
+    astec("train", "--train", os.path.join(STREAM_DATA, "train.tsv"),
+          "--labels", os.path.join(STREAM_DATA, "labels.txt"), "--out", str(d / "model"),
+          "--threads", "1", "--quiet")
+    astec("export", "--model", str(d / "model"), "--out", str(d / "predictor"), "--threads", "1")
+    return str(d / "predictor")

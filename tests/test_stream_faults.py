@@ -3,7 +3,6 @@ event and counts no visit twice in user state; Redis restarted mid-stream keeps 
 and the consumers reconnect and go on."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,10 +12,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict
 
+import psutil
 import pytest
 
+from infra.config import settings_env
 from stream.metrics import read_all
 from stream.schemas import decode, encode
 from stream.state import StateStore, connect
@@ -24,37 +24,38 @@ from stream.topics import make_consumer, make_producer
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
-
-# A worker process as `astec stream run` starts one, with the tests' kNN model.
-WORKER = """
-import json, sys
-sys.path.insert(0, sys.argv[3])
-from conftest import KnnPredictor, read_stream_corpus
-from infra.config import Settings
-from stream.model import ModelHandle
-from stream.policy import Top1Policy
-from stream.worker import StreamWorker
-knn = KnnPredictor(*read_stream_corpus())
-w = StreamWorker(Settings(**json.loads(sys.argv[1])), ModelHandle.open(sys.argv[3], loader=lambda p: knn),
-                 Top1Policy(), sys.argv[2])
-w.install_signal_handlers()
-w.run()
-"""
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def spawn_worker(settings, cid):
+def start_stream(settings, predictor, workers=2):
+    """`astec stream run` as a user starts it, configured through the environment."""
     log = tempfile.TemporaryFile()   # a file, not a pipe: a chatty worker never blocks
-    p = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(asdict(settings)), cid, TESTS],
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    env = {**os.environ, **settings_env(settings), "ASTEC_LOG_LEVEL": "30"}
+    p = subprocess.Popen([sys.executable, "-m", "infra.cli", "stream", "run", "--workers",
+                          str(workers), "--model", predictor], cwd=ROOT, env=env,
+                         stdout=log, stderr=subprocess.STDOUT)
     p.log = log
     return p
 
 
 def tail(p) -> str:
     p.log.seek(0)
-    return p.log.read().decode(errors="replace")[-2000:]
+    return p.log.read().decode(errors="replace")[-3000:]
+
+
+def live_consumers(settings) -> list[dict]:
+    """Metrics of the consumers whose process still runs."""
+    return [m for m in read_all(connect(settings.redis_url), settings.redis_key_prefix)
+            if psutil.pid_exists(int(m["pid"])) and psutil.Process(int(m["pid"])).status() != "zombie"]
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def produce_paced(settings, titles, n, users, rate, tag):
@@ -87,13 +88,6 @@ def collect_ads(settings, want: set, timeout=90.0) -> Counter:
     return seen
 
 
-def events_of(settings, cid) -> int:
-    for m in read_all(connect(settings.redis_url), settings.redis_key_prefix):
-        if m["consumer"] == cid:
-            return int(m["events"])
-    return 0
-
-
 def assert_state_exact(settings, users, ids):
     """Every visit is in its user's state exactly once (state_k holds a user's whole stream)."""
     store = StateStore(connect(settings.redis_url), settings.redis_key_prefix, settings.state_k)
@@ -103,73 +97,70 @@ def assert_state_exact(settings, users, ids):
     assert set(counts) == set(ids), f"{len(set(ids) - set(counts))} visits missing from state"
 
 
-def test_kill9_worker_mid_stream_loses_nothing_counts_nothing_twice(stream_settings, stream_corpus):
+def test_kill9_worker_mid_stream_loses_nothing_counts_nothing_twice(stream_settings, stream_corpus,
+                                                                     astec_predictor):
     s = stream_settings.replace(state_k=64, metrics_interval_s=0.2, batch_max=64)
     users, n = 50, 2500
-    procs = {cid: spawn_worker(s, cid) for cid in ("fa-0", "fa-1")}
+    sup = start_stream(s, astec_predictor)
     tag = uuid.uuid4().hex[:6]
     result = {}
     prod = threading.Thread(target=lambda: result.update(
         ids=produce_paced(s, stream_corpus[0], n, users, rate=250, tag=tag)))
     try:
+        wait_for(lambda: sum(int(m["partitions"]) for m in live_consumers(s)) == s.partitions
+                 and len(live_consumers(s)) == 2, 90, "two workers sharing the partitions")
         prod.start()
-        deadline = time.monotonic() + 60
-        while events_of(s, "fa-0") < 300 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert events_of(s, "fa-0") >= 300, tail(procs["fa-0"])
-        procs["fa-0"].send_signal(signal.SIGKILL)          # mid-stream, mid-batch likely
-        procs["fa-0"].wait(10)
-        procs["fa-0b"] = spawn_worker(s, "fa-0b")           # the restart
+        wait_for(lambda: min(int(m["events"]) for m in live_consumers(s)) >= 100, 60,
+                 "both workers busy")
+        victim = live_consumers(s)[0]
+        os.kill(int(victim["pid"]), signal.SIGKILL)          # mid-stream, mid-batch likely
+        # the supervisor restarts it: a new consumer joins and takes partitions again
+        wait_for(lambda: any(m["consumer"] not in (victim["consumer"],) and int(m["events"]) > 0
+                             for m in live_consumers(s)) and len(live_consumers(s)) == 2, 90,
+                 "the restarted worker")
         prod.join(60)
         seen = collect_ads(s, set(result["ids"]))
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            p.wait(30)
+        sup.send_signal(signal.SIGTERM)
+        rc = sup.wait(60)
     ids = result["ids"]
     missing = set(ids) - set(seen)
     assert not missing, f"{len(missing)} events lost"
     dup = sum(seen.values()) - len(seen)
     print(f"\nkill -9 test: {len(ids)} events, 0 lost, {dup} duplicate ad queries on the output")
     assert_state_exact(s, users, ids)
-    assert procs["fa-1"].returncode == 0 and procs["fa-0b"].returncode == 0   # graceful SIGTERM
+    assert rc == 0, tail(sup)
+    assert "1 worker restarts" in tail(sup)
 
 
 def test_redis_restart_mid_stream_keeps_state_and_consumers_reconnect(stream_settings,
-                                                                       stream_corpus, services):
+                                                                       stream_corpus, services,
+                                                                       astec_predictor):
     from infra.services import read_info, restart_redis
     if read_info(services.services_dir) is None:
         pytest.skip("Redis not started by this test session (KAFKA_BOOTSTRAP/REDIS_URL given)")
     s = stream_settings.replace(state_k=64, metrics_interval_s=0.2)
-    users, n = 40, 1200
-    procs = {cid: spawn_worker(s, cid) for cid in ("rr-0", "rr-1")}
+    users, n = 40, 1500
+    sup = start_stream(s, astec_predictor)
     tag = uuid.uuid4().hex[:6]
     result = {}
     prod = threading.Thread(target=lambda: result.update(
         ids=produce_paced(s, stream_corpus[0], n, users, rate=200, tag=tag)))
+    store = lambda: StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
     try:
+        wait_for(lambda: sum(int(m["partitions"]) for m in live_consumers(s)) == s.partitions
+                 and len(live_consumers(s)) == 2, 90, "two workers sharing the partitions")
         prod.start()
-        deadline = time.monotonic() + 60
-        while events_of(s, "rr-0") + events_of(s, "rr-1") < 300 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        before = StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k).histories(
-            [f"u{u}" for u in range(users)])
+        wait_for(lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 300, 60,
+                 "events flowing")
         restart_redis(services.services_dir)                 # SIGTERM: AOF flushed; same port
-        after = StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k).histories(
-            [f"u{u}" for u in range(users)])
-        kept = {e.event_id for h in before for e in h}
-        assert kept and kept <= {e.event_id for h in after for e in h}   # state survived
+        after = store().histories([f"u{u}" for u in range(users)])
+        assert sum(map(len, after)) >= 300                    # state survived the restart
         prod.join(60)
         seen = collect_ads(s, set(result["ids"]))
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            p.wait(30)
+        sup.send_signal(signal.SIGTERM)
+        rc = sup.wait(60)
     assert set(result["ids"]) <= set(seen), "events lost across the Redis restart"
     assert_state_exact(s, users, result["ids"])
-    assert all(p.returncode == 0 for p in procs.values()), \
-        [tail(p) for p in procs.values()]
+    assert rc == 0 and "0 worker restarts" in tail(sup), tail(sup)   # reconnected, no crash

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 
+import numpy as np
 import pytest
 
 from personalization.state import UserState
@@ -50,21 +51,20 @@ def read_topic(settings, topic, until_n, timeout=60.0):
     return out
 
 
-def start_worker(settings, predictor_loader, model_path, cid):
-    w = StreamWorker(settings, ModelHandle.open(model_path, loader=predictor_loader,
-                                                check_every_s=0.1), Top1Policy(), cid)
+def start_worker(settings, model_path, cid):
+    """A worker thread on the real exported predictor (or a model registry root)."""
+    w = StreamWorker(settings, ModelHandle.open(model_path, check_every_s=0.1), Top1Policy(), cid)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     return w, t
 
 
-def test_every_event_yields_one_ad_query_and_state(stream_settings, knn_predictor, stream_corpus,
-                                                   tmp_path):
+def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predictor, stream_corpus):
     s = stream_settings
     titles, labels, names = stream_corpus
     msgs = page_views(titles, 300, users=25)
     produce(s, msgs)
-    w, t = start_worker(s, lambda p: knn_predictor, tmp_path, "w-test-0")
+    w, t = start_worker(s, astec_predictor, "w-test-0")
     try:
         got = read_topic(s, s.topic_ad_queries, len(msgs))
     finally:
@@ -73,11 +73,13 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, knn_predicto
     ads = [decode("ad_query", r.value, 1 << 20) for r in got]
     assert {a["event_id"] for a in ads} == {m["event_id"] for m in msgs}
     by_id = {m["event_id"]: m for m in msgs}
-    ids, _, _ = knn_predictor.predict_with_features([by_id[a["event_id"]]["title"] for a in ads], 10)
+    pred = w.model.predictor
+    ids, scores, _ = pred.predict_with_features([by_id[a["event_id"]]["title"] for a in ads], 10)
+    assert (np.diff(scores, axis=1) <= 0).all()
     for a, row in zip(ads, ids):
         assert a["query_id"] == row[0] and a["query"] == names[row[0]]   # top1 of this page
         assert a["candidates"] == [names[j] for j in row]
-        assert a["model_version"] == "knn-test" and a["event_ts"] <= a["ts"]
+        assert a["model_version"] == pred.version and a["event_ts"] <= a["ts"]
         assert {r.key for r in got} <= {f"u{i}".encode() for i in range(25)}
 
     # user state: last K visits per user, newest last, each with its features and top-k
@@ -85,18 +87,20 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, knn_predicto
     hist = store.history("u3")
     mine = [m for m in msgs if m["user_id"] == "u3"]
     assert [h.event_id for h in hist] == [m["event_id"] for m in mine][-s.state_k:]
-    assert hist[-1].z.shape == (32,) and hist[-1].query_ids.shape == (10,)
+    assert hist[-1].z.shape == (pred.dim,) and hist[-1].query_ids.shape == (10,)
+    z_now = pred.features([mine[-1]["title"]])[0]
+    assert np.allclose(hist[-1].z.astype(np.float32), z_now, atol=1e-2 * max(1, np.abs(z_now).max()))
     assert store.client.ttl(store.states_key("u3")) > 0
 
     # metrics for the dashboard
     snap = [m for m in read_all(store.client, s.redis_key_prefix) if m["consumer"] == "w-test-0"]
     assert snap and int(snap[0]["events"]) == len(msgs)
-    assert snap[0]["model_version"] == "knn-test" and float(snap[0]["e2a_ms_p99"]) > 0
+    assert snap[0]["model_version"] == pred.version and float(snap[0]["e2a_ms_p99"]) > 0
 
 
-def test_two_workers_split_partitions(stream_settings, knn_predictor, stream_corpus, tmp_path):
+def test_two_workers_split_partitions(stream_settings, astec_predictor, stream_corpus):
     s = stream_settings
-    workers = [start_worker(s, lambda p: knn_predictor, tmp_path, f"w-split-{i}") for i in range(2)]
+    workers = [start_worker(s, astec_predictor, f"w-split-{i}") for i in range(2)]
     try:
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:   # wait until the group settled on both members
@@ -120,8 +124,8 @@ def test_two_workers_split_partitions(stream_settings, knn_predictor, stream_cor
     assert sum(w.metrics.events for w, _ in workers) == len(msgs)
 
 
-def test_bad_messages_go_to_dead_letters_and_stream_goes_on(stream_settings, knn_predictor,
-                                                           stream_corpus, tmp_path):
+def test_bad_messages_go_to_dead_letters_and_stream_goes_on(stream_settings, astec_predictor,
+                                                           stream_corpus):
     s = stream_settings
     good = page_views(stream_corpus[0], 50)
     bad = [b"{not json", b"\xff\xfe\x00garbage", json.dumps({"v": 1, "event_id": "x"}).encode(),
@@ -129,7 +133,7 @@ def test_bad_messages_go_to_dead_letters_and_stream_goes_on(stream_settings, knn
            json.dumps({**good[0], "v": 99}).encode()]
     produce(s, good[:25], raw=bad)
     produce(s, good[25:])
-    w, t = start_worker(s, lambda p: knn_predictor, tmp_path, "w-dlq")
+    w, t = start_worker(s, astec_predictor, "w-dlq")
     try:
         got = read_topic(s, s.topic_ad_queries, len(good))
         dls = read_topic(s, s.topic_dead_letters, len(bad))
@@ -147,45 +151,35 @@ def test_bad_messages_go_to_dead_letters_and_stream_goes_on(stream_settings, knn
     assert w.metrics.dead_letters == len(bad)
 
 
-class VersionedKnn:
-    """Loads 'predictor' dirs of a registry: a version is a JSON file naming a kNN size."""
-
-    def __init__(self, corpus):
-        self.corpus = corpus
-
-    def __call__(self, path):
-        from conftest import KnnPredictor
-        spec = json.loads((path / "spec.json").read_text())   # raises for a broken version
-        titles, labels, names = self.corpus
-        return KnnPredictor(titles, labels, names, neighbours=spec["neighbours"],
-                            version=path.parent.name)
-
-
 def test_hot_reload_switches_between_batches_and_refuses_broken(stream_settings, stream_corpus,
-                                                                tmp_path):
+                                                                astec_predictor, tmp_path):
+    import shutil
+
     from engine.registry import Registry
     s = stream_settings
     reg = Registry(tmp_path / "models")
 
-    def add_version(neighbours, broken=False):
+    def add_version(broken=False):
         st = reg.stage()
-        (st.path / "predictor").mkdir()
-        if not broken:
-            (st.path / "predictor" / "spec.json").write_text(json.dumps({"neighbours": neighbours}))
+        shutil.copytree(astec_predictor, st.path / "predictor")
+        if broken:   # a corrupted file: the verifying loader must refuse the whole version
+            victim = max((p for p in (st.path / "predictor").rglob("*") if p.is_file()),
+                         key=lambda p: p.stat().st_size)
+            victim.write_bytes(victim.read_bytes()[:-8] + b"corrupt!")
         reg.commit(st)
         reg.promote(st.version)
         return st.version
 
-    v1 = add_version(5)
-    w, t = start_worker(s, VersionedKnn(stream_corpus), reg.root, "w-reload")
+    v1 = add_version()
+    w, t = start_worker(s, reg.root, "w-reload")
     try:
         produce(s, page_views(stream_corpus[0], 20, tag="a"))
         first = read_topic(s, s.topic_ad_queries, 20)
-        v2 = add_version(8)
+        v2 = add_version()
         time.sleep(0.5)
         produce(s, page_views(stream_corpus[0], 20, tag="b"))
         second = read_topic(s, s.topic_ad_queries, 40)
-        v3 = add_version(0, broken=True)
+        v3 = add_version(broken=True)
         time.sleep(0.5)
         produce(s, page_views(stream_corpus[0], 20, tag="c"))
         third = read_topic(s, s.topic_ad_queries, 60)
@@ -196,5 +190,5 @@ def test_hot_reload_switches_between_batches_and_refuses_broken(stream_settings,
                                     for r in recs if r.value and f'"{tag}-' in r.value.decode()}
     assert version_of(first, "a") == {v1}
     assert version_of(second, "b") == {v2}
-    assert version_of(third, "c") == {v2}       # broken v3 refused, v2 kept
+    assert version_of(third, "c") == {v2}       # corrupted v3 refused, v2 kept
     assert v3 in w.model.refused and w.model.version == v2
