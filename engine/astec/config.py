@@ -38,7 +38,7 @@ class AstecConfig:
     centroid_weight: float = 0.5     # s = w * centroid_sim + (1 - w) * knn_score
     head_centres: int = 4            # k-means centres for head labels
     head_min_points: int = 200       # a label with at least this many points is a head label
-    shortlist_size: int = 300        # hard negatives per training point (paper: 500)
+    shortlist_size: int = 100        # hard negatives per training point (paper: 500; O(log L) suffices)
     predict_shortlist: int = 300     # candidates scored per test point
     random_negatives: int = 16
     prior_labels: int = 10           # most frequent labels always scored (empty texts get these)
@@ -67,7 +67,7 @@ class AstecConfig:
     # run
     learners: int = 1
     seed: int = 0
-    num_threads: int = 2
+    num_threads: int = 1             # torch threads (1 avoids oversubscription on a shared 2-core box)
     predict_batch: int = 2048
 
     def resolve(self, num_labels: int) -> "AstecConfig":

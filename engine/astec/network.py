@@ -38,12 +38,16 @@ class SpectralResidual(nn.Module):
         self.u.copy_(F.normalize(self.weight @ v, dim=0))
 
     def effective_weight(self) -> torch.Tensor:
+        """R * min(1, lambda / sigma): one power-iteration step per training step (Miyato et al.),
+        the exact largest singular value in eval mode so the deployed R never exceeds lambda."""
         if self.training:
             with torch.no_grad():
                 self._power_step()
-        u = self.u
-        v = F.normalize(self.weight.t() @ u, dim=0).detach()
-        sigma = u @ self.weight @ v
+            u = self.u
+            v = F.normalize(self.weight.t() @ u, dim=0).detach()
+            sigma = u @ self.weight @ v
+        else:
+            sigma = torch.linalg.matrix_norm(self.weight.detach(), ord=2)
         return self.weight * torch.clamp(self.lam / sigma.clamp_min(1e-12), max=1.0)
 
     def forward(self, x: torch.Tensor, dropout: nn.Module | None = None) -> torch.Tensor:

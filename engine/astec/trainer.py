@@ -2,7 +2,8 @@
 
 Batches are vectorised: a batch's candidate labels are the union of its points' positives and
 shortlists, scored as one [B, U] matrix against gathered classifier rows; the embedding table
-and classifier rows get sparse gradients and SparseAdam steps touching only those rows.
+and classifier rows are gathered for the batch and updated by a row-wise (lazy) Adam, so only
+the rows a batch touched cost anything.
 """
 from __future__ import annotations
 
@@ -16,6 +17,49 @@ from torch import nn
 from tqdm import tqdm
 
 from .network import Classifier, Encoder, bag_inputs
+
+
+class RowAdam:
+    """Adam applied only to the rows a batch touched (lazy Adam, like torch's SparseAdam).
+
+    The batch works on a gathered copy of those rows (index_select), so the gradient is a small
+    dense [rows, D] block: no sparse-gradient coalescing, which dominated SparseAdam on CPU.
+    """
+
+    def __init__(self, table: torch.Tensor, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.table, self.lr, self.betas, self.eps = table, lr, betas, eps
+        self.m = self.v = None      # allocated on the first step (frozen tables never pay for them)
+        self.t = 0
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.table.detach().index_select(0, rows).requires_grad_()
+
+    @torch.no_grad()
+    def step(self, rows: torch.Tensor, grad: torch.Tensor | None) -> None:
+        if grad is None:
+            return
+        if self.m is None:
+            self.m, self.v = torch.zeros_like(self.table), torch.zeros_like(self.table)
+        self.t += 1
+        b1, b2 = self.betas
+        m = self.m.index_select(0, rows).mul_(b1).add_(grad, alpha=1 - b1)
+        v = self.v.index_select(0, rows).mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        self.m.index_copy_(0, rows, m)
+        self.v.index_copy_(0, rows, v)
+        upd = (m / (1 - b1 ** self.t)).div_((v / (1 - b2 ** self.t)).sqrt_().add_(self.eps))
+        self.table.data.index_add_(0, rows, upd, alpha=-self.lr)
+
+
+def gathered_v(opt: RowAdam, X: sp.csr_matrix):
+    """v = ReLU(sum_t x_t e_t) for a batch, over a gathered copy of the touched embedding rows."""
+    X = sp.csr_matrix(X)
+    uniq, inv = np.unique(X.indices, return_inverse=True)
+    rows = torch.from_numpy(uniq.astype(np.int64))
+    Eu = opt.gather(rows)
+    v = F.relu(F.embedding_bag(torch.from_numpy(inv.astype(np.int64).ravel()), Eu,
+                               torch.from_numpy(X.indptr[:-1].astype(np.int64)), mode="sum",
+                               per_sample_weights=torch.from_numpy(X.data.astype(np.float32))))
+    return v, rows, Eu
 
 
 def _batches(n: int, size: int, rng) -> list[np.ndarray]:
@@ -35,7 +79,7 @@ def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, ep
     Lm = Ymeta.shape[1]
     head = nn.Linear(D, Lm)
     residual = encoder.residual
-    opt_s = torch.optim.SparseAdam(list(encoder.embed.parameters()), lr=lr)
+    opt_s = RowAdam(encoder.embed.weight, lr=lr)
     opt_d = torch.optim.Adam(list(residual.parameters()) + list(head.parameters()), lr=lr)
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
     logs = []
@@ -45,14 +89,13 @@ def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, ep
         tot = 0.0
         batches = _batches(X.shape[0], batch_size, rng)
         for idx in tqdm(batches, desc=f"Module I  epoch {ep + 1}/{epochs}", disable=not progress, leave=False):
-            z = encoder(*bag_inputs(X[idx]))
-            logits = head(z)
+            v, rows, Eu = gathered_v(opt_s, X[idx])
+            logits = head(encoder.z_from_v(encoder.drop(v)))
             target = torch.from_numpy(Ymeta[idx].toarray())
             loss = F.binary_cross_entropy_with_logits(logits, target)
-            opt_s.zero_grad()
             opt_d.zero_grad()
             loss.backward()
-            opt_s.step()
+            opt_s.step(rows, Eu.grad)
             opt_d.step()
             tot += loss.item() * len(idx)
         entry = {"epoch": ep + 1, "loss": tot / max(X.shape[0], 1), "seconds": round(time.time() - t0, 2)}
@@ -86,9 +129,10 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
     Y = sp.csr_matrix(Y, dtype=np.float32)
     cand = sp.csr_matrix(Y + negatives, dtype=np.float32)
     cand.data[:] = 1.0
-    opt_c = torch.optim.SparseAdam(list(clf.parameters()), lr=lr)
+    opt_w = RowAdam(clf.weight.weight, lr=lr)
+    opt_b = RowAdam(clf.bias.weight, lr=lr)
     opt_r = torch.optim.Adam(list(encoder.residual.parameters()), lr=lr)
-    opt_e = torch.optim.SparseAdam(list(encoder.embed.parameters()), lr=finetune_lr) if finetune_embeddings else None
+    opt_e = RowAdam(encoder.embed.weight, lr=finetune_lr)
     col = np.full(L, -1, dtype=np.int64)
     logs = []
     for ep in range(epochs):
@@ -105,25 +149,21 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
             target = np.zeros((len(idx), U.size), np.float32)
             target[np.repeat(np.arange(len(idx)), np.diff(Yb.indptr)), col[Yb.indices]] = 1.0
             col[U] = -1
-            inputs = bag_inputs(X[idx])
-            if finetune_embeddings:
-                v = encoder.drop(encoder.v(*inputs))
-            else:
-                with torch.no_grad():
-                    v = encoder.v(*inputs)
-                v = encoder.drop(v)
-            z = encoder.z_from_v(v)
-            logits = clf.scores_on(z, torch.from_numpy(U))
+            v, rows, Eu = gathered_v(opt_e, X[idx])
+            if not finetune_embeddings:
+                v = v.detach()
+            z = encoder.z_from_v(encoder.drop(v))
+            Ut = torch.from_numpy(U.astype(np.int64))
+            Wu, bu = opt_w.gather(Ut), opt_b.gather(Ut)
+            logits = z @ Wu.t() + bu.t()
             loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(target))
-            opt_c.zero_grad()
             opt_r.zero_grad()
-            if opt_e is not None:
-                opt_e.zero_grad()
             loss.backward()
-            opt_c.step()
+            opt_w.step(Ut, Wu.grad)
+            opt_b.step(Ut, bu.grad)
             opt_r.step()
-            if opt_e is not None:
-                opt_e.step()
+            if finetune_embeddings:
+                opt_e.step(rows, Eu.grad)
             tot += loss.item() * len(idx)
         entry = {"epoch": ep + 1, "loss": tot / max(n, 1), "seconds": round(time.time() - t0, 2)}
         logs.append(entry)

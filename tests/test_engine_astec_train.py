@@ -1,0 +1,149 @@
+"""Astec end to end on tiny data: it learns, saves/loads bit-identically, and survives the inputs
+users bring (tiny label sets, labels without points, empty or unknown texts, duplicates)."""
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from engine.astec import Astec, AstecConfig
+from engine.astec.io import ModelDirError
+from engine.metrics import evaluate
+from engine.synthetic import zipf_dataset
+
+FAST = dict(embedding_dim=32, surrogate_epochs=4, extreme_epochs=4, reranker_epochs=2, batch_size=64,
+            surrogate_lr=0.02, extreme_lr=0.01, finetune_lr=0.005, num_threads=1, shortlist_size=50,
+            predict_shortlist=50, knn_neighbours=10, centroid_neighbours=20, head_min_points=30)
+
+
+def fast(**kw) -> AstecConfig:
+    return AstecConfig.from_dict({**FAST, **kw})
+
+
+@pytest.fixture(scope="module")
+def data():
+    texts, Y = zipf_dataset(1500, 60, labels_per_point=2, words_per_point=4, words_per_label=2,
+                            vocab_size=400, noise=0.1, seed=1)
+    return texts[:1200], Y[:1200], texts[1200:], Y[1200:]
+
+
+@pytest.fixture(scope="module")
+def model(data):
+    tr, Ytr, _, _ = data
+    return Astec.train(tr, Ytr, fast(), label_names=[f"lab{i}" for i in range(Ytr.shape[1])], progress=False)
+
+
+def test_learns_keyword_labels(model, data):
+    _, _, te, Yte = data
+    ids, scores = model.predict(te, k=5)
+    assert ids.shape == (300, 5) and ids.dtype == np.int64 and scores.dtype == np.float32
+    assert np.all(np.diff(scores, axis=1) <= 1e-7), "scores must be best first"
+    m = evaluate(Yte, (ids, scores), ks=(1, 3))
+    assert m["P@1"] > 70.0, m
+
+
+def test_train_log_has_modules_and_choices(model):
+    lg = model.train_log["learners"][0]["modules"]
+    for mod in ("I", "II", "IV", "reranker"):
+        assert lg[mod]["seconds"] >= 0 and lg[mod]["peak_rss_mb"] > 0
+    assert 0.0 <= lg["IV"]["alpha"] <= 1.0 and 0.0 <= lg["reranker"]["beta"] <= 1.0
+    assert "P@1" in lg["IV"]["valid"]
+
+
+def test_spectral_norm_bounded(model):
+    for enc in (model.learners[0].encoder, model.learners[0].reranker):
+        R = enc.baked_residual()
+        assert np.linalg.norm(R, 2) <= model.config.spectral_lambda * 1.02
+
+
+def test_features_shape(model, data):
+    z = model.features(data[2][:7])
+    assert z.shape == (7, 32) and z.dtype == np.float32 and np.isfinite(z).all()
+
+
+def test_save_load_identical(model, data, tmp_path):
+    te = data[2][:100]
+    model.save(tmp_path / "m")
+    loaded = Astec.load(tmp_path / "m")
+    a, sa = model.predict(te, k=5)
+    b, sb = loaded.predict(te, k=5)
+    assert np.array_equal(a, b) and np.allclose(sa, sb)
+    assert json.loads((tmp_path / "m" / "train_log.json").read_text())["num_points"] == 1200
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "manifest"])
+def test_load_refuses_corrupt_dir(model, tmp_path, damage):
+    root = model.save(tmp_path / "m")
+    target = root / "learner_0" / "model.safetensors"
+    if damage == "truncate":
+        target.write_bytes(target.read_bytes()[:-100])
+    elif damage == "flip":
+        raw = bytearray(target.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        target.write_bytes(bytes(raw))
+    elif damage == "delete":
+        target.unlink()
+    else:
+        (root / "manifest.json").unlink()
+    with pytest.raises(ModelDirError) as e:
+        Astec.load(root)
+    assert ("manifest.json" in str(e.value)) if damage == "manifest" else ("model.safetensors" in str(e.value))
+
+
+def test_empty_and_unknown_texts_get_frequent_labels(model, data):
+    Ytr = data[1]
+    ids, scores = model.predict(["", "zzzz qqqq", "   "], k=3)
+    top = np.argsort(-np.asarray(Ytr.sum(axis=0)).ravel(), kind="stable")[:10]
+    assert np.isfinite(scores).all()
+    assert set(ids[0]).issubset(set(top)) and np.array_equal(ids[0], ids[1])
+
+
+def test_tiny_label_sets_and_labels_without_points():
+    texts = ["red apple", "green apple", "red car", "blue car", "apple pie", "fast car"] * 4
+    Y = sp.csr_matrix(np.array([[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]] * 4,
+                               dtype=np.float32))   # label 2 has no training point
+    m = Astec.train(texts, Y, fast(), progress=False)
+    ids, scores = m.predict(["apple", "car", ""], k=5)
+    assert ids.shape == (3, 5)
+    assert ids[0, 0] == 0 and ids[1, 0] == 1
+    assert (ids[:, 3:] == -1).all(), "only 3 labels exist, the rest is padding"
+    one = Astec.train(["a", "b", "a b"], sp.csr_matrix(np.ones((3, 1), np.float32)), fast(), progress=False)
+    assert one.predict(["a"], k=2)[0].tolist() == [[0, -1]]
+
+
+def test_duplicate_texts_and_ensemble(tmp_path):
+    texts, Y = zipf_dataset(300, 20, labels_per_point=1, words_per_point=3, vocab_size=100, seed=3)
+    texts = texts + texts[:100]
+    Y = sp.vstack([Y, Y[:100]]).tocsr()
+    m = Astec.train(texts, Y, fast(reranker=False), learners=2, progress=False)
+    assert len(m.learners) == 2
+    m.save(tmp_path / "e")
+    loaded = Astec.load(tmp_path / "e")
+    assert len(loaded.learners) == 2
+    a = m.predict(texts[:20], k=3)
+    b = loaded.predict(texts[:20], k=3)
+    assert np.array_equal(a[0], b[0])
+
+
+def test_feature_matrix_input():
+    texts, Y = zipf_dataset(400, 15, labels_per_point=1, words_per_point=3, vocab_size=80, seed=4)
+    from engine.text import TfidfVectorizer
+    X = TfidfVectorizer().fit_transform(texts)
+    m = Astec.train(X, Y, fast(reranker=False), progress=False)
+    ids, _ = m.predict(X[:50], k=1)
+    assert (np.asarray(Y[:50][np.arange(50), ids[:, 0]]).ravel() > 0).mean() > 0.6
+    with pytest.raises(ValueError, match="feature vectors"):
+        m.predict(["some text"])
+
+
+def test_config_json_round_trip_and_errors(tmp_path):
+    c = fast(learners=3)
+    c.save(tmp_path / "c.json")
+    assert AstecConfig.load(tmp_path / "c.json") == c
+    (tmp_path / "bad.json").write_text('{"embeding_dim": 3}')
+    with pytest.raises(ValueError, match="embeding_dim"):
+        AstecConfig.load(tmp_path / "bad.json")
+    (tmp_path / "bad2.json").write_text('{"embedding_dim": "x"}')
+    with pytest.raises(ValueError, match="embedding_dim"):
+        AstecConfig.load(tmp_path / "bad2.json")
+    assert AstecConfig().resolve(3).num_clusters <= 3 and AstecConfig().resolve(3).shortlist_size <= 3
