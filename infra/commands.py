@@ -10,10 +10,16 @@ COMMANDS: dict[str, str] = {
     "predict": "engine.cli_train:predict",
     "infra": "infra.cli_infra:infra",
     "simulate": "stream.simulator.cli:simulate",
+    "retrain": "engine.cli_retrain:retrain",
     "stream": "stream.cli:stream",
     "data": "engine.cli_data:data",
     "evaluate": "engine.cli_evaluate:evaluate",
+    "export": "engine.cli_export:export",
+    "personalize": "personalization.cli:personalize",
 }
 
 BENCH_COMMANDS: dict[str, str] = {
+    "stream": "stream.bench:bench_stream",
+    "gru": "personalization.cli:bench_gru",
+    "predict": "engine.bench_predict:bench_predict",
 }
