@@ -36,7 +36,7 @@ class VisitLog:
     user_ids: list[str]
     ts: np.ndarray            # float64 [N]
     session: np.ndarray       # int64 [N] session index (unique across users)
-    session_ids: list[str]
+    session_ids: list[str]    # per session index: the logged session_id (or user/first-visit)
     event_ids: list[str]
     page: np.ndarray          # int64 [N] index into the page tables below
     Z: np.ndarray             # float16 [P, D] Astec features per distinct title
@@ -132,7 +132,7 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
     user, ts = user[order], ts[order]
     sid = [v.get("session_id") for v in views]
     session = _session_codes(user, ts, sid)
-    session_ids = [f"{views[i]['user_id']}/{sid[i] or i}" for i in
+    session_ids = [sid[i] or f"{views[i]['user_id']}/{i}" for i in
                    np.flatnonzero(np.r_[True, session[1:] != session[:-1]])]
     event_ids = [v["event_id"] for v in views]
     # --- ad impressions and clicks: joined to their visit by event id, else to the user's

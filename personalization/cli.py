@@ -1,0 +1,196 @@
+"""`astec personalize train|evaluate` and `astec bench gru`.
+
+MODELS_DIR is the engine's model registry (CURRENT -> versions/<id>/predictor/) or a predictor
+directory; GRU versions live in their own registry, by default MODELS_DIR/gru (the directory
+`astec stream run --policy gru --policy-model` takes).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import click
+
+log = logging.getLogger(__name__)
+
+
+def resolve_predictor_dir(models: Path) -> Path:
+    """The predictor directory of MODELS_DIR (a registry root or a predictor dir itself)."""
+    if (models / "CURRENT").is_file():
+        from engine.registry import Registry
+        cur = Registry(models).current_path()
+        p = cur / "predictor"
+        return p if p.is_dir() else cur
+    if (models / "manifest.json").is_file():
+        return models
+    raise click.UsageError(f"{models}: neither a model registry (CURRENT) nor a predictor "
+                           f"directory (manifest.json)")
+
+
+def _load_visits(logs: Path, models: Path, k: int):
+    from engine.predictor import Predictor
+    from personalization.logs import load_visits
+    pdir = resolve_predictor_dir(models)
+    predictor = Predictor.load(pdir)
+    t = time.perf_counter()
+    v = load_visits(logs, predictor, k=k)
+    click.echo(f"{v.n} visits of {len(v.user_ids)} users in {len(v.session_ids)} sessions; "
+               f"{int((v.shown >= 0).sum())} impressions joined, {int(v.clicked.sum())} clicks; "
+               f"{len(v.Z)} distinct pages through engine {predictor.version or pdir} "
+               f"({time.perf_counter() - t:.1f}s)", err=True)
+    for kind, r in v.reports.items():
+        if r["corrupt"]:
+            click.echo(f"  {kind}: {r['corrupt']} corrupt lines skipped, e.g. {r['examples'][:2]}",
+                       err=True)
+    return predictor, v
+
+
+def _fmt_table(metrics: dict, cols: list[str]) -> str:
+    head = f"{'policy':<15}" + "".join(f"{c:>13}" for c in cols)
+    lines = [head, "-" * len(head)]
+    for p, m in metrics.items():
+        lines.append(f"{p:<15}" + "".join(f"{m.get(c, float('nan')):>13.4f}" for c in cols))
+    return "\n".join(lines)
+
+
+def run_evaluation(policy, v, val_frac: float, truth, n_boot: int, progress: bool) -> dict:
+    """Evaluate on the held-out sessions; returns the JSON-able report."""
+    from personalization.evaluate import evaluate_policies, summarize
+    from personalization.train import split_rows
+    _, rows, t_split = split_rows(v, val_frac)
+    ttl = float(policy.manifest.get("train", {}).get("config", {}).get("ttl_s", 30 * 86400.0))
+    res = evaluate_policies(policy, v, rows, policy.weights["log_pop"], policy.K, ttl, truth,
+                            progress=progress)
+    out = {"held_out_visits": res.n_visits, "cold_start_visits": res.n_cold,
+           "split_ts": t_split, "policy_version": policy.version, "K": policy.K,
+           "metrics": res.metrics, "lift": {}}
+    from personalization.evaluate import bootstrap_lift  # noqa: F401 (documented in summarize)
+    for metric in ("intent_hit", "click_hit", "ips_ctr"):
+        s = summarize(res, metric) if metric in res.per_visit["gru"] else {}
+        if s:
+            out["lift"][metric] = s
+    return out
+
+
+def print_report(rep: dict) -> None:
+    m = rep["metrics"]
+    cols = [c for c in ("intent_hit", "intent_R@5", "intent_MRR", "click_hit", "click_R@5",
+                        "click_MRR", "ips_ctr", "intent_in_candidates") if c in m["gru"]]
+    click.echo(f"held-out visits: {rep['held_out_visits']} (cold start: "
+               f"{rep['cold_start_visits']}), K={rep['K']}, policy {rep['policy_version']}")
+    click.echo(_fmt_table(m, cols))
+    for metric, s in rep["lift"].items():
+        click.echo(f"{metric}: gru {s['gru']:.4f} vs best baseline {s['best_baseline']} "
+                   f"{s['baseline']:.4f}: lift {100 * s['lift']:+.1f}% "
+                   f"(95% CI {100 * s['ci95'][0]:+.1f}% .. {100 * s['ci95'][1]:+.1f}%, "
+                   f"bootstrap over {s['users']} users)")
+
+
+@click.group()
+def personalize() -> None:
+    """The GRU that picks one query per visit: train it from logs, evaluate it offline."""
+
+
+@personalize.command()
+@click.option("--logs", "logs", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              required=True, help="Click-log directory (page_views, ad_impressions, ad_clicks, "
+                                  "search_clicks).")
+@click.option("--models", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              required=True, help="Engine model registry root or predictor directory.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="GRU registry root (default: MODELS_DIR/gru).")
+@click.option("--K", "K", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="States in the window, current page included.")
+@click.option("--topk", type=click.IntRange(1, 100), default=10, show_default=True,
+              help="Predicted queries per page (the stream's top_k).")
+@click.option("--epochs", type=click.IntRange(1, 100), default=6, show_default=True)
+@click.option("--val-frac", type=click.FloatRange(0.01, 0.9), default=0.2, show_default=True,
+              help="Share of the latest sessions held out (split by time).")
+@click.option("--w-future", type=float, default=0.3, show_default=True,
+              help="Weight of the next-pages listwise loss (0 = clicks only).")
+@click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--promote/--no-promote", default=True, show_default=True,
+              help="Point the GRU registry's CURRENT at the new version.")
+@click.option("--keep", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Versions kept in the GRU registry.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def train(logs, models, out, K, topk, epochs, val_frac, w_future, threads, seed, promote, keep,
+          quiet):
+    """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
+    import numpy as np
+    from personalization.train import TrainConfig, publish, train_policy
+    predictor, v = _load_visits(logs, models, topk)
+    cfg = TrainConfig(K=K, topk=topk, epochs=epochs, val_frac=val_frac, w_future=w_future, threads=threads,
+                      seed=seed)
+    rows = predictor.classifier_rows(np.arange(predictor.num_labels))
+    weights, report = train_policy(v, rows, cfg, progress=not quiet)
+    root = out or (models / "gru")
+    meta = {"engine_version": v.engine_version, "train": report,
+            "logs": str(logs), "label_count": predictor.num_labels}
+    version, path = publish(root, weights, cfg, meta, promote=promote, keep=keep)
+    best = report["epochs"][report["best_epoch"] - 1]
+    click.echo(f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}); "
+               f"{report['train_visits']} train / {report['val_visits']} validation visits, "
+               f"best epoch {report['best_epoch']}: val click log-loss "
+               f"{best['val_click_logloss']:.4f}, {report['train_s']}s")
+
+
+@personalize.command()
+@click.option("--logs", "logs", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              required=True, help="Click-log directory (the same logs, split by time).")
+@click.option("--models", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              required=True, help="Engine model registry root or predictor directory.")
+@click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False,
+                                                        path_type=Path), default=None,
+              help="GRU policy version dir or registry root (default: MODELS_DIR/gru).")
+@click.option("--world", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Simulator world (default: from LOG_DIR/simulation.json).")
+@click.option("--val-frac", type=click.FloatRange(0.01, 0.9), default=0.2, show_default=True,
+              help="Share of the latest sessions evaluated (use the training value).")
+@click.option("--bootstrap", "n_boot", type=click.IntRange(10, 100000), default=1000,
+              show_default=True, help="Bootstrap resamples of users for the lift's 95% CI.")
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the report as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, quiet):
+    """Hit rate, Recall@5, MRR and IPS CTR of the GRU vs top1 / most-frequent / popularity."""
+    from personalization.evaluate import load_truth
+    from personalization.policy import GruPolicy
+    policy = GruPolicy.load(policy_dir or (models / "gru"))
+    k = int(policy.manifest.get("train", {}).get("config", {}).get("topk", 10))
+    predictor, v = _load_visits(logs, models, k)
+    if policy.n_labels != predictor.num_labels:
+        raise click.ClickException(f"policy {policy.path} was trained on {policy.n_labels} "
+                                   f"labels, the engine has {predictor.num_labels}")
+    truth = load_truth(logs, predictor.label_names, world)
+    if truth is None:
+        click.echo("no truth/intents.jsonl: click-based metrics only", err=True)
+    rep = run_evaluation(policy, v, val_frac, truth, n_boot, progress=not quiet)
+    print_report(rep)
+    if json_out:
+        json_out.write_text(json.dumps(rep, indent=1) + "\n")
+
+
+@click.command("gru")
+@click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False,
+                                                        path_type=Path), required=True,
+              help="GRU policy version dir or registry root.")
+@click.option("--events", type=click.IntRange(100, 10_000_000), default=5000, show_default=True)
+@click.option("--topk", type=click.IntRange(1, 100), default=10, show_default=True)
+@click.option("--batch", "batches", default="1,64,256", show_default=True,
+              help="Comma-separated choose_batch sizes to time (1 = choose()).")
+@click.option("--backend", type=click.Choice(["onnx", "numpy"]), multiple=True,
+              default=("onnx", "numpy"), show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def bench_gru(policy_dir, events, topk, batches, backend, seed):
+    """Serving cost per event of the GRU policy at its K (full windows, p50/p99 and mean)."""
+    from personalization.bench import run_bench
+    res = run_bench(policy_dir, events=events, topk=topk,
+                    batches=[int(x) for x in batches.split(",") if x.strip()],
+                    backends=list(backend), seed=seed)
+    click.echo(json.dumps(res, indent=1))

@@ -1,0 +1,207 @@
+"""Offline evaluation of the GRU policy against baselines on held-out (later) sessions.
+
+Every policy picks one query per visit from the same candidates (the union of the window's
+top-k queries); cold-start visits get the current page's top query under every policy.
+Policies: gru, top1 (current page's best query), most_frequent (the query in most of the last K
+pages' top-k, ties by mean score), popularity (the most searched/clicked query in the training
+period among the candidates).
+Metrics (per visit, then averaged):
+  intent_hit     the chosen query is in the session's latent intent sub-topic (simulator truth)
+  intent_R@5     |intent candidates in the top 5| / min(5, |intent candidates|)
+  intent_MRR     1 / rank of the first intent candidate (0 if none)
+  click_hit      on visits whose shown ad was clicked: the chosen query is that query
+  click_R@5, click_MRR   rank of the clicked query in the policy's ranking (same visits)
+  ips_ctr        inverse-propensity estimate of the policy's click-through rate from the logged
+                 epsilon-greedy impressions (0 credit when the logger never showed the choice)
+A bootstrap over users gives a 95% interval of the relative lift of gru over the best baseline.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from personalization.features import EventBatch, log_popularity
+from personalization.logs import VisitLog
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("gru", "top1", "most_frequent", "popularity")
+BASELINES = POLICIES[1:]
+
+
+@dataclass
+class Truth:
+    """Simulator ground truth: each session's intent sub-topic and each label's sub-topic."""
+
+    session_intent: dict[str, int]
+    label_subtopic: np.ndarray   # int64 [L], -1 for labels not in the world
+
+
+def load_truth(log_dir: str | Path, label_names: list[str], world_dir: str | Path | None = None
+               ) -> Truth | None:
+    """Truth from LOG_DIR/truth/intents.jsonl and the world's queries.tsv, or None if absent."""
+    log_dir = Path(log_dir)
+    ipath = log_dir / "truth" / "intents.jsonl"
+    if not ipath.is_file():
+        return None
+    if world_dir is None:
+        sim = log_dir / "simulation.json"
+        world_dir = json.loads(sim.read_text()).get("world") if sim.is_file() else None
+    if not world_dir or not (Path(world_dir) / "queries.tsv").is_file():
+        raise FileNotFoundError(f"{ipath} exists but the world's queries.tsv was not found "
+                                f"(world: {world_dir!r}); pass --world WORLD_DIR")
+    intents = {}
+    with open(ipath, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                rec = json.loads(line)
+                intents[rec["session_id"]] = int(rec["subtopic"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{ipath}:{n}: expected {{session_id, subtopic}}: {e}") from e
+    qpath = Path(world_dir) / "queries.tsv"
+    sub_of = {}
+    with open(qpath, encoding="utf-8") as f:
+        next(f, None)
+        for n, line in enumerate(f, 2):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 5:
+                raise ValueError(f"{qpath}:{n}: expected 5 tab-separated fields")
+            sub_of[parts[1]] = int(parts[3])
+    label_sub = np.array([sub_of.get(name, -1) for name in label_names], np.int64)
+    return Truth(intents, label_sub)
+
+
+def baseline_keys(b: EventBatch) -> dict[str, np.ndarray]:
+    """Ranking keys [B,C] (higher = better) of the baselines from the shared features."""
+    f = b.feats
+    return {"top1": f[..., 0] * 4 + f[..., 6],          # current score, then recency-weighted
+            "most_frequent": f[..., 4] * 4 + f[..., 3],  # share of pages, then mean score
+            "popularity": f[..., 7] * 4 + f[..., 3]}     # global popularity, then mean score
+
+
+def _ranks(key: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Candidate order [B,C] best first (padding last)."""
+    return np.argsort(-np.where(mask, key, -np.inf), axis=1, kind="stable")
+
+
+@dataclass
+class EvalResult:
+    metrics: dict            # policy -> metric -> value
+    per_visit: dict          # policy -> metric -> float array over the evaluated visits
+    users: np.ndarray        # user index per evaluated visit
+    n_visits: int
+    n_cold: int
+    cold: np.ndarray         # bool per evaluated visit: no history (answered by the top-1 rule)
+    chosen: dict             # policy -> chosen query id per evaluated visit
+
+
+def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray, K: int,
+                      ttl_s: float, truth: Truth | None, batch: int = 2048,
+                      progress: bool = True) -> EvalResult:
+    """Score every policy on the visits `rows` (see the module docstring for the metrics)."""
+    from personalization.scoring import softmax_masked
+    from personalization.train import make_batch
+    per = {p: {m: [] for m in ("intent_hit", "intent_R@5", "intent_MRR", "click_hit",
+                               "click_R@5", "click_MRR", "ips_ctr", "has_click",
+                               "has_intent_cand")} for p in POLICIES}
+    n_cold = 0
+    colds, chosen_all = [], {p: [] for p in POLICIES}
+    sess_intent = None
+    if truth is not None:
+        sess_intent = np.array([truth.session_intent.get(s, -2) for s in v.session_ids], np.int64)
+    for a in tqdm(range(0, len(rows), batch), desc="evaluate", unit="batch", leave=False,
+                  disable=not progress):
+        r = rows[a:a + batch]
+        b = make_batch(v, r, K, ttl_s, log_pop)
+        cold = b.state_mask.sum(1) <= 1
+        n_cold += int(cold.sum())
+        colds.append(cold)
+        orders = {name: _ranks(key, b.cand_mask) for name, key in baseline_keys(b).items()}
+        g = softmax_masked(policy.logits(b))
+        og = _ranks(g, b.cand_mask)
+        og[cold] = orders["top1"][cold]          # cold start: the current page's top query
+        orders["gru"] = og
+        ranked = {name: np.take_along_axis(b.cand_ids, o, 1) for name, o in orders.items()}
+        shown, clicked = v.shown[r], v.clicked[r]
+        prop = v.propensity[r]
+        if sess_intent is not None:
+            intent = sess_intent[v.session[r]]
+            sub = np.where(b.cand_ids >= 0, truth.label_subtopic[np.maximum(b.cand_ids, 0)], -3)
+        for name, ids in ranked.items():
+            d = per[name]
+            chosen = ids[:, 0]
+            chosen_all[name].append(chosen)
+            d["click_hit"].append((chosen == shown) & clicked)
+            d["has_click"].append(clicked)
+            d["ips_ctr"].append(((chosen == shown) & clicked) / prop)
+            pos = np.argmax(ids == shown[:, None], axis=1)
+            found = (ids == shown[:, None]).any(1) & clicked
+            d["click_R@5"].append(found & (pos < 5))
+            d["click_MRR"].append(np.where(found, 1.0 / (pos + 1), 0.0))
+            if sess_intent is not None:
+                rel = np.take_along_axis(sub, orders[name], 1) == intent[:, None]
+                n_rel = rel.sum(1)
+                d["has_intent_cand"].append(n_rel > 0)
+                d["intent_hit"].append(rel[:, 0])
+                d["intent_R@5"].append(rel[:, :5].sum(1) / np.maximum(np.minimum(n_rel, 5), 1))
+                first = np.argmax(rel, axis=1)
+                d["intent_MRR"].append(np.where(n_rel > 0, 1.0 / (first + 1), 0.0))
+    per_visit = {p: {m: np.concatenate(x).astype(np.float64) for m, x in d.items() if x}
+                 for p, d in per.items()}
+    metrics = {}
+    for p, d in per_visit.items():
+        m = {}
+        hc = d["has_click"].astype(bool)
+        for k in ("intent_hit", "intent_R@5", "intent_MRR", "ips_ctr"):
+            if k in d:
+                m[k] = float(d[k].mean())
+        for k in ("click_hit", "click_R@5", "click_MRR"):
+            m[k] = float(d[k][hc].mean()) if hc.any() else float("nan")
+        if "has_intent_cand" in d:
+            m["intent_in_candidates"] = float(d["has_intent_cand"].mean())
+        metrics[p] = m
+    return EvalResult(metrics, per_visit, v.user[rows], len(rows), n_cold,
+                      np.concatenate(colds) if colds else np.zeros(0, bool),
+                      {p: np.concatenate(c) if c else np.zeros(0, np.int64)
+                       for p, c in chosen_all.items()})
+
+
+def bootstrap_lift(num: np.ndarray, den: np.ndarray, users: np.ndarray, n_boot: int = 1000,
+                   seed: int = 0) -> dict:
+    """Relative lift mean(num)/mean(den) - 1 with a 95% percentile interval, resampling users."""
+    u, inv = np.unique(users, return_inverse=True)
+    sn = np.bincount(inv, weights=num, minlength=len(u))
+    sd = np.bincount(inv, weights=den, minlength=len(u))
+    rng = np.random.default_rng(seed)
+    lifts = np.empty(n_boot)
+    for i in range(n_boot):   # each draw is one vectorised resample of all users
+        w = np.bincount(rng.integers(0, len(u), len(u)), minlength=len(u))
+        lifts[i] = (w @ sn) / max(w @ sd, 1e-12) - 1.0
+    point = sn.sum() / max(sd.sum(), 1e-12) - 1.0
+    lo, hi = np.percentile(lifts, [2.5, 97.5])
+    return {"lift": float(point), "ci95": [float(lo), float(hi)], "users": int(len(u)),
+            "bootstrap": n_boot}
+
+
+def summarize(res: EvalResult, metric: str = "intent_hit") -> dict:
+    """Best baseline on `metric` and the gru's relative lift over it with a bootstrap CI."""
+    if metric not in res.per_visit["gru"]:
+        return {}
+    best = max(BASELINES, key=lambda p: res.metrics[p][metric])
+    num, den = res.per_visit["gru"][metric], res.per_visit[best][metric]
+    users = res.users
+    if metric.startswith("click_"):
+        keep = res.per_visit["gru"]["has_click"].astype(bool)
+        num, den, users = num[keep], den[keep], users[keep]
+    return {"metric": metric, "best_baseline": best, "gru": res.metrics["gru"][metric],
+            "baseline": res.metrics[best][metric], **bootstrap_lift(num, den, users)}
+
+
+def popularity_for(v: VisitLog, split_ts: float) -> np.ndarray:
+    """The popularity baseline's normalised log counts from logs before the split."""
+    return log_popularity(v.popularity(before_ts=split_ts))

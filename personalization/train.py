@@ -1,0 +1,190 @@
+"""Training the GRU policy from logged visits (torch, CPU) and publishing it as a version.
+
+Objective, from logs only:
+  click   binary cross-entropy of the shown ad query's logit against whether it was clicked
+          (the logging policy explores, so shown queries are not only the page's top one)
+  future  listwise cross-entropy towards the queries predicted for the session's next pages
+          (intent persists over a session; a weak, dense signal that shapes the GRU state)
+The validation split is by time (the last `val_frac` of sessions); the epoch with the best
+validation click log-loss is kept.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from personalization.artifact import save_policy
+from personalization.features import EventBatch, build_batch, log_popularity
+from personalization.logs import VisitLog, session_start_ts, targets_for, time_split
+from personalization.model import GruConfig, GruPolicyNet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    """Training knobs (recorded in the version's manifest)."""
+
+    K: int = 8
+    topk: int = 10                # predicted queries per page (the stream's top_k)
+    hidden: int = 64
+    query_dim: int = 32
+    mlp_hidden: int = 32
+    epochs: int = 6
+    batch_size: int = 512
+    lr: float = 3e-3
+    weight_decay: float = 1e-5
+    w_click: float = 1.0
+    w_future: float = 0.3
+    future_horizon: int = 3
+    val_frac: float = 0.2
+    ttl_s: float = 30 * 86400.0   # the stream's Redis state TTL
+    threads: int = 2
+    seed: int = 0
+
+    def gru_config(self) -> GruConfig:
+        return GruConfig(K=self.K, hidden=self.hidden, query_dim=self.query_dim,
+                         mlp_hidden=self.mlp_hidden)
+
+
+def make_batch(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray
+               ) -> EventBatch:
+    """The serving-identical EventBatch of visits `rows` (their windows of the last K states)."""
+    z, ids, sc, mask = v.states(rows, K, ttl_s)
+    idx, _ = v.window(rows, K, ttl_s)
+    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx])
+
+
+def split_rows(v: VisitLog, val_frac: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(train rows, held-out rows, split time): sessions starting at/after the split are held out."""
+    t = time_split(v, val_frac)
+    start = session_start_ts(v)
+    return np.flatnonzero(start < t), np.flatnonzero(start >= t), t
+
+
+def _tensors(b: EventBatch):
+    return (torch.from_numpy(b.z), torch.from_numpy(b.state_mask), torch.from_numpy(b.cand_ids),
+            torch.from_numpy(b.cand_mask), torch.from_numpy(b.feats))
+
+
+def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
+    """(click BCE sum, #click rows, future CE sum, #future rows) for one batch."""
+    logits = net(*_tensors(b))
+    shown = v.shown[rows]
+    eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
+    has = eq.any(1)
+    zero = logits.new_zeros(())
+    click_sum, n_click = zero, int(has.sum())
+    if n_click:
+        r = np.flatnonzero(has)
+        col = eq[r].argmax(1)
+        lg = logits[torch.from_numpy(r), torch.from_numpy(col)]
+        y = torch.from_numpy(v.clicked[rows][r].astype(np.float32))
+        click_sum = torch.nn.functional.binary_cross_entropy_with_logits(lg, y, reduction="sum")
+    fut_sum, n_fut = zero, 0
+    if cfg.w_future:
+        T = targets_for(v, rows, b.cand_ids, (0.0, 0.0, 1.0), cfg.future_horizon)
+        tot = T.sum(1)
+        r = np.flatnonzero(tot > 0)
+        n_fut = len(r)
+        if n_fut:
+            p = torch.from_numpy(T[r] / tot[r, None])
+            lsm = torch.log_softmax(logits[torch.from_numpy(r)], dim=1)
+            lsm = lsm.masked_fill(~torch.from_numpy(b.cand_mask[r]), 0.0)
+            fut_sum = -(p * lsm).sum()
+    return click_sum, n_click, fut_sum, n_fut
+
+
+def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
+                 progress: bool = True) -> tuple[dict[str, np.ndarray], dict]:
+    """Train on the visits before the time split; returns (exported weights, training report)."""
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    rng = np.random.default_rng(cfg.seed)
+    train_rows, val_rows, t_split = split_rows(v, cfg.val_frac)
+    if len(train_rows) == 0 or len(val_rows) == 0:
+        raise ValueError(f"time split at val_frac={cfg.val_frac} leaves {len(train_rows)} train "
+                         f"and {len(val_rows)} held-out visits; need both")
+    counts = v.popularity(before_ts=t_split)
+    log_pop = log_popularity(counts)
+    # cold-start visits are served by the top-1 rule: train only on visits with history
+    def with_history(rows):
+        _, mask = v.window(rows, 2, cfg.ttl_s)
+        return rows[mask[:, 0]]
+    train_rows, val_rows = with_history(train_rows), with_history(val_rows)
+    rows_n = classifier_rows / np.maximum(np.linalg.norm(classifier_rows, axis=1, keepdims=True),
+                                          1e-6)
+    net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop)
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    history, best, best_state = [], np.inf, None
+    t0 = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        net.train()
+        perm = rng.permutation(train_rows)
+        tot = np.zeros(4)
+        bar = tqdm(range(0, len(perm), cfg.batch_size), desc=f"gru epoch {epoch + 1}",
+                   unit="batch", leave=False, disable=not progress)
+        for a in bar:
+            rows = np.sort(perm[a:a + cfg.batch_size])
+            b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop)
+            cs, nc, fs, nf = _losses(net, v, rows, b, cfg)
+            loss = cfg.w_click * cs / max(nc, 1) + cfg.w_future * fs / max(nf, 1)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
+            opt.step()
+            tot += [float(cs.detach()), nc, float(fs.detach()), nf]
+        val = evaluate_loss(net, v, val_rows, cfg, log_pop)
+        rec = {"epoch": epoch + 1, "train_click_logloss": tot[0] / max(tot[1], 1),
+               "train_future_ce": tot[2] / max(tot[3], 1), **val,
+               "elapsed_s": round(time.perf_counter() - t0, 1)}
+        history.append(rec)
+        log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
+        if val["val_click_logloss"] < best:
+            best = val["val_click_logloss"]
+            best_state = {k: t.detach().clone() for k, t in net.state_dict().items()}
+    net.load_state_dict(best_state)
+    report = {"config": asdict(cfg), "split_ts": t_split, "train_visits": int(len(train_rows)),
+              "val_visits": int(len(val_rows)), "epochs": history,
+              "best_epoch": int(np.argmin([h["val_click_logloss"] for h in history]) + 1),
+              "train_s": round(time.perf_counter() - t0, 1)}
+    return net.export_weights(), report
+
+
+@torch.no_grad()
+def evaluate_loss(net, v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop: np.ndarray,
+                  batch: int = 2048) -> dict:
+    """Validation click log-loss and future CE (no gradients)."""
+    net.eval()
+    tot = np.zeros(4)
+    for a in range(0, len(rows), batch):
+        r = rows[a:a + batch]
+        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop)
+        cs, nc, fs, nf = _losses(net, v, r, b, cfg)
+        tot += [float(cs), nc, float(fs), nf]
+    return {"val_click_logloss": tot[0] / max(tot[1], 1), "val_future_ce": tot[2] / max(tot[3], 1),
+            "val_click_rows": int(tot[1])}
+
+
+def publish(root: str | Path, weights: dict[str, np.ndarray], cfg: TrainConfig, meta: dict,
+            promote: bool = True, keep: int = 5) -> tuple[str, Path]:
+    """Write a new version under the registry `root` (and promote it); returns (id, path)."""
+    from engine.registry import Registry
+    reg = Registry(Path(root), keep=keep)
+    with reg.lock():
+        st = reg.stage()
+        save_policy(st.path, weights, cfg.gru_config().to_dict(),
+                    meta={"version": st.version, **meta})
+        path = reg.commit(st, {"kind": "gru-policy", **{k: meta[k] for k in meta
+                                                         if k in ("engine_version", "metrics")}})
+        if promote:
+            reg.promote(st.version)
+        reg.prune()
+    return st.version, path

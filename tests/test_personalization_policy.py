@@ -1,0 +1,276 @@
+"""GRU policy serving: cold start, K boundaries, bad state, corrupt model files, torch-free
+serving, torch/numpy/ONNX agreement and hot reload from the GRU registry.
+
+The policy under test is really trained (a few epochs, seconds) on a small synthetic visit log
+in which sessions keep one intent topic and a third of the pages are off-intent.
+"""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from personalization.artifact import ONNX, WEIGHTS, PolicyFileError
+from personalization.logs import VisitLog
+from personalization.policy import NO_QUERY, GruPolicy
+from personalization.state import UserState
+from personalization.train import TrainConfig, make_batch, publish, split_rows, train_policy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def synthetic_visits(n_users=150, sessions=4, topics=6, per_topic=10, D=16, k=5, seed=0):
+    """(VisitLog, classifier rows, query topic, session intent) of a small intent world."""
+    rng = np.random.default_rng(seed)
+    L = topics * per_topic
+    centre = rng.standard_normal((topics, D)).astype(np.float32) * 2
+    q_topic = np.repeat(np.arange(topics), per_topic)
+    rows_w = centre[q_topic] + 0.3 * rng.standard_normal((L, D)).astype(np.float32)
+    n_pages = 240
+    p_topic = rng.integers(0, topics, n_pages)
+    Z = (np.maximum(centre[p_topic] + rng.standard_normal((n_pages, D)), 0)).astype(np.float16)
+    IDS = np.stack([t * per_topic + rng.choice(per_topic, k, replace=False) for t in p_topic])
+    IDS[:, -1] = rng.integers(0, L, n_pages)           # one off-topic query per page
+    SC = -np.sort(-rng.random((n_pages, k)).astype(np.float32), axis=1)
+    user, ts, sess, page, intent = [], [], [], [], []
+    s_id = 0
+    for u in range(n_users):
+        t = 1.7e9 + rng.random() * 3600
+        for _ in range(sessions):
+            it = rng.integers(0, topics)
+            intent.append(it)
+            for _ in range(2 + rng.poisson(4)):
+                on = rng.random() < 0.65
+                pool = np.flatnonzero(p_topic == it) if on else np.arange(n_pages)
+                user.append(u)
+                ts.append(t)
+                sess.append(s_id)
+                page.append(rng.choice(pool))
+                t += 5 + rng.exponential(40)
+            s_id += 1
+            t += 3 * 3600 + rng.random() * 86400
+    user, ts, sess, page = map(np.array, (user, ts, sess, page))
+    intent = np.array(intent)
+    n = len(ts)
+    # epsilon-greedy logging: the page's top query, else a random query of the last 3 pages
+    shown = IDS[page, 0].copy()
+    prop = np.full(n, 0.7)
+    explore = rng.random(n) < 0.3
+    back = np.maximum(np.arange(n) - rng.integers(0, 3, n), 0)
+    back = np.where(sess[back] == sess, back, np.arange(n))
+    shown[explore] = IDS[page[back[explore]], rng.integers(0, k, explore.sum())]
+    p_click = np.where(q_topic[shown] == intent[sess], 0.45, 0.04)
+    clicked = rng.random(n) < p_click
+    v = VisitLog(user=user, user_ids=[f"u{i}" for i in range(n_users)], ts=ts, session=sess,
+                 session_ids=[f"s{i}" for i in range(s_id)], event_ids=[f"e{i}" for i in range(n)],
+                 page=page, Z=Z, IDS=IDS, SC=SC, shown=shown, clicked=clicked,
+                 propensity=prop, search_indptr=np.zeros(n + 1, np.int64),
+                 search_ids=np.zeros(0, np.int64), pop_q=shown[clicked], pop_ts=ts[clicked],
+                 n_labels=L, engine_version="synthetic")
+    return v, rows_w, q_topic, intent
+
+
+CFG = TrainConfig(K=4, topk=5, hidden=16, query_dim=8, mlp_hidden=16, epochs=4, batch_size=128,
+                  lr=1e-2, threads=1, val_frac=0.25)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return synthetic_visits()
+
+
+@pytest.fixture(scope="module")
+def trained(world):
+    v, rows_w, _, _ = world
+    weights, report = train_policy(v, rows_w, CFG, progress=False)
+    return weights, report
+
+
+@pytest.fixture()
+def registry(trained, tmp_path):
+    weights, report = trained
+    root = tmp_path / "gru"
+    version, path = publish(root, weights, CFG, {"engine_version": "synthetic", "train": report})
+    return root, version, path
+
+
+def state(i, z, ids, scores, ts=1.7e9):
+    return UserState(f"e{i}", ts + 30 * i, 1, 2, z, ids, scores)
+
+
+def window_states(v, row, n):
+    """The n states ending at visit `row` of the synthetic log, as UserState records."""
+    rows = list(range(row - n + 1, row + 1))
+    return [state(r, v.Z[v.page[r]], v.IDS[v.page[r]], v.SC[v.page[r]], v.ts[r] - 30 * r)
+            for r in rows]
+
+
+def test_cold_start_gets_current_pages_top_query(registry, world):
+    pol = GruPolicy.load(registry[0])
+    cur = state(0, world[0].Z[3], [7, 2, 9], [0.2, 0.9, 0.5])
+    assert pol.choose([], cur) == (2, pytest.approx(0.9))
+    assert pol.choose_batch([[]], [cur]) == [(2, pytest.approx(0.9))]
+    empty = state(1, world[0].Z[3], [], [])
+    assert pol.choose([], empty) == (NO_QUERY, 0.0)
+
+
+def test_k_boundaries(registry, world):
+    v = world[0]
+    pol = GruPolicy.load(registry[2])
+    K = pol.K
+    long = window_states(v, 40, K + 5)
+    cur = long[-1]
+    for n_hist in (0, 1, K - 1, K, K + 4):
+        hist = long[-1 - n_hist:-1] if n_hist else []
+        q, s = pol.choose(hist, cur)
+        allowed = set(np.concatenate([st.query_ids for st in hist[-(K - 1):] + [cur]]).tolist())
+        assert q in allowed and 0.0 < s <= 1.0, n_hist
+    # only the last K-1 history states count: older ones change nothing
+    assert pol.choose(long[:-1], cur) == pol.choose(long[-K:-1], cur)
+    ranked = pol.rank_batch([long[-K:-1]], [cur])[0]
+    assert len(ranked[0]) == len(np.unique(np.concatenate([st.query_ids for st in long[-K:]])))
+    assert np.isclose(ranked[1].sum(), 1.0, atol=1e-5) and np.all(np.diff(ranked[1]) <= 0)
+
+
+def test_bad_history_states_are_skipped_not_fatal(registry, world):
+    v = world[0]
+    pol = GruPolicy.load(registry[2])
+    good = window_states(v, 30, 3)
+    wrong_dim = state(90, np.zeros(7), [1, 2], [0.5, 0.4])
+    no_queries = state(91, v.Z[0], [], [])
+    out_of_space = state(92, v.Z[0], [10 ** 6, 3], [0.9, 0.1])
+    q, s = pol.choose([wrong_dim, no_queries, good[0], out_of_space, good[1]], good[2])
+    assert q >= 0 and q != 10 ** 6
+    assert pol.choose([good[0], wrong_dim, good[1]], good[2]) == pol.choose(good[:2], good[2])
+    # an unusable current page falls back to its own top query (or none), never raises
+    assert pol.choose(good[:2], state(93, np.zeros(3), [5, 6], [0.1, 0.8])) == (6, pytest.approx(0.8))
+    assert pol.choose(good[:2], no_queries) == (NO_QUERY, 0.0)
+
+
+def test_choose_batch_equals_choose(registry, world):
+    v = world[0]
+    pol = GruPolicy.load(registry[2])
+    wins = [window_states(v, r, n) for r, n in ((50, 4), (60, 1), (70, 2), (80, 6))]
+    single = [pol.choose(w[:-1], w[-1]) for w in wins]
+    batch = pol.choose_batch([w[:-1] for w in wins], [w[-1] for w in wins])
+    assert [q for q, _ in single] == [q for q, _ in batch]
+    assert np.allclose([s for _, s in single], [s for _, s in batch], atol=1e-6)
+
+
+def test_torch_numpy_onnx_agree(trained, world, registry):
+    import torch
+    from personalization.features import log_popularity
+    from personalization.model import GruPolicyNet
+    from personalization.scoring import candidate_logits
+    v, rows_w, _, _ = world
+    weights, _ = trained
+    net = GruPolicyNet(CFG.gru_config(), rows_w.shape[1],
+                       rows_w / np.linalg.norm(rows_w, axis=1, keepdims=True), weights["log_pop"])
+    net.load_state_dict({**net.state_dict(), **_state_from_weights(net, weights)})
+    b = make_batch(v, np.arange(5, 400), CFG.K, CFG.ttl_s, weights["log_pop"])
+    with torch.no_grad():
+        lt = net(*[torch.from_numpy(x) for x in (b.z, b.state_mask, b.cand_ids, b.cand_mask,
+                                                   b.feats)]).numpy()
+    ln = candidate_logits(dict(weights), b)
+    lo = GruPolicy.load(registry[2], backend="onnx").logits(b)
+    fin = np.isfinite(lt)
+    assert (np.isfinite(ln) == fin).all() and (np.isfinite(lo) == fin).all()
+    assert np.abs(lt[fin] - ln[fin]).max() < 1e-4
+    assert np.abs(lo[fin] - ln[fin]).max() < 1e-4
+    assert log_popularity(np.array([0, 1, 3])).max() == pytest.approx(1.0)
+
+
+def _state_from_weights(net, w):
+    """Torch parameters equal to the exported weights (query_table comes from query_proj)."""
+    import torch
+    t = lambda a: torch.from_numpy(np.asarray(a))  # noqa: E731
+    sd = {"cell.weight_ih": t(w["gru.w_ih"]), "cell.bias_ih": t(w["gru.b_ih"]),
+          "cell.weight_hh": t(w["gru.w_hh"]), "cell.bias_hh": t(w["gru.b_hh"]),
+          "user.weight": t(w["user.w"]), "user.bias": t(w["user.b"]),
+          "mlp1.weight": t(w["mlp.w1"]), "mlp1.bias": t(w["mlp.b1"]),
+          "mlp2.weight": t(w["mlp.w2"]), "mlp2.bias": t(w["mlp.b2"]),
+          "lin.weight": t(w["lin.w"][None])}
+    # solve query_proj from the exported table: rows_n @ P^T = table (least squares, exact here)
+    rows = net.rows.numpy()
+    P, *_ = np.linalg.lstsq(rows, w["query_table"], rcond=None)
+    sd["query_proj.weight"] = t(P.T.astype(np.float32))
+    return sd
+
+
+@pytest.mark.parametrize("damage", ["flip_weights", "flip_onnx", "truncate_manifest",
+                                    "missing_weights", "wrong_format"])
+def test_corrupt_model_is_refused_with_the_file_named(registry, damage):
+    vdir = registry[2]
+    if damage == "flip_weights" or damage == "flip_onnx":
+        p = vdir / (WEIGHTS if damage == "flip_weights" else ONNX)
+        raw = bytearray(p.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        p.write_bytes(bytes(raw))
+        match = f"{p.name}.*sha256"
+    elif damage == "truncate_manifest":
+        p = vdir / "manifest.json"
+        p.write_text(p.read_text()[:40])
+        match = "manifest.json.*not valid JSON"
+    elif damage == "missing_weights":
+        (vdir / WEIGHTS).unlink()
+        match = f"{WEIGHTS}: missing"
+    else:
+        p = vdir / "manifest.json"
+        m = json.loads(p.read_text())
+        m["format"] = "something-else/9"
+        p.write_text(json.dumps(m))
+        match = "field 'format'"
+    with pytest.raises(PolicyFileError, match=match):
+        GruPolicy.load(vdir)
+    with pytest.raises(PolicyFileError):      # through the registry root too
+        GruPolicy.load(registry[0])
+
+
+def test_hot_reload_switches_version_and_refuses_a_corrupt_one(registry, trained):
+    root, v1, _ = registry
+    weights, report = trained
+    pol = GruPolicy.load(root, reload_every_s=0.0)
+    assert pol.version == v1 and not pol.maybe_reload()
+    w2 = dict(weights, **{"mlp.b2": weights["mlp.b2"] + 1.0})
+    v2, _ = publish(root, w2, CFG, {"engine_version": "synthetic", "train": report})
+    assert pol.maybe_reload() and pol.version == v2
+    assert np.allclose(pol.weights["mlp.b2"], w2["mlp.b2"])
+    v3, p3 = publish(root, weights, CFG, {"engine_version": "synthetic", "train": report})
+    (p3 / WEIGHTS).write_bytes(b"garbage")
+    assert not pol.maybe_reload()            # refused: keeps serving v2
+    assert pol.version == v2
+
+
+def test_serving_never_imports_torch(registry, world):
+    v = world[0]
+    z = v.Z[v.page[:3]].astype(float).tolist()
+    ids = v.IDS[v.page[:3]].tolist()
+    sc = v.SC[v.page[:3]].tolist()
+    code = textwrap.dedent(f"""
+        import sys
+        from personalization.policy import GruPolicy
+        from personalization.state import UserState
+        z, ids, sc = {z!r}, {ids!r}, {sc!r}
+        st = [UserState(f"e{{i}}", 1.7e9 + i, 1, 2, z[i], ids[i], sc[i]) for i in range(3)]
+        for backend in ("onnx", "numpy"):
+            p = GruPolicy.load({str(registry[0])!r}, backend=backend)
+            q, s = p.choose(st[:2], st[2])
+            assert q in ids[0] + ids[1] + ids[2], q
+        assert "torch" not in sys.modules, "serving imported torch"
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def test_time_split_holds_out_later_sessions(world):
+    v = world[0]
+    tr, te, t = split_rows(v, 0.25)
+    assert len(tr) and len(te) and len(tr) + len(te) == v.n
+    first = np.r_[True, v.session[1:] != v.session[:-1]]
+    start = v.ts[first][v.session]
+    assert start[tr].max() < t <= start[te].min()
