@@ -1,0 +1,189 @@
+"""`astec bench peers`: Astec and the peers that install as wheels, same data, one table.
+
+Every method runs in its own subprocess (a fresh interpreter), so its peak RSS is measured alone
+(os.wait4's ru_maxrss) and one method's memory never inflates another's. Peers get the same
+TF-IDF features as Astec (engine.text, the config's word/char n-grams). Metrics: engine.metrics
+with propensities from the training labels (A=0.55, B=1.5 unless --propensity A,B).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+METHODS = ("astec", "astec-3", "parabel", "bonsai", "napkinxc-plt")
+
+
+def _load(train, test, labels, cfg):
+    from engine.formats import load_dataset
+    from engine.text import TfidfVectorizer
+
+    tr = load_dataset(train, labels)
+    te = load_dataset(test, labels)
+    L = max(tr.num_labels, te.num_labels)
+    import scipy.sparse as sp
+
+    def pad(Y):
+        Y = sp.csr_matrix(Y)
+        return sp.csr_matrix((Y.data, Y.indices, Y.indptr), shape=(Y.shape[0], L))
+    Ytr, Yte = pad(tr.Y), pad(te.Y)
+    if tr.texts is not None:
+        vec = TfidfVectorizer(min_df=cfg.min_df, word_ngrams=cfg.word_ngrams,
+                              char_ngrams=tuple(cfg.char_ngrams) if cfg.char_ngrams else None)
+        Xtr = vec.fit_transform(tr.texts)
+        Xte = vec.transform(te.texts)
+        return tr.texts, te.texts, Xtr, Xte, Ytr, Yte, tr.label_names
+    Xte = sp.csr_matrix(te.X)
+    Xtr = sp.csr_matrix(tr.X)
+    F = max(Xtr.shape[1], Xte.shape[1])
+    Xtr = sp.csr_matrix((Xtr.data, Xtr.indices, Xtr.indptr), shape=(Xtr.shape[0], F))
+    Xte = sp.csr_matrix((Xte.data, Xte.indices, Xte.indptr), shape=(Xte.shape[0], F))
+    return Xtr, Xte, Xtr, Xte, Ytr, Yte, tr.label_names
+
+
+def _worker(method, train, test, labels, config, out_json, k, threads):
+    """Train + predict one method in this process; write timings and top-k ids to out_json."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from engine.astec import Astec, AstecConfig
+
+    cfg = AstecConfig.load(config) if config else AstecConfig()
+    cfg.num_threads = threads
+    tr_in, te_in, Xtr, Xte, Ytr, Yte, names = _load(train, test, labels, cfg)
+    t0 = time.time()
+    if method.startswith("astec"):
+        learners = 3 if method == "astec-3" else 1
+        model = Astec.train(tr_in, Ytr, cfg, label_names=names, learners=learners, progress=False)
+        train_s = time.time() - t0
+        t1 = time.time()
+        ids, _ = model.predict(te_in, k=k)
+        extra = {"train_log": {j: {m: v.get("seconds") for m, v in lg["modules"].items()}
+                               for j, lg in enumerate(model.train_log["learners"])}}
+    elif method in ("parabel", "bonsai"):
+        import omikuji
+
+        from engine.formats import write_xc_sparse
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "train.txt")
+            write_xc_sparse(path, Xtr, Ytr)
+            hp = omikuji.Model.default_hyper_param()   # defaults = Parabel (k=2, balanced, depth 20, 3 trees)
+            if method == "bonsai":
+                hp.cluster_k, hp.cluster_balanced, hp.max_depth = 100, False, 3
+            t0 = time.time()   # writing the file is not training
+            model = omikuji.Model.train_on_data(path, hp, n_threads=threads)
+        train_s = time.time() - t0
+        t1 = time.time()
+        Xte = sp.csr_matrix(Xte)
+        ids = np.full((Xte.shape[0], k), -1, np.int64)
+        for i in range(Xte.shape[0]):
+            a, b = Xte.indptr[i], Xte.indptr[i + 1]
+            pred = model.predict(list(zip(Xte.indices[a:b].tolist(), Xte.data[a:b].tolist())), top_k=k)
+            ids[i, :len(pred)] = [p[0] for p in pred]
+        extra = {}
+    elif method == "napkinxc-plt":
+        from napkinxc.models import PLT
+        with tempfile.TemporaryDirectory() as tmp:
+            Ylist = [row.indices.tolist() for row in sp.csr_matrix(Ytr)]
+            model = PLT(os.path.join(tmp, "plt"), threads=threads, seed=0)
+            model.fit(sp.csr_matrix(Xtr, dtype=np.float32), Ylist)
+            train_s = time.time() - t0
+            t1 = time.time()
+            preds = model.predict(sp.csr_matrix(Xte, dtype=np.float32), top_k=k)
+        ids = np.full((Xte.shape[0], k), -1, np.int64)
+        for i, p in enumerate(preds):
+            ids[i, :len(p)] = p[:k]
+        extra = {}
+    else:
+        raise ValueError(method)
+    pred_s = time.time() - t1
+    np.save(out_json + ".ids.npy", ids)
+    Path(out_json).write_text(json.dumps({"train_s": train_s, "predict_s": pred_s, **extra}))
+
+
+def _run(method, args, k, threads) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        cmd = [sys.executable, "-m", "engine.bench_peers", method, *args, out, str(k), str(threads)]
+        proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]))
+        _, status, ru = os.wait4(proc.pid, 0)
+        if status != 0 or not os.path.exists(out):
+            return {"method": method, "error": f"exit status {status}"}
+        import numpy as np
+        r = json.loads(Path(out).read_text())
+        r["ids"] = np.load(out + ".ids.npy")
+        r["peak_rss_mb"] = ru.ru_maxrss / 1024.0
+        r["method"] = method
+        return r
+
+
+@click.command("peers")
+@click.option("--train", "train_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--test", "test_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--labels", "labels_path", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="AstecConfig JSON for Astec (its n-gram settings also shape the peers' features).")
+@click.option("--methods", default="astec,parabel,bonsai,napkinxc-plt", show_default=True,
+              help=f"Comma-separated subset of {','.join(METHODS)}.")
+@click.option("--threads", type=int, default=2, show_default=True, help="Threads for the peers (omikuji, napkinXC).")
+@click.option("--propensity", default="0.55,1.5", show_default=True, help="A,B of the propensity model.")
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the table as JSON.")
+def peers(train_path, test_path, labels_path, config_path, methods, threads, propensity, json_out):
+    """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k, time, RSS."""
+    from engine.astec import AstecConfig
+    from engine.formats import load_dataset
+    from engine.metrics import evaluate, inv_propensity
+
+    wanted = [m.strip() for m in methods.split(",") if m.strip()]
+    bad = [m for m in wanted if m not in METHODS]
+    if bad:
+        raise click.BadParameter(f"unknown method(s) {bad}; choose from {METHODS}", param_hint="--methods")
+    A, B = (float(x) for x in propensity.split(","))
+    tr = load_dataset(train_path, labels_path)
+    te = load_dataset(test_path, labels_path)
+    L = max(tr.num_labels, te.num_labels)
+    import scipy.sparse as sp
+    Yte = sp.csr_matrix((te.Y.data, te.Y.indices, te.Y.indptr), shape=(te.Y.shape[0], L))
+    ip = inv_propensity(tr.Y, A=A, B=B, num_labels=L)
+    args = [str(train_path), str(test_path), str(labels_path or ""), str(config_path or "")]
+    cfg = AstecConfig.load(config_path) if config_path else AstecConfig()
+    rows = []
+    for m in wanted:
+        click.echo(f"running {m} ...", err=True)
+        r = _run(m, args, 5, cfg.num_threads if m.startswith("astec") else threads)
+        if "error" in r:
+            click.echo(f"  {m}: failed ({r['error']})", err=True)
+            rows.append({"method": m, "error": r["error"]})
+            continue
+        met = evaluate(Yte, r["ids"], ip, ks=(1, 3, 5))
+        row = {"method": m, **{key: round(met[key], 2) for key in
+                               ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")},
+               "train_s": round(r["train_s"], 1), "predict_s": round(r["predict_s"], 1),
+               "peak_rss_mb": round(r["peak_rss_mb"])}
+        if "train_log" in r:
+            row["modules_s"] = r["train_log"]
+        rows.append(row)
+        click.echo(f"  {json.dumps(row)}", err=True)
+    cols = ["P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5", "train_s", "peak_rss_mb"]
+    head = "| method | " + " | ".join(c.replace("peak_rss_mb", "peak RSS MB").replace("train_s", "train s")
+                                    for c in cols) + " |"
+    click.echo(head)
+    click.echo("|" + "---|" * (len(cols) + 1))
+    for r in rows:
+        if "error" in r:
+            click.echo(f"| {r['method']} | failed: {r['error']} |")
+        else:
+            click.echo(f"| {r['method']} | " + " | ".join(str(r[c]) for c in cols) + " |")
+    if json_out:
+        Path(json_out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    method, train, test, labels, config, out, k, threads = sys.argv[1:9]
+    _worker(method, train, test, labels or None, config or None, out, int(k), int(threads))
