@@ -15,10 +15,13 @@ COMMANDS: dict[str, str] = {
     "data": "engine.cli_data:data",
     "evaluate": "engine.cli_evaluate:evaluate",
     "export": "engine.cli_export:export",
+    "dashboard": "dashboard.cli:dashboard",
     "personalize": "personalization.cli:personalize",
 }
 
 BENCH_COMMANDS: dict[str, str] = {
+    "peers": "engine.bench_peers:peers",
+    "scale": "engine.bench_scale:scale",
     "stream": "stream.bench:bench_stream",
     "gru": "personalization.cli:bench_gru",
     "predict": "engine.bench_predict:bench_predict",
