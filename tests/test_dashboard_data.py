@@ -1,0 +1,187 @@
+"""Dashboard data access against real artifacts and real Redis: model discovery, offline metrics
+(train_log.json + `astec evaluate --json`), user states written by the stream's StateStore, and
+consumer metrics published by stream.metrics."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import STREAM_DATA, astec
+from dashboard import health, models, users
+from dashboard.sources import SourceError, mask_url, ping, redis_client
+
+
+def make_registry(root: Path, predictor_dir: str, n: int = 2) -> list[str]:
+    """An engine registry whose versions link the fixture's exported predictor; newest promoted."""
+    from engine.registry import Registry
+    reg = Registry(root)
+    ids = []
+    for i in range(n):
+        st = reg.stage(f"2026010{i + 1}T000000.000000Z-000{i}")
+        os.symlink(predictor_dir, st.path / "predictor")
+        reg.commit(st, {"kind": "astec"})
+        reg.promote(st.version)
+        ids.append(st.version)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def evaluation_json(astec_predictor, tmp_path_factory) -> Path:
+    """A real `astec evaluate --json` file for the fixture model on its own training lines."""
+    d = tmp_path_factory.mktemp("eval")
+    model = str(Path(astec_predictor).parent / "model")
+    train, labels = os.path.join(STREAM_DATA, "train.tsv"), os.path.join(STREAM_DATA, "labels.txt")
+    astec("predict", "--model", model, "--input", train, "--out", str(d / "pred.txt"), "--k", "5")
+    astec("evaluate", "--test", train, "--labels", labels, "--pred", str(d / "pred.txt"),
+          "--train", train, "--train-labels", labels, "--json", str(d / "eval.json"))
+    return d / "eval.json"
+
+
+# ---- models ------------------------------------------------------------------------------------
+def test_resolve_predictor_follows_current_pointer(astec_predictor, tmp_path):
+    from engine.registry import Registry
+    v1, v2 = make_registry(tmp_path / "models", astec_predictor)
+    ref = models.resolve_predictor(tmp_path / "models")
+    assert (ref.version, ref.path, ref.source) == (v2, tmp_path / "models/versions" / v2 / "predictor",
+                                                   "registry")
+    Registry(tmp_path / "models").promote(v1)
+    assert models.resolve_predictor(tmp_path / "models").version == v1
+    direct = models.resolve_predictor(Path(astec_predictor))
+    assert direct.source == "predictor" and direct.version.startswith("astec-")
+    p = models.load_predictor(ref)
+    assert p.num_labels == 1880 and len(p.label_names) == 1880
+
+
+def test_resolve_predictor_says_what_is_missing(tmp_path):
+    with pytest.raises(models.ModelsError, match="no such directory"):
+        models.resolve_predictor(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(models.ModelsError, match="astec export"):
+        models.resolve_predictor(tmp_path / "empty")
+    from engine.registry import Registry
+    reg = Registry(tmp_path / "reg")
+    with pytest.raises(models.ModelsError, match="no promoted model version"):
+        (tmp_path / "reg" / "versions").mkdir(parents=True)
+        models.resolve_predictor(tmp_path / "reg")
+    st = reg.stage("v-without-predictor")
+    reg.commit(st)
+    reg.promote(st.version)
+    with pytest.raises(models.ModelsError, match="v-without-predictor.*no exported predictor"):
+        models.resolve_predictor(tmp_path / "reg")
+
+
+def test_offline_metrics_from_train_log_and_evaluation(astec_predictor, evaluation_json, tmp_path):
+    v1, v2 = make_registry(tmp_path / "models", astec_predictor)
+    vdir = tmp_path / "models/versions" / v2
+    (vdir / "eval_test.json").write_text(evaluation_json.read_text())
+    runs = models.collect_runs(tmp_path / "models")
+    assert [r.name for r in runs] == [v2, v1] and runs[0].current and not runs[1].current
+    # train_log.json is found through the predictor manifest's source_model.path
+    log = json.loads((Path(astec_predictor).parent / "model/train_log.json").read_text())
+    assert runs[0].train_log == log and runs[1].train_log == log
+    ev = json.loads(evaluation_json.read_text())
+    rows = models.summary_rows(runs)
+    by = {(r["run"], r["source"]): r for r in rows}
+    assert by[(v2, "evaluate: eval_test.json")]["P@1"] == round(ev["metrics"]["P@1"], 2)
+    assert by[(v2, "evaluate: eval_test.json")]["PSP@5"] == round(ev["metrics"]["PSP@5"], 2)
+    valid = log["learners"][0]["modules"]["reranker"]["valid"]
+    assert by[(v2, "train_log (validation)")]["P@1"] == valid["P@1"]
+    assert by[(v1, "train_log (validation)")]["points"] == 600
+    assert (v1, "evaluate: eval_test.json") not in by
+    mods = {(m["learner"], m["module"]): m for m in models.module_rows(runs[0])}
+    for name in ("I", "II", "IV", "reranker"):
+        assert mods[("0", name)]["seconds"] == log["learners"][0]["modules"][name]["seconds"]
+
+
+def test_offline_metrics_in_a_plain_run_directory(astec_predictor, evaluation_json, tmp_path):
+    run = tmp_path / "runs" / "exp1"
+    (run / "model").mkdir(parents=True)
+    (run / "model/train_log.json").write_text(
+        (Path(astec_predictor).parent / "model/train_log.json").read_text())
+    (run / "model/metrics.json").write_text(evaluation_json.read_text())
+    (run / "model/notes.json").write_text('{"metrics": "not a table"}')
+    runs = models.collect_runs(tmp_path / "runs")
+    assert [r.name for r in runs] == ["exp1"]
+    assert [p.name for p, _ in runs[0].evaluations] == ["metrics.json"]
+    assert runs[0].train_log["num_labels"] == 1880
+
+
+# ---- users -------------------------------------------------------------------------------------
+def _store_visits(settings, predictor, titles, user, k=4):
+    from personalization.state import UserState
+    from stream.state import StateStore, connect
+    ids, scores, z = predictor.predict_with_features(titles, 5)
+    states = [UserState.from_visit(f"{user}-e{i}", 1.7e9 + i, f"https://x/{i}", t, z[i], ids[i],
+                                   scores[i]) for i, t in enumerate(titles)]
+    store = StateStore(connect(settings.redis_url), settings.redis_key_prefix, k=k)
+    store.append_batch([user] * len(states), states)
+    return ids, scores
+
+
+def test_user_states_read_back_with_names_and_choice(stream_settings, astec_predictor,
+                                                     stream_corpus):
+    from engine.predictor import Predictor
+    s = stream_settings
+    pred = Predictor.load(astec_predictor)
+    titles = stream_corpus[0][:6]
+    ids, scores = _store_visits(s, pred, titles, "u1", k=4)
+    client = redis_client(s.redis_url)
+    states, bad = users.read_states(client, s.redis_key_prefix, "u1")
+    assert bad == 0 and [st.event_id for st in states] == ["u1-e2", "u1-e3", "u1-e4", "u1-e5"]
+    vs = users.visits(states, pred.label_names, policy=None, top=3)
+    names = pred.label_names
+    for v, i in zip(vs, range(2, 6)):
+        assert v.top_queries[0][0] == names[ids[i][0]]
+        assert v.chosen == names[ids[i][int(np.argmax(scores[i]))]]
+        assert len(v.top_queries) == 3
+    rows = users.visit_rows(vs)
+    assert rows[0]["event"] == "u1-e5"                      # newest first
+    assert rows[0]["time (UTC)"] == "2023-11-14 22:13:25"   # 1.7e9 + 5
+    assert "u1" in users.recent_users(client, s.redis_key_prefix)
+    # a record the stream did not write is counted, not fatal
+    client.lpush(users.states_key(s.redis_key_prefix, "u1"), b"garbage")
+    states, bad = users.read_states(client, s.redis_key_prefix, "u1")
+    assert bad == 1 and len(states) == 4
+    assert users.read_states(client, s.redis_key_prefix, "nobody") == ([], 0)
+
+
+# ---- stream health -----------------------------------------------------------------------------
+def _publish(settings, cid, version, events, dead):
+    from stream.metrics import ConsumerMetrics, publish
+    from stream.state import connect
+    m = ConsumerMetrics(cid, policy="top1", model_version=version)
+    m.record_batch(events, dead, 1, 0.02, np.linspace(5, 50, events),
+                   {"predict": 0.5, "redis": 0.25})
+    publish(connect(settings.redis_url), settings.redis_key_prefix, m)
+
+
+def test_consumer_health_totals_versions_and_staleness(stream_settings):
+    s = stream_settings
+    client = redis_client(s.redis_url)
+    assert health.consumer_health(client, s.redis_key_prefix).rows == []
+    _publish(s, "w-a", "v1", 100, 3)
+    _publish(s, "w-b", "v2", 50, 2)
+    h = health.consumer_health(client, s.redis_key_prefix)
+    assert [r["consumer"] for r in h.rows] == ["w-a", "w-b"]
+    assert (h.events, h.dead_letters, h.stale) == (150, 5, 0)
+    assert h.versions == {"v1": 1, "v2": 1}
+    a = h.rows[0]
+    assert a["status"] == "live" and a["model_version"] == "v1" and a["events"] == 100
+    assert a["e2a_ms_p50"] == pytest.approx(27.5, abs=0.01)
+    assert h.stages[0]["predict"] == 0.5 and h.stages[0]["redis"] == 0.25
+    later = health.consumer_health(client, s.redis_key_prefix, now=time.time() + 60)
+    assert later.stale == 2 and {r["status"] for r in later.rows} == {"stale"}
+    assert later.events_per_s == 0.0
+
+
+def test_unreachable_redis_is_a_clear_error_without_the_password():
+    url = "redis://:s3cret@127.0.0.1:1/0"
+    assert mask_url(url) == "redis://:***@127.0.0.1:1/0"
+    with pytest.raises(SourceError, match="unreachable.*astec infra up") as e:
+        ping(redis_client(url), url)
+    assert "s3cret" not in str(e.value)
