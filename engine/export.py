@@ -43,6 +43,7 @@ class ExportOptions:
     hnsw_ef_construction: int = 200
     ef_points: int = 0            # 0: the model's ef_search; otherwise the predictor's ef
     ef_centres: int = 0
+    exact_max: int = 2048         # at most this many distinct vectors: exact search, not HNSW
     threads: int = 2              # for building indexes only
     version: str | None = None    # default: "astec-" + sha256(model manifest)[:12]
     backend: str = "numpy"        # default feature backend recorded in predictor.json
@@ -98,19 +99,42 @@ def write_encoder_onnx(path: Path, emb_npy: Path, res_npy: Path, vocab: int, dim
 
 
 # ---- indexes ---------------------------------------------------------------------------------
-def _hnsw_file(ann, path: Path, opts: ExportOptions, seed: int) -> int:
-    """Write an hnswlib index for an engine AnnIndex (copy if HNSW, build if exact); returns ef."""
+def _ann_files(ann, d: Path, rel: str, name: str, ef: int, opts: ExportOptions, seed: int) -> dict:
+    """Index files for an engine AnnIndex; returns its predictor.json entry.
+
+    A model HNSW index is copied as is (same graph, same results). A model that searched exactly
+    gets its distinct vectors (duplicates mapped by `members`) searched exactly when there are at
+    most `exact_max` of them, else a new HNSW graph over them.
+    """
     if ann.kind == "hnsw":
-        ann.hnsw.save_index(str(path))
-        return int(ann.ef_search)
+        ann.hnsw.save_index(str(d / f"{name}.hnsw"))
+        return {"kind": "hnsw", "file": f"{rel}/{name}.hnsw", "unique": int(ann.count),
+                "ef": int(ef or ann.ef_search)}
     V = np.ascontiguousarray(ann.vectors, dtype=np.float32)
-    index = hnswlib.Index(space="ip", dim=V.shape[1])
-    index.init_index(max_elements=max(V.shape[0], 1), M=opts.hnsw_m,
+    n = V.shape[0]
+    _, first, inverse = np.unique(V, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    rank = np.empty(first.size, np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)  # groups in first-seen order
+    group = rank[inverse]
+    U = V[np.sort(first)]
+    entry: dict = {"unique": int(U.shape[0])}
+    if U.shape[0] < n:
+        members = np.argsort(group, kind="stable")          # ascending original ids per group
+        indptr = np.zeros(U.shape[0] + 1, np.int64)
+        np.cumsum(np.bincount(group, minlength=U.shape[0]), out=indptr[1:])
+        entry["members_indptr"] = f"{rel}/{_save(d / f'{name}_members_indptr.npy', indptr)}"
+        entry["members"] = f"{rel}/{_save(d / f'{name}_members.npy', members.astype(np.int32))}"
+    if U.shape[0] <= opts.exact_max:
+        entry.update(kind="exact", file=f"{rel}/{_save(d / f'{name}_vectors.npy', U)}")
+        return entry
+    index = hnswlib.Index(space="ip", dim=U.shape[1])
+    index.init_index(max_elements=U.shape[0], M=opts.hnsw_m,
                      ef_construction=opts.hnsw_ef_construction, random_seed=seed)
-    if V.shape[0]:
-        index.add_items(V, np.arange(V.shape[0]), num_threads=opts.threads)
-    index.save_index(str(path))
-    return int(ann.ef_search)
+    index.add_items(U, np.arange(U.shape[0]), num_threads=opts.threads)
+    index.save_index(str(d / f"{name}.hnsw"))
+    entry.update(kind="hnsw", file=f"{rel}/{name}.hnsw", ef=int(ef or ann.ef_search))
+    return entry
 
 
 def _save(path: Path, arr: np.ndarray) -> str:
@@ -148,8 +172,8 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
             rc.update(weight=f"{rel}/reranker_w.npy", bias=f"{rel}/reranker_b.npy")
             out["reranker"] = rc
     ix = lr.index
-    ef_p = _hnsw_file(ix.points, d / "points.hnsw", opts, seed)
-    ef_c = _hnsw_file(ix.centres, d / "centres.hnsw", opts, seed)
+    points = _ann_files(ix.points, d, rel, "points", opts.ef_points, opts, seed)
+    centres = _ann_files(ix.centres, d, rel, "centres", opts.ef_centres, opts, seed)
     P = ix.point_labels.tocsr()
     P.sort_indices()
     _save(d / "point_indptr.npy", P.indptr.astype(np.int64))
@@ -162,10 +186,9 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
         prior_score = np.full(len(ix.prior), 1e-6, np.float32)
     _save(d / "prior_score.npy", np.asarray(prior_score, np.float32))
     out["shortlist"] = {
-        "points_index": f"{rel}/points.hnsw", "centres_index": f"{rel}/centres.hnsw",
+        "points_index": points, "centres_index": centres,
         "num_points": int(ix.points.count), "num_centres": int(ix.centres.count),
         "model_index_kinds": [ix.points.kind, ix.centres.kind],
-        "ef_points": int(opts.ef_points or ef_p), "ef_centres": int(opts.ef_centres or ef_c),
         "point_indptr": f"{rel}/point_indptr.npy", "point_labels": f"{rel}/point_labels.npy",
         "point_values": f"{rel}/point_values.npy", "centre_owner": f"{rel}/centre_owner.npy",
         "prior": f"{rel}/prior.npy", "prior_score": f"{rel}/prior_score.npy",

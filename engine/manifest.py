@@ -105,7 +105,9 @@ class Manifest:
                 arr.dtype.str != want.get("dtype", arr.dtype.str):
             raise ManifestError(f"{path}: array is {arr.dtype.str}{list(arr.shape)}, manifest "
                                 f"says {want.get('dtype')}{want.get('shape')}")
-        return arr
+        # a plain ndarray view of the mapping: same lazily paged memory, but indexing an
+        # np.memmap subclass costs ~10 us a call on the predictor's hot path
+        return arr.view(np.ndarray) if isinstance(arr, np.memmap) else arr
 
     def load_json(self, rel: str) -> Any:
         path = self.path(rel)

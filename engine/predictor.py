@@ -92,17 +92,78 @@ class Encoder:
 
 
 @dataclass
+class AnnSearch:
+    """k nearest training points / label centres by cosine, as the model's engine.astec.ann does.
+
+    Either an hnswlib graph or an exact search over a small float32 table. Exported indexes hold
+    each distinct vector once (duplicate vectors, common among label centres of rare labels, cut
+    HNSW graphs into islands and wreck recall); `members` maps a distinct vector back to the
+    original ids, and ties between duplicates go to the lower original id.
+    """
+
+    count: int                               # original items
+    hnsw: hnswlib.Index | None = None
+    vectors: np.ndarray | None = None        # exact search: distinct unit vectors [U, D]
+    members_indptr: np.ndarray | None = None  # distinct vector -> original ids (None: identity)
+    members: np.ndarray | None = None
+
+    @property
+    def unique(self) -> int:
+        return self.count if self.members_indptr is None else self.members_indptr.size - 1
+
+    def query(self, Q: np.ndarray, k: int, threads: int = 1):
+        """(ids int64 [n, k'], sims float32 [n, k']) best first, k' = min(k, count)."""
+        n = Q.shape[0]
+        k = min(int(k), self.count)
+        kq = min(k, self.unique)
+        if k <= 0:
+            return np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32)
+        if self.hnsw is not None:
+            ids, dist = self.hnsw.knn_query(Q, k=kq, num_threads=threads)
+            ids = ids.astype(np.int64, copy=False)
+            sims = (1.0 - dist).astype(np.float32, copy=False)
+        else:
+            S = Q @ self.vectors.T
+            if kq < S.shape[1]:
+                part = np.argpartition(-S, kq - 1, axis=1)[:, :kq]
+            else:
+                part = np.broadcast_to(np.arange(S.shape[1]), S.shape)
+            ps = np.take_along_axis(S, part, axis=1)
+            order = np.lexsort((part, -ps), axis=1) if n else part
+            ids = np.take_along_axis(part, order, axis=1).astype(np.int64)
+            sims = np.take_along_axis(ps, order, axis=1).astype(np.float32)
+        if self.members_indptr is None:
+            return ids, sims
+        # expand distinct vectors to their original ids; keep the best k per row
+        flat = ids.ravel()
+        start = self.members_indptr[flat]
+        lens = self.members_indptr[flat + 1] - start
+        total = int(lens.sum())
+        if total == flat.size:       # no duplicates among the hits: ids map one to one
+            return self.members[start].reshape(n, kq)[:, :k], sims[:, :k]
+        pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(total)
+        orig = self.members[pos]
+        sv = np.repeat(sims.ravel(), lens)
+        rows = np.repeat(np.repeat(np.arange(n), kq), lens)
+        order = np.lexsort((orig, -sv, rows))
+        rows, orig, sv = rows[order], orig[order], sv[order]
+        first = np.searchsorted(rows, np.arange(n))
+        keep = (np.arange(rows.size) - first[rows]) < k
+        return orig[keep].reshape(n, k), sv[keep].reshape(n, k)
+
+
+@dataclass
 class Learner:
     """One Astec learner's arrays: shortlist structures, classifier, optional re-ranker."""
 
     enc: Encoder                      # v for the indexes, z for the classifier
     W: np.ndarray                     # [L, D] float32 or float16
     b: np.ndarray                     # [L] float32
-    points: hnswlib.Index | None      # ANNS^x over training points' normalised v
+    points: AnnSearch | None          # ANNS^x over training points' normalised v
     point_indptr: np.ndarray
     point_labels: np.ndarray
     point_values: np.ndarray
-    centres: hnswlib.Index | None     # ANNS^mu over label centres
+    centres: AnnSearch | None         # ANNS^mu over label centres
     centre_owner: np.ndarray
     prior: np.ndarray                 # labels always scored (covers empty texts)
     prior_score: np.ndarray           # their tiny base score (< any real similarity)
@@ -129,8 +190,9 @@ class Learner:
         Q = np.ascontiguousarray(V / norms, dtype=np.float32)
         key_parts, kind_parts, val_parts = [], [], []
         if self.knn > 0 and self.points is not None:
-            ids, dist = self.points.knn_query(Q, k=self.knn, num_threads=threads)
-            sims = np.clip(1.0 - dist, 0, None).astype(np.float32)
+            ids, sims = self.points.query(Q, self.knn, threads)
+            np.maximum(sims, 0, out=sims)
+            k_eff = ids.shape[1]
             denom = sims.sum(axis=1, dtype=np.float32)
             denom[denom == 0] = 1.0
             ids = ids.astype(np.int64).ravel()
@@ -138,14 +200,14 @@ class Learner:
             lens = self.point_indptr[ids + 1] - start
             total = int(lens.sum())
             pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(total)
-            rows = np.repeat(np.repeat(np.arange(n), self.knn), lens)
+            rows = np.repeat(np.repeat(np.arange(n), k_eff), lens)
             w = np.repeat((sims / denom[:, None]).ravel(), lens) * self.point_values[pos]
             key_parts.append(rows * L + self.point_labels[pos])
             kind_parts.append(np.zeros(total, np.int8))
             val_parts.append(w.astype(np.float32))
         if self.kmu > 0 and self.centres is not None:
-            ids, dist = self.centres.knn_query(Q, k=self.kmu, num_threads=threads)
-            sims = np.clip(1.0 - dist, 0, None).astype(np.float32).ravel()
+            ids, sims = self.centres.query(Q, self.kmu, threads)
+            sims = np.maximum(sims, 0).ravel()
             rows = np.repeat(np.arange(n), ids.shape[1])
             key_parts.append(rows * L + self.centre_owner[ids.ravel()])
             kind_parts.append(np.ones(sims.size, np.int8))
@@ -184,6 +246,90 @@ class Learner:
             s[cut] = self.prior_score[np.argmax(labels[cut, None] == self.prior[None, :], axis=1)]
             sel |= cut
         return rows[sel], labels[sel], s[sel]
+
+    # ---- the single-text latency path ----------------------------------------------------------
+    def score_one(self, idx: np.ndarray, val: np.ndarray, threads: int):
+        """(labels, y) for one text's TF-IDF (idx, val): the batch path specialised to one row.
+
+        Same arithmetic as base_scores + final_scores, minus the row bookkeeping; ~10 small
+        numpy calls plus two hnswlib queries.
+        """
+        E = self.enc.emb
+        if idx.size:
+            v = val @ E[idx]
+            np.maximum(v, 0, out=v)
+        else:
+            v = np.zeros(E.shape[1], np.float32)
+        nrm = np.sqrt(v @ v)
+        q = (v / nrm if nrm > 0 else v)[None, :]
+        labs, kinds, vals = [], [], []
+        nk = nm = 0
+        if self.knn > 0 and self.points is not None:
+            ids, sims = self.points.query(q, self.knn, threads)
+            sims = np.maximum(sims[0], 0)
+            den = sims.sum(dtype=np.float32)
+            if den == 0:
+                den = np.float32(1.0)
+            ids = ids[0]
+            start = self.point_indptr[ids]
+            lens = self.point_indptr[ids + 1] - start
+            nk = int(lens.sum())
+            pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(nk)
+            labs.append(self.point_labels[pos])
+            vals.append(np.repeat(sims / den, lens) * self.point_values[pos])
+        if self.kmu > 0 and self.centres is not None:
+            ids, sims = self.centres.query(q, self.kmu, threads)
+            sims = np.maximum(sims[0], 0)
+            nm = sims.size
+            labs.append(self.centre_owner[ids[0]])
+            vals.append(sims)
+        labs.append(self.prior)
+        vals.append(self.prior_score)
+        labels = np.concatenate(labs)
+        allv = np.concatenate(vals).astype(np.float32, copy=False)
+        uniq, inv = np.unique(labels, return_inverse=True)
+        u = uniq.size
+        s = np.zeros(u, np.float32)
+        if nk:
+            s += (1.0 - self.centroid_weight) * np.bincount(
+                inv[:nk], weights=allv[:nk], minlength=u).astype(np.float32)
+        if nm:
+            mu = np.zeros(u, np.float32)
+            np.maximum.at(mu, inv[nk:nk + nm], allv[nk:nk + nm])
+            s += self.centroid_weight * mu
+        if self.prior.size:
+            s += np.bincount(inv[nk + nm:], weights=allv[nk + nm:], minlength=u).astype(np.float32)
+        keep = s != 0
+        c, s = uniq[keep], s[keep]
+        if c.size > self.shortlist_size:
+            order = np.lexsort((c, -s))
+            top = order[:self.shortlist_size]
+            if self.prior.size:
+                rest = order[self.shortlist_size:]
+                cut = rest[np.isin(c[rest], self.prior)]
+                if cut.size:
+                    s = s.copy()
+                    s[cut] = self.prior_score[np.argmax(c[cut, None] == self.prior[None, :], axis=1)]
+                    top = np.concatenate([top, cut])
+            c, s = c[top], s[top]
+        z = v @ self.enc.residual.T
+        np.maximum(z, 0, out=z)
+        z += v
+        logit = self.W[c].astype(np.float32, copy=False) @ z + self.b[c]
+        y = self.alpha * _sigmoid(logit) + (1.0 - self.alpha) * _sigmoid(s)
+        if self.rr_enc is not None:
+            Er = self.rr_enc.emb
+            if idx.size:
+                vr = val @ Er[idx]
+                np.maximum(vr, 0, out=vr)
+            else:
+                vr = np.zeros(Er.shape[1], np.float32)
+            zr = vr @ self.rr_enc.residual.T
+            np.maximum(zr, 0, out=zr)
+            zr += vr
+            rl = self.rr_W[c].astype(np.float32, copy=False) @ zr + self.rr_b[c]
+            y = self.beta * y + (1.0 - self.beta) * _sigmoid(rl)
+        return c, y.astype(np.float32, copy=False)
 
     # ---- scores -----------------------------------------------------------------------------
     def final_scores(self, rows, labels, s, Z, Zr, chunk: int = 1 << 16) -> np.ndarray:
@@ -312,10 +458,10 @@ class Predictor:
             for arr, what in ((plabels, "point_labels"), (owner, "centre_owner"), (prior, "prior")):
                 if arr.size and (arr.min() < 0 or arr.max() >= L):
                     raise PredictorError(f"{where}.shortlist.{what}: label id out of [0, {L})")
-            points = _load_hnsw(m, sc["points_index"], D, n_points, int(sc["ef_points"])) \
-                if n_points else None
-            centres = _load_hnsw(m, sc["centres_index"], D, n_centres, int(sc["ef_centres"])) \
-                if n_centres else None
+            points = _load_ann(m, sc["points_index"], D, n_points, n_points,
+                               where + ".shortlist.points_index") if n_points else None
+            centres = _load_ann(m, sc["centres_index"], D, n_centres, n_centres,
+                                where + ".shortlist.centres_index") if n_centres else None
             rr_enc = rr_W = rr_b = None
             if lc.get("reranker"):
                 rc = lc["reranker"]
@@ -401,9 +547,33 @@ class Predictor:
         return self._run(list(texts), int(k))
 
     def predict_one(self, text: str, k: int = 10):
-        """One text -> (ids int64 [k], scores float32 [k]): the latency path (no batching work)."""
-        ids, scores = self._run([text], int(k))
-        return ids[0], scores[0]
+        """One text -> (ids int64 [k], scores float32 [k]): the latency path (no batching work).
+
+        Same results as predict([text], k)[0]; uses the numpy backend whatever `backend` says
+        (onnxruntime's per-call overhead exceeds the whole numpy feature cost for one row).
+        """
+        k = int(k)
+        idx, val = self.vectorizer.transform_one(text)
+        if len(self.learners) == 1:
+            c, y = self.learners[0].score_one(idx, val, self.threads)
+        else:
+            parts = [lr.score_one(idx, val, self.threads) for lr in self.learners]
+            uniq, inv = np.unique(np.concatenate([p[0] for p in parts]), return_inverse=True)
+            y = (np.bincount(inv, weights=np.concatenate([p[1] for p in parts]),
+                             minlength=uniq.size) / len(parts)).astype(np.float32)
+            c = uniq
+        ids = np.full(k, -1, np.int64)
+        scores = np.zeros(k, np.float32)
+        if c.size > k:
+            part = np.argpartition(-y, k - 1)[:k]
+            # ties at the k-th score: widen to every candidate scoring >= it, then order exactly
+            kth = y[part].min()
+            part = np.flatnonzero(y >= kth)
+            c, y = c[part], y[part]
+        order = np.lexsort((c, -y))[:k]
+        ids[:order.size] = c[order]
+        scores[:order.size] = y[order]
+        return ids, scores
 
     def predict_with_features(self, texts: list[str], k: int = 10):
         """(ids, scores, z) with z the first learner's final features float32 [n, D]."""
@@ -426,16 +596,41 @@ class Predictor:
                 f"D={self.dim}, learners={len(self.learners)}, backend={self.backend!r})")
 
 
-def _load_hnsw(m: Manifest, rel: str, dim: int, count: int, ef: int) -> hnswlib.Index:
-    path = m.path(rel)
-    index = hnswlib.Index(space="ip", dim=dim)
-    try:
-        index.load_index(str(path), max_elements=count)
-    except RuntimeError as e:
-        raise PredictorError(f"{path}: unreadable hnswlib index ({e})") from None
-    if index.get_current_count() != count:
-        raise PredictorError(f"{path}: index holds {index.get_current_count()} items, "
-                             f"manifest says {count}")
-    index.set_ef(max(ef, 1))
-    index.set_num_threads(1)
-    return index
+def _load_ann(m: Manifest, ic: dict, dim: int, count: int, max_id: int, where: str) -> AnnSearch:
+    """An AnnSearch from its predictor.json entry {kind, file, ef, unique, members_*}."""
+    kind = ic.get("kind")
+    unique = int(ic.get("unique", count))
+    ann = AnnSearch(count=count)
+    if ic.get("members_indptr"):
+        ann.members_indptr = np.ascontiguousarray(m.load_npy(ic["members_indptr"], mmap=False),
+                                                  np.int64)
+        ann.members = np.ascontiguousarray(m.load_npy(ic["members"], mmap=False), np.int64)
+        if ann.members_indptr.shape != (unique + 1,) or ann.members.shape != (count,) or \
+                int(ann.members_indptr[-1]) != count or \
+                (count and (ann.members.min() < 0 or ann.members.max() >= max_id)):
+            raise PredictorError(f"{where}: members arrays do not describe {unique} distinct "
+                                 f"vectors of {count} items")
+    elif unique != count:
+        raise PredictorError(f"{where}: {unique} distinct vectors of {count} items but no "
+                             "members arrays")
+    if kind == "hnsw":
+        path = m.path(ic["file"])
+        index = hnswlib.Index(space="ip", dim=dim)
+        try:
+            index.load_index(str(path), max_elements=unique)
+        except RuntimeError as e:
+            raise PredictorError(f"{path}: unreadable hnswlib index ({e})") from None
+        if index.get_current_count() != unique:
+            raise PredictorError(f"{path}: index holds {index.get_current_count()} items, "
+                                 f"predictor.json says {unique}")
+        index.set_ef(max(int(ic.get("ef", 100)), 1))
+        index.set_num_threads(1)
+        ann.hnsw = index
+    elif kind == "exact":
+        ann.vectors = np.ascontiguousarray(m.load_npy(ic["file"], mmap=False), np.float32)
+        if ann.vectors.shape != (unique, dim):
+            raise PredictorError(f"{m.path(ic['file'])}: shape {list(ann.vectors.shape)}, "
+                                 f"expected [{unique}, {dim}]")
+    else:
+        raise PredictorError(f"{where}: field 'kind' must be 'hnsw' or 'exact', got {kind!r}")
+    return ann

@@ -1,0 +1,334 @@
+"""`astec bench predict`: latency, throughput, load time and memory of the CPU predictor, measured
+side by side with the torch model path and the omikuji / napkinXC peers on the same texts.
+
+Every system runs in its own fresh subprocess pinned to one thread (OMP/BLAS/torch/hnswlib/ORT),
+so load time and resident memory are that system's alone and the ratios are like for like.
+Tokenisation / TF-IDF vectorisation is inside every timed call (the peers use the predictor's
+own vectoriser, loaded from the predictor directory).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+SYSTEMS = ("predictor", "predictor-onnx", "torch", "omikuji", "napkinxc")
+BATCHES = (1, 32, 256)
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "NUMEXPR_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
+
+
+# ---- measurement helpers (used inside workers) ------------------------------------------------
+def _rss_mb() -> float:
+    import psutil
+    return psutil.Process().memory_info().rss / 2 ** 20
+
+
+def _latency(fn, texts: list[str], warmup: int) -> dict:
+    """Per-call wall time of fn(text) over texts, after `warmup` untimed calls."""
+    for t in texts[:warmup]:
+        fn(t)
+    ts = np.empty(len(texts))
+    clock = time.perf_counter
+    for i, t in enumerate(texts):
+        a = clock()
+        fn(t)
+        ts[i] = clock() - a
+    ms = ts * 1e3
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 4),
+            "p90_ms": round(float(np.percentile(ms, 90)), 4),
+            "p99_ms": round(float(np.percentile(ms, 99)), 4),
+            "mean_ms": round(float(ms.mean()), 4), "n": len(texts)}
+
+
+def _throughput(fn_batch, texts: list[str], batch: int) -> float:
+    """Texts per second of fn_batch(list_of_texts) over `texts` in chunks of `batch`."""
+    fn_batch(texts[:batch])
+    t0 = time.perf_counter()
+    for s in range(0, len(texts), batch):
+        fn_batch(texts[s:s + batch])
+    return round(len(texts) / (time.perf_counter() - t0), 1)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+# ---- systems (each returns load + one/batch callables) ----------------------------------------
+def _sys_predictor(args: dict, backend: str):
+    from engine.predictor import Predictor
+    p = Predictor.load(args["predictor"], threads=1, backend=backend)
+    k = args["k"]
+    if backend == "numpy":
+        one = lambda t: p.predict_one(t, k)  # noqa: E731
+    else:
+        one = lambda t: p.predict([t], k)  # noqa: E731
+    batch = lambda ts: p.predict(ts, k)  # noqa: E731
+    return one, batch, _dir_bytes(args["predictor"])
+
+
+def _sys_torch(args: dict):
+    import torch
+    torch.set_num_threads(1)
+    from engine.astec import Astec
+    m = Astec.load(args["model"])
+    m.config.num_threads = 1
+    k = args["k"]
+    return (lambda t: m.predict([t], k)), (lambda ts: m.predict(ts, k)), _dir_bytes(args["model"])
+
+
+def _peer_vectorizer(args: dict):
+    from engine.text import TfidfVectorizer
+    return TfidfVectorizer.load(Path(args["predictor"]) / "vectorizer" / "tfidf.json")
+
+
+def _sys_omikuji(args: dict):
+    import omikuji
+    vec = _peer_vectorizer(args)
+    model = omikuji.Model.load(args["peer_dir"] + "/omikuji")
+    k = args["k"]
+
+    def one(t):
+        i, v = vec.transform_one(t)
+        return model.predict(list(zip(i.tolist(), v.tolist())), top_k=k)
+
+    def batch(ts):
+        return [one(t) for t in ts]   # omikuji's Python API predicts one point per call
+    return one, batch, _dir_bytes(args["peer_dir"] + "/omikuji")
+
+
+def _sys_napkinxc(args: dict):
+    import scipy.sparse as sp
+    from napkinxc.models import PLT
+    vec = _peer_vectorizer(args)
+    model = PLT(args["peer_dir"] + "/napkinxc")
+    model.load()
+    k = args["k"]
+    V = vec.num_features
+
+    def one(t):
+        i, v = vec.transform_one(t)
+        X = sp.csr_matrix((v, i, np.array([0, i.size])), shape=(1, V))
+        return model.predict_proba(X, top_k=k)
+
+    def batch(ts):
+        return model.predict_proba(vec.transform(ts), top_k=k)
+    return one, batch, _dir_bytes(args["peer_dir"] + "/napkinxc")
+
+
+def _ids_of(system: str, out, n: int, k: int) -> np.ndarray:
+    """Top-k label ids [n, k] (-1 pads) from any system's batch output."""
+    if system in ("predictor", "predictor-onnx", "torch"):
+        return np.asarray(out[0])
+    ids = np.full((n, k), -1, np.int64)
+    for r, row in enumerate(out):
+        lab = [int(p[0]) for p in row][:k]
+        ids[r, :len(lab)] = lab
+    return ids
+
+
+def worker(args: dict) -> dict:
+    """Measure one system in this (fresh, single-threaded) process; returns a JSON-able dict."""
+    from engine.formats import read_text_tsv
+    system = args["system"]
+    texts, _ = read_text_tsv(args["input"])
+    texts = texts[:args["n"]]
+    rss0 = _rss_mb()
+    t0 = time.perf_counter()
+    if system in ("predictor", "predictor-onnx"):
+        one, batch, files = _sys_predictor(args, "numpy" if system == "predictor" else "onnx")
+    elif system == "torch":
+        one, batch, files = _sys_torch(args)
+    elif system == "omikuji":
+        one, batch, files = _sys_omikuji(args)
+    elif system == "napkinxc":
+        one, batch, files = _sys_napkinxc(args)
+    else:
+        raise ValueError(f"unknown system {system!r}")
+    load_s = time.perf_counter() - t0
+    rss_loaded = _rss_mb()
+    res = {"system": system, "load_s": round(load_s, 3), "files_mb": round(files / 2 ** 20, 2)}
+    res["latency_one_text"] = _latency(one, texts[:args["n_latency"]], warmup=args["warmup"])
+    res["throughput_texts_per_s"] = {str(b): _throughput(batch, texts, b) for b in BATCHES}
+    out = batch(texts)
+    np.save(args["ids_out"], _ids_of(system, out, len(texts), args["k"]), allow_pickle=False)
+    if system in ("predictor", "predictor-onnx", "torch"):
+        np.save(args["scores_out"], np.asarray(out[1], np.float32), allow_pickle=False)
+    rss = _rss_mb()
+    res["rss_mb"] = {"before_load": round(rss0, 1), "after_load": round(rss_loaded, 1),
+                     "after_run": round(rss, 1), "model": round(rss - rss0, 1)}
+    res["memory_over_files"] = round((rss - rss0) / max(files / 2 ** 20, 1e-9), 3)
+    return res
+
+
+# ---- peers' training (parent process, not timed) ----------------------------------------------
+def train_peers(predictor: str, train: str, peer_dir: Path, systems: list[str], threads: int) -> dict:
+    """Train omikuji (Parabel-style defaults) and napkinXC PLT on the predictor's TF-IDF features."""
+    from engine.formats import read_text_tsv
+    from engine.text import TfidfVectorizer
+    vec = TfidfVectorizer.load(Path(predictor) / "vectorizer" / "tfidf.json")
+    cfg = json.loads((Path(predictor) / "predictor.json").read_text())
+    L = int(cfg["num_labels"])
+    texts, Y = read_text_tsv(train, num_labels=L)
+    X = vec.transform(texts, progress=True)
+    info = {}
+    if "omikuji" in systems and not (peer_dir / "omikuji").exists():
+        import omikuji
+        t0 = time.time()
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write(f"{X.shape[0]} {X.shape[1]} {L}\n")
+            for r in range(X.shape[0]):
+                a, b = X.indptr[r], X.indptr[r + 1]
+                ya, yb = Y.indptr[r], Y.indptr[r + 1]
+                f.write(",".join(map(str, Y.indices[ya:yb])) + " " +
+                        " ".join(f"{i}:{v:.6g}" for i, v in zip(X.indices[a:b], X.data[a:b])) + "\n")
+        model = omikuji.Model.train_on_data(f.name, omikuji.Model.default_hyper_param(),
+                                            n_threads=threads)
+        os.unlink(f.name)
+        model.save(str(peer_dir / "omikuji"))
+        info["omikuji_train_s"] = round(time.time() - t0, 1)
+    if "napkinxc" in systems and not (peer_dir / "napkinxc").exists():
+        from napkinxc.models import PLT
+        t0 = time.time()
+        model = PLT(str(peer_dir / "napkinxc"), threads=threads)
+        ylists = [Y.indices[Y.indptr[r]:Y.indptr[r + 1]].tolist() for r in range(Y.shape[0])]
+        model.fit(X, ylists)
+        info["napkinxc_train_s"] = round(time.time() - t0, 1)
+    return info
+
+
+def _p_at(Y, ids: np.ndarray, ks=(1, 5)) -> dict:
+    out = {}
+    for k in ks:
+        top = ids[:, :k]
+        hit = 0
+        rows = np.repeat(np.arange(ids.shape[0]), k)
+        flat = top.ravel()
+        ok = flat >= 0
+        hit = np.asarray(Y[rows[ok], flat[ok]]).sum()
+        out[f"P@{k}"] = round(100.0 * float(hit) / (ids.shape[0] * k), 2)
+    return out
+
+
+def run_bench(predictor: str, input_path: str, model: str | None, train: str | None,
+              systems: list[str], n: int, n_latency: int, k: int, peer_dir: str | None,
+              threads_train: int = 2) -> dict:
+    """Run every system in its own subprocess and gather figures + ratios to the predictor."""
+    from engine.formats import read_text_tsv
+    from engine.manifest import verify_manifest
+    man = verify_manifest(predictor)
+    if model is None:
+        src = man.data.get("source_model", {}).get("path")
+        model = src if src and Path(src).is_dir() else None
+    work = Path(tempfile.mkdtemp(prefix="astec-bench-"))
+    pdir = Path(peer_dir) if peer_dir else work / "peers"
+    pdir.mkdir(parents=True, exist_ok=True)
+    report: dict = {"predictor": str(predictor), "version": man.data.get("version"),
+                    "input": str(input_path), "texts": n, "latency_texts": n_latency, "k": k,
+                    "threads": 1, "cpu_count": os.cpu_count(), "systems": {}, "skipped": {}}
+    try:
+        import psutil
+        report["load_average_1m"] = round(psutil.getloadavg()[0], 2)
+    except Exception:  # noqa: BLE001 - informative only
+        pass
+    peers = [s for s in systems if s in ("omikuji", "napkinxc")]
+    if peers:
+        if train is None:
+            for s in peers:
+                report["skipped"][s] = "needs --train TRAIN.tsv to train the peer"
+            systems = [s for s in systems if s not in peers]
+        else:
+            report["peer_training"] = train_peers(predictor, train, pdir, peers, threads_train)
+    if "torch" in systems and model is None:
+        report["skipped"]["torch"] = "no --model and the manifest's source model is not on disk"
+        systems = [s for s in systems if s != "torch"]
+    env = {**os.environ, **_ONE_THREAD}
+    for s in systems:
+        args = {"system": s, "predictor": str(predictor), "model": model, "input": input_path,
+                "n": n, "n_latency": n_latency, "warmup": min(200, n_latency), "k": k,
+                "peer_dir": str(pdir), "ids_out": str(work / f"{s}.ids.npy"),
+                "scores_out": str(work / f"{s}.scores.npy")}
+        proc = subprocess.run([sys.executable, "-m", "engine.bench_predict", json.dumps(args)],
+                              capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            report["skipped"][s] = f"worker failed: {proc.stderr.strip().splitlines()[-1:]}"
+            continue
+        report["systems"][s] = json.loads(proc.stdout.strip().splitlines()[-1])
+    # accuracy and parity on the same texts
+    texts, Y = read_text_tsv(input_path, num_labels=int(man.data["shapes"]["num_labels"]))
+    Y = Y[:n].tocsr()
+    for s in report["systems"]:
+        ids = np.load(work / f"{s}.ids.npy")
+        report["systems"][s]["accuracy"] = _p_at(Y, ids)
+    if "predictor" in report["systems"] and "torch" in report["systems"]:
+        a, b = np.load(work / "predictor.ids.npy"), np.load(work / "torch.ids.npy")
+        sa, sb = np.load(work / "predictor.scores.npy"), np.load(work / "torch.scores.npy")
+        same5 = np.mean([set(x[:5]) == set(y[:5]) for x, y in zip(a, b)])
+        eq = a == b
+        report["parity_vs_torch"] = {
+            "top5_same_set": round(float(same5), 5),
+            "top10_identical": round(float(eq.all(axis=1).mean()), 5),
+            "max_abs_score_diff_same_label": float(np.abs(sa - sb)[eq].max()) if eq.any() else None}
+    base = report["systems"].get("predictor")
+    if base:
+        for s, r in report["systems"].items():
+            if s == "predictor":
+                continue
+            r["ratio_to_predictor"] = {
+                "p50_latency": round(r["latency_one_text"]["p50_ms"] / base["latency_one_text"]["p50_ms"], 2),
+                "p99_latency": round(r["latency_one_text"]["p99_ms"] / base["latency_one_text"]["p99_ms"], 2),
+                **{f"throughput_b{b}": round(r["throughput_texts_per_s"][str(b)] /
+                                             base["throughput_texts_per_s"][str(b)], 3) for b in BATCHES},
+                "rss_model": round(r["rss_mb"]["model"] / max(base["rss_mb"]["model"], 1e-9), 2)}
+        lat = base["latency_one_text"]
+        report["targets"] = {
+            "p50_le_0.25ms": lat["p50_ms"] <= 0.25, "p99_le_1ms": lat["p99_ms"] <= 1.0,
+            "ge_5000_texts_per_s_b256": base["throughput_texts_per_s"]["256"] >= 5000,
+            "memory_le_2x_files": base["memory_over_files"] <= 2.0}
+    return report
+
+
+@click.command("predict")
+@click.option("--predictor", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Predictor directory from `astec export`.")
+@click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Texts to predict (text TSV; the labels give P@k).")
+@click.option("--model", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Torch model dir for the side-by-side (default: the manifest's source model).")
+@click.option("--train", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Training TSV for the omikuji / napkinXC peers (skipped without it).")
+@click.option("--systems", default=",".join(SYSTEMS), show_default=True,
+              help="Comma-separated subset of: " + ", ".join(SYSTEMS))
+@click.option("--n", type=int, default=4096, show_default=True, help="Texts for throughput.")
+@click.option("--n-latency", type=int, default=2000, show_default=True,
+              help="Texts timed one by one for p50/p99.")
+@click.option("--k", type=int, default=10, show_default=True)
+@click.option("--peer-dir", type=click.Path(file_okay=False), default=None,
+              help="Where trained peers are kept (reused when present).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the JSON report here.")
+def bench_predict(predictor, input_path, model, train, systems, n, n_latency, k, peer_dir, json_out):
+    """Latency p50/p99 (one text, one thread, tokenisation included), throughput at batch 1/32/256,
+    load time and resident memory of the predictor, the torch model and the peers, side by side.
+    Prints JSON."""
+    chosen = [s.strip() for s in systems.split(",") if s.strip()]
+    bad = sorted(set(chosen) - set(SYSTEMS))
+    if bad:
+        raise click.BadParameter(f"unknown system(s) {bad}; choose from {list(SYSTEMS)}")
+    report = run_bench(predictor, input_path, model, train, chosen, n, min(n_latency, n), k,
+                       peer_dir)
+    text = json.dumps(report, indent=1)
+    if json_out:
+        Path(json_out).write_text(text + "\n")
+    click.echo(text)
+
+
+if __name__ == "__main__":
+    print(json.dumps(worker(json.loads(sys.argv[1]))))

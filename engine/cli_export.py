@@ -1,0 +1,53 @@
+"""`astec export`: a trained model directory -> a verified, torch-free predictor directory."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+@click.command("export")
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Model directory written by `astec train`.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Predictor directory to create (built under a staging name, then renamed).")
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32",
+              show_default=True, help="Storage of classifier rows (float16 halves them; scores "
+                                      "then differ from the model by ~1e-3).")
+@click.option("--ef-points", type=int, default=0, show_default=True,
+              help="HNSW ef for the training-point index (0: the model's).")
+@click.option("--ef-centres", type=int, default=0, show_default=True,
+              help="HNSW ef for the label-centre index (0: the model's).")
+@click.option("--hnsw-m", type=int, default=32, show_default=True,
+              help="Graph degree of HNSW indexes built here (when the model used exact search).")
+@click.option("--hnsw-ef-construction", type=int, default=200, show_default=True)
+@click.option("--version", "version", default=None,
+              help="Version string recorded in the manifest (default: astec-<model sha[:12]>).")
+@click.option("--threads", type=int, default=2, show_default=True,
+              help="Threads for building indexes.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+def export(model_dir, out_dir, dtype, ef_points, ef_centres, hnsw_m, hnsw_ef_construction,
+           version, threads, overwrite):
+    """Export MODEL_DIR as a CPU predictor: ONNX feature networks, .npy classifier rows,
+    hnswlib indexes, TF-IDF tables, label names, alpha/beta and a sha256 manifest.
+
+    Load it with `engine.predictor.Predictor.load(OUT)` (no torch needed).
+    """
+    from engine.export import ExportError, ExportOptions, export_model
+    from engine.predictor import Predictor
+
+    opts = ExportOptions(dtype=dtype, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction,
+                         ef_points=ef_points, ef_centres=ef_centres, threads=threads,
+                         version=version)
+    try:
+        out = export_model(model_dir, out_dir, opts, overwrite=overwrite)
+    except (ExportError, ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    p = Predictor.load(out)   # re-read through the verifying loader before saying "done"
+    files = p.manifest.files
+    size = sum(e["bytes"] for e in files.values())
+    click.echo(json.dumps({"predictor": str(out), "version": p.version, "files": len(files),
+                           "bytes": size, "labels": p.num_labels, "dim": p.dim,
+                           "learners": len(p.learners)}, indent=1))
+    sys.stdout.flush()
