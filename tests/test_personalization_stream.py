@@ -1,0 +1,113 @@
+"""`--policy gru` in the real stream (Tansu + Redis + a real exported Astec predictor): every
+event gets a query from its user's window (the page's top query on a first visit), and a newly
+promoted GRU version is picked up while the worker runs (a corrupt one is refused)."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from personalization.artifact import WEIGHTS
+from personalization.policy import GruPolicy
+from personalization.train import TrainConfig, publish, train_policy
+from stream.model import ModelHandle
+from stream.policy import GruStreamPolicy
+from stream.schemas import decode, encode
+from stream.topics import make_consumer, make_producer
+from stream.worker import StreamWorker
+
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def gru_weights(astec_predictor, tmp_path_factory):
+    """A GRU trained (2 epochs) on simulator logs over the stream test corpus."""
+    from conftest import STREAM_DATA
+    from engine.predictor import Predictor
+    from personalization.logs import load_visits
+    from stream.simulator.logs import LogSettings, simulate_logs
+    from stream.simulator.world import world_from_dataset
+    d = tmp_path_factory.mktemp("gru-stream")
+    world = world_from_dataset(STREAM_DATA, n_users=100, seed=5)
+    simulate_logs(world, d / "logs", LogSettings(days=2, seed=5))
+    pred = Predictor.load(astec_predictor)
+    v = load_visits(d / "logs", pred, k=10)
+    cfg = TrainConfig(epochs=2, threads=1)
+    w, report = train_policy(v, pred.classifier_rows(np.arange(pred.num_labels)), cfg,
+                             progress=False)
+    return w, report, cfg
+
+
+def _views(titles, n, users, tag):
+    return [{"event_id": f"{tag}-{i}", "user_id": f"{tag}-u{i % users}", "ts": time.time() + i,
+             "url": f"https://example.org/{i}", "title": titles[(7 * i) % len(titles)]}
+            for i in range(n)]
+
+
+def _produce(settings, msgs):
+    p = make_producer(settings)
+    for m in msgs:
+        p.send(settings.topic_page_views, key=m["user_id"].encode(), value=encode("page_view", m))
+    p.flush()
+    p.close()
+
+
+def _read(settings, n, timeout=90.0):
+    c = make_consumer(settings, [settings.topic_ad_queries], None)
+    out, deadline = [], time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        for recs in c.poll(timeout_ms=200).values():
+            out.extend(decode("ad_query", r.value, 1 << 20) for r in recs)
+    c.close()
+    return out
+
+
+def test_gru_policy_in_the_stream_with_hot_reload(stream_settings, astec_predictor, stream_corpus,
+                                                  gru_weights, tmp_path):
+    s = stream_settings
+    w, report, cfg = gru_weights
+    root = tmp_path / "gru"
+    v1, _ = publish(root, w, cfg, {"train": report})
+    gru = GruPolicy.load(root, reload_every_s=0.1)
+    worker = StreamWorker(s, ModelHandle.open(astec_predictor), GruStreamPolicy(gru), "w-gru")
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+    tag = uuid.uuid4().hex[:6]
+    try:
+        msgs = _views(stream_corpus[0], 120, users=12, tag=tag)
+        _produce(s, msgs)
+        ads = _read(s, len(msgs))
+        assert worker.policy.version == v1
+        w2 = dict(w, **{"mlp.b2": w["mlp.b2"] + 0.5})
+        v2, _ = publish(root, w2, cfg, {"train": report})
+        time.sleep(0.5)
+        _produce(s, _views(stream_corpus[0], 10, users=2, tag=tag + "b"))
+        more = _read(s, len(msgs) + 10)
+        reloaded = worker.policy.version
+        v3, p3 = publish(root, w, cfg, {"train": report})
+        (p3 / WEIGHTS).write_bytes(b"not a safetensors file")
+        time.sleep(0.5)
+        _produce(s, _views(stream_corpus[0], 10, users=2, tag=tag + "c"))
+        _read(s, len(msgs) + 20)
+        after_corrupt = worker.policy.version
+    finally:
+        worker.stop()
+        t.join(30)
+    assert {a["event_id"] for a in ads} == {m["event_id"] for m in msgs}
+    assert all(a["policy"] == "gru" for a in more)
+    # per user, in order: the first visit gets the page's top query, later ones a query from
+    # the union of the window's candidates
+    by_user: dict[str, list] = {}
+    for a in sorted(ads, key=lambda a: int(a["event_id"].rsplit("-", 1)[1])):
+        by_user.setdefault(a["user_id"], []).append(a)
+    K = gru.K
+    for seq in by_user.values():
+        assert seq[0]["query_id"] == seq[0]["candidate_ids"][0]
+        for j in range(1, len(seq)):
+            window = {q for a in seq[max(0, j - K + 1):j + 1] for q in a["candidate_ids"]}
+            assert seq[j]["query_id"] in window
+    assert any(a["query_id"] != a["candidate_ids"][0] for a in ads)   # not just top-1
+    assert reloaded == v2 and after_corrupt == v2 and v3 != v2
