@@ -1,0 +1,244 @@
+"""`astec bench stream`: end-to-end events/s and event -> ad latency of `astec stream run`.
+
+Runs the real thing: the broker and Redis (fresh loopback ones by default), `astec stream run
+--workers W` as a subprocess, a producer of page views and a reader of `ad-queries` in this
+process. Two phases on fresh topics:
+  1. saturation: --events page views sent as fast as possible; throughput = events / (last ad
+     query received - first view sent);
+  2. paced: views at --rate (default 70% of the saturation throughput) for --paced-seconds;
+     latency = ad query received - page view ts (p50/p95/p99), plus the worker-side part
+     (ad query produced - page view ts).
+Where the time goes comes from the workers' own stage timers (decode, predict, Redis, policy,
+Kafka produce+ack) published to Redis, per event and as shares of the workers' wall time.
+Everything shares the machine's cores, the load generator included.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import click
+import numpy as np
+
+from infra.config import Settings, load_settings, settings_env
+from stream.metrics import STAGES, read_all
+from stream.schemas import decode, encode
+from stream.state import connect
+from stream.topics import ensure_topics, make_consumer, make_producer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class AdReader(threading.Thread):
+    """Reads ad-queries from the start of a fresh topic; records per-event arrival times."""
+
+    def __init__(self, settings: Settings):
+        super().__init__(daemon=True)
+        self.consumer = make_consumer(settings, [settings.topic_ad_queries], None,
+                                      max_poll_records=5000)
+        self.stop_event = threading.Event()
+        self.arrivals: dict[str, tuple[float, float, float]] = {}   # eid -> (recv, event_ts, ad ts)
+        self.duplicates = 0
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            polled = self.consumer.poll(timeout_ms=50)
+            now = time.time()
+            for recs in polled.values():
+                for r in recs:
+                    m = json.loads(r.value)
+                    if m["event_id"] in self.arrivals:
+                        self.duplicates += 1
+                    else:
+                        self.arrivals[m["event_id"]] = (now, m["event_ts"], m["ts"])
+        self.consumer.close()
+
+    def wait(self, ids: list[str], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(e in self.arrivals for e in ids[-200:]) and len(self.arrivals) >= len(ids):
+                return True
+            time.sleep(0.02)
+        return False
+
+
+def _stage_totals(settings: Settings) -> dict[str, float]:
+    ms = read_all(connect(settings.redis_url), settings.redis_key_prefix)
+    out = {st: sum(float(m.get(f"{st}_s", 0)) for m in ms) for st in STAGES}
+    out["events"] = sum(int(m.get("events", 0)) for m in ms)
+    out["batches"] = sum(int(m.get("batches", 0)) for m in ms)
+    return out
+
+
+def _breakdown(before: dict, after: dict, wall_s: float, workers: int) -> dict:
+    n = max(1, after["events"] - before["events"])
+    per = {st: (after[st] - before[st]) for st in STAGES}
+    busy = sum(per.values())
+    out = {f"{st}_us_per_event": round(v / n * 1e6, 1) for st, v in per.items()}
+    out.update({f"{st}_share": round(v / (wall_s * workers), 3) for st, v in per.items()})
+    out["idle_or_poll_share"] = round(1 - busy / (wall_s * workers), 3)
+    out["events_per_batch"] = round(n / max(1, after["batches"] - before["batches"]), 1)
+    return out
+
+
+def _send(producer, settings: Settings, titles: list[str], ids: list[str], users: int,
+          rate: float | None) -> float:
+    t0 = time.monotonic()
+    for i, eid in enumerate(ids):
+        uid = f"bu{i % users}"
+        producer.send(settings.topic_page_views, key=uid.encode(), value=encode("page_view", {
+            "event_id": eid, "user_id": uid, "ts": time.time(), "url": f"https://bench/{i}",
+            "title": titles[i % len(titles)]}))
+        if rate:
+            ahead = (i + 1) / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+    producer.flush()
+    return time.monotonic() - t0
+
+
+def _pct(x: np.ndarray) -> dict:
+    p = np.percentile(x, [50, 95, 99]) if x.size else [float("nan")] * 3
+    return {"p50": round(float(p[0]), 2), "p95": round(float(p[1]), 2), "p99": round(float(p[2]), 2)}
+
+
+def _read_titles(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        titles = [line.split("\t", 1)[0].strip() for line in f]
+    titles = [t for t in titles if t]
+    if not titles:
+        raise click.ClickException(f"{path}: no titles")
+    return titles
+
+
+def run_bench(settings: Settings, model: str, titles: list[str], events: int, workers: int,
+              rate: float | None, paced_seconds: float, users: int, batch_max: int,
+              log=click.echo) -> dict:
+    tag = uuid.uuid4().hex[:8]
+    s = settings.replace(topic_page_views=f"bench-pv-{tag}", topic_ad_queries=f"bench-aq-{tag}",
+                         topic_ad_clicks=f"bench-ac-{tag}", topic_dead_letters=f"bench-dl-{tag}",
+                         consumer_group=f"bench-{tag}", redis_key_prefix=f"bench-{tag}",
+                         metrics_interval_s=0.5, batch_max=batch_max)
+    ensure_topics(s)
+    wlog = tempfile.NamedTemporaryFile(prefix="astec-bench-workers-", suffix=".log", delete=False)
+    sup = subprocess.Popen([sys.executable, "-m", "infra.cli", "stream", "run", "--workers",
+                            str(workers), "--model", model], cwd=ROOT, stdout=wlog,
+                           stderr=subprocess.STDOUT,
+                           env={**os.environ, **settings_env(s), "ASTEC_LOG_LEVEL": "30"})
+    reader = AdReader(s)
+    reader.start()
+    producer = make_producer(s, linger_ms=5)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ms = read_all(connect(s.redis_url), s.redis_key_prefix)
+            if len(ms) >= workers and sum(int(m["partitions"]) for m in ms) >= s.partitions:
+                break
+            if sup.poll() is not None:
+                raise click.ClickException(f"`astec stream run` exited; log {wlog.name}")
+            time.sleep(0.2)
+        else:
+            raise click.ClickException(f"workers did not join the group; log {wlog.name}")
+        log(f"{workers} workers joined; warming up")
+        warm = [f"warm-{i}" for i in range(min(1000, events))]
+        _send(producer, s, titles, warm, users, None)
+        reader.wait(warm, 60)
+        time.sleep(1.0)
+
+        # phase 1: saturation
+        ids = [f"sat-{i}" for i in range(events)]
+        before = _stage_totals(s)
+        t_first = time.time()
+        send_s = _send(producer, s, titles, ids, users, None)
+        ok = reader.wait(ids, 600)
+        t_last = max(reader.arrivals[e][0] for e in ids if e in reader.arrivals)
+        time.sleep(1.0)
+        after = _stage_totals(s)
+        wall = t_last - t_first
+        got = sum(e in reader.arrivals for e in ids)
+        sat = {"events": events, "answered": got, "complete": ok, "send_s": round(send_s, 2),
+               "wall_s": round(wall, 2), "events_per_s": round(got / wall, 1),
+               "where_time_goes": _breakdown(before, after, wall, workers)}
+        log(f"saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
+
+        # phase 2: paced below saturation
+        rate = rate or round(0.7 * sat["events_per_s"])
+        n2 = max(100, int(min(events, rate * paced_seconds)))
+        ids2 = [f"paced-{i}" for i in range(n2)]
+        before = _stage_totals(s)
+        t0 = time.time()
+        send_s = _send(producer, s, titles, ids2, users, rate)
+        ok2 = reader.wait(ids2, 120)
+        wall2 = time.time() - t0
+        time.sleep(1.0)
+        after = _stage_totals(s)
+        arr = np.array([reader.arrivals[e] for e in ids2 if e in reader.arrivals])
+        e2a = (arr[:, 0] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
+        worker_side = (arr[:, 2] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
+        paced = {"rate": rate, "events": n2, "answered": int(len(arr)), "complete": ok2,
+                 "achieved_send_rate": round(n2 / send_s, 1),
+                 "e2a_ms": _pct(e2a), "worker_side_ms": _pct(worker_side),
+                 "where_time_goes": _breakdown(before, after, wall2, workers)}
+        log(f"paced at {rate}/s: e2a p50 {paced['e2a_ms']['p50']} ms, p99 {paced['e2a_ms']['p99']} ms")
+    finally:
+        producer.close(timeout=10)
+        sup.send_signal(signal.SIGTERM)
+        try:
+            sup.wait(60)
+        except subprocess.TimeoutExpired:
+            sup.kill()
+        reader.stop_event.set()
+        reader.join(10)
+    return {"workers": workers, "partitions": s.partitions, "batch_max": batch_max,
+            "model": model, "cpu_count": os.cpu_count(), "saturation": sat, "paced": paced,
+            "duplicates_on_output": reader.duplicates, "worker_log": wlog.name}
+
+
+@click.command("stream")
+@click.option("--model", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Exported predictor dir (or model registry root).")
+@click.option("--events", default=50000, show_default=True, help="Page views in the saturation phase.")
+@click.option("--workers", default=2, show_default=True)
+@click.option("--rate", type=float, default=None,
+              help="Paced phase rate (default: 70% of the measured saturation throughput).")
+@click.option("--paced-seconds", default=20.0, show_default=True)
+@click.option("--titles", type=click.Path(exists=True, dir_okay=False),
+              default=str(ROOT / "tests" / "data" / "stream" / "train.tsv"), show_default=True,
+              help="Page titles: first TSV column of this file.")
+@click.option("--users", default=5000, show_default=True, help="Distinct simulated users.")
+@click.option("--batch-max", default=256, show_default=True)
+@click.option("--use-running", is_flag=True,
+              help="Use the configured services (env/config/`astec infra up`) instead of fresh "
+                   "temporary ones.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
+def bench_stream(model, events, workers, rate, paced_seconds, titles, users, batch_max,
+                 use_running, out):
+    """End-to-end events/s and event->ad latency p50/p99 of `astec stream run`, with a breakdown."""
+    from infra.services import start_services, stop_services
+    titles_list = _read_titles(titles)
+    tmp = None
+    if use_running:
+        settings = load_settings()
+    else:
+        tmp = tempfile.mkdtemp(prefix="astec-bench-services-")
+        info = start_services(tmp)
+        settings = load_settings(services_dir=tmp, env={},
+                                 kafka_bootstrap=info.kafka_bootstrap, redis_url=info.redis_url)
+    try:
+        res = run_bench(settings, model, titles_list, events, workers, rate, paced_seconds, users,
+                        batch_max)
+    finally:
+        if tmp:
+            stop_services(tmp)
+    text = json.dumps(res, indent=1)
+    click.echo(text)
+    if out:
+        Path(out).write_text(text + "\n")
