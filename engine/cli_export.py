@@ -19,6 +19,9 @@ import click
               help="HNSW ef for the training-point index (0: the model's).")
 @click.option("--ef-centres", type=int, default=0, show_default=True,
               help="HNSW ef for the label-centre index (0: the model's).")
+@click.option("--exact-max", type=int, default=2048, show_default=True,
+              help="Search exactly (numpy) when an index has at most this many distinct "
+                   "vectors; above, HNSW. Model indexes that are HNSW are copied as they are.")
 @click.option("--hnsw-m", type=int, default=32, show_default=True,
               help="Graph degree of HNSW indexes built here (when the model used exact search).")
 @click.option("--hnsw-ef-construction", type=int, default=200, show_default=True)
@@ -27,8 +30,8 @@ import click
 @click.option("--threads", type=int, default=2, show_default=True,
               help="Threads for building indexes.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-def export(model_dir, out_dir, dtype, ef_points, ef_centres, hnsw_m, hnsw_ef_construction,
-           version, threads, overwrite):
+def export(model_dir, out_dir, dtype, ef_points, ef_centres, exact_max, hnsw_m,
+           hnsw_ef_construction, version, threads, overwrite):
     """Export MODEL_DIR as a CPU predictor: ONNX feature networks, .npy classifier rows,
     hnswlib indexes, TF-IDF tables, label names, alpha/beta and a sha256 manifest.
 
@@ -38,7 +41,8 @@ def export(model_dir, out_dir, dtype, ef_points, ef_centres, hnsw_m, hnsw_ef_con
     from engine.predictor import Predictor
 
     opts = ExportOptions(dtype=dtype, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction,
-                         ef_points=ef_points, ef_centres=ef_centres, threads=threads,
+                         ef_points=ef_points, ef_centres=ef_centres, exact_max=exact_max,
+                         threads=threads,
                          version=version)
     try:
         out = export_model(model_dir, out_dir, opts, overwrite=overwrite)

@@ -1,0 +1,196 @@
+"""The exported CPU predictor: parity with the torch model, no torch on the predict path,
+corrupt directories refused, the API the stream and GRU code rely on, and the CLI commands."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from engine.export import ExportOptions, export_model
+from engine.manifest import ManifestError
+from engine.predictor import Predictor
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "stream"
+
+
+def _corpus():
+    texts, labels = [], []
+    for line in (DATA / "train.tsv").read_text(encoding="utf-8").splitlines():
+        t, ids = line.split("\t")
+        texts.append(t)
+        labels.append([int(x) for x in ids.split(",")])
+    names = (DATA / "labels.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    return texts, labels, names
+
+
+def _train(out: Path, **over):
+    import scipy.sparse as sp
+    from engine.astec import Astec, AstecConfig
+    texts, labels, names = _corpus()
+    rows = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
+    Y = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
+                      shape=(len(texts), len(names)))
+    cfg = AstecConfig(embedding_dim=32, surrogate_epochs=2, extreme_epochs=2, reranker_epochs=1,
+                      num_threads=1, **over)
+    model = Astec.train(texts[:480], Y[:480], cfg, label_names=names, progress=False)
+    model.save(out)
+    return model
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A small real model (exact search, re-ranker) and its exported predictor."""
+    d = tmp_path_factory.mktemp("pred")
+    model = _train(d / "model")
+    export_model(d / "model", d / "predictor", progress=False)
+    texts, _, _ = _corpus()
+    test = texts[480:] + ["", "zzzz qqqq unknownword", texts[0]]   # held out + edge cases
+    return model, d, test
+
+
+def _parity(ids_a, sc_a, ids_b, sc_b):
+    same5 = np.mean([set(a[:5]) == set(b[:5]) for a, b in zip(ids_a, ids_b)])
+    close = np.mean([np.allclose(a, b, atol=1e-4) for a, b in zip(sc_a, sc_b)])
+    return same5, close
+
+
+def test_parity_with_torch_model(built):
+    model, d, test = built
+    p = Predictor.load(d / "predictor")
+    ids_t, sc_t = model.predict(test, k=10)
+    ids_p, sc_p = p.predict(test, k=10)
+    same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
+    assert same5 >= 0.99 and close >= 0.99, (same5, close)
+    one = [p.predict_one(t, 10) for t in test]
+    same5, close = _parity(ids_p, sc_p, [o[0] for o in one], [o[1] for o in one])
+    assert same5 >= 0.99 and close >= 0.99, (same5, close)
+    np.testing.assert_allclose(p.features(test), model.features(test), atol=1e-5)
+
+
+def test_onnx_backend_matches_numpy(built):
+    _, d, test = built
+    a = Predictor.load(d / "predictor", backend="numpy")
+    b = Predictor.load(d / "predictor", backend="onnx")
+    ia, sa, za = a.predict_with_features(test[:40], k=5)
+    ib, sb, zb = b.predict_with_features(test[:40], k=5)
+    assert (ia == ib).mean() >= 0.99
+    np.testing.assert_allclose(za, zb, atol=1e-5)
+
+
+def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
+    """A model whose indexes are HNSW is copied graph for graph: same labels as the model."""
+    model = _train(tmp_path / "model", exact_knn_max_points=0, learners=2)
+    export_model(tmp_path / "model", tmp_path / "pred", progress=False)
+    p = Predictor.load(tmp_path / "pred")
+    assert len(p.learners) == 2
+    assert all(lr.points.hnsw is not None for lr in p.learners)
+    test = _corpus()[0][480:]
+    ids_t, sc_t = model.predict(test, k=10)
+    ids_p, sc_p = p.predict(test, k=10)
+    same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
+    assert same5 >= 0.99 and close >= 0.99, (same5, close)
+
+
+def test_api_shapes_padding_and_edge_texts(built):
+    model, d, test = built
+    p = Predictor.load(d / "predictor")
+    L, D = p.num_labels, p.dim
+    ids, sc = p.predict(["", "zzzz qqqq"], k=L + 7)     # more slots than candidates: padded
+    assert ids.shape == (2, L + 7) and ids.dtype == np.int64 and sc.dtype == np.float32
+    assert (ids[:, -1] == -1).all() and (sc[:, -1] == 0).all()
+    assert (ids[:, 0] >= 0).all()                          # empty texts still get frequent labels
+    assert (np.diff(sc[ids >= 0].reshape(2, -1), axis=1) <= 0).all()
+    i1, s1 = p.predict_one("", k=5)
+    assert i1.shape == (5,) and (i1 == ids[0, :5]).all()
+    z = p.features(test[:3])
+    assert z.shape == (3, D) and z.dtype == np.float32
+    i2, s2, z2 = p.predict_with_features(test[:3], k=4)
+    assert (i2 == p.predict(test[:3], k=4)[0]).all()
+    np.testing.assert_allclose(z2, z, atol=1e-6)
+    rows = p.classifier_rows(np.array([0, 5, L - 1]))
+    W = model.learners[0].clf.weight.weight.detach().numpy()
+    np.testing.assert_array_equal(rows, W[[0, 5, L - 1]])
+    with pytest.raises(IndexError):
+        p.classifier_rows([L])
+    assert len(p.label_names) == L and p.label_names[3] == _corpus()[2][3]
+    assert p.version.startswith("astec-") and p.version == p.manifest.data["version"]
+
+
+def test_predict_path_never_imports_torch(built):
+    _, d, test = built
+    code = ("import sys, engine.predictor as m; assert 'torch' not in sys.modules, 'import';"
+            f"p = m.Predictor.load({str(d / 'predictor')!r}); p.predict_one('gnome editor');"
+            "p.predict(['a b', '']); p.features(['x']); p.classifier_rows([0]);"
+            "assert 'torch' not in sys.modules, 'predict'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def _copy(d: Path, tmp: Path) -> Path:
+    dst = tmp / "p"
+    shutil.copytree(d / "predictor", dst)
+    return dst
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "tampered", "no-manifest",
+                                    "bad-manifest", "bit-flip"])
+def test_corrupt_predictor_is_refused(built, tmp_path, damage):
+    _, d, _ = built
+    p = _copy(d, tmp_path)
+    target = p / "learner_0" / "classifier_w.npy"
+    if damage == "missing":
+        target.unlink()
+    elif damage == "truncated":
+        target.write_bytes(target.read_bytes()[:-100])
+    elif damage == "tampered":   # same size, one byte changed
+        b = bytearray(target.read_bytes())
+        b[-1] ^= 0xFF
+        target.write_bytes(bytes(b))
+    elif damage == "no-manifest":
+        (p / "manifest.json").unlink()
+    elif damage == "bad-manifest":
+        (p / "manifest.json").write_text('{"format": "astec-predictor", ')
+    elif damage == "bit-flip":   # one bit deep inside a memory-mapped table
+        target = p / "learner_0" / "reranker_embeddings.npy"
+        b = bytearray(target.read_bytes())
+        b[len(b) // 2] ^= 0x01
+        target.write_bytes(bytes(b))
+    with pytest.raises(ManifestError) as e:
+        Predictor.load(p)
+    msg = str(e.value)
+    want = "manifest.json" if damage in ("no-manifest", "bad-manifest") else target.name
+    assert want in msg, msg
+
+
+def test_cli_export_and_bench_predict(built, tmp_path):
+    from infra.cli import cli
+    _, d, _ = built
+    runner = CliRunner()
+    out = tmp_path / "exported"
+    r = runner.invoke(cli, ["export", "--model", str(d / "model"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output[r.output.index("{"):])
+    assert info["labels"] == 1880 and Path(info["predictor"]) == out
+    r = runner.invoke(cli, ["export", "--model", str(d / "model"), "--out", str(out)])
+    assert r.exit_code != 0 and "--overwrite" in r.output          # never clobbers silently
+    tsv = tmp_path / "test.tsv"
+    tsv.write_text("".join(line + "\n" for line in
+                           (DATA / "train.tsv").read_text(encoding="utf-8").splitlines()[480:]))
+    r = runner.invoke(cli, ["bench", "predict", "--predictor", str(out), "--input", str(tsv),
+                            "--model", str(d / "model"), "--systems", "predictor,torch",
+                            "--n", "64", "--n-latency", "32"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    pr = rep["systems"]["predictor"]
+    assert pr["latency_one_text"]["p50_ms"] > 0 and set(pr["throughput_texts_per_s"]) == {"1", "32", "256"}
+    assert pr["rss_mb"]["after_run"] > 0 and pr["load_s"] > 0
+    assert rep["parity_vs_torch"]["top5_same_set"] >= 0.99
+    assert "ratio_to_predictor" in rep["systems"]["torch"]
