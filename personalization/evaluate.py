@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from personalization.features import EventBatch, log_popularity
+from personalization.features import F, EventBatch, log_popularity
 from personalization.logs import VisitLog
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,11 @@ def load_truth(log_dir: str | Path, label_names: list[str], world_dir: str | Pat
 def baseline_keys(b: EventBatch) -> dict[str, np.ndarray]:
     """Ranking keys [B,C] (higher = better) of the baselines from the shared features."""
     f = b.feats
-    return {"top1": f[..., 0] * 4 + f[..., 6],          # current score, then recency-weighted
-            "most_frequent": f[..., 4] * 4 + f[..., 3],  # share of pages, then mean score
-            "popularity": f[..., 7] * 4 + f[..., 3]}     # global popularity, then mean score
+    def col(name):
+        return f[..., F[name]]
+    return {"top1": col("score_current") * 4 + col("recency_score"),
+            "most_frequent": col("frac_states") * 4 + col("mean_score_window"),
+            "popularity": col("log_popularity") * 4 + col("mean_score_window")}
 
 
 def _ranks(key: np.ndarray, mask: np.ndarray) -> np.ndarray:

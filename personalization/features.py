@@ -15,19 +15,35 @@ import numpy as np
 FEATURE_NAMES = (
     "score_current",      # Astec score of the query on the current page (0 if absent)
     "in_current",         # 1 if the query is in the current page's top-k
-    "inv_rank_current",   # 1 / (1 + rank) on the current page (0 if absent)
+    "score_previous",     # Astec score on the previous page (0 if absent / no previous page)
     "mean_score_window",  # mean Astec score over the window's states (0 where absent)
     "frac_states",        # fraction of the window's states whose top-k holds the query
-    "score_previous",     # Astec score on the previous page (0 if absent / no previous page)
     "recency_score",      # score averaged with weights gamma^(age) over the window
-    "log_popularity",     # log1p(global count) / log1p(max count)
-    "window_fill",        # number of states in the window / K
     "mean_score_block",   # mean score over the current block (states since the last long gap)
     "frac_block",         # fraction of the current block's states whose top-k holds the query
+    "inv_rank_current",   # 1 / (1 + rank) on the current page (0 if absent)
+    "log_popularity",     # log1p(global count) / log1p(max count)
+    "window_fill",        # number of states in the window / K
 )
+F = {name: i for i, name in enumerate(FEATURE_NAMES)}
 N_FEATURES = len(FEATURE_NAMES)
 RECENCY_GAMMA = 0.7
 BLOCK_GAP_S = 30 * 60   # a gap this long between two visits starts a new block ("session")
+# (weight column, score/presence) of the first 8 features in the batched window averages
+_SEL_W = np.array([0, 0, 1, 2, 2, 3, 4, 4])
+_SEL_S = np.array([0, 1, 0, 0, 1, 0, 0, 1])
+
+
+class _Recency(dict):
+    """gamma^(age) weights per window length K, computed once."""
+
+    def __missing__(self, K):
+        w = (RECENCY_GAMMA ** (K - 1 - np.arange(K))).astype(np.float32)
+        self[K] = w
+        return w
+
+
+_RECENCY = _Recency()
 
 
 @dataclass
@@ -112,38 +128,36 @@ def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: 
     tt, jj = np.divmod(pos, k)
     cc = cidx_sorted[bv, jv]
     bb = bv
-    S = np.zeros((B, K, C), np.float32)
-    P = np.zeros((B, K, C), np.float32)
+    # score / presence of every candidate in every state: SP [B, K, 2, C]
+    SP = np.zeros((B, K, 2, C), np.float32)
+    SP[bb, tt, 0, cc] = scores[bb, tt, jj]
+    SP[bb, tt, 1, cc] = 1.0
     Rk = np.zeros((B, C), np.float32)
-    S[bb, tt, cc] = scores[bb, tt, jj]
-    P[bb, tt, cc] = 1.0
     cur = tt == K - 1
     Rk[bb[cur], cc[cur]] = 1.0 / (1.0 + jj[cur])
-    n_states = np.maximum(state_mask.sum(1), 1).astype(np.float32)
-    age = (K - 1 - np.arange(K)).astype(np.float32)
-    w = (RECENCY_GAMMA ** age)[None, :] * state_mask
-    w = w / np.maximum(w.sum(1, keepdims=True), 1e-9)
-    safe = np.where(cand_mask, cand_ids, 0)
-    feats = np.empty((B, C, N_FEATURES), np.float32)
-    feats[..., 0] = S[:, K - 1]
-    feats[..., 1] = P[:, K - 1]
-    feats[..., 2] = Rk
-    feats[..., 3] = S.sum(1) / n_states[:, None]
-    feats[..., 4] = P.sum(1) / n_states[:, None]
-    feats[..., 5] = S[:, K - 2] if K > 1 else 0.0
-    feats[..., 6] = np.einsum("bk,bkc->bc", w, S)
-    feats[..., 7] = log_pop[safe]
-    feats[..., 8] = (n_states / K)[:, None]
     if ts is None:
         starts = np.zeros_like(state_mask)
         starts[np.arange(B), np.argmax(state_mask, 1)] = True
         in_block = state_mask
     else:
         starts, in_block = block_starts(ts, state_mask)
-    nb = np.maximum(in_block.sum(1), 1).astype(np.float32)[:, None]
-    ib = in_block[:, :, None]
-    feats[..., 9] = (S * ib).sum(1) / nb
-    feats[..., 10] = (P * ib).sum(1) / nb
+    # per-state weights [B, K, 5]: current, previous, uniform, recency, current block; one
+    # batched matmul then gives every window average of scores and presences at once
+    Wt = np.zeros((B, K, 5), np.float32)
+    Wt[:, K - 1, 0] = 1.0
+    if K > 1:
+        Wt[:, K - 2, 1] = state_mask[:, K - 2]
+    n_states = np.maximum(state_mask.sum(1, keepdims=True), 1).astype(np.float32)
+    Wt[:, :, 2] = state_mask / n_states
+    rec = _RECENCY[K][None, :] * state_mask
+    Wt[:, :, 3] = rec / np.maximum(rec.sum(1, keepdims=True), 1e-9)
+    Wt[:, :, 4] = in_block / np.maximum(in_block.sum(1, keepdims=True), 1)
+    G = np.matmul(Wt.transpose(0, 2, 1), SP.reshape(B, K, 2 * C)).reshape(B, 5, 2, C)
+    feats = np.empty((B, C, N_FEATURES), np.float32)
+    feats[..., :8] = G[:, _SEL_W, _SEL_S, :].transpose(0, 2, 1)
+    feats[..., 8] = Rk
+    feats[..., 9] = log_pop[np.where(cand_mask, cand_ids, 0)]
+    feats[..., 10] = n_states / K
     feats *= cand_mask[..., None]
     zz = np.empty(z.shape[:2] + (z.shape[2] + 1,), np.float32)
     zz[..., :-1] = normalise_rows(z) * state_mask[..., None]
