@@ -152,8 +152,12 @@ def page_offline(src: Sources) -> None:
         st.warning(f"{src.models_dir}: no train_log.json (from `astec train`) or evaluation "
                    "JSON (from `astec evaluate --json FILE`) found.")
     else:
-        st.subheader("Runs")
+        st.subheader("Metrics per run")
         st.dataframe(pd.DataFrame(models.summary_rows(runs)), hide_index=True)
+        versions = models.version_rows(runs)
+        if versions:
+            st.subheader("Registry versions")
+            st.dataframe(pd.DataFrame(versions), hide_index=True)
         logged = [r for r in runs if r.train_log]
         if logged:
             st.subheader("Training time per module")

@@ -7,13 +7,15 @@ MODELS_DIR may be
     `astec export --out M/predictor`).
 Offline metrics are found without a fixed layout: a run's `train_log.json` (written by
 `astec train`) and any JSON written by `astec evaluate --json` (an object with a "metrics"
-table of "P@1"-style keys), in the run directory or one level below; a predictor's manifest
+table of "P@1"-style keys), in the run directory or one level below, and the held-out metrics
+`astec retrain` records in a registry version's version.json; a predictor's manifest
 also names the model directory it was exported from (source_model.path), whose train_log.json
 is then shown with it. Reading only: nothing here trains or writes.
 """
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,8 +209,30 @@ def summary_rows(runs: list[Run], metric_keys=("P@1", "P@3", "P@5", "nDCG@5", "P
                    "peak_rss_mb": None}
             row.update({k: _r2(m.get(k)) for k in metric_keys})
             rows.append(row)
-        if not tl and not r.evaluations:
+        hold = r.meta.get("metrics_holdout")
+        if isinstance(hold, dict):
+            pts = (r.meta.get("holdout") or {}).get("points")
+            row = {**base, "source": "retrain holdout", "points": pts, "labels": None,
+                   "learners": None, "train_s": None, "peak_rss_mb": None}
+            row.update({k: _r2(hold.get(k)) for k in metric_keys})
+            rows.append(row)
+        if not tl and not r.evaluations and not isinstance(hold, dict):
             rows.append({**base, "source": "no metrics files", **{k: None for k in metric_keys}})
+    return rows
+
+
+def version_rows(runs: list[Run]) -> list[dict]:
+    """Registry versions with the promotion decision `astec retrain` recorded in version.json."""
+    rows = []
+    for r in runs:
+        if not r.meta:
+            continue
+        created = r.meta.get("created")
+        rows.append({"version": r.name, "current": r.current,
+                     "created (UTC)": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(created))
+                     if isinstance(created, (int, float)) else None,
+                     "kind": r.meta.get("kind"), "promoted": r.meta.get("promoted"),
+                     "decision": r.meta.get("decision"), "parent": r.meta.get("parent")})
     return rows
 
 

@@ -16,15 +16,21 @@ from dashboard import health, models, users
 from dashboard.sources import SourceError, mask_url, ping, redis_client
 
 
+HOLDOUT = {"P@1": 41.5, "P@3": 30.25, "P@5": 22.0, "nDCG@5": 44.0, "PSP@1": 20.0, "PSP@5": 25.5}
+
+
 def make_registry(root: Path, predictor_dir: str, n: int = 2) -> list[str]:
-    """An engine registry whose versions link the fixture's exported predictor; newest promoted."""
+    """An engine registry whose versions link the fixture's exported predictor; newest promoted.
+
+    version.json carries the fields `astec retrain` records (held-out metrics, decision)."""
     from engine.registry import Registry
     reg = Registry(root)
     ids = []
     for i in range(n):
         st = reg.stage(f"2026010{i + 1}T000000.000000Z-000{i}")
         os.symlink(predictor_dir, st.path / "predictor")
-        reg.commit(st, {"kind": "astec"})
+        reg.commit(st, {"kind": "astec", "promoted": True, "decision": f"decision {i}",
+                        "metrics_holdout": HOLDOUT, "holdout": {"points": 77}})
         reg.promote(st.version)
         ids.append(st.version)
     return ids
@@ -93,6 +99,11 @@ def test_offline_metrics_from_train_log_and_evaluation(astec_predictor, evaluati
     assert by[(v2, "train_log (validation)")]["P@1"] == valid["P@1"]
     assert by[(v1, "train_log (validation)")]["points"] == 600
     assert (v1, "evaluate: eval_test.json") not in by
+    hold = by[(v1, "retrain holdout")]
+    assert (hold["P@1"], hold["PSP@5"], hold["points"]) == (41.5, 25.5, 77)
+    vers = models.version_rows(runs)
+    assert [(v["version"], v["current"], v["decision"]) for v in vers] == [
+        (v2, True, "decision 1"), (v1, False, "decision 0")]
     mods = {(m["learner"], m["module"]): m for m in models.module_rows(runs[0])}
     for name in ("I", "II", "IV", "reranker"):
         assert mods[("0", name)]["seconds"] == log["learners"][0]["modules"][name]["seconds"]
