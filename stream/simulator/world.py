@@ -156,12 +156,11 @@ def render_codes(n: int) -> np.ndarray:
 
 
 def render_rows(vocab: np.ndarray, W: np.ndarray) -> list[str]:
-    """Join each row's word ids (-1 = padding) with spaces."""
-    out = vocab[np.maximum(W[:, 0], 0)]
-    for j in range(1, W.shape[1]):
-        col = W[:, j]
-        out = np.where(col >= 0, np.char.add(np.char.add(out, " "), vocab[np.maximum(col, 0)]), out)
-    return out.tolist()
+    """Join each row's word ids (-1 = padding) with spaces (one gather, then one join per row)."""
+    flat = vocab[W[W >= 0]].tolist()
+    ends = np.cumsum((W >= 0).sum(axis=1)).tolist()
+    starts = [0] + ends[:-1]
+    return [" ".join(flat[i:j]) for i, j in zip(starts, ends)]
 
 
 def _row_dups(W: np.ndarray) -> np.ndarray:
@@ -273,8 +272,9 @@ def generate_world(n_queries: int = 50_000, n_pages: int = 100_000, n_users: int
         d = _row_dups(Wq)
         r, c = np.nonzero(d)
         Wq[r, c] = uniform_sub_word(r)
-        _, first = np.unique(_row_hash(Wq), return_index=True)
-        dup_rows = np.setdiff1d(np.arange(n_queries), first)
+        h = _row_hash(Wq)
+        order = np.argsort(h, kind="stable")
+        dup_rows = order[1:][h[order][1:] == h[order][:-1]]
         if len(dup_rows) == 0 and not d.any():
             break
         lens = (Wq[dup_rows] >= 0).sum(axis=1)
