@@ -5,7 +5,7 @@ Runs the real thing: the broker and Redis (fresh loopback ones by default), `ast
 process. Two phases on fresh topics:
   1. saturation: --events page views sent as fast as possible; throughput = events / (last ad
      query received - first view sent);
-  2. paced: views at --rate (default 70% of the saturation throughput) for --paced-seconds;
+  2. paced: views at --rate (default 50% of the saturation throughput) for --paced-seconds;
      latency = ad query received - page view ts (p50/p95/p99), plus the worker-side part
      (ad query produced - page view ts).
 Where the time goes comes from the workers' own stage timers (decode, predict, Redis, policy,
@@ -170,7 +170,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         log(f"saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
 
         # phase 2: paced below saturation
-        rate = rate or round(0.7 * sat["events_per_s"])
+        rate = rate or round(0.5 * sat["events_per_s"])
         n2 = max(100, int(min(events, rate * paced_seconds)))
         ids2 = [f"paced-{i}" for i in range(n2)]
         before = _stage_totals(s)
@@ -208,7 +208,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
 @click.option("--events", default=50000, show_default=True, help="Page views in the saturation phase.")
 @click.option("--workers", default=2, show_default=True)
 @click.option("--rate", type=float, default=None,
-              help="Paced phase rate (default: 70% of the measured saturation throughput).")
+              help="Paced phase rate (default: 50% of the measured saturation throughput).")
 @click.option("--paced-seconds", default=20.0, show_default=True)
 @click.option("--titles", type=click.Path(exists=True, dir_okay=False),
               default=str(ROOT / "tests" / "data" / "stream" / "train.tsv"), show_default=True,

@@ -52,6 +52,10 @@ def run(settings, model_path, workers, policy, policy_model, batch_max, metrics_
     """Consume page views, predict, update user state, produce one ad query per event."""
     from stream.runner import run_workers
     from stream.topics import ensure_topics
+    from pathlib import Path
+    root = Path(model_path)
+    if (root / "versions").is_dir() and not (root / "CURRENT").is_file():
+        raise click.ClickException(f"{root / 'CURRENT'}: no promoted model version yet")
     if batch_max:
         settings = settings.replace(batch_max=batch_max)
     ensure_topics(settings)

@@ -50,6 +50,12 @@ class StateStore:
     ttl_s: int = 30 * 86400
     dedup_ttl_s: int = 7 * 86400
 
+    def _script(self):
+        """The append script as EVALSHA (the pipeline reloads it after a Redis restart)."""
+        if getattr(self, "_append", None) is None:
+            self._append = self.client.register_script(_APPEND)
+        return self._append
+
     def states_key(self, user_id: str) -> str:
         return f"{self.prefix}:{{user:{user_id}}}:states"
 
@@ -65,10 +71,11 @@ class StateStore:
         """
         pipe = self.client.pipeline(transaction=False)
         want = "1" if with_history else "0"
+        script = self._script()
         for uid, st in zip(user_ids, states):
-            pipe.eval(_APPEND, 2, self.states_key(uid), self.seen_key(uid, st.event_id),
-                      st.encode(), self.k, self.ttl_s, self.dedup_ttl_s, want)
-        results = pipe.execute()
+            script(keys=[self.states_key(uid), self.seen_key(uid, st.event_id)],
+                   args=[st.encode(), self.k, self.ttl_s, self.dedup_ttl_s, want], client=pipe)
+        results = pipe.execute()   # loads the script first if Redis lost it (restart)
         fresh = [bool(r[0]) for r in results]
         if not with_history:
             return fresh, [[] for _ in states]

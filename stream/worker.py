@@ -190,7 +190,8 @@ class StreamWorker:
         while True:
             try:
                 return self.store.append_batch(user_ids, states, self.policy.needs_history)
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError,
+                    redis.exceptions.NoScriptError) as exc:
                 if self.stop_event.is_set():
                     raise
                 log.warning("%s: Redis unavailable (%s); retrying in %.1fs", self.cid, exc, delay)
