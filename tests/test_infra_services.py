@@ -70,3 +70,12 @@ def test_settings_errors_name_source_and_field(tmp_path):
         load_settings(cfg, env={}, services_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="ASTEC_PARTITIONS.*'partitions'"):
         load_settings(env={"ASTEC_PARTITIONS": "four"}, services_dir=str(tmp_path))
+
+
+def test_deploy_example_config_loads(tmp_path):
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "infra", "deploy", "astec.example.toml")
+    s = load_settings(path, env={"REDIS_URL": "redis://:pw@redis.internal:6379/0"},
+                      services_dir=str(tmp_path))
+    assert s.kafka_bootstrap.count(",") == 2 and s.replication_factor == 3
+    assert s.redis_url == "redis://:pw@redis.internal:6379/0"
