@@ -3,7 +3,7 @@
 Redis layout, read by the dashboard:
     <prefix>:metrics:consumers              set of consumer ids seen
     <prefix>:metrics:consumer:<id>          hash, rewritten every metrics_interval_s, TTL 120 s:
-        events, events_per_s, dead_letters, duplicates, batches, partitions (assigned now),
+        events, events_per_s, dead_letters, duplicates, batches, partitions (assigned now), no_query,
         model_version, policy, pid,
         batch_ms_p50/p99, e2a_ms_p50/p95/p99 (event ts -> ad query acked), time shares
         predict_s/redis_s/policy_s/kafka_s/decode_s (cumulative seconds), updated_at
@@ -52,6 +52,7 @@ class ConsumerMetrics:
     duplicates: int = 0
     batches: int = 0
     partitions: int = 0
+    no_query: int = 0   # events whose page got no predicted query (no ad query sent)
     stage_s: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     e2a_ms: Ring = field(default_factory=Ring)
     batch_ms: Ring = field(default_factory=lambda: Ring(4000))
@@ -82,7 +83,7 @@ class ConsumerMetrics:
                 "model_version": self.model_version, "events": self.events,
                 "events_per_s": round(rate, 1), "dead_letters": self.dead_letters,
                 "duplicates": self.duplicates, "batches": self.batches,
-                "partitions": self.partitions,
+                "partitions": self.partitions, "no_query": self.no_query,
                 "batch_ms_p50": b50, "batch_ms_p99": b99,
                 "e2a_ms_p50": l50, "e2a_ms_p95": l95, "e2a_ms_p99": l99,
                 "uptime_s": round(now - self.started, 1), "updated_at": time.time()}

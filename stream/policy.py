@@ -15,14 +15,14 @@ import numpy as np
 
 @dataclass
 class Top1Policy:
-    """The current page's best predicted query (deterministic: propensity 1)."""
+    """The current page's best predicted query (deterministic: propensity 1); -1 if it has none."""
 
     name: str = "top1"
     needs_history: bool = False
     version: str = "top1"
 
     def choose_batch(self, histories, currents, ids: np.ndarray, scores: np.ndarray):
-        best = np.argmax(scores, axis=1)
+        best = np.argmax(np.where(ids >= 0, scores, -np.inf), axis=1)   # -1 = padding
         rows = np.arange(ids.shape[0])
         return ids[rows, best], scores[rows, best].astype(np.float32), np.ones(len(rows), np.float32)
 

@@ -160,6 +160,9 @@ class StreamWorker:
             version = self.model.version
             now = time.time()
             for i, m in enumerate(msgs):
+                if q[i] < 0:   # the predictor had no query for this page: nothing to advertise
+                    self.metrics.no_query += 1
+                    continue
                 cand = [int(j) for j in ids[i] if j >= 0]
                 out = {"event_id": m["event_id"], "user_id": m["user_id"], "ts": now,
                        "event_ts": m["ts"], "query": names[int(q[i])], "query_id": int(q[i]),
