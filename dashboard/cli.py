@@ -12,11 +12,13 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def streamlit_command(host: str, port: int) -> list[str]:
-    """The `streamlit run` argv: headless, no telemetry, no file watcher, no dev mode."""
+    """The `streamlit run` argv: headless, no telemetry, no file watcher, no dev mode,
+    no deploy button."""
     return [sys.executable, "-m", "streamlit", "run", str(APP),
             "--server.address", host, "--server.port", str(port), "--server.headless", "true",
             "--server.fileWatcherType", "none", "--server.runOnSave", "false",
-            "--browser.gatherUsageStats", "false", "--global.developmentMode", "false"]
+            "--browser.gatherUsageStats", "false", "--global.developmentMode", "false",
+            "--client.toolbarMode", "viewer"]
 
 
 @click.command("dashboard")
