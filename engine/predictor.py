@@ -24,6 +24,7 @@ from pathlib import Path
 
 import hnswlib
 import numpy as np
+import scipy.sparse as sp
 
 from engine.manifest import Manifest, ManifestError, verify_manifest
 from engine.text import TfidfVectorizer
@@ -61,9 +62,11 @@ class Encoder:
 
     def v_batch(self, rows: np.ndarray, idx: np.ndarray, val: np.ndarray, n: int) -> np.ndarray:
         """Bag of weighted embedding rows for n texts given flat (row, token, weight) triples."""
-        out = np.zeros((n, self.emb.shape[1]), np.float32)
-        if idx.size:
-            np.add.at(out, rows, self.emb[idx] * val[:, None])
+        if idx.size == 0:
+            return np.zeros((n, self.emb.shape[1]), np.float32)
+        indptr = np.searchsorted(rows, np.arange(n + 1))
+        X = sp.csr_matrix((val, idx, indptr), shape=(n, self.emb.shape[0]))
+        out = np.asarray(X @ self.emb, dtype=np.float32)
         np.maximum(out, 0, out=out)
         return out
 
@@ -225,8 +228,12 @@ class Learner:
         uniq, inv = np.unique(keys, return_inverse=True)
         u = uniq.size
         knn_sum = np.bincount(inv[kind == 0], weights=vals[kind == 0], minlength=u)
+        # centre part: hits come best first within a row, so a key's first occurrence is its max
         mu_max = np.zeros(u, np.float32)
-        np.maximum.at(mu_max, inv[kind == 1], vals[kind == 1])
+        mk = kind == 1
+        if mk.any():
+            ukeys, firsts = np.unique(keys[mk], return_index=True)
+            mu_max[np.searchsorted(uniq, ukeys)] = vals[mk][firsts]
         prior = np.bincount(inv[kind == 2], weights=vals[kind == 2], minlength=u)
         s = ((1.0 - self.centroid_weight) * knn_sum.astype(np.float32)
              + self.centroid_weight * mu_max + prior.astype(np.float32)).astype(np.float32)
@@ -332,17 +339,38 @@ class Learner:
         return c, y.astype(np.float32, copy=False)
 
     # ---- scores -----------------------------------------------------------------------------
-    def final_scores(self, rows, labels, s, Z, Zr, chunk: int = 1 << 16) -> np.ndarray:
-        """alpha/beta combination for flat (row, label) candidates (float32, candidate order)."""
+    def final_scores(self, rows, labels, s, Z, Zr, chunk_bytes: int = 8 << 20) -> np.ndarray:
+        """alpha/beta combination for (row, label) candidates grouped by row (candidate order).
+
+        Candidates are laid out as a padded [rows, max per row] table so each chunk of rows is
+        one gather of classifier rows and one batched mat-vec (no [pairs, D] copy of z).
+        """
+        n = Z.shape[0]
         out = np.empty(labels.size, np.float32)
-        for a in range(0, labels.size, chunk):
-            r, c = rows[a:a + chunk], labels[a:a + chunk]
-            logit = np.einsum("ij,ij->i", self.W[c].astype(np.float32, copy=False), Z[r]) + self.b[c]
-            y = self.alpha * _sigmoid(logit) + (1.0 - self.alpha) * _sigmoid(s[a:a + chunk])
-            if self.rr_enc is not None:
-                rl = np.einsum("ij,ij->i", self.rr_W[c].astype(np.float32, copy=False), Zr[r]) + self.rr_b[c]
-                y = self.beta * y + (1.0 - self.beta) * _sigmoid(rl)
-            out[a:a + chunk] = y
+        if labels.size == 0:
+            return out
+        counts = np.bincount(rows, minlength=n)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        col = np.arange(labels.size) - first[rows]
+        width = int(counts.max())
+        pad = np.zeros((n, width), np.int64)
+        pad[rows, col] = labels
+        step = max(1, chunk_bytes // (width * Z.shape[1] * 4))
+        logit = np.empty((n, width), np.float32)
+        rlogit = np.empty((n, width), np.float32) if self.rr_enc is not None else None
+        for a in range(0, n, step):
+            c = pad[a:a + step]
+            G = np.take(self.W, c, axis=0).astype(np.float32, copy=False)
+            logit[a:a + step] = np.matmul(G, Z[a:a + step, :, None])[..., 0]
+            if rlogit is not None:
+                G = np.take(self.rr_W, c, axis=0).astype(np.float32, copy=False)
+                rlogit[a:a + step] = np.matmul(G, Zr[a:a + step, :, None])[..., 0]
+        lg = logit[rows, col] + self.b[labels]
+        y = self.alpha * _sigmoid(lg) + (1.0 - self.alpha) * _sigmoid(s)
+        if rlogit is not None:
+            rl = rlogit[rows, col] + self.rr_b[labels]
+            y = self.beta * y + (1.0 - self.beta) * _sigmoid(rl)
+        out[:] = y
         return out
 
 
