@@ -125,7 +125,7 @@ def page_users(src: Sources) -> None:
         st.warning(f"No stored states for user {uid!r} (key "
                    f"`{users.states_key(src.prefix, uid)}`): unknown user, or the state expired.")
         return
-    _, pred = _current_predictor(src)
+    ref, pred = _current_predictor(src)
     names = pred.label_names if pred is not None else None
     policy, how = None, "top1 (the page's best query)"
     if src.policy_dir is not None:
@@ -138,6 +138,9 @@ def page_users(src: Sources) -> None:
     vs = users.visits(states, names, policy)
     st.write(f"**{len(states)}** stored state(s) for `{uid}`; chosen ad query by **{how}**, "
              "recomputed from the states before each visit.")
+    st.caption("Query names from model version "
+               f"{ref.version if pred is not None else '(none: ids shown as #id)'}; states "
+               "written under an older version with another label set show that version's ids.")
     st.dataframe(pd.DataFrame(users.visit_rows(vs)), hide_index=True)
 
 

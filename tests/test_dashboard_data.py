@@ -196,3 +196,29 @@ def test_unreachable_redis_is_a_clear_error_without_the_password():
     with pytest.raises(SourceError, match="unreachable.*astec infra up") as e:
         ping(redis_client(url), url)
     assert "s3cret" not in str(e.value)
+
+
+def test_users_chosen_query_by_a_trained_gru_policy(stream_settings, tmp_path):
+    """With a GRU policy, visit i's chosen query is the policy's choice given visits 0..i-1
+    (the first visit: cold start, the page's top query), as the stream would have chosen it."""
+    from test_personalization_policy import CFG, synthetic_visits, window_states
+    from personalization.policy import GruPolicy
+    from personalization.train import publish, train_policy
+    from stream.state import StateStore, connect
+    v, rows_w, _, _ = synthetic_visits()
+    weights, report = train_policy(v, rows_w, CFG, progress=False)
+    publish(tmp_path / "gru", weights, CFG, {"engine_version": "synthetic", "train": report})
+    s = stream_settings
+    states = window_states(v, 40, 6)
+    StateStore(connect(s.redis_url), s.redis_key_prefix, k=16).append_batch(["g"] * 6, states)
+    back, _ = users.read_states(redis_client(s.redis_url), s.redis_key_prefix, "g")
+    policy = users.load_policy(tmp_path / "gru")
+    assert policy is not None and users.load_policy(tmp_path / "absent") is None
+    names = [f"q{i}" for i in range(v.n_labels)]
+    vs = users.visits(back, names, policy)
+    ref = GruPolicy.load(tmp_path / "gru", backend="numpy")
+    for i, visit in enumerate(vs):
+        q, sc = ref.choose(back[:i], back[i])
+        assert visit.chosen == names[q] and visit.chosen_score == pytest.approx(sc, rel=1e-5)
+    top = int(back[0].query_ids[int(np.argmax(back[0].scores))])
+    assert vs[0].chosen == names[top]
