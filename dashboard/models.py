@@ -216,6 +216,10 @@ def summary_rows(runs: list[Run], metric_keys=("P@1", "P@3", "P@5", "nDCG@5", "P
                    "learners": None, "train_s": None, "peak_rss_mb": None}
             row.update({k: _r2(hold.get(k)) for k in metric_keys})
             rows.append(row)
+            parent = r.meta.get("metrics_current_on_holdout")
+            if isinstance(parent, dict):   # the version it was compared with, same held-out pages
+                rows.append({**row, "source": f"retrain holdout: parent {r.meta.get('parent')}",
+                             **{k: _r2(parent.get(k)) for k in metric_keys}})
         if not tl and not r.evaluations and not isinstance(hold, dict):
             rows.append({**base, "source": "no metrics files", **{k: None for k in metric_keys}})
     return rows

@@ -114,7 +114,8 @@ def test_offline_metrics_page_tables_and_module_timing(app_env, astec_predictor,
     at = run_page("Offline metrics")
     summary = at.dataframe[0].value
     assert set(summary["run"]) == {v1, v2}
-    assert set(summary["source"]) == {"train_log (validation)", "retrain holdout"}
+    assert set(summary["source"]) == {"train_log (validation)", "retrain holdout",
+                                      f"retrain holdout: parent {v1}"}
     assert texts(at.subheader)[:3] == ["Metrics per run", "Registry versions",
                                        "Training time per module"]
     assert at.selectbox(key="run").value == v2

@@ -29,8 +29,9 @@ def make_registry(root: Path, predictor_dir: str, n: int = 2) -> list[str]:
     for i in range(n):
         st = reg.stage(f"2026010{i + 1}T000000.000000Z-000{i}")
         os.symlink(predictor_dir, st.path / "predictor")
+        parent = {"parent": ids[-1], "metrics_current_on_holdout": {"P@1": 40.0}} if ids else {}
         reg.commit(st, {"kind": "astec", "promoted": True, "decision": f"decision {i}",
-                        "metrics_holdout": HOLDOUT, "holdout": {"points": 77}})
+                        "metrics_holdout": HOLDOUT, "holdout": {"points": 77}, **parent})
         reg.promote(st.version)
         ids.append(st.version)
     return ids
@@ -101,6 +102,8 @@ def test_offline_metrics_from_train_log_and_evaluation(astec_predictor, evaluati
     assert (v1, "evaluate: eval_test.json") not in by
     hold = by[(v1, "retrain holdout")]
     assert (hold["P@1"], hold["PSP@5"], hold["points"]) == (41.5, 25.5, 77)
+    assert by[(v2, f"retrain holdout: parent {v1}")]["P@1"] == 40.0
+    assert (v1, "retrain holdout: parent None") not in by
     vers = models.version_rows(runs)
     assert [(v["version"], v["current"], v["decision"]) for v in vers] == [
         (v2, True, "decision 1"), (v1, False, "decision 0")]
