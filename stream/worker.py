@@ -2,7 +2,9 @@
 
 Per batch: poll -> validate (bad -> dead-letter topic) -> reload model if promoted -> predict
 (batched) -> Redis (one pipelined, idempotent append per event) -> policy -> produce ad queries
--> flush (acks) -> commit offsets. Offsets are committed only after Redis and Kafka acknowledged,
+-> once the broker acknowledged them, commit the batch's offsets. The ack wait overlaps the next
+batch (at most `max_in_flight` batches, committed strictly in order), so the broker round trip
+is off the critical path. Offsets are committed only after Redis and Kafka acknowledged,
 so a crash replays the uncommitted batch: duplicates can appear on `ad-queries` (counted), never
 a lost event nor a visit appended twice to a user's state. SIGTERM/SIGINT: finish the batch,
 commit, leave the group.
@@ -15,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,11 +35,26 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class BatchResult:
+class InFlight:
+    """A processed batch whose produced messages may not be acknowledged yet."""
+
+    futures: list
+    offsets: dict            # TopicPartition -> next offset to read
+    t0: float                # perf_counter at the start of the batch
+    event_ts: np.ndarray
     events: int = 0
     dead: int = 0
     duplicates: int = 0
-    e2a_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    stages: dict = field(default_factory=dict)
+
+
+def _offsets(records) -> dict:
+    from kafka.structs import TopicPartition
+    out: dict = {}
+    for r in records:
+        tp = TopicPartition(r.topic, r.partition)
+        out[tp] = max(out.get(tp, 0), r.offset + 1)
+    return out
 
 
 class StreamWorker:
@@ -58,6 +76,8 @@ class StreamWorker:
         self.metrics = ConsumerMetrics(self.cid, policy.name, model.version)
         self.prom = PromExporter(metrics_port, self.cid) if metrics_port else None
         self.commit_failures = 0
+        self.max_in_flight = 4
+        self.inflight: deque[InFlight] = deque()
         self._last_publish = 0.0
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -74,13 +94,14 @@ class StreamWorker:
             while not self.stop_event.is_set():
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                polled = self.consumer.poll(timeout_ms=max(1, self.s.poll_timeout_ms * 5),
-                                            max_records=self.s.batch_max)
+                wait = self.s.poll_timeout_ms // 4 if self.inflight else self.s.poll_timeout_ms * 5
+                polled = self.consumer.poll(timeout_ms=max(1, wait), max_records=self.s.batch_max)
                 records = [r for rs in polled.values() for r in rs]
                 if records:
-                    self.process(records)
-                    self.commit()
+                    self.inflight.append(self.process(records))
+                self.settle(block=len(self.inflight) > self.max_in_flight)
                 self._maybe_publish()
+            self.settle(block=True)   # graceful stop: everything acknowledged and committed
         finally:
             self.close()
 
@@ -97,10 +118,41 @@ class StreamWorker:
             self.consumer.close(autocommit=False)
             self.redis.close()
 
-    def commit(self) -> None:
+    def settle(self, block: bool = False) -> int:
+        """Commit the offsets of the oldest batches whose messages are all acknowledged.
+
+        Batches settle strictly in order; a failed produce raises (no commit: the uncommitted
+        batches replay after the restart). Returns the number of batches settled.
+        """
+        offsets: dict = {}
+        n = 0
+        while self.inflight:
+            b = self.inflight[0]
+            t_wait = time.perf_counter()
+            if block:
+                self.producer.flush()
+            elif not all(f.is_done for f in b.futures):
+                break
+            for f in b.futures:
+                f.get(timeout=30)   # raises if the broker refused a message
+            now_pc, now = time.perf_counter(), time.time()
+            b.stages["kafka"] = b.stages.get("kafka", 0.0) + (now_pc - t_wait if block else 0.0)
+            e2a = (now - b.event_ts) * 1000.0
+            self.metrics.record_batch(b.events, b.dead, b.duplicates, now_pc - b.t0, e2a, b.stages)
+            if self.prom:
+                self.prom.observe(b.events, b.dead, now_pc - b.t0, e2a, self.model.version)
+            offsets.update(b.offsets)   # later batches carry later offsets
+            self.inflight.popleft()
+            n += 1
+        if offsets:
+            self.commit(offsets)
+        return n
+
+    def commit(self, offsets: dict) -> None:
         from kafka.errors import CommitFailedError, KafkaError
+        from kafka.structs import OffsetAndMetadata
         try:
-            self.consumer.commit()
+            self.consumer.commit({tp: OffsetAndMetadata(o, None, -1) for tp, o in offsets.items()})
         except (CommitFailedError, KafkaError) as exc:
             # the partitions moved to another member: it replays them (idempotent state)
             self.commit_failures += 1
@@ -118,7 +170,8 @@ class StreamWorker:
                 log.warning("%s: metrics not published: %s", self.cid, exc)
 
     # ---- one batch ----------------------------------------------------------------------
-    def process(self, records) -> BatchResult:
+    def process(self, records) -> InFlight:
+        """Everything of a batch up to handing the ad queries to the producer (no ack wait)."""
         t0 = time.perf_counter()
         stages = {}
         s = self.s
@@ -137,8 +190,8 @@ class StreamWorker:
         if self.model.maybe_reload():
             self.metrics.model_version = self.model.version
         self.policy.maybe_reload()
-        res = BatchResult(events=len(msgs), dead=dead)
         event_ts = np.array([m["ts"] for m in msgs], np.float64)
+        res = InFlight(futures, _offsets(records), t0, event_ts, len(msgs), dead, 0, stages)
         if msgs:
             pred = self.model.predictor
             ids, scores, z = pred.predict_with_features([m["title"] for m in msgs], s.top_k)
@@ -174,17 +227,7 @@ class StreamWorker:
                     out["session_id"] = m["session_id"]
                 futures.append(self.producer.send(s.topic_ad_queries, key=m["user_id"].encode(),
                                                   value=encode("ad_query", out)))
-        t5 = time.perf_counter()
-        self.producer.flush()
-        for f in futures:
-            f.get(timeout=30)   # raises if a produce failed: then no commit, the batch replays
-        t6 = time.perf_counter()
-        stages["kafka"] = t6 - t5 + (t5 - t4 if msgs else 0.0)
-        if msgs:
-            res.e2a_ms = (time.time() - event_ts) * 1000.0
-        self.metrics.record_batch(res.events, res.dead, res.duplicates, t6 - t0, res.e2a_ms, stages)
-        if self.prom:
-            self.prom.observe(res.events, res.dead, t6 - t0, res.e2a_ms, self.model.version)
+            stages["kafka"] = time.perf_counter() - t4
         return res
 
     def _append_with_backoff(self, user_ids, states):

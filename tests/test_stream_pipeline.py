@@ -51,9 +51,10 @@ def read_topic(settings, topic, until_n, timeout=60.0):
     return out
 
 
-def start_worker(settings, model_path, cid):
+def start_worker(settings, model_path, cid, metrics_port=0):
     """A worker thread on the real exported predictor (or a model registry root)."""
-    w = StreamWorker(settings, ModelHandle.open(model_path, check_every_s=0.1), Top1Policy(), cid)
+    w = StreamWorker(settings, ModelHandle.open(model_path, check_every_s=0.1), Top1Policy(), cid,
+                     metrics_port)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     return w, t
@@ -64,9 +65,15 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
     titles, labels, names = stream_corpus
     msgs = page_views(titles, 300, users=25)
     produce(s, msgs)
-    w, t = start_worker(s, astec_predictor, "w-test-0")
+    from urllib.request import urlopen
+
+    from infra.services import free_port
+    port = free_port()
+    w, t = start_worker(s, astec_predictor, "w-test-0", metrics_port=port)
     try:
         got = read_topic(s, s.topic_ad_queries, len(msgs))
+        time.sleep(0.2)
+        prom = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         w.stop()
         t.join(30)
@@ -96,6 +103,9 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
     snap = [m for m in read_all(store.client, s.redis_key_prefix) if m["consumer"] == "w-test-0"]
     assert snap and int(snap[0]["events"]) == len(msgs)
     assert snap[0]["model_version"] == pred.version and float(snap[0]["e2a_ms_p99"]) > 0
+    # the same figures on the Prometheus endpoint
+    assert f'astec_stream_events_total{{consumer="w-test-0"}} {float(len(msgs))}' in prom
+    assert f'version="{pred.version}"' in prom and "astec_stream_event_to_ad_seconds_bucket" in prom
 
 
 def test_two_workers_split_partitions(stream_settings, astec_predictor, stream_corpus):
