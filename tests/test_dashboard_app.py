@@ -3,7 +3,6 @@ what a user sees (tables, figures, messages) and that missing sources give messa
 tracebacks."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
