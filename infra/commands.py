@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "export": "engine.cli_export:export",
     "dashboard": "dashboard.cli:dashboard",
     "personalize": "personalization.cli:personalize",
+    "demo": "infra.demo:demo",
 }
 
 BENCH_COMMANDS: dict[str, str] = {
