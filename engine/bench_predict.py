@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -197,24 +198,24 @@ def train_peers(predictor: str, train: str, peer_dir: Path, systems: list[str], 
     if "omikuji" in systems and not (peer_dir / "omikuji").exists():
         import omikuji
         t0 = time.time()
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write(f"{X.shape[0]} {X.shape[1]} {L}\n")
-            for r in range(X.shape[0]):
-                a, b = X.indptr[r], X.indptr[r + 1]
-                ya, yb = Y.indptr[r], Y.indptr[r + 1]
-                f.write(",".join(map(str, Y.indices[ya:yb])) + " " +
-                        " ".join(f"{i}:{v:.6g}" for i, v in zip(X.indices[a:b], X.data[a:b])) + "\n")
-        model = omikuji.Model.train_on_data(f.name, omikuji.Model.default_hyper_param(),
-                                            n_threads=threads)
-        os.unlink(f.name)
-        model.save(str(peer_dir / "omikuji"))
+        from engine.formats import write_xc_sparse
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "train.txt")
+            write_xc_sparse(path, X, Y)
+            model = omikuji.Model.train_on_data(path, omikuji.Model.default_hyper_param(),
+                                                n_threads=threads)
+        shutil.rmtree(peer_dir / "omikuji.tmp", ignore_errors=True)
+        model.save(str(peer_dir / "omikuji.tmp"))
+        os.replace(peer_dir / "omikuji.tmp", peer_dir / "omikuji")   # only complete peers are reused
         info["omikuji_train_s"] = round(time.time() - t0, 1)
     if "napkinxc" in systems and not (peer_dir / "napkinxc").exists():
         from napkinxc.models import PLT
         t0 = time.time()
-        model = PLT(str(peer_dir / "napkinxc"), threads=threads)
+        shutil.rmtree(peer_dir / "napkinxc.tmp", ignore_errors=True)
+        model = PLT(str(peer_dir / "napkinxc.tmp"), threads=threads, seed=0)
         ylists = [Y.indices[Y.indptr[r]:Y.indptr[r + 1]].tolist() for r in range(Y.shape[0])]
         model.fit(X, ylists)
+        os.replace(peer_dir / "napkinxc.tmp", peer_dir / "napkinxc")
         info["napkinxc_train_s"] = round(time.time() - t0, 1)
     return info
 

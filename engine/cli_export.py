@@ -22,9 +22,9 @@ import click
 @click.option("--exact-max", type=int, default=2048, show_default=True,
               help="Search exactly (numpy) when an index has at most this many distinct "
                    "vectors; above, HNSW. Model indexes that are HNSW are copied as they are.")
-@click.option("--hnsw-m", type=int, default=32, show_default=True,
+@click.option("--hnsw-m", type=int, default=64, show_default=True,
               help="Graph degree of HNSW indexes built here (when the model used exact search).")
-@click.option("--hnsw-ef-construction", type=int, default=200, show_default=True)
+@click.option("--hnsw-ef-construction", type=int, default=400, show_default=True)
 @click.option("--version", "version", default=None,
               help="Version string recorded in the manifest (default: astec-<model sha[:12]>).")
 @click.option("--threads", type=int, default=2, show_default=True,

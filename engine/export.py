@@ -39,8 +39,8 @@ class ExportOptions:
     """Knobs of the exported predictor (search effort and storage), not of the model."""
 
     dtype: str = "float32"        # classifier rows: float32 (exact parity) or float16 (half size)
-    hnsw_m: int = 32              # graph degree for indexes built here (model used exact search)
-    hnsw_ef_construction: int = 200
+    hnsw_m: int = 64              # graph degree for indexes built here (model used exact search)
+    hnsw_ef_construction: int = 400
     ef_points: int = 0            # 0: the model's ef_search; otherwise the predictor's ef
     ef_centres: int = 0
     exact_max: int = 2048         # at most this many distinct vectors: exact search, not HNSW
