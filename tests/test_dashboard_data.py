@@ -169,6 +169,7 @@ def _publish(settings, cid, version, events, dead):
     from stream.metrics import ConsumerMetrics, publish
     from stream.state import connect
     m = ConsumerMetrics(cid, policy="top1", model_version=version)
+    m.no_query = 2
     m.record_batch(events, dead, 1, 0.02, np.linspace(5, 50, events),
                    {"predict": 0.5, "redis": 0.25})
     publish(connect(settings.redis_url), settings.redis_key_prefix, m)
@@ -187,6 +188,12 @@ def test_consumer_health_totals_versions_and_staleness(stream_settings):
     a = h.rows[0]
     assert a["status"] == "live" and a["model_version"] == "v1" and a["events"] == 100
     assert a["e2a_ms_p50"] == pytest.approx(27.5, abs=0.01)
+    assert a["no_query"] == 2 and a["batch_ms_p50"] == 20
+    assert "updated_at" not in a and "predict_s" not in a   # shown as age_s / stage chart
+    # a field a newer worker publishes is shown too, after the known columns
+    client.hset(f"{s.redis_key_prefix}:metrics:consumer:w-a", "inflight_batches", "3")
+    a = health.consumer_health(client, s.redis_key_prefix).rows[0]
+    assert list(a)[-1] == "inflight_batches" and a["inflight_batches"] == 3
     assert h.stages[0]["predict"] == 0.5 and h.stages[0]["redis"] == 0.25
     later = health.consumer_health(client, s.redis_key_prefix, now=time.time() + 60)
     assert later.stale == 2 and {r["status"] for r in later.rows} == {"stale"}
