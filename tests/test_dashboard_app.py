@@ -63,6 +63,11 @@ def test_predict_page_shows_top_queries_of_current_version(app_env, astec_predic
     lat = {m.label: m.value for m in at.metric}
     assert float(lat["Latency (median of 5, warm)"].split()[0]) > 0
     assert lat["Queries returned"] == "7"
+    # promoting another version is picked up on the next rerun (no restart)
+    from engine.registry import Registry
+    Registry(tmp_path / "models").promote(v1)
+    at.run()
+    assert v1 in at.caption[0].value and f"versions/{v1}/predictor" in at.caption[0].value
 
 
 def test_predict_page_without_a_model_says_so(app_env, tmp_path):
