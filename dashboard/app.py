@@ -84,7 +84,7 @@ def page_predict(src: Sources) -> None:
     ids, scores = pred.predict_one(text, k)
     first_ms = (time.perf_counter() - t0) * 1000
     reps = []
-    for _ in range(5):   # warm repeats: the figure a stream consumer sees per page view
+    for _ in range(5):   # warm repeats: one title's latency without first-call effects
         t0 = time.perf_counter()
         pred.predict_one(text, k)
         reps.append((time.perf_counter() - t0) * 1000)
