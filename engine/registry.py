@@ -37,6 +37,10 @@ class RegistryError(RuntimeError):
     """A registry file is missing or malformed (the message names the file)."""
 
 
+class RegistryLocked(RegistryError):
+    """Another writer holds the registry lock."""
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -150,7 +154,7 @@ class Registry:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError as e:
-                raise RegistryError(f"{self.root / '.lock'}: another writer holds the lock") from e
+                raise RegistryLocked(f"{self.root / '.lock'}: another writer holds the lock") from e
             try:
                 yield
             finally:

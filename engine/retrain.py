@@ -28,7 +28,7 @@ from engine.clicklog import ReadReport, partitions, read_log
 from engine.clicks_dataset import aggregate_clicks, build_training_set, table_to_points
 from engine.formats import read_label_names, read_text_tsv
 from engine.metrics import evaluate, inv_propensity
-from engine.registry import Registry, RegistryError
+from engine.registry import Registry, RegistryLocked
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +95,6 @@ def _predictor_fn(version_dir: Path):
 def retrain(log_dir: str | Path, models_dir: str | Path, config=None,
             settings: RetrainSettings | None = None) -> RetrainResult:
     """Train a new version from LOG_DIR and promote it under MODELS_DIR if it is not worse."""
-    from engine.astec import Astec, AstecConfig
-    from engine.export import ExportOptions, export_model
-
     s = settings or RetrainSettings()
     t0 = time.time()
     reg = Registry(models_dir, keep=s.keep)
@@ -107,67 +104,80 @@ def retrain(log_dir: str | Path, models_dir: str | Path, config=None,
                            f"--holdout-days={s.holdout_days} (the newest days are held out for evaluation)")
     train_until, holdout_since = dates[-s.holdout_days - 1], dates[-s.holdout_days]
     try:
-        lock = reg.lock(wait=False)
-        lock.__enter__()
-    except RegistryError as e:
+        with reg.lock(wait=False):
+            res = _retrain_locked(reg, log_dir, config, s, train_until, holdout_since)
+    except RegistryLocked as e:
         raise RetrainError(f"{models_dir}: another retrain is running ({e})") from None
-    try:
-        stale = reg.cleanup_staging()
-        if stale:
-            log.warning("removed %d stale staging dir(s) from interrupted retrains: %s", len(stale), stale)
-        previous = reg.current()
-        st = reg.stage()
-        try:
-            data = build_training_set(log_dir, st.path / "data", min_clicks=s.min_clicks,
-                                      test_fraction=0.0, seed=s.seed, until=train_until)
-            texts, Y = read_text_tsv(st.path / "data" / "train.tsv")
-            names = read_label_names(st.path / "data" / "labels.txt")
-            Y = sp.csr_matrix(Y, shape=(Y.shape[0], len(names))) if Y.shape[1] < len(names) else Y
-            cfg = config or AstecConfig()
-            model = Astec.train(texts, Y, cfg, label_names=names, progress=s.progress)
-            model.save(st.path / "model")
-            del model
-            export_model(st.path / "model", st.path / "predictor",
-                         ExportOptions(version=st.version), progress=s.progress)
+    res.seconds = round(time.time() - t0, 1)
+    return res
 
-            rep = ReadReport("search_clicks")
-            table = _holdout_table(log_dir, holdout_since, s.min_clicks, rep)
-            e_texts, e_Y, e_names = table_to_points(table)
-            if len(e_texts) > s.max_eval_points:
-                pick = np.sort(np.random.default_rng(s.seed).choice(len(e_texts), s.max_eval_points,
-                                                                     replace=False))
-                e_texts, e_Y = [e_texts[i] for i in pick], e_Y[pick]
-            if not e_texts:
-                raise RetrainError(f"{log_dir}: no held-out pages with >= {s.min_clicks} clicks "
-                                   f"since {holdout_since}")
-            fn, mnames = _predictor_fn(st.path)
-            m_new = evaluate_by_text(fn, mnames, e_texts, e_Y, e_names, s.k)
-            m_cur = None
-            if previous is not None:
-                fn, mnames = _predictor_fn(reg.path(previous))
-                m_cur = evaluate_by_text(fn, mnames, e_texts, e_Y, e_names, s.k)
-            if s.metric not in m_new:
-                raise RetrainError(f"metric {s.metric!r} not computed; choose one of {sorted(m_new)}")
-            if m_cur is None:
-                promote, reason = True, "no current version"
-            else:
-                delta = m_new[s.metric] - m_cur[s.metric]
-                promote = delta >= -s.tolerance
-                reason = (f"{s.metric} {m_new[s.metric]:.2f} vs current {m_cur[s.metric]:.2f} "
-                          f"(delta {delta:+.2f}, tolerance {s.tolerance})")
-            meta = {"kind": "astec", "parent": previous, "promoted": promote, "decision": reason,
-                    "metrics_holdout": m_new, "metrics_current_on_holdout": m_cur,
-                    "holdout": {"since": holdout_since, "points": len(e_texts), "read": rep.to_dict()},
-                    "train_until": train_until, "data": data, "settings": asdict(s),
-                    "config": cfg.to_dict() if hasattr(cfg, "to_dict") else None}
-            reg.commit(st, meta)
-        except BaseException:
-            shutil.rmtree(st.path, ignore_errors=True)
-            raise
-        if promote:
-            reg.promote(st.version)
-        pruned = reg.prune()
-    finally:
-        lock.__exit__(None, None, None)
+
+def _evaluate_current(reg: Registry, version: str, e_texts, e_Y, e_names, k: int):
+    """Metrics of the current version, or (None, why) when it cannot be loaded or run."""
+    try:
+        fn, mnames = _predictor_fn(reg.path(version))
+        return evaluate_by_text(fn, mnames, e_texts, e_Y, e_names, k), None
+    except Exception as e:  # noqa: BLE001 - a broken current version must not block a new one
+        log.error("current version %s cannot be evaluated: %s", version, e)
+        return None, f"current version {version} unusable: {e}"
+
+
+def _retrain_locked(reg: Registry, log_dir, config, s: RetrainSettings, train_until: str,
+                    holdout_since: str) -> RetrainResult:
+    from engine.astec import Astec, AstecConfig
+    from engine.export import ExportOptions, export_model
+
+    stale = reg.cleanup_staging()
+    if stale:
+        log.warning("removed %d stale staging dir(s) from interrupted retrains: %s", len(stale), stale)
+    previous = reg.current()
+    st = reg.stage()
+    try:
+        data = build_training_set(log_dir, st.path / "data", min_clicks=s.min_clicks,
+                                  test_fraction=0.0, seed=s.seed, until=train_until)
+        names = read_label_names(st.path / "data" / "labels.txt")
+        texts, Y = read_text_tsv(st.path / "data" / "train.tsv", num_labels=len(names))
+        cfg = config or AstecConfig()
+        model = Astec.train(texts, Y, cfg, label_names=names, progress=s.progress)
+        model.save(st.path / "model")
+        del model
+        export_model(st.path / "model", st.path / "predictor",
+                     ExportOptions(version=st.version), progress=s.progress)
+
+        rep = ReadReport("search_clicks")
+        table = _holdout_table(log_dir, holdout_since, s.min_clicks, rep)
+        e_texts, e_Y, e_names = table_to_points(table)
+        if len(e_texts) > s.max_eval_points:
+            pick = np.sort(np.random.default_rng(s.seed).choice(len(e_texts), s.max_eval_points,
+                                                                 replace=False))
+            e_texts, e_Y = [e_texts[i] for i in pick], e_Y[pick]
+        if not e_texts:
+            raise RetrainError(f"{log_dir}: no held-out pages with >= {s.min_clicks} clicks "
+                               f"since {holdout_since}")
+        fn, mnames = _predictor_fn(st.path)
+        m_new = evaluate_by_text(fn, mnames, e_texts, e_Y, e_names, s.k)
+        if s.metric not in m_new:
+            raise RetrainError(f"metric {s.metric!r} not computed; choose one of {sorted(m_new)}")
+        m_cur, why = (None, "no current version") if previous is None else \
+            _evaluate_current(reg, previous, e_texts, e_Y, e_names, s.k)
+        if m_cur is None:
+            promote, reason = True, why
+        else:
+            delta = m_new[s.metric] - m_cur[s.metric]
+            promote = delta >= -s.tolerance
+            reason = (f"{s.metric} {m_new[s.metric]:.2f} vs current {m_cur[s.metric]:.2f} "
+                      f"(delta {delta:+.2f}, tolerance {s.tolerance})")
+        meta = {"kind": "astec", "parent": previous, "promoted": promote, "decision": reason,
+                "metrics_holdout": m_new, "metrics_current_on_holdout": m_cur,
+                "holdout": {"since": holdout_since, "points": len(e_texts), "read": rep.to_dict()},
+                "train_until": train_until, "data": data, "settings": asdict(s),
+                "config": cfg.to_dict() if hasattr(cfg, "to_dict") else None}
+        reg.commit(st, meta)
+    except BaseException:
+        shutil.rmtree(st.path, ignore_errors=True)
+        raise
+    if promote:
+        reg.promote(st.version)
+    pruned = reg.prune()
     return RetrainResult(st.version, promote, reason, previous, m_new, m_cur, data, len(e_texts),
-                         pruned, round(time.time() - t0, 1))
+                         pruned)
