@@ -2,12 +2,15 @@
 side by side with the torch model path and the omikuji / napkinXC peers on the same texts.
 
 Every system runs in its own fresh subprocess pinned to one thread (OMP/BLAS/torch/hnswlib/ORT),
-so load time and resident memory are that system's alone and the ratios are like for like.
+so load time and resident memory are that system's alone; the timings alternate between the
+systems in short rounds, so a busy shared machine slows all of them alike and the ratios are
+like for like.
 Tokenisation / TF-IDF vectorisation is inside every timed call (the peers use the predictor's
 own vectoriser, loaded from the predictor directory).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,30 +35,11 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2 ** 20
 
 
-def _latency(fn, texts: list[str], warmup: int) -> dict:
-    """Per-call wall time of fn(text) over texts, after `warmup` untimed calls."""
-    for t in texts[:warmup]:
-        fn(t)
-    ts = np.empty(len(texts))
-    clock = time.perf_counter
-    for i, t in enumerate(texts):
-        a = clock()
-        fn(t)
-        ts[i] = clock() - a
-    ms = ts * 1e3
+def _summary(ms: np.ndarray) -> dict:
     return {"p50_ms": round(float(np.percentile(ms, 50)), 4),
             "p90_ms": round(float(np.percentile(ms, 90)), 4),
             "p99_ms": round(float(np.percentile(ms, 99)), 4),
-            "mean_ms": round(float(ms.mean()), 4), "n": len(texts)}
-
-
-def _throughput(fn_batch, texts: list[str], batch: int) -> float:
-    """Texts per second of fn_batch(list_of_texts) over `texts` in chunks of `batch`."""
-    fn_batch(texts[:batch])
-    t0 = time.perf_counter()
-    for s in range(0, len(texts), batch):
-        fn_batch(texts[s:s + batch])
-    return round(len(texts) / (time.perf_counter() - t0), 1)
+            "mean_ms": round(float(ms.mean()), 4), "n": int(ms.size)}
 
 
 def _dir_bytes(path: Path) -> int:
@@ -71,7 +55,8 @@ def _sys_predictor(args: dict, backend: str):
         one = lambda t: p.predict_one(t, k)  # noqa: E731
     else:
         one = lambda t: p.predict([t], k)  # noqa: E731
-    batch = lambda ts: p.predict(ts, k)  # noqa: E731
+    def batch(ts):   # a batch of one takes the single-text path, as a consumer would
+        return p.predict(ts, k) if len(ts) != 1 else tuple(a[None] for a in p.predict_one(ts[0], k))
     return one, batch, _dir_bytes(args["predictor"])
 
 
@@ -149,9 +134,21 @@ def _import_libraries(system: str) -> None:
         import napkinxc.models  # noqa: F401
 
 
-def worker(args: dict) -> dict:
-    """Measure one system in this (fresh, single-threaded) process; returns a JSON-able dict."""
+def serve(args: dict) -> None:
+    """Worker loop: load one system, then answer timing commands (JSON lines on stdin/stdout).
+
+    The parent keeps every system's worker alive and alternates short rounds between them, so
+    the load of a shared machine falls on all systems alike and the ratios stay fair.
+    """
     from engine.formats import read_text_tsv
+    # replies go to the original stdout; anything native libraries print goes to stderr
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+
+    def reply(obj: dict) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
     system = args["system"]
     texts, _ = read_text_tsv(args["input"])
     texts = texts[:args["n"]]
@@ -170,21 +167,83 @@ def worker(args: dict) -> dict:
         raise ValueError(f"unknown system {system!r}")
     load_s = time.perf_counter() - t0
     rss_loaded = _rss_mb()
-    res = {"system": system, "load_s": round(load_s, 3), "files_mb": round(files / 2 ** 20, 2)}
-    res["latency_one_text"] = _latency(one, texts[:args["n_latency"]], warmup=args["warmup"])
-    res["throughput_texts_per_s"] = {str(b): _throughput(batch, texts, b) for b in BATCHES}
-    out = batch(texts)
-    np.save(args["ids_out"], _ids_of(system, out, len(texts), args["k"]), allow_pickle=False)
-    if system in ("predictor", "predictor-onnx", "torch"):
-        np.save(args["scores_out"], np.asarray(out[1], np.float32), allow_pickle=False)
-    rss = _rss_mb()
-    res["rss_mb"] = {"libraries": round(rss0, 1), "after_load": round(rss_loaded, 1),
-                     "after_run": round(rss, 1), "model": round(rss - rss0, 1)}
-    res["memory_over_files"] = round((rss - rss0) / max(files / 2 ** 20, 1e-9), 3)
-    return res
+    for t in texts[:args["warmup"]]:
+        one(t)
+    batch(texts[:256])
+    reply({"system": system, "load_s": round(load_s, 3), "files_mb": round(files / 2 ** 20, 2),
+           "rss0": rss0, "rss_loaded": rss_loaded, "files": files})
+    clock = time.perf_counter
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        part = texts[cmd.get("start", 0):cmd.get("end", len(texts))]
+        if cmd["cmd"] == "latency":
+            ts = []
+            for t in part:
+                a = clock()
+                one(t)
+                ts.append((clock() - a) * 1e3)
+            reply({"ms": ts})
+        elif cmd["cmd"] == "throughput":
+            b = cmd["batch"]
+            a = clock()
+            for i in range(0, len(part), b):
+                batch(part[i:i + b])
+            reply({"seconds": clock() - a, "texts": len(part)})
+        elif cmd["cmd"] == "finish":
+            out = batch(texts)
+            np.save(args["ids_out"], _ids_of(system, out, len(texts), args["k"]),
+                    allow_pickle=False)
+            if system in ("predictor", "predictor-onnx", "torch"):
+                np.save(args["scores_out"], np.asarray(out[1], np.float32), allow_pickle=False)
+            reply({"rss": _rss_mb()})
+            return
+
+
+class _Worker:
+    """A system's serving subprocess (one thread, its own memory)."""
+
+    def __init__(self, args: dict, env: dict, log: Path):
+        self.system = args["system"]
+        self.log = log
+        with open(log, "w") as err:    # a file, not a pipe: a chatty worker never blocks
+            self.proc = subprocess.Popen([sys.executable, "-m", "engine.bench_predict",
+                                          json.dumps(args)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        self.ready = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.log.read_text(errors="replace").strip().splitlines()
+            raise RuntimeError(f"{self.system} worker failed: {err[-1:] or 'no output'}")
+        return json.loads(line)
+
+    def ask(self, cmd: dict) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
 
 # ---- peers' training (parent process, not timed) ----------------------------------------------
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Native libraries (omikuji, napkinXC) print to fd 1; keep stdout for the JSON report."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def train_peers(predictor: str, train: str, peer_dir: Path, systems: list[str], threads: int) -> dict:
     """Train omikuji (Parabel-style defaults) and napkinXC PLT on the predictor's TF-IDF features."""
     from engine.formats import read_text_tsv
@@ -235,7 +294,7 @@ def _p_at(Y, ids: np.ndarray, ks=(1, 5)) -> dict:
 
 def run_bench(predictor: str, input_path: str, model: str | None, train: str | None,
               systems: list[str], n: int, n_latency: int, k: int, peer_dir: str | None,
-              threads_train: int = 2) -> dict:
+              threads_train: int = 2, rounds: int = 10) -> dict:
     """Run every system in its own subprocess and gather figures + ratios to the predictor."""
     from engine.formats import read_text_tsv
     from engine.manifest import verify_manifest
@@ -261,22 +320,55 @@ def run_bench(predictor: str, input_path: str, model: str | None, train: str | N
                 report["skipped"][s] = "needs --train TRAIN.tsv to train the peer"
             systems = [s for s in systems if s not in peers]
         else:
-            report["peer_training"] = train_peers(predictor, train, pdir, peers, threads_train)
+            with _stdout_to_stderr():
+                report["peer_training"] = train_peers(predictor, train, pdir, peers,
+                                                      threads_train)
     if "torch" in systems and model is None:
         report["skipped"]["torch"] = "no --model and the manifest's source model is not on disk"
         systems = [s for s in systems if s != "torch"]
     env = {**os.environ, **_ONE_THREAD}
-    for s in systems:
-        args = {"system": s, "predictor": str(predictor), "model": model, "input": input_path,
-                "n": n, "n_latency": n_latency, "warmup": min(200, n_latency), "k": k,
-                "peer_dir": str(pdir), "ids_out": str(work / f"{s}.ids.npy"),
-                "scores_out": str(work / f"{s}.scores.npy")}
-        proc = subprocess.run([sys.executable, "-m", "engine.bench_predict", json.dumps(args)],
-                              capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            report["skipped"][s] = f"worker failed: {proc.stderr.strip().splitlines()[-1:]}"
-            continue
-        report["systems"][s] = json.loads(proc.stdout.strip().splitlines()[-1])
+    workers: dict[str, _Worker] = {}
+    try:
+        for s in systems:          # loaded one after another: load times are not contended
+            args = {"system": s, "predictor": str(predictor), "model": model,
+                    "input": input_path, "n": n, "warmup": min(200, n_latency), "k": k,
+                    "peer_dir": str(pdir), "ids_out": str(work / f"{s}.ids.npy"),
+                    "scores_out": str(work / f"{s}.scores.npy")}
+            try:
+                workers[s] = _Worker(args, env, work / f"{s}.log")
+            except RuntimeError as e:
+                report["skipped"][s] = str(e)
+        lat = {s: [] for s in workers}
+        step = max(1, n_latency // rounds)
+        for a in range(0, n_latency, step):          # interleaved rounds
+            for s, w in workers.items():
+                lat[s].extend(w.ask({"cmd": "latency", "start": a,
+                                     "end": min(a + step, n_latency)})["ms"])
+        thr = {s: {} for s in workers}
+        for b in BATCHES:
+            tot = {s: [0.0, 0] for s in workers}
+            chunk = max(b, (n // rounds) // b * b)
+            for a in range(0, n, chunk):
+                for s, w in workers.items():
+                    r = w.ask({"cmd": "throughput", "batch": b, "start": a,
+                               "end": min(a + chunk, n)})
+                    tot[s][0] += r["seconds"]
+                    tot[s][1] += r["texts"]
+            for s in workers:
+                thr[s][str(b)] = round(tot[s][1] / max(tot[s][0], 1e-9), 1)
+        for s, w in workers.items():
+            rss = w.ask({"cmd": "finish"})["rss"]
+            r = w.ready
+            report["systems"][s] = {
+                "system": s, "load_s": r["load_s"], "files_mb": r["files_mb"],
+                "latency_one_text": _summary(np.asarray(lat[s])),
+                "throughput_texts_per_s": thr[s],
+                "rss_mb": {"libraries": round(r["rss0"], 1), "after_load": round(r["rss_loaded"], 1),
+                           "after_run": round(rss, 1), "model": round(rss - r["rss0"], 1)},
+                "memory_over_files": round((rss - r["rss0"]) / max(r["files"] / 2 ** 20, 1e-9), 3)}
+    finally:
+        for w in workers.values():
+            w.close()
     # accuracy and parity on the same texts
     texts, Y = read_text_tsv(input_path, num_labels=int(man.data["shapes"]["num_labels"]))
     Y = Y[:n].tocsr()
@@ -347,4 +439,4 @@ def bench_predict(predictor, input_path, model, train, systems, n, n_latency, k,
 
 
 if __name__ == "__main__":
-    print(json.dumps(worker(json.loads(sys.argv[1]))))
+    serve(json.loads(sys.argv[1]))
