@@ -296,13 +296,21 @@ def run_bench(predictor: str, input_path: str, model: str | None, train: str | N
               systems: list[str], n: int, n_latency: int, k: int, peer_dir: str | None,
               threads_train: int = 2, rounds: int = 10) -> dict:
     """Run every system in its own subprocess and gather figures + ratios to the predictor."""
+    with tempfile.TemporaryDirectory(prefix="astec-bench-predict-") as tmp:
+        return _run_bench(Path(tmp), predictor, input_path, model, train, systems, n, n_latency,
+                          k, peer_dir, threads_train, rounds)
+
+
+def _run_bench(work: Path, predictor: str, input_path: str, model: str | None, train: str | None,
+              systems: list[str], n: int, n_latency: int, k: int, peer_dir: str | None,
+              threads_train: int = 2, rounds: int = 10) -> dict:
+    """Run every system in its own subprocess and gather figures + ratios to the predictor."""
     from engine.formats import read_text_tsv
     from engine.manifest import verify_manifest
     man = verify_manifest(predictor)
     if model is None:
         src = man.data.get("source_model", {}).get("path")
         model = src if src and Path(src).is_dir() else None
-    work = Path(tempfile.mkdtemp(prefix="astec-bench-"))
     pdir = Path(peer_dir) if peer_dir else work / "peers"
     pdir.mkdir(parents=True, exist_ok=True)
     report: dict = {"predictor": str(predictor), "version": man.data.get("version"),
