@@ -2,7 +2,8 @@
 
 Every method runs in its own subprocess (a fresh interpreter), so its peak RSS is measured alone
 (os.wait4's ru_maxrss) and one method's memory never inflates another's. Peers get the same
-TF-IDF features as Astec (engine.text, the config's word/char n-grams). Metrics: engine.metrics
+TF-IDF features from engine.text (words + word pairs by default, --peer-ngrams; Astec uses its
+config's n-grams). Metrics: engine.metrics
 with propensities from the training labels (A=0.55, B=1.5 unless --propensity A,B).
 """
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _load(train, test, labels, cfg):
     return Xtr, Xte, Xtr, Xte, Ytr, Yte, tr.label_names
 
 
-def _worker(method, train, test, labels, config, out_json, k, threads):
+def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngrams=2):
     """Train + predict one method in this process; write timings and top-k ids to out_json."""
     import numpy as np
     import scipy.sparse as sp
@@ -56,6 +57,8 @@ def _worker(method, train, test, labels, config, out_json, k, threads):
 
     cfg = AstecConfig.load(config) if config else AstecConfig()
     cfg.num_threads = threads
+    if not method.startswith("astec"):
+        cfg.word_ngrams = peer_ngrams
     tr_in, te_in, Xtr, Xte, Ytr, Yte, names = _load(train, test, labels, cfg)
     t0 = time.time()
     if method.startswith("astec"):
@@ -107,14 +110,17 @@ def _worker(method, train, test, labels, config, out_json, k, threads):
     Path(out_json).write_text(json.dumps({"train_s": train_s, "predict_s": pred_s, **extra}))
 
 
-def _run(method, args, k, threads) -> dict:
+def _run(method, args, k, threads, peer_ngrams) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, "-m", "engine.bench_peers", method, *args, out, str(k), str(threads)]
-        proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]))
+        cmd = [sys.executable, "-m", "engine.bench_peers", method, *args, out, str(k), str(threads), str(peer_ngrams)]
+        logf = open(os.path.join(tmp, "log.txt"), "wb")   # omikuji prints a progress line per example
+        proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]), stdout=logf, stderr=logf)
         _, status, ru = os.wait4(proc.pid, 0)
+        logf.close()
         if status != 0 or not os.path.exists(out):
-            return {"method": method, "error": f"exit status {status}"}
+            tail = Path(tmp, "log.txt").read_bytes()[-2000:].decode("utf-8", "replace")
+            return {"method": method, "error": f"exit status {status}: {tail.strip().splitlines()[-1:] }"}
         import numpy as np
         r = json.loads(Path(out).read_text())
         r["ids"] = np.load(out + ".ids.npy")
@@ -132,9 +138,11 @@ def _run(method, args, k, threads) -> dict:
 @click.option("--methods", default="astec,parabel,bonsai,napkinxc-plt", show_default=True,
               help=f"Comma-separated subset of {','.join(METHODS)}.")
 @click.option("--threads", type=int, default=2, show_default=True, help="Threads for the peers (omikuji, napkinXC).")
+@click.option("--peer-ngrams", type=click.IntRange(1, 2), default=2, show_default=True,
+              help="Word n-grams of the peers' TF-IDF features (2 = words + word pairs).")
 @click.option("--propensity", default="0.55,1.5", show_default=True, help="A,B of the propensity model.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the table as JSON.")
-def peers(train_path, test_path, labels_path, config_path, methods, threads, propensity, json_out):
+def peers(train_path, test_path, labels_path, config_path, methods, threads, peer_ngrams, propensity, json_out):
     """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k, time, RSS."""
     from engine.astec import AstecConfig
     from engine.formats import load_dataset
@@ -156,7 +164,7 @@ def peers(train_path, test_path, labels_path, config_path, methods, threads, pro
     rows = []
     for m in wanted:
         click.echo(f"running {m} ...", err=True)
-        r = _run(m, args, 5, cfg.num_threads if m.startswith("astec") else threads)
+        r = _run(m, args, 5, cfg.num_threads if m.startswith("astec") else threads, peer_ngrams)
         if "error" in r:
             click.echo(f"  {m}: failed ({r['error']})", err=True)
             rows.append({"method": m, "error": r["error"]})
@@ -185,5 +193,5 @@ def peers(train_path, test_path, labels_path, config_path, methods, threads, pro
 
 
 if __name__ == "__main__":
-    method, train, test, labels, config, out, k, threads = sys.argv[1:9]
-    _worker(method, train, test, labels or None, config or None, out, int(k), int(threads))
+    method, train, test, labels, config, out, k, threads, ngrams = sys.argv[1:10]
+    _worker(method, train, test, labels or None, config or None, out, int(k), int(threads), int(ngrams))

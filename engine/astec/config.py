@@ -18,7 +18,7 @@ class AstecConfig:
     """
 
     # features (passed to engine.text.TfidfVectorizer when training from raw text)
-    word_ngrams: int = 2             # 2 = words + adjacent word pairs (exact phrase cues)
+    word_ngrams: int = 1             # 1 = words (2 adds word pairs: rare bigrams hurt v with random init, -4 recall)
     char_ngrams: tuple = ()          # e.g. (3, 5) for character n-grams (the paper's query features)
     min_df: int = 1
     embedding_dim: int = 300
@@ -36,6 +36,7 @@ class AstecConfig:
     knn_neighbours: int = 40         # neighbours from ANNS^x
     centroid_neighbours: int = 100   # label centres from ANNS^mu
     centroid_weight: float = 0.5     # s = w * centroid_sim + (1 - w) * knn_score
+    knn_power: float = 1.0           # neighbour weight cos^p (p > 1 favours near-duplicates)
     head_centres: int = 4            # k-means centres for head labels
     head_min_points: int = 200       # a label with at least this many points is a head label
     shortlist_size: int = 100        # hard negatives per training point (paper: 500; O(log L) suffices)
@@ -55,7 +56,7 @@ class AstecConfig:
     reranker_epochs: int = 4
     reranker_negatives: int = 50     # base model's top mispredictions per training point
     # score combination, chosen on the validation split
-    alpha_grid: tuple = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    alpha_grid: tuple = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
     beta_grid: tuple = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
     alpha: float = -1.0              # < 0: choose on validation
     beta: float = -1.0

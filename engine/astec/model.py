@@ -60,7 +60,7 @@ class Learner:
             self.encoder.eval()
             Z = self.encoder.residual(torch.from_numpy(V)).numpy()
         S = self.index.scores(V, cfg.knn_neighbours, cfg.centroid_neighbours, cfg.centroid_weight,
-                              cfg.num_threads, exclude_self=exclude_self)
+                              cfg.num_threads, exclude_self=exclude_self, knn_power=cfg.knn_power)
         C = topk_rows(S, cfg.predict_shortlist)
         if self.index.prior.size:  # frequent labels are always scored (covers empty texts)
             n, k = X.shape[0], self.index.prior.size
@@ -146,13 +146,13 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     Vf = dense_bag(encoder, Xf)
     index = _build_index(encoder, Xf, Yf, cfg, seed, Vf)
     S = index.scores(Vf, cfg.knn_neighbours, cfg.centroid_neighbours, cfg.centroid_weight, cfg.num_threads,
-                     exclude_self=np.arange(Xf.shape[0]))
+                     exclude_self=np.arange(Xf.shape[0]), knn_power=cfg.knn_power)
     negatives = training_shortlist(S, Yf, cfg.shortlist_size, cfg.random_negatives, seed)
     del S
     m2 = {"seconds": None, "index_kind": index.points.kind, "centres": int(index.centres.count)}
     if Xv.shape[0]:
         Sv = index.scores(dense_bag(encoder, Xv), cfg.knn_neighbours, cfg.centroid_neighbours,
-                          cfg.centroid_weight, cfg.num_threads)
+                          cfg.centroid_weight, cfg.num_threads, knn_power=cfg.knn_power)
         m2[f"valid_recall@{cfg.predict_shortlist}"] = round(recall_at(Sv, Yv, cfg.predict_shortlist), 2)
         ids, sc = topk_dense_from_csr(Sv, 5)
         m2["valid_shortlist_only"] = {k: round(v, 2) for k, v in

@@ -1,7 +1,7 @@
 """Module II: label shortlists from the two indexes (ANNS^x over points, ANNS^mu over label centres).
 
 The base similarity s of a candidate label l for a point with features v is
-    s = w * max_c cos(v, mu_lc) + (1 - w) * sum_j cos(v, v_j) y_jl / sum_j cos(v, v_j)
+    s = w * max_c cos(v, mu_lc) + (1 - w) * sum_j c_j y_jl / sum_j c_j,   c_j = cos(v, v_j)^p
 over the label's centres c and the k nearest training points j. Everything is sparse-matrix
 algebra on whole batches; no per-point Python loops.
 """
@@ -72,7 +72,7 @@ class ShortlistIndex:
     prior_score: np.ndarray      # their tiny base score (ordered by frequency, < any real similarity)
 
     def scores(self, V: np.ndarray, knn: int, kmu: int, centroid_weight: float, num_threads: int = 2,
-               exclude_self: np.ndarray | None = None) -> sp.csr_matrix:
+               exclude_self: np.ndarray | None = None, knn_power: float = 1.0) -> sp.csr_matrix:
         """Base similarity s for every candidate label of every row of V (sparse [n, L]).
 
         exclude_self: for training rows, the row's own id in the point index (so a point is
@@ -91,7 +91,7 @@ class ShortlistIndex:
                 keep[drop_last, -1] = False
                 ids = ids[keep].reshape(n, -1)
                 sims = sims[keep].reshape(n, -1)
-            sims = np.clip(sims, 0, None)
+            sims = np.clip(sims, 0, None) ** knn_power   # > 1 sharpens towards the closest points
             k = ids.shape[1]
             S = sp.csr_matrix((sims.ravel(), ids.ravel(), np.arange(0, n * k + 1, k)),
                               shape=(n, self.points.count))

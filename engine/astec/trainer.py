@@ -120,20 +120,21 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
                       progress: bool = True) -> list[dict]:
     """Modules III/IV (and the re-ranker): 1-vs-all BCE over positives + shortlisted negatives.
 
-    Each batch is scored against the union of its points' candidates (positives + negatives);
-    a label in the union is a negative for every batch point that does not have it.
+    Each point is scored only on its own positives and shortlisted negatives (the paper's loss);
+    the batch gathers the union of those classifier rows once and updates only them.
     """
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     n, L = Y.shape
     Y = sp.csr_matrix(Y, dtype=np.float32)
-    cand = sp.csr_matrix(Y + negatives, dtype=np.float32)
-    cand.data[:] = 1.0
+    # 2 = positive, 1 = shortlisted negative
+    cand = sp.csr_matrix(2.0 * Y + sp.csr_matrix(negatives, dtype=np.float32) - 2.0 * Y.multiply(negatives != 0),
+                         dtype=np.float32)
+    cand.eliminate_zeros()
     opt_w = RowAdam(clf.weight.weight, lr=lr)
     opt_b = RowAdam(clf.bias.weight, lr=lr)
     opt_r = torch.optim.Adam(list(encoder.residual.parameters()), lr=lr)
     opt_e = RowAdam(encoder.embed.weight, lr=finetune_lr)
-    col = np.full(L, -1, dtype=np.int64)
     logs = []
     for ep in range(epochs):
         encoder.train()
@@ -141,22 +142,32 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
         tot = 0.0
         for idx in tqdm(_batches(n, batch_size, rng), desc=f"{name} epoch {ep + 1}/{epochs}",
                         disable=not progress, leave=False):
-            U = np.unique(cand[idx].indices)
-            if U.size == 0:
+            Cb = cand[idx]
+            if Cb.nnz == 0:
                 continue
-            col[U] = np.arange(U.size)
-            Yb = Y[idx]
-            target = np.zeros((len(idx), U.size), np.float32)
-            target[np.repeat(np.arange(len(idx)), np.diff(Yb.indptr)), col[Yb.indices]] = 1.0
-            col[U] = -1
+            counts = np.diff(Cb.indptr)
+            B, K = len(idx), int(counts.max())
+            U, inv = np.unique(Cb.indices, return_inverse=True)
+            r = np.repeat(np.arange(B), counts)
+            p = np.arange(Cb.nnz) - Cb.indptr[r]
+            slot = np.zeros((B, K), np.int64)
+            slot[r, p] = inv.ravel()
+            target = np.zeros((B, K), np.float32)
+            target[r, p] = Cb.data >= 2
+            mask = np.zeros((B, K), np.float32)
+            mask[r, p] = 1.0
             v, rows, Eu = gathered_v(opt_e, X[idx])
             if not finetune_embeddings:
                 v = v.detach()
             z = encoder.z_from_v(encoder.drop(v))
             Ut = torch.from_numpy(U.astype(np.int64))
             Wu, bu = opt_w.gather(Ut), opt_b.gather(Ut)
-            logits = z @ Wu.t() + bu.t()
-            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(target))
+            st = torch.from_numpy(slot)
+            # each point is scored only on its own positives + shortlist: [B, K] gathered rows
+            logits = torch.bmm(Wu[st], z.unsqueeze(2)).squeeze(2) + bu[st].squeeze(2)
+            m = torch.from_numpy(mask)
+            loss = (F.binary_cross_entropy_with_logits(logits, torch.from_numpy(target), reduction="none")
+                    * m).sum() / m.sum()
             opt_r.zero_grad()
             loss.backward()
             opt_w.step(Ut, Wu.grad)
