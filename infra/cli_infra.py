@@ -39,7 +39,8 @@ def up(data_dir: str, kafka_port: int | None, redis_port: int | None, create_top
     click.echo(f"kafka  pid {info.kafka.pid}  bootstrap {info.kafka_bootstrap}")
     click.echo(f"redis  pid {info.redis.pid}  port {info.redis.port} (password in "
                f"{os.path.join(info.data_dir, 'services.json')})")
-    click.echo(f"commands in this directory find them via {data_dir}; elsewhere run "
+    click.echo(f"other astec commands find them with --services-dir {info.data_dir} or "
+               f"ASTEC_SERVICES_DIR (default {DEFAULT_SERVICES_DIR}), or after "
                f"`eval $(astec infra env --data-dir {info.data_dir})`")
 
 
