@@ -122,6 +122,7 @@ def _read_titles(path: str) -> list[str]:
 def run_bench(settings: Settings, model: str, titles: list[str], events: int, workers: int,
               rates: list[float], paced_seconds: float, users: int, batch_max: int,
               log=click.echo) -> dict:
+    load0 = os.getloadavg()[0]   # the box is shared: say how busy it was
     tag = uuid.uuid4().hex[:8]
     s = settings.replace(topic_page_views=f"bench-pv-{tag}", topic_ad_queries=f"bench-aq-{tag}",
                          topic_ad_clicks=f"bench-ac-{tag}", topic_dead_letters=f"bench-dl-{tag}",
@@ -200,7 +201,8 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         reader.stop_event.set()
         reader.join(10)
     return {"workers": workers, "partitions": s.partitions, "batch_max": batch_max,
-            "model": model, "cpu_count": os.cpu_count(), "saturation": sat, "paced": paced,
+            "model": model, "cpu_count": os.cpu_count(),
+            "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)], "saturation": sat, "paced": paced,
             "duplicates_on_output": reader.duplicates, "worker_log": wlog.name}
 
 
