@@ -147,3 +147,12 @@ def test_config_json_round_trip_and_errors(tmp_path):
     with pytest.raises(ValueError, match="embedding_dim"):
         AstecConfig.load(tmp_path / "bad2.json")
     assert AstecConfig().resolve(3).num_clusters <= 3 and AstecConfig().resolve(3).shortlist_size <= 3
+
+
+def test_svd_embedding_init_trains(data):
+    tr, Ytr, te, Yte = data
+    m = Astec.train(tr, Ytr, fast(embedding_init="svd", reranker=False), progress=False)
+    ids, sc = m.predict(te, k=1)
+    assert evaluate(Yte, (ids, sc), ks=(1,))["P@1"] > 70.0
+    with pytest.raises(ValueError, match="embedding_init"):
+        fast(embedding_init="fasttext")

@@ -28,6 +28,7 @@ class AstecConfig:
     max_clusters: int = 65536        # the paper's 2^16
     surrogate_epochs: int = 10
     surrogate_lr: float = 0.01
+    embedding_init: str = "random"   # "random" or "svd": token-label co-occurrence SVD of the training data
     # residual blocks
     spectral_lambda: float = 1.0
     dropout: float = 0.5
@@ -70,6 +71,10 @@ class AstecConfig:
     seed: int = 0
     num_threads: int = 1             # torch threads (1 avoids oversubscription on a shared 2-core box)
     predict_batch: int = 2048
+
+    def __post_init__(self):
+        if self.embedding_init not in ("random", "svd"):
+            raise ValueError(f"embedding_init must be 'random' or 'svd', got {self.embedding_init!r}")
 
     def resolve(self, num_labels: int) -> "AstecConfig":
         """Return a copy with size-dependent values fixed for L labels (tiny L never breaks)."""

@@ -25,7 +25,7 @@ from . import io as mio
 from .ann import AnnIndex
 from .clustering import balanced_clusters, label_centroids, meta_labels
 from .config import AstecConfig
-from .network import Classifier, Encoder, SpectralResidual, bag_inputs, dense_bag
+from .network import Classifier, Encoder, SpectralResidual, bag_inputs, dense_bag, svd_embedding_init
 from .predict import classifier_logits, combine
 from .shortlist import ShortlistIndex, label_centres, recall_at, training_shortlist
 from .sparse import topk_dense_from_csr, topk_rows
@@ -136,6 +136,9 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     assign = balanced_clusters(cents, cfg.num_clusters, seed, progress)
     Ym = meta_labels(Yf, assign, cfg.num_clusters)
     encoder = Encoder(X.shape[1], D, cfg.spectral_lambda, cfg.dropout)
+    if cfg.embedding_init == "svd":
+        with torch.no_grad():
+            encoder.embed.weight.copy_(torch.from_numpy(svd_embedding_init(Xf, Yf, D, seed)))
     epochs_log = train_surrogate(encoder, Xf, Ym, cfg.surrogate_epochs, cfg.surrogate_lr, cfg.batch_size, seed,
                                  progress, valid=(Xv, meta_labels(Yv, assign, cfg.num_clusters)))
     log["modules"]["I"] = {"seconds": round(time.time() - t0, 1), "peak_rss_mb": _peak_rss_mb(),

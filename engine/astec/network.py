@@ -99,6 +99,30 @@ class Classifier(nn.Module):
         return z @ self.weight(labels).t() + self.bias(labels).t()
 
 
+def svd_embedding_init(X: sp.csr_matrix, Y: sp.csr_matrix, dim: int, seed: int = 0) -> np.ndarray:
+    """Token embeddings learnt from the training corpus alone: a rank-`dim` factorisation of the
+    L2-normalised token-label co-occurrence matrix X^T Y (tokens that share labels start close),
+    rescaled to the random init's per-row norm. Nothing is downloaded (the paper used fastText)."""
+    from .sparse import normalize_rows
+    M = normalize_rows(sp.csr_matrix(X.T.astype(np.float32)) @ sp.csr_matrix(Y, dtype=np.float32))
+    k = int(min(dim, min(M.shape) - 1))
+    V = M.shape[0]
+    E = np.random.default_rng(seed).normal(0, dim ** -0.5, (V, dim)).astype(np.float32)
+    if k < 1 or M.nnz == 0:
+        return E
+    torch.manual_seed(seed)
+    A = torch.sparse_csr_tensor(torch.from_numpy(M.indptr.astype(np.int64)), torch.from_numpy(M.indices.astype(np.int64)),
+                                torch.from_numpy(M.data), size=M.shape).to_sparse_coo()
+    U, S, _ = torch.svd_lowrank(A, q=k, niter=3)
+    F_ = (U * S.sqrt()).numpy()
+    norms = np.linalg.norm(F_, axis=1, keepdims=True)
+    has = norms[:, 0] > 1e-8
+    E[has, :k] = F_[has] / norms[has]    # unit rows, like N(0, 1/D) rows in expectation
+    if k < dim:
+        E[has, k:] *= 0.1
+    return E
+
+
 def dense_bag(encoder: Encoder, X: sp.csr_matrix, batch: int = 4096, what: str = "v") -> np.ndarray:
     """v (or z) for every row of X, in eval mode, as float32 [n, D]."""
     was = encoder.training
