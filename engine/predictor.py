@@ -267,7 +267,7 @@ class Learner:
             np.maximum(v, 0, out=v)
         else:
             v = np.zeros(E.shape[1], np.float32)
-        nrm = np.sqrt(v @ v)
+        nrm = np.sqrt(np.add.reduce(v * v))   # the same rounding as the batch path's norm
         q = (v / nrm if nrm > 0 else v)[None, :]
         labs, kinds, vals = [], [], []
         nk = nm = 0
