@@ -31,13 +31,13 @@ def resolve_predictor_dir(models: Path) -> Path:
                            f"directory (manifest.json)")
 
 
-def _load_visits(logs: Path, models: Path, k: int):
+def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
     from engine.predictor import Predictor
     from personalization.logs import load_visits
     pdir = resolve_predictor_dir(models)
     predictor = Predictor.load(pdir)
     t = time.perf_counter()
-    v = load_visits(logs, predictor, k=k)
+    v = load_visits(logs, predictor, k=k, progress=progress)
     click.echo(f"{v.n} visits of {len(v.user_ids)} users in {len(v.session_ids)} sessions; "
                f"{int((v.shown >= 0).sum())} impressions joined, {int(v.clicked.sum())} clicks; "
                f"{len(v.Z)} distinct pages through engine {predictor.version or pdir} "
@@ -107,7 +107,13 @@ def personalize() -> None:
               help="States in the window, current page included.")
 @click.option("--topk", type=click.IntRange(1, 100), default=10, show_default=True,
               help="Predicted queries per page (the stream's top_k).")
-@click.option("--epochs", type=click.IntRange(1, 100), default=6, show_default=True)
+@click.option("--epochs", type=click.IntRange(1, 100), default=4, show_default=True)
+@click.option("--rows-per-epoch", type=click.IntRange(0, None), default=60_000, show_default=True,
+              help="Visits sampled per epoch (0 = all of the training period).")
+@click.option("--hidden", type=click.IntRange(4, 1024), default=32, show_default=True,
+              help="GRU hidden size.")
+@click.option("--query-dim", type=click.IntRange(2, 1024), default=16, show_default=True,
+              help="Size of the projected query / user vectors.")
 @click.option("--val-frac", type=click.FloatRange(0.01, 0.9), default=0.2, show_default=True,
               help="Share of the latest sessions held out (split by time).")
 @click.option("--w-future", type=float, default=0.3, show_default=True,
@@ -119,14 +125,15 @@ def personalize() -> None:
 @click.option("--keep", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Versions kept in the GRU registry.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def train(logs, models, out, K, topk, epochs, val_frac, w_future, threads, seed, promote, keep,
-          quiet):
+def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim, val_frac,
+          w_future, threads, seed, promote, keep, quiet):
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
     from personalization.train import TrainConfig, publish, train_policy
-    predictor, v = _load_visits(logs, models, topk)
-    cfg = TrainConfig(K=K, topk=topk, epochs=epochs, val_frac=val_frac, w_future=w_future, threads=threads,
-                      seed=seed)
+    predictor, v = _load_visits(logs, models, topk, progress=not quiet)
+    cfg = TrainConfig(K=K, topk=topk, epochs=epochs, rows_per_epoch=rows_per_epoch,
+                      hidden=hidden, query_dim=query_dim, val_frac=val_frac, w_future=w_future,
+                      threads=threads, seed=seed)
     rows = predictor.classifier_rows(np.arange(predictor.num_labels))
     weights, report = train_policy(v, rows, cfg, progress=not quiet)
     root = out or (models / "gru")
@@ -137,7 +144,8 @@ def train(logs, models, out, K, topk, epochs, val_frac, w_future, threads, seed,
     click.echo(f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}); "
                f"{report['train_visits']} train / {report['val_visits']} validation visits, "
                f"best epoch {report['best_epoch']}: val click log-loss "
-               f"{best['val_click_logloss']:.4f}, {report['train_s']}s")
+               f"{best['val_click_logloss']:.4f}, next-pages CE {best['val_future_ce']:.4f}, "
+               f"{report['train_s']}s")
 
 
 @personalize.command()
@@ -163,7 +171,7 @@ def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, quiet)
     from personalization.policy import GruPolicy
     policy = GruPolicy.load(policy_dir or (models / "gru"))
     k = int(policy.manifest.get("train", {}).get("config", {}).get("topk", 10))
-    predictor, v = _load_visits(logs, models, k)
+    predictor, v = _load_visits(logs, models, k, progress=not quiet)
     if policy.n_labels != predictor.num_labels:
         raise click.ClickException(f"policy {policy.path} was trained on {policy.n_labels} "
                                    f"labels, the engine has {predictor.num_labels}")

@@ -112,7 +112,7 @@ def _session_codes(user: np.ndarray, ts: np.ndarray, sid: list[str | None]) -> n
 
 def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: float = 1800.0,
                 since: str | None = None, until: str | None = None,
-                batch: int = 2048) -> VisitLog:
+                batch: int = 2048, progress: bool = True) -> VisitLog:
     """Read the logs under log_dir and compute every visited page's state with `predictor`."""
     log_dir = Path(log_dir)
     reports = {kind: ReadReport(kind) for kind in
@@ -189,7 +189,8 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
     Z = np.zeros((P, D), np.float16)
     IDS = np.full((P, k), -1, np.int64)
     SC = np.zeros((P, k), np.float32)
-    for a in tqdm(range(0, P, batch), desc="astec states", unit="batch", leave=False):
+    for a in tqdm(range(0, P, batch), desc="astec states", unit="batch", leave=False,
+                  disable=not progress):
         ids, sc, z = predictor.predict_with_features(uniq[a:a + batch].tolist(), k)
         IDS[a:a + batch, :ids.shape[1]] = ids
         SC[a:a + batch, :sc.shape[1]] = sc

@@ -18,8 +18,8 @@ class GruConfig:
     """Sizes of the policy network (recorded in the manifest)."""
 
     K: int = 8            # states in the window, current page included
-    hidden: int = 64      # GRU hidden size H
-    query_dim: int = 32   # size Q of the user / query vectors
+    hidden: int = 32      # GRU hidden size H
+    query_dim: int = 16   # size Q of the user / query vectors
     mlp_hidden: int = 32  # scorer hidden size M
 
     def to_dict(self) -> dict:
@@ -54,7 +54,9 @@ class GruPolicyNet(nn.Module):
             hn = self.cell(z[:, t], h)
             h = torch.where(state_mask[:, t, None], hn, h)
         u = torch.tanh(self.user(h))
-        e = self.query_proj(self.rows[cand_ids.clamp(min=0)])
+        # project the whole (small) table once, then gather: far cheaper than projecting
+        # B*C gathered D-dim rows when many candidates repeat across a batch
+        e = self.query_proj(self.rows)[cand_ids.clamp(min=0)]
         x = torch.cat([feats, e * u[:, None, :]], dim=-1)
         logit = self.mlp2(torch.relu(self.mlp1(x)))[..., 0] + self.lin(feats)[..., 0]
         return logit.masked_fill(~cand_mask, float("-inf"))
@@ -70,6 +72,7 @@ class GruPolicyNet(nn.Module):
             "user.w": npy(self.user.weight), "user.b": npy(self.user.bias),
             "query_table": npy(self.query_proj(self.rows)),
             "log_pop": npy(self.log_pop),
+            "query_rows": self.rows.numpy().astype(np.float16),
             "mlp.w1": npy(self.mlp1.weight), "mlp.b1": npy(self.mlp1.bias),
             "mlp.w2": npy(self.mlp2.weight), "mlp.b2": npy(self.mlp2.bias),
             "lin.w": npy(self.lin.weight[0]),

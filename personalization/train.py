@@ -5,8 +5,8 @@ Objective, from logs only:
           (the logging policy explores, so shown queries are not only the page's top one)
   future  listwise cross-entropy towards the queries predicted for the session's next pages
           (intent persists over a session; a weak, dense signal that shapes the GRU state)
-The validation split is by time (the last `val_frac` of sessions); the epoch with the best
-validation click log-loss is kept.
+The validation split is by time (the last `val_frac` of sessions); the epoch with the lowest
+validation objective (the same weighted sum) is kept.
 """
 from __future__ import annotations
 
@@ -34,10 +34,12 @@ class TrainConfig:
 
     K: int = 8
     topk: int = 10                # predicted queries per page (the stream's top_k)
-    hidden: int = 64
-    query_dim: int = 32
+    hidden: int = 32
+    query_dim: int = 16
     mlp_hidden: int = 32
-    epochs: int = 6
+    epochs: int = 4
+    rows_per_epoch: int = 60_000  # visits sampled per epoch (0 = all); bounds CPU time
+    val_rows: int = 20_000        # held-out visits scored for model selection (0 = all)
     batch_size: int = 512
     lr: float = 3e-3
     weight_decay: float = 1e-5
@@ -54,12 +56,12 @@ class TrainConfig:
                          mlp_hidden=self.mlp_hidden)
 
 
-def make_batch(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray
-               ) -> EventBatch:
+def make_batch(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray,
+               query_rows: np.ndarray | None) -> EventBatch:
     """The serving-identical EventBatch of visits `rows` (their windows of the last K states)."""
     z, ids, sc, mask = v.states(rows, K, ttl_s)
     idx, _ = v.window(rows, K, ttl_s)
-    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx])
+    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx], query_rows)
 
 
 def split_rows(v: VisitLog, val_frac: float) -> tuple[np.ndarray, np.ndarray, float]:
@@ -119,8 +121,12 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         _, mask = v.window(rows, 2, cfg.ttl_s)
         return rows[mask[:, 0]]
     train_rows, val_rows = with_history(train_rows), with_history(val_rows)
+    if cfg.val_rows and len(val_rows) > cfg.val_rows:
+        val_rows = np.sort(rng.choice(val_rows, cfg.val_rows, replace=False))
     rows_n = classifier_rows / np.maximum(np.linalg.norm(classifier_rows, axis=1, keepdims=True),
                                           1e-6)
+    rows_n = rows_n.astype(np.float16).astype(np.float32)   # exactly what serving holds
+    rows16 = rows_n.astype(np.float16)
     net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     history, best, best_state = [], np.inf, None
@@ -128,12 +134,14 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
     for epoch in range(cfg.epochs):
         net.train()
         perm = rng.permutation(train_rows)
+        if cfg.rows_per_epoch:
+            perm = perm[:cfg.rows_per_epoch]
         tot = np.zeros(4)
         bar = tqdm(range(0, len(perm), cfg.batch_size), desc=f"gru epoch {epoch + 1}",
                    unit="batch", leave=False, disable=not progress)
         for a in bar:
             rows = np.sort(perm[a:a + cfg.batch_size])
-            b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop)
+            b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop, rows16)
             cs, nc, fs, nf = _losses(net, v, rows, b, cfg)
             loss = cfg.w_click * cs / max(nc, 1) + cfg.w_future * fs / max(nf, 1)
             opt.zero_grad()
@@ -141,32 +149,34 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
             torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
             opt.step()
             tot += [float(cs.detach()), nc, float(fs.detach()), nf]
-        val = evaluate_loss(net, v, val_rows, cfg, log_pop)
+        val = evaluate_loss(net, v, val_rows, cfg, log_pop, rows16)
+        val["val_objective"] = (cfg.w_click * val["val_click_logloss"]
+                                + cfg.w_future * val["val_future_ce"])
         rec = {"epoch": epoch + 1, "train_click_logloss": tot[0] / max(tot[1], 1),
                "train_future_ce": tot[2] / max(tot[3], 1), **val,
                "elapsed_s": round(time.perf_counter() - t0, 1)}
         history.append(rec)
         log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
-        if val["val_click_logloss"] < best:
-            best = val["val_click_logloss"]
+        if val["val_objective"] < best:
+            best = val["val_objective"]
             best_state = {k: t.detach().clone() for k, t in net.state_dict().items()}
     net.load_state_dict(best_state)
     report = {"config": asdict(cfg), "split_ts": t_split, "train_visits": int(len(train_rows)),
               "val_visits": int(len(val_rows)), "epochs": history,
-              "best_epoch": int(np.argmin([h["val_click_logloss"] for h in history]) + 1),
+              "best_epoch": int(np.argmin([h["val_objective"] for h in history]) + 1),
               "train_s": round(time.perf_counter() - t0, 1)}
     return net.export_weights(), report
 
 
 @torch.no_grad()
 def evaluate_loss(net, v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop: np.ndarray,
-                  batch: int = 2048) -> dict:
+                  query_rows: np.ndarray, batch: int = 2048) -> dict:
     """Validation click log-loss and future CE (no gradients)."""
     net.eval()
     tot = np.zeros(4)
     for a in range(0, len(rows), batch):
         r = rows[a:a + batch]
-        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop)
+        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, query_rows)
         cs, nc, fs, nf = _losses(net, v, r, b, cfg)
         tot += [float(cs), nc, float(fs), nf]
     return {"val_click_logloss": tot[0] / max(tot[1], 1), "val_future_ce": tot[2] / max(tot[3], 1),
