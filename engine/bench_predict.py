@@ -172,7 +172,7 @@ def serve(args: dict) -> None:
     batch(texts[:256])
     reply({"system": system, "load_s": round(load_s, 3), "files_mb": round(files / 2 ** 20, 2),
            "rss0": rss0, "rss_loaded": rss_loaded, "files": files})
-    clock, cpu = time.perf_counter, time.thread_time   # wall, and CPU time of this thread
+    clock, cpu = time.perf_counter, time.process_time   # wall, and CPU time of all its threads
     for line in sys.stdin:
         cmd = json.loads(line)
         part = texts[cmd.get("start", 0):cmd.get("end", len(texts))]
