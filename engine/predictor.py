@@ -53,13 +53,6 @@ class Encoder:
     onnx_path: Path | None = None
     _session: object | None = None
 
-    def v_one(self, idx: np.ndarray, val: np.ndarray) -> np.ndarray:
-        if idx.size == 0:
-            return np.zeros(self.emb.shape[1], np.float32)
-        v = val @ self.emb[idx]
-        np.maximum(v, 0, out=v)
-        return v
-
     def v_batch(self, rows: np.ndarray, idx: np.ndarray, val: np.ndarray, n: int) -> np.ndarray:
         """Bag of weighted embedding rows for n texts given flat (row, token, weight) triples."""
         if idx.size == 0:
