@@ -116,8 +116,12 @@ def personalize() -> None:
               help="Size of the projected query / user vectors.")
 @click.option("--val-frac", type=click.FloatRange(0.01, 0.9), default=0.2, show_default=True,
               help="Share of the latest sessions held out (split by time).")
-@click.option("--w-future", type=float, default=0.3, show_default=True,
-              help="Weight of the next-pages listwise loss (0 = clicks only).")
+@click.option("--w-future", type=float, default=1.0, show_default=True,
+              help="Weight of the next-pages listwise loss (browsing sequences).")
+@click.option("--w-ips", type=float, default=1.0, show_default=True,
+              help="Weight of the propensity-weighted listwise loss on clicked ads.")
+@click.option("--w-click", type=float, default=0.0, show_default=True,
+              help="Weight of the pointwise click log-loss on every impression.")
 @click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--promote/--no-promote", default=True, show_default=True,
@@ -126,13 +130,14 @@ def personalize() -> None:
               help="Versions kept in the GRU registry.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim, val_frac,
-          w_future, threads, seed, promote, keep, quiet):
+          w_future, w_ips, w_click, threads, seed, promote, keep, quiet):
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
     from personalization.train import TrainConfig, publish, train_policy
     predictor, v = _load_visits(logs, models, topk, progress=not quiet)
     cfg = TrainConfig(K=K, topk=topk, epochs=epochs, rows_per_epoch=rows_per_epoch,
                       hidden=hidden, query_dim=query_dim, val_frac=val_frac, w_future=w_future,
+                      w_ips=w_ips, w_click=w_click,
                       threads=threads, seed=seed)
     rows = predictor.classifier_rows(np.arange(predictor.num_labels))
     weights, report = train_policy(v, rows, cfg, progress=not quiet)

@@ -3,6 +3,9 @@
 Objective, from logs only:
   click   binary cross-entropy of the shown ad query's logit against whether it was clicked
           (the logging policy explores, so shown queries are not only the page's top one)
+  ips     listwise cross-entropy towards a clicked shown query, weighted by the inverse of the
+          logging policy's propensity (clipped at `ips_clip`): an off-policy estimate of the
+          click-through of the policy's choice, so exploration clicks count for what they reveal
   future  listwise cross-entropy towards the queries predicted for the session's next pages
           (intent persists over a session; a weak, dense signal that shapes the GRU state)
 The validation split is by time (the last `val_frac` of sessions); the epoch with the lowest
@@ -43,8 +46,10 @@ class TrainConfig:
     batch_size: int = 512
     lr: float = 3e-3
     weight_decay: float = 1e-5
-    w_click: float = 1.0
-    w_future: float = 0.3
+    w_click: float = 0.0
+    w_ips: float = 1.0
+    ips_clip: float = 20.0
+    w_future: float = 1.0
     future_horizon: int = 3
     val_frac: float = 0.2
     ttl_s: float = 30 * 86400.0   # the stream's Redis state TTL
@@ -77,7 +82,7 @@ def _tensors(b: EventBatch):
 
 
 def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
-    """(click BCE sum, #click rows, future CE sum, #future rows) for one batch."""
+    """(click BCE sum, #click rows, future CE sum, #future rows, IPS CE sum, IPS weight sum)."""
     logits = net(*_tensors(b))
     shown = v.shown[rows]
     eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
@@ -90,6 +95,16 @@ def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
         lg = logits[torch.from_numpy(r), torch.from_numpy(col)]
         y = torch.from_numpy(v.clicked[rows][r].astype(np.float32))
         click_sum = torch.nn.functional.binary_cross_entropy_with_logits(lg, y, reduction="sum")
+    ips_sum, ips_w = zero, 0.0
+    if cfg.w_ips and n_click:
+        r = np.flatnonzero(has & v.clicked[rows])
+        if len(r):
+            col = eq[r].argmax(1)
+            wt = np.minimum(1.0 / v.propensity[rows][r], cfg.ips_clip).astype(np.float32)
+            lsm = torch.log_softmax(logits[torch.from_numpy(r)], dim=1)
+            ips_sum = -(torch.from_numpy(wt) * lsm[torch.arange(len(r)),
+                                                   torch.from_numpy(col)]).sum()
+            ips_w = float(wt.sum())
     fut_sum, n_fut = zero, 0
     if cfg.w_future:
         T = targets_for(v, rows, b.cand_ids, (0.0, 0.0, 1.0), cfg.future_horizon)
@@ -101,7 +116,7 @@ def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
             lsm = torch.log_softmax(logits[torch.from_numpy(r)], dim=1)
             lsm = lsm.masked_fill(~torch.from_numpy(b.cand_mask[r]), 0.0)
             fut_sum = -(p * lsm).sum()
-    return click_sum, n_click, fut_sum, n_fut
+    return click_sum, n_click, fut_sum, n_fut, ips_sum, ips_w
 
 
 def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
@@ -136,24 +151,27 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         perm = rng.permutation(train_rows)
         if cfg.rows_per_epoch:
             perm = perm[:cfg.rows_per_epoch]
-        tot = np.zeros(4)
+        tot = np.zeros(6)
         bar = tqdm(range(0, len(perm), cfg.batch_size), desc=f"gru epoch {epoch + 1}",
                    unit="batch", leave=False, disable=not progress)
         for a in bar:
             rows = np.sort(perm[a:a + cfg.batch_size])
             b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop, rows16)
-            cs, nc, fs, nf = _losses(net, v, rows, b, cfg)
-            loss = cfg.w_click * cs / max(nc, 1) + cfg.w_future * fs / max(nf, 1)
+            cs, nc, fs, nf, js, jw = _losses(net, v, rows, b, cfg)
+            loss = (cfg.w_click * cs / max(nc, 1) + cfg.w_future * fs / max(nf, 1)
+                    + cfg.w_ips * js / max(jw, 1e-9))
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
             opt.step()
-            tot += [float(cs.detach()), nc, float(fs.detach()), nf]
+            tot += [float(cs.detach()), nc, float(fs.detach()), nf, float(js.detach()), jw]
         val = evaluate_loss(net, v, val_rows, cfg, log_pop, rows16)
         val["val_objective"] = (cfg.w_click * val["val_click_logloss"]
-                                + cfg.w_future * val["val_future_ce"])
+                                + cfg.w_future * val["val_future_ce"]
+                                + cfg.w_ips * val["val_ips_ce"])
         rec = {"epoch": epoch + 1, "train_click_logloss": tot[0] / max(tot[1], 1),
-               "train_future_ce": tot[2] / max(tot[3], 1), **val,
+               "train_future_ce": tot[2] / max(tot[3], 1),
+               "train_ips_ce": tot[4] / max(tot[5], 1e-9), **val,
                "elapsed_s": round(time.perf_counter() - t0, 1)}
         history.append(rec)
         log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
@@ -173,14 +191,14 @@ def evaluate_loss(net, v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop:
                   query_rows: np.ndarray, batch: int = 2048) -> dict:
     """Validation click log-loss and future CE (no gradients)."""
     net.eval()
-    tot = np.zeros(4)
+    tot = np.zeros(6)
     for a in range(0, len(rows), batch):
         r = rows[a:a + batch]
         b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, query_rows)
-        cs, nc, fs, nf = _losses(net, v, r, b, cfg)
-        tot += [float(cs), nc, float(fs), nf]
+        cs, nc, fs, nf, js, jw = _losses(net, v, r, b, cfg)
+        tot += [float(cs), nc, float(fs), nf, float(js), jw]
     return {"val_click_logloss": tot[0] / max(tot[1], 1), "val_future_ce": tot[2] / max(tot[3], 1),
-            "val_click_rows": int(tot[1])}
+            "val_ips_ce": tot[4] / max(tot[5], 1e-9), "val_click_rows": int(tot[1])}
 
 
 def publish(root: str | Path, weights: dict[str, np.ndarray], cfg: TrainConfig, meta: dict,

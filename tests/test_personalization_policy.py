@@ -62,6 +62,7 @@ def synthetic_visits(n_users=150, sessions=4, topics=6, per_topic=10, D=16, k=5,
     back = np.maximum(np.arange(n) - rng.integers(0, 3, n), 0)
     back = np.where(sess[back] == sess, back, np.arange(n))
     shown[explore] = IDS[page[back[explore]], rng.integers(0, k, explore.sum())]
+    prop = np.where(explore, 0.3 / (3 * k), 0.7 + 0.3 / (3 * k))
     p_click = np.where(q_topic[shown] == intent[sess], 0.45, 0.04)
     clicked = rng.random(n) < p_click
     v = VisitLog(user=user, user_ids=[f"u{i}" for i in range(n_users)], ts=ts, session=sess,
