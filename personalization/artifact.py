@@ -21,7 +21,6 @@ FORMAT = "astec-gru-policy/1"
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 ONNX = "model.onnx"
-HALF = ("query_rows",)   # stored and served as float16 (the largest table)
 
 
 class PolicyFileError(ValueError):
@@ -45,8 +44,8 @@ def save_policy(out_dir: str | Path, weights: dict[str, np.ndarray], config: dic
     if missing:
         raise ValueError(f"policy weights lack {missing}")
     weights = {k: v for k, v in weights.items() if not k.startswith("_")}
-    save_file({k: np.ascontiguousarray(v, np.float16 if k in HALF else np.float32)
-               for k, v in weights.items()}, str(out / WEIGHTS))
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()},
+              str(out / WEIGHTS))
     from personalization.onnx_graph import build_onnx
     (out / ONNX).write_bytes(build_onnx(weights))
     manifest = {
@@ -104,7 +103,6 @@ def load_policy(model_dir: str | Path) -> tuple[dict[str, np.ndarray], dict, byt
     H = weights["gru.w_hh"].shape[1]
     Q = weights["user.w"].shape[0]
     if H3 != 3 * H or weights["query_table"].shape[1] != Q or \
-            weights["query_rows"].shape != (weights["query_table"].shape[0], D - 1) or \
             weights["mlp.w1"].shape[1] != len(FEATURE_NAMES) + Q:
         raise PolicyFileError(f"{wpath}: tensor shapes are inconsistent "
                               f"(w_ih {weights['gru.w_ih'].shape}, w_hh "
@@ -112,7 +110,6 @@ def load_policy(model_dir: str | Path) -> tuple[dict[str, np.ndarray], dict, byt
     if list(manifest.get("feature_names", [])) != list(FEATURE_NAMES):
         raise PolicyFileError(f"{mpath}: field 'feature_names' differs from this code's "
                               f"{list(FEATURE_NAMES)}; retrain the policy")
-    weights = {k: np.ascontiguousarray(v, np.float16 if k in HALF else np.float32)
-               for k, v in weights.items()}
+    weights = {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}
     onnx_bytes = (d / ONNX).read_bytes() if ONNX in files else None
     return weights, manifest, onnx_bytes

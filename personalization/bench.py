@@ -1,5 +1,8 @@
 """`astec bench gru`: what the GRU policy costs a consumer per event, on full K windows.
 
+Wall-clock figures (mean, p50, p99) include time the process waited for a shared CPU;
+`cpu_us` is the process CPU time per event (what the consumer pays on a busy host).
+
 States are synthetic but shaped like the stream's (float16 z of the policy's D, top-k ids of
 the policy's label space, descending scores, visits 40 s apart) and every query id is distinct,
 so each event has the maximum K*k candidates: the worst case for the scorer.
@@ -35,7 +38,8 @@ def run_bench(policy_dir, events: int = 5000, topk: int = 10, batches=(1, 64, 25
               backends=("onnx", "numpy"), seed: int = 0) -> dict:
     """Per-event cost (microseconds) of choose() and choose_batch() for each backend."""
     res = {"K": None, "topk": topk, "events": events, "machine": platform.processor() or
-           platform.machine(), "cpus": os.cpu_count(), "results": []}
+           platform.machine(), "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
+           "results": []}
     for backend in backends:
         pol = GruPolicy.load(policy_dir, backend=backend)
         res["K"] = pol.K
@@ -45,22 +49,27 @@ def run_bench(policy_dir, events: int = 5000, topk: int = 10, batches=(1, 64, 25
         for _ in range(50):   # warm-up (ONNX Runtime allocations, caches)
             pol.choose(hist[0], cur[0])
         for B in batches:
+            c0 = time.process_time()
             if B == 1:
                 lat = np.empty(events)
                 for i in range(events):
                     t = time.perf_counter()
                     pol.choose(hist[i], cur[i])
                     lat[i] = time.perf_counter() - t
+                cpu = time.process_time() - c0
                 res["results"].append({
                     "backend": backend, "batch": 1,
                     "mean_us": round(float(lat.mean() * 1e6), 1),
                     "p50_us": round(float(np.percentile(lat, 50) * 1e6), 1),
-                    "p99_us": round(float(np.percentile(lat, 99) * 1e6), 1)})
+                    "p99_us": round(float(np.percentile(lat, 99) * 1e6), 1),
+                    "cpu_us": round(cpu / events * 1e6, 1)})
             else:
                 t = time.perf_counter()
                 for a in range(0, events, B):
                     pol.choose_batch(hist[a:a + B], cur[a:a + B])
                 dt = time.perf_counter() - t
+                cpu = time.process_time() - c0
                 res["results"].append({"backend": backend, "batch": B,
-                                       "mean_us": round(dt / events * 1e6, 1)})
+                                       "mean_us": round(dt / events * 1e6, 1),
+                                       "cpu_us": round(cpu / events * 1e6, 1)})
     return res

@@ -119,7 +119,7 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
     for a in tqdm(range(0, len(rows), batch), desc="evaluate", unit="batch", leave=False,
                   disable=not progress):
         r = rows[a:a + batch]
-        b = make_batch(v, r, K, ttl_s, log_pop, policy.weights["query_rows"])
+        b = make_batch(v, r, K, ttl_s, log_pop)
         cold = b.state_mask.sum(1) <= 1
         n_cold += int(cold.sum())
         colds.append(cold)

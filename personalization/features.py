@@ -21,10 +21,6 @@ FEATURE_NAMES = (
     "recency_score",      # score averaged with weights gamma^(age) over the window
     "mean_score_block",   # mean score over the current block (states since the last long gap)
     "frac_block",         # fraction of the current block's states whose top-k holds the query
-    "cos_current",        # cosine of the query's Astec classifier row with the current page's z
-    "cos_window",         # ... averaged over the window's pages (relevance even when the query
-    "cos_block",          # ... averaged over the current block       is not in a page's top-k)
-    "cos_recency",        # ... recency-weighted over the window
     "inv_rank_current",   # 1 / (1 + rank) on the current page (0 if absent)
     "log_popularity",     # log1p(global count) / log1p(max count)
     "window_fill",        # number of states in the window / K
@@ -34,8 +30,8 @@ N_FEATURES = len(FEATURE_NAMES)
 RECENCY_GAMMA = 0.7
 BLOCK_GAP_S = 30 * 60   # a gap this long between two visits starts a new block ("session")
 # (weight column, score/presence) of the first 8 features in the batched window averages
-_SEL_W = np.array([0, 0, 1, 2, 2, 3, 4, 4, 0, 2, 4, 3])
-_SEL_S = np.array([0, 1, 0, 0, 1, 0, 0, 1, 2, 2, 2, 2])
+_SEL_W = np.array([0, 0, 1, 2, 2, 3, 4, 4])
+_SEL_S = np.array([0, 1, 0, 0, 1, 0, 0, 1])
 
 
 class _Recency(dict):
@@ -104,14 +100,12 @@ def block_starts(ts: np.ndarray, state_mask: np.ndarray) -> tuple[np.ndarray, np
 
 
 def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: np.ndarray,
-                log_pop: np.ndarray, ts: np.ndarray | None = None,
-                query_rows: np.ndarray | None = None) -> EventBatch:
+                log_pop: np.ndarray, ts: np.ndarray | None = None) -> EventBatch:
     """Candidates (union of the window's top-k ids) and their features for a padded batch.
 
     z [B,K,D], ids [B,K,k] (-1 = none, each row sorted by descending score), scores [B,K,k],
     state_mask [B,K] right-aligned, log_pop [L] = normalised log popularity per query id,
-    ts [B,K] visit times in seconds (None = all one block), query_rows [L,D] L2-normalised
-    Astec classifier rows (None = cosine features 0).
+    ts [B,K] visit times in seconds (None = all one block).
     """
     B, K, k = ids.shape
     flat = np.where(state_mask[:, :, None], ids, -1).reshape(B, K * k)
@@ -134,14 +128,10 @@ def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: 
     tt, jj = np.divmod(pos, k)
     cc = cidx_sorted[bv, jv]
     bb = bv
-    # score / presence / cosine of every candidate in every state: SP [B, K, 3, C]
-    SP = np.zeros((B, K, 3, C), np.float32)
+    # score / presence of every candidate in every state: SP [B, K, 2, C]
+    SP = np.zeros((B, K, 2, C), np.float32)
     SP[bb, tt, 0, cc] = scores[bb, tt, jj]
     SP[bb, tt, 1, cc] = 1.0
-    zn = normalise_rows(z) * state_mask[..., None]
-    if query_rows is not None:
-        rows_c = query_rows[np.where(cand_ids >= 0, cand_ids, 0)].astype(np.float32)  # [B,C,D]
-        SP[:, :, 2, :] = np.matmul(zn, rows_c.transpose(0, 2, 1))                       # [B,K,C]
     Rk = np.zeros((B, C), np.float32)
     cur = tt == K - 1
     Rk[bb[cur], cc[cur]] = 1.0 / (1.0 + jj[cur])
@@ -162,7 +152,7 @@ def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: 
     rec = _RECENCY[K][None, :] * state_mask
     Wt[:, :, 3] = rec / np.maximum(rec.sum(1, keepdims=True), 1e-9)
     Wt[:, :, 4] = in_block / np.maximum(in_block.sum(1, keepdims=True), 1)
-    G = np.matmul(Wt.transpose(0, 2, 1), SP.reshape(B, K, 3 * C)).reshape(B, 5, 3, C)
+    G = np.matmul(Wt.transpose(0, 2, 1), SP.reshape(B, K, 2 * C)).reshape(B, 5, 2, C)
     feats = np.empty((B, C, N_FEATURES), np.float32)
     n_sel = len(_SEL_W)
     feats[..., :n_sel] = G[:, _SEL_W, _SEL_S, :].transpose(0, 2, 1)
@@ -171,7 +161,7 @@ def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: 
     feats[..., n_sel + 2] = n_states / K
     feats *= cand_mask[..., None]
     zz = np.empty(z.shape[:2] + (z.shape[2] + 1,), np.float32)
-    zz[..., :-1] = zn
+    zz[..., :-1] = normalise_rows(z) * state_mask[..., None]
     zz[..., -1] = starts
     return EventBatch(z=zz, state_mask=state_mask, cand_ids=cand_ids,
                       cand_mask=cand_mask, feats=feats)

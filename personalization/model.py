@@ -72,7 +72,6 @@ class GruPolicyNet(nn.Module):
             "user.w": npy(self.user.weight), "user.b": npy(self.user.bias),
             "query_table": npy(self.query_proj(self.rows)),
             "log_pop": npy(self.log_pop),
-            "query_rows": self.rows.numpy().astype(np.float16),
             "mlp.w1": npy(self.mlp1.weight), "mlp.b1": npy(self.mlp1.bias),
             "mlp.w2": npy(self.mlp2.weight), "mlp.b2": npy(self.mlp2.bias),
             "lin.w": npy(self.lin.weight[0]),

@@ -61,12 +61,12 @@ class TrainConfig:
                          mlp_hidden=self.mlp_hidden)
 
 
-def make_batch(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray,
-               query_rows: np.ndarray | None) -> EventBatch:
+def make_batch(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray
+               ) -> EventBatch:
     """The serving-identical EventBatch of visits `rows` (their windows of the last K states)."""
     z, ids, sc, mask = v.states(rows, K, ttl_s)
     idx, _ = v.window(rows, K, ttl_s)
-    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx], query_rows)
+    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx])
 
 
 def split_rows(v: VisitLog, val_frac: float) -> tuple[np.ndarray, np.ndarray, float]:
@@ -140,8 +140,6 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         val_rows = np.sort(rng.choice(val_rows, cfg.val_rows, replace=False))
     rows_n = classifier_rows / np.maximum(np.linalg.norm(classifier_rows, axis=1, keepdims=True),
                                           1e-6)
-    rows_n = rows_n.astype(np.float16).astype(np.float32)   # exactly what serving holds
-    rows16 = rows_n.astype(np.float16)
     net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     history, best, best_state = [], np.inf, None
@@ -156,7 +154,7 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
                    unit="batch", leave=False, disable=not progress)
         for a in bar:
             rows = np.sort(perm[a:a + cfg.batch_size])
-            b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop, rows16)
+            b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop)
             cs, nc, fs, nf, js, jw = _losses(net, v, rows, b, cfg)
             loss = (cfg.w_click * cs / max(nc, 1) + cfg.w_future * fs / max(nf, 1)
                     + cfg.w_ips * js / max(jw, 1e-9))
@@ -165,7 +163,7 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
             torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
             opt.step()
             tot += [float(cs.detach()), nc, float(fs.detach()), nf, float(js.detach()), jw]
-        val = evaluate_loss(net, v, val_rows, cfg, log_pop, rows16)
+        val = evaluate_loss(net, v, val_rows, cfg, log_pop)
         val["val_objective"] = (cfg.w_click * val["val_click_logloss"]
                                 + cfg.w_future * val["val_future_ce"]
                                 + cfg.w_ips * val["val_ips_ce"])
@@ -188,13 +186,13 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
 
 @torch.no_grad()
 def evaluate_loss(net, v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop: np.ndarray,
-                  query_rows: np.ndarray, batch: int = 2048) -> dict:
+                  batch: int = 2048) -> dict:
     """Validation click log-loss and future CE (no gradients)."""
     net.eval()
     tot = np.zeros(6)
     for a in range(0, len(rows), batch):
         r = rows[a:a + batch]
-        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, query_rows)
+        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop)
         cs, nc, fs, nf, js, jw = _losses(net, v, r, b, cfg)
         tot += [float(cs), nc, float(fs), nf, float(js), jw]
     return {"val_click_logloss": tot[0] / max(tot[1], 1), "val_future_ce": tot[2] / max(tot[3], 1),

@@ -169,9 +169,9 @@ def test_torch_numpy_onnx_agree(trained, world, registry):
     v, rows_w, _, _ = world
     weights, _ = trained
     net = GruPolicyNet(CFG.gru_config(), rows_w.shape[1],
-                       weights["query_rows"].astype(np.float32), weights["log_pop"])
+                       rows_w / np.linalg.norm(rows_w, axis=1, keepdims=True), weights["log_pop"])
     net.load_state_dict({**net.state_dict(), **_state_from_weights(net, weights)})
-    b = make_batch(v, np.arange(5, 400), CFG.K, CFG.ttl_s, weights["log_pop"], weights["query_rows"])
+    b = make_batch(v, np.arange(5, 400), CFG.K, CFG.ttl_s, weights["log_pop"])
     with torch.no_grad():
         lt = net(*[torch.from_numpy(x) for x in (b.z, b.state_mask, b.cand_ids, b.cand_mask,
                                                    b.feats)]).numpy()
