@@ -50,10 +50,12 @@ def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
 
 
 def _fmt_table(metrics: dict, cols: list[str]) -> str:
-    head = f"{'policy':<15}" + "".join(f"{c:>13}" for c in cols)
+    width = [max(12, len(c)) + 1 for c in cols]
+    head = f"{'policy':<15}" + "".join(f"{c:>{w}}" for c, w in zip(cols, width))
     lines = [head, "-" * len(head)]
     for p, m in metrics.items():
-        lines.append(f"{p:<15}" + "".join(f"{m.get(c, float('nan')):>13.4f}" for c in cols))
+        lines.append(f"{p:<15}" + "".join(f"{m.get(c, float('nan')):>{w}.4f}"
+                                          for c, w in zip(cols, width)))
     return "\n".join(lines)
 
 
