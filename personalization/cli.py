@@ -70,7 +70,6 @@ def run_evaluation(policy, v, val_frac: float, truth, n_boot: int, progress: boo
     out = {"held_out_visits": res.n_visits, "cold_start_visits": res.n_cold,
            "split_ts": t_split, "policy_version": policy.version, "K": policy.K,
            "metrics": res.metrics, "lift": {}}
-    from personalization.evaluate import bootstrap_lift  # noqa: F401 (documented in summarize)
     for metric in ("intent_hit", "click_hit", "ips_ctr"):
         s = summarize(res, metric) if metric in res.per_visit["gru"] else {}
         if s:

@@ -19,8 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from personalization.artifact import PolicyFileError, load_policy
-from personalization.features import build_batch, pad_states
-from personalization.features import EventBatch
+from personalization.features import EventBatch, build_batch, pad_states
 from personalization.scoring import candidate_logits, softmax_masked
 
 log = logging.getLogger(__name__)
@@ -175,6 +174,8 @@ class GruPolicy:
             arr = self._clean(hist, cur)
             if arr is None or not (arr[1][-1] >= 0).any():
                 self.fallbacks += 1
+                continue
+            if len(arr[0]) == 1:   # no usable history left: the cold-start rule
                 continue
             rows.append(b)
             seqs.append(arr)

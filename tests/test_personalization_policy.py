@@ -146,6 +146,9 @@ def test_bad_history_states_are_skipped_not_fatal(registry, world):
     q, s = pol.choose([wrong_dim, no_queries, good[0], out_of_space, good[1]], good[2])
     assert q >= 0 and q != 10 ** 6
     assert pol.choose([good[0], wrong_dim, good[1]], good[2]) == pol.choose(good[:2], good[2])
+    # nothing usable left in the history (expired / corrupt state): the cold-start rule
+    top = int(good[2].query_ids[np.argmax(good[2].scores)])
+    assert pol.choose([wrong_dim, no_queries], good[2])[0] == top
     # an unusable current page falls back to its own top query (or none), never raises
     assert pol.choose(good[:2], state(93, np.zeros(3), [5, 6], [0.1, 0.8])) == (6, pytest.approx(0.8))
     assert pol.choose(good[:2], no_queries) == (NO_QUERY, 0.0)
