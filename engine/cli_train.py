@@ -10,8 +10,15 @@ import click
 
 
 @click.command("train")
-@click.option("--train", "train_path", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--train", "train_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Training data: text TSV (text<TAB>id,id,...), XC sparse (N F L header) or XC raw text.")
+@click.option("--clicks", "clicks_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Train from search click logs instead (LOG_DIR/search_clicks/<date>/*.jsonl): the "
+                   "title -> queries set is written to OUT/data/ (train.tsv, test.tsv, labels.txt).")
+@click.option("--min-clicks", type=click.IntRange(1), default=2, show_default=True,
+              help="With --clicks: clicks a (page, query) pair needs to become a label.")
+@click.option("--test-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.2, show_default=True,
+              help="With --clicks: share of pages held out in OUT/data/test.tsv (split by page).")
 @click.option("--labels", "labels_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="labels.txt (line i = name of label i) or, for XC titles/feature files, the *_X_Y.txt matrix.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Model directory to write.")
@@ -21,15 +28,32 @@ import click
 @click.option("--seed", type=int, default=None, help="Random seed (learner j uses seed + 1000 j).")
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch/hnswlib threads (default 2).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def train(train_path, labels_path, out_dir, config_path, learners, seed, threads, quiet):
+def train(train_path, clicks_dir, min_clicks, test_fraction, labels_path, out_dir, config_path, learners,
+          seed, threads, quiet):
     """Train Astec (Modules I-IV, re-ranker, optional ensemble) and save MODEL_DIR.
 
-    Writes config.json, the vocabulary, weights (safetensors), the hnswlib/exact indexes, the label
-    map, train_log.json (per-module wall time, peak memory, validation metrics) and a manifest.
+    Give either --train (a data set file) or --clicks (search click logs). Writes config.json, the
+    vocabulary, weights (safetensors), the hnswlib/exact indexes, the label map, train_log.json
+    (per-module wall time, peak memory, validation metrics) and a manifest.
     """
     from engine.astec import Astec, AstecConfig
     from engine.formats import FormatError, load_dataset
 
+    if (train_path is None) == (clicks_dir is None):
+        raise click.UsageError("give exactly one of --train FILE and --clicks LOG_DIR")
+    if clicks_dir is not None:
+        from engine.clicks_dataset import build_training_set
+
+        data_dir = Path(out_dir) / "data"
+        try:
+            stats = build_training_set(clicks_dir, data_dir, min_clicks=min_clicks,
+                                       test_fraction=test_fraction)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+        click.echo(f"click logs {clicks_dir}: {stats['clicks']} clicks -> {stats['points_train']} train / "
+                   f"{stats['points_test']} test pages, {stats['labels']} queries "
+                   f"({stats['read']['corrupt']} corrupt lines skipped) -> {data_dir}")
+        train_path, labels_path = str(data_dir / "train.tsv"), str(data_dir / "labels.txt")
     try:
         cfg = AstecConfig.load(config_path) if config_path else AstecConfig()
         ds = load_dataset(train_path, labels_path)

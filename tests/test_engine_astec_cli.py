@@ -42,3 +42,43 @@ def test_errors_are_clear(tmp_path):
     (tmp_path / "m2").mkdir()
     r = CliRunner().invoke(cli, ["predict", "--model", str(tmp_path / "m2"), "--text", "x"])
     assert r.exit_code != 0 and "manifest.json" in r.output
+
+
+def test_train_from_click_logs(tmp_path):
+    """`astec train --clicks` turns search clicks into title -> queries data and trains on it."""
+    import numpy as np
+
+    from engine.clicklog import ClickLogWriter
+
+    rng = np.random.default_rng(0)
+    topics = [("python", "snake"), ("kernel", "linux"), ("editor", "text"), ("audio", "sound"),
+              ("game", "chess"), ("font", "serif")]
+    logs = tmp_path / "logs"
+    with ClickLogWriter(logs, "search_clicks") as w:
+        for page in range(120):
+            a, b = topics[page % len(topics)]
+            title = f"{a} {b} tool number {page}"
+            for q in (f"{a} {b}", f"best {a}", f"{b} download"):
+                for _ in range(int(rng.integers(2, 4))):
+                    w.write({"query": q, "url": f"https://example.org/p{page}", "title": title,
+                             "ts": 1767600000 + page})
+    part = next((logs / "search_clicks").rglob("*.jsonl"))
+    with open(part, "a") as f:
+        f.write('{"query": "torn line", "url"\n')
+    (tmp_path / "cfg.json").write_text(json.dumps(FAST))
+    r = CliRunner().invoke(cli, ["train", "--clicks", str(logs), "--out", str(tmp_path / "m"),
+                                 "--config", str(tmp_path / "cfg.json"), "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "1 corrupt lines skipped" in r.output
+    assert (tmp_path / "m" / "data" / "train.tsv").is_file()
+    names = json.loads((tmp_path / "m" / "labels.json").read_text())
+    assert "python snake" in names and len(names) == 18
+    r = CliRunner().invoke(cli, ["predict", "--model", str(tmp_path / "m"), "--text",
+                                 "kernel linux tool number 7", "--k", "3"])
+    assert r.exit_code == 0, r.output
+    assert "linux" in r.output or "kernel" in r.output
+
+
+def test_train_needs_exactly_one_source(tmp_path):
+    r = CliRunner().invoke(cli, ["train", "--out", str(tmp_path / "m")])
+    assert r.exit_code != 0 and "exactly one of --train" in r.output

@@ -44,7 +44,9 @@ class AstecConfig:
     predict_shortlist: int = 300     # candidates scored per test point
     random_negatives: int = 16
     prior_labels: int = 10           # most frequent labels always scored (empty texts get these)
-    exact_knn_max_points: int = 60000  # exact search below this many vectors, hnswlib above
+    # exact search up to this many vectors, hnswlib above: real data sets get log-time search, and
+    # the exported predictor copies the same graphs, so it gives the model's answers exactly
+    exact_knn_max_points: int = 5000
     hnsw_x: tuple = (50, 100, 100)   # M, efC, efS for ANNS^x (instances)
     hnsw_mu: tuple = (100, 300, 300) # M, efC, efS for ANNS^mu (label centres)
     # Modules III/IV: extreme classifier
