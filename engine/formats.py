@@ -344,11 +344,15 @@ def read_label_names(path: PathLike) -> list[str]:
     return _read_lines(path)
 
 
+def _write_one_per_line(path: PathLike, items: list[str], what: str) -> None:
+    for i, t in enumerate(items):
+        if "\n" in t or "\r" in t:
+            raise ValueError(f"{what} {i} contains a newline: {t!r}")
+    _write_text(path, list(items))
+
+
 def write_label_names(path: PathLike, names: list[str]) -> None:
-    for i, n in enumerate(names):
-        if "\n" in n or "\r" in n:
-            raise ValueError(f"label name {i} contains a newline: {n!r}")
-    _write_text(path, list(names))
+    _write_one_per_line(path, names, "label name")
 
 
 def read_text_lines(path: PathLike) -> list[str]:
@@ -357,10 +361,7 @@ def read_text_lines(path: PathLike) -> list[str]:
 
 
 def write_text_lines(path: PathLike, texts: list[str]) -> None:
-    for i, t in enumerate(texts):
-        if "\n" in t or "\r" in t:
-            raise ValueError(f"text {i} contains a newline: {t!r}")
-    _write_text(path, list(texts))
+    _write_one_per_line(path, texts, "text")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,6 +39,15 @@ class PredictorError(ManifestError):
     """A predictor directory is inconsistent (shapes, fields) or cannot be loaded."""
 
 
+def _bag_one(E: np.ndarray, idx: np.ndarray, val: np.ndarray) -> np.ndarray:
+    """v = ReLU(sum_t x_t e_t) for one text's TF-IDF (idx, val); zeros for an empty text."""
+    if not idx.size:
+        return np.zeros(E.shape[1], np.float32)
+    v = val @ E[idx]
+    np.maximum(v, 0, out=v)
+    return v
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     # same clipping and dtype as engine.astec.predict.sigmoid, so scores match to float32 rounding
     return (1.0 / (1.0 + np.exp(-np.clip(x, -30, 30)))).astype(np.float32)
@@ -254,12 +263,7 @@ class Learner:
         Same arithmetic as base_scores + final_scores, minus the row bookkeeping; ~10 small
         numpy calls plus two hnswlib queries.
         """
-        E = self.enc.emb
-        if idx.size:
-            v = val @ E[idx]
-            np.maximum(v, 0, out=v)
-        else:
-            v = np.zeros(E.shape[1], np.float32)
+        v = _bag_one(self.enc.emb, idx, val)
         nrm = np.sqrt(np.add.reduce(v * v))   # the same rounding as the batch path's norm
         q = (v / nrm if nrm > 0 else v)[None, :]
         labs, kinds, vals = [], [], []
@@ -318,12 +322,7 @@ class Learner:
         logit = self.W[c].astype(np.float32, copy=False) @ z + self.b[c]
         y = self.alpha * _sigmoid(logit) + (1.0 - self.alpha) * _sigmoid(s)
         if self.rr_enc is not None:
-            Er = self.rr_enc.emb
-            if idx.size:
-                vr = val @ Er[idx]
-                np.maximum(vr, 0, out=vr)
-            else:
-                vr = np.zeros(Er.shape[1], np.float32)
+            vr = _bag_one(self.rr_enc.emb, idx, val)
             zr = vr @ self.rr_enc.residual.T
             np.maximum(zr, 0, out=zr)
             zr += vr
