@@ -66,8 +66,20 @@ def _sys_torch(args: dict):
     from engine.astec import Astec
     m = Astec.load(args["model"])
     m.config.num_threads = 1
+    match_search(m, Path(args["predictor"]))
     k = args["k"]
     return (lambda t: m.predict([t], k)), (lambda ts: m.predict(ts, k)), _dir_bytes(args["model"])
+
+
+def match_search(model, predictor_dir: Path) -> None:
+    """Give the torch model the predictor's search sizes (k and ef per index), so the two are
+    compared on the same shortlisting effort and parity measures the export, not the profile."""
+    cfg = json.loads((predictor_dir / "predictor.json").read_text())
+    for lr, lc in zip(model.learners, cfg["learners"]):
+        sc = lc["shortlist"]
+        lr.search = (int(sc["knn"]), int(sc["kmu"]))
+        lr.index.points.ef_search = int(sc["points_index"].get("ef", 100))
+        lr.index.centres.ef_search = int(sc["centres_index"].get("ef", 100))
 
 
 def _peer_vectorizer(args: dict):

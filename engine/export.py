@@ -15,7 +15,7 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hnswlib
@@ -36,17 +36,33 @@ class ExportError(ValueError):
 
 @dataclass
 class ExportOptions:
-    """Knobs of the exported predictor (search effort and storage), not of the model."""
+    """Knobs of the exported predictor (search effort and storage), not of the model.
+
+    By default the predictor searches as many neighbours as the model chose on its validation
+    split (`select_search`), through new degree-16 HNSW graphs over the distinct vectors: fewer
+    links per node than the model's training-time graphs, so fewer vectors pulled through the
+    cache per query, at the same recall for the small k of prediction. `model_search=True`
+    instead copies the model's graphs and search sizes: predictions then equal the torch model's.
+    """
 
     dtype: str = "float32"        # classifier rows: float32 (exact parity) or float16 (half size)
-    hnsw_m: int = 64              # graph degree for indexes built here (model used exact search)
-    hnsw_ef_construction: int = 400
-    ef_points: int = 0            # 0: the model's ef_search; otherwise the predictor's ef
+    model_search: bool = False    # copy the model's HNSW graphs, k and ef (torch-model parity)
+    knn: int = 0                  # training points searched per text (0: the model's)
+    kmu: int = 0                  # label centres searched per text (0: the model's)
+    ef_points: int = 0            # HNSW ef (0: see _ann_files); hnswlib uses max(ef, k)
     ef_centres: int = 0
+    hnsw_m: int = 16              # graph degree of the indexes built here
+    hnsw_ef_construction: int = 200
     exact_max: int = 2048         # at most this many distinct vectors: exact search, not HNSW
     threads: int = 2              # for building indexes only
     version: str | None = None    # default: "astec-" + sha256(model manifest)[:12]
     backend: str = "numpy"        # default feature backend recorded in predictor.json
+
+    def resolved(self) -> "ExportOptions":
+        """With model_search, every search knob falls back to the model's."""
+        if not self.model_search:
+            return self
+        return replace(self, knn=0, kmu=0, ef_points=0, ef_centres=0)
 
 
 # ---- ONNX ------------------------------------------------------------------------------------
@@ -99,18 +115,25 @@ def write_encoder_onnx(path: Path, emb_npy: Path, res_npy: Path, vocab: int, dim
 
 
 # ---- indexes ---------------------------------------------------------------------------------
-def _ann_files(ann, d: Path, rel: str, name: str, ef: int, opts: ExportOptions, seed: int) -> dict:
+def _ann_files(ann, d: Path, rel: str, name: str, k: int, ef: int, opts: ExportOptions,
+               seed: int) -> dict:
     """Index files for an engine AnnIndex; returns its predictor.json entry.
 
-    A model HNSW index is copied as is (same graph, same results). A model that searched exactly
-    gets its distinct vectors (duplicates mapped by `members`) searched exactly when there are at
-    most `exact_max` of them, else a new HNSW graph over them.
+    With `model_search`, a model HNSW index is copied as is (same graph, same results as the
+    model). Otherwise the index's distinct vectors (duplicates mapped back by `members`) are
+    searched exactly when there are at most `exact_max` of them, else through a new, lean HNSW
+    graph (degree `hnsw_m`): fewer links per node means fewer vectors pulled through the cache
+    per query, which is what a single-text search on a busy CPU pays for. ef 0: the model's ef
+    for a copied graph, k for a new one (the least hnswlib allows).
     """
-    if ann.kind == "hnsw":
+    if ann.kind == "hnsw" and opts.model_search:
         ann.hnsw.save_index(str(d / f"{name}.hnsw"))
         return {"kind": "hnsw", "file": f"{rel}/{name}.hnsw", "unique": int(ann.count),
                 "ef": int(ef or ann.ef_search)}
-    V = np.ascontiguousarray(ann.vectors, dtype=np.float32)
+    if ann.kind == "hnsw":
+        V = np.asarray(ann.hnsw.get_items(np.arange(ann.count), return_type="numpy"), np.float32)
+    else:
+        V = np.ascontiguousarray(ann.vectors, dtype=np.float32)
     n = V.shape[0]
     _, first, inverse = np.unique(V, axis=0, return_index=True, return_inverse=True)
     inverse = inverse.ravel()
@@ -133,7 +156,7 @@ def _ann_files(ann, d: Path, rel: str, name: str, ef: int, opts: ExportOptions, 
                      ef_construction=opts.hnsw_ef_construction, random_seed=seed)
     index.add_items(U, np.arange(U.shape[0]), num_threads=opts.threads)
     index.save_index(str(d / f"{name}.hnsw"))
-    entry.update(kind="hnsw", file=f"{rel}/{name}.hnsw", ef=int(ef or ann.ef_search))
+    entry.update(kind="hnsw", file=f"{rel}/{name}.hnsw", ef=int(ef or k))
     return entry
 
 
@@ -172,8 +195,12 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
             rc.update(weight=f"{rel}/reranker_w.npy", bias=f"{rel}/reranker_b.npy")
             out["reranker"] = rc
     ix = lr.index
-    points = _ann_files(ix.points, d, rel, "points", opts.ef_points, opts, seed)
-    centres = _ann_files(ix.centres, d, rel, "centres", opts.ef_centres, opts, seed)
+    # search sizes: the export's, else the ones the model chose on validation, else its config's
+    knn, kmu = lr.search if getattr(lr, "search", None) else (cfg.knn_neighbours,
+                                                              cfg.centroid_neighbours)
+    knn, kmu = int(opts.knn or knn), int(opts.kmu or kmu)
+    points = _ann_files(ix.points, d, rel, "points", knn, opts.ef_points, opts, seed)
+    centres = _ann_files(ix.centres, d, rel, "centres", kmu, opts.ef_centres, opts, seed)
     P = ix.point_labels.tocsr()
     P.sort_indices()
     _save(d / "point_indptr.npy", P.indptr.astype(np.int64))
@@ -192,7 +219,8 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
         "point_indptr": f"{rel}/point_indptr.npy", "point_labels": f"{rel}/point_labels.npy",
         "point_values": f"{rel}/point_values.npy", "centre_owner": f"{rel}/centre_owner.npy",
         "prior": f"{rel}/prior.npy", "prior_score": f"{rel}/prior_score.npy",
-        "knn": int(cfg.knn_neighbours), "kmu": int(cfg.centroid_neighbours),
+        "knn": knn, "kmu": kmu,
+        "knn_power": float(getattr(cfg, "knn_power", 1.0)),
         "centroid_weight": float(cfg.centroid_weight), "shortlist_size": int(cfg.predict_shortlist)}
     return out
 
@@ -203,7 +231,7 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """Export MODEL_DIR (verified on load) to OUT_DIR; returns OUT_DIR. Needs torch."""
     from engine.astec import Astec  # torch lives here, on the export side only
 
-    opts = opts or ExportOptions()
+    opts = (opts or ExportOptions()).resolved()
     if opts.dtype not in ("float32", "float16"):
         raise ExportError(f"dtype must be float32 or float16, got {opts.dtype!r}")
     model_dir, out = Path(model_dir), Path(out_dir)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import hnswlib
@@ -39,15 +40,6 @@ class PredictorError(ManifestError):
     """A predictor directory is inconsistent (shapes, fields) or cannot be loaded."""
 
 
-def _bag_one(E: np.ndarray, idx: np.ndarray, val: np.ndarray) -> np.ndarray:
-    """v = ReLU(sum_t x_t e_t) for one text's TF-IDF (idx, val); zeros for an empty text."""
-    if not idx.size:
-        return np.zeros(E.shape[1], np.float32)
-    v = val @ E[idx]
-    np.maximum(v, 0, out=v)
-    return v
-
-
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     # same clipping and dtype as engine.astec.predict.sigmoid, so scores match to float32 rounding
     return (1.0 / (1.0 + np.exp(-np.clip(x, -30, 30)))).astype(np.float32)
@@ -55,22 +47,12 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Encoder:
-    """v = ReLU(E^T x); z = v + ReLU(R v). E may be memory-mapped (only touched rows are paged in)."""
+    """z = v + ReLU(R v) with v = ReLU(E^T x); the learner holds E fused with the re-ranker's."""
 
     emb: np.ndarray          # [V, D] float32
     residual: np.ndarray     # [D, D] float32, spectral norm already applied
     onnx_path: Path | None = None
     _session: object | None = None
-
-    def v_batch(self, rows: np.ndarray, idx: np.ndarray, val: np.ndarray, n: int) -> np.ndarray:
-        """Bag of weighted embedding rows for n texts given flat (row, token, weight) triples."""
-        if idx.size == 0:
-            return np.zeros((n, self.emb.shape[1]), np.float32)
-        indptr = np.searchsorted(rows, np.arange(n + 1))
-        X = sp.csr_matrix((val, idx, indptr), shape=(n, self.emb.shape[0]))
-        out = np.asarray(X @ self.emb, dtype=np.float32)
-        np.maximum(out, 0, out=out)
-        return out
 
     def z_from_v(self, v: np.ndarray) -> np.ndarray:
         h = v @ self.residual.T
@@ -149,17 +131,23 @@ class AnnSearch:
         pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(total)
         orig = self.members[pos]
         sv = np.repeat(sims.ravel(), lens)
-        rows = np.repeat(np.repeat(np.arange(n), kq), lens)
-        order = np.lexsort((orig, -sv, rows))
-        rows, orig, sv = rows[order], orig[order], sv[order]
-        first = np.searchsorted(rows, np.arange(n))
-        keep = (np.arange(rows.size) - first[rows]) < k
+        # already best first per row: distinct hits come best first and a group's members
+        # ascending, so the first k of each row are its best k (no sort)
+        per_row = np.add.reduceat(lens, np.arange(0, flat.size, kq)) if n else lens
+        rank = np.arange(total) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+        keep = rank < k
         return orig[keep].reshape(n, k), sv[keep].reshape(n, k)
 
 
 @dataclass
 class Learner:
-    """One Astec learner's arrays: shortlist structures, classifier, optional re-ranker."""
+    """One Astec learner's arrays: shortlist structures, classifier, optional re-ranker.
+
+    The hot paths read fused tables built once at load (`fuse`): E = [E | E~] so one gather of
+    embedding rows serves both encoders, and Wc = [W | W~], bc = [b, b~] so one gather of
+    classifier rows scores a candidate for the classifier and the re-ranker. enc.emb, W, rr_W,
+    b and rr_b stay available as views of them.
+    """
 
     enc: Encoder                      # v for the indexes, z for the classifier
     W: np.ndarray                     # [L, D] float32 or float16
@@ -181,6 +169,52 @@ class Learner:
     rr_enc: Encoder | None = None
     rr_W: np.ndarray | None = None
     rr_b: np.ndarray | None = None
+    knn_power: float = 1.0
+    E: np.ndarray | None = None       # [V, D] or [V, 2D] fused embeddings
+    Wc: np.ndarray | None = None      # [L, D] or [L, 2D] fused classifier rows
+    bc: np.ndarray | None = None      # [L, 1] or [L, 2] fused biases
+    _local: threading.local = field(default_factory=threading.local, repr=False)
+
+    def fuse(self) -> "Learner":
+        """Build the fused tables; the separate (memory-mapped) arrays are then dropped.
+
+        Also sorts the prior labels (with their scores) so lookups can bisect.
+        """
+        order = np.argsort(self.prior, kind="stable")
+        self.prior, self.prior_score = self.prior[order], self.prior_score[order]
+        if self.rr_enc is None:
+            self.E, self.Wc, self.bc = self.enc.emb, self.W, self.b[:, None]
+            return self
+        D = self.W.shape[1]
+        self.E = np.hstack([np.asarray(self.enc.emb, np.float32),
+                            np.asarray(self.rr_enc.emb, np.float32)])
+        self.Wc = np.hstack([self.W, self.rr_W.astype(self.W.dtype, copy=False)])
+        self.bc = np.ascontiguousarray(np.stack([self.b, self.rr_b], axis=1), np.float32)
+        self.enc.emb, self.rr_enc.emb = self.E[:, :D], self.E[:, D:]
+        self.W, self.rr_W = self.Wc[:, :D], self.Wc[:, D:]
+        self.b, self.rr_b = self.bc[:, 0], self.bc[:, 1]
+        return self
+
+    @property
+    def dim(self) -> int:
+        return self.W.shape[1]
+
+    # ---- features ---------------------------------------------------------------------------
+    def encode(self, rows: np.ndarray, idx: np.ndarray, val: np.ndarray, n: int):
+        """(v, z, z~ or None) for n texts given flat (row, token, weight) triples: one sparse
+        product with the fused table for both encoders."""
+        D = self.dim
+        if idx.size == 0:
+            vv = np.zeros((n, self.E.shape[1]), np.float32)
+        else:
+            indptr = np.searchsorted(rows, np.arange(n + 1))
+            X = sp.csr_matrix((val, idx, indptr), shape=(n, self.E.shape[0]))
+            vv = np.asarray(X @ self.E, dtype=np.float32)
+            np.maximum(vv, 0, out=vv)
+        v = np.ascontiguousarray(vv[:, :D])
+        z = self.enc.z_from_v(v)
+        zr = self.rr_enc.z_from_v(vv[:, D:]) if self.rr_enc is not None else None
+        return v, z, zr
 
     # ---- shortlist ------------------------------------------------------------------------
     def base_scores(self, V: np.ndarray, threads: int):
@@ -197,6 +231,8 @@ class Learner:
         if self.knn > 0 and self.points is not None:
             ids, sims = self.points.query(Q, self.knn, threads)
             np.maximum(sims, 0, out=sims)
+            if self.knn_power != 1.0:
+                sims = sims ** np.float32(self.knn_power)
             k_eff = ids.shape[1]
             denom = sims.sum(axis=1, dtype=np.float32)
             denom[denom == 0] = 1.0
@@ -242,6 +278,8 @@ class Learner:
         keep = s != 0
         uniq, s = uniq[keep], s[keep]
         rows, labels = np.divmod(uniq, L)
+        if np.bincount(rows, minlength=n).max(initial=0) <= self.shortlist_size:
+            return rows, labels, s          # nothing to cut (the usual case at small k)
         # top `shortlist_size` per row by s (ties: lower label id), like sparse.topk_rows
         order = np.lexsort((labels, -s, rows))
         rows, labels, s = rows[order], labels[order], s[order]
@@ -252,82 +290,109 @@ class Learner:
             # prior labels are always scored; one cut from the top gets s = its prior score
             cut = ~sel & np.isin(labels, self.prior)
             s = s.copy()
-            s[cut] = self.prior_score[np.argmax(labels[cut, None] == self.prior[None, :], axis=1)]
+            s[cut] = self.prior_score[np.searchsorted(self.prior, labels[cut])]
             sel |= cut
-        return rows[sel], labels[sel], s[sel]
+        rows, labels, s = rows[sel], labels[sel], s[sel]
+        back = np.argsort(rows * L + labels)   # candidates grouped by row, ascending labels
+        return rows[back], labels[back], s[back]
 
     # ---- the single-text latency path ----------------------------------------------------------
-    def score_one(self, idx: np.ndarray, val: np.ndarray, threads: int):
-        """(labels, y) for one text's TF-IDF (idx, val): the batch path specialised to one row.
+    def _scratch(self):
+        """Two zeroed float32 [L] accumulators for this thread (reset after every use)."""
+        loc = self._local
+        if not hasattr(loc, "acc"):
+            L = self.W.shape[0]
+            loc.acc, loc.mu = np.zeros(L, np.float32), np.zeros(L, np.float32)
+        return loc.acc, loc.mu
 
-        Same arithmetic as base_scores + final_scores, minus the row bookkeeping; ~10 small
-        numpy calls plus two hnswlib queries.
-        """
-        v = _bag_one(self.enc.emb, idx, val)
-        nrm = np.sqrt(np.add.reduce(v * v))   # the same rounding as the batch path's norm
-        q = (v / nrm if nrm > 0 else v)[None, :]
-        labs, kinds, vals = [], [], []
-        nk = nm = 0
+    def shortlist_one(self, q: np.ndarray, threads: int):
+        """(labels sorted ascending, s) for one unit query q [1, D]: the batch path's arithmetic
+        for one row, with the neighbour sums and centre maxima accumulated in per-thread dense
+        scratch arrays that only the touched labels are read from and reset (cost independent
+        of L)."""
+        acc, mu = self._scratch()
+        parts = []
         if self.knn > 0 and self.points is not None:
             ids, sims = self.points.query(q, self.knn, threads)
             sims = np.maximum(sims[0], 0)
+            if self.knn_power != 1.0:
+                sims = sims ** np.float32(self.knn_power)
             den = sims.sum(dtype=np.float32)
-            if den == 0:
-                den = np.float32(1.0)
             ids = ids[0]
             start = self.point_indptr[ids]
             lens = self.point_indptr[ids + 1] - start
             nk = int(lens.sum())
             pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(nk)
-            labs.append(self.point_labels[pos])
-            vals.append(np.repeat(sims / den, lens) * self.point_values[pos])
+            lab = self.point_labels[pos]
+            w = np.repeat(sims / (den if den > 0 else np.float32(1.0)), lens) * self.point_values[pos]
+            np.add.at(acc, lab, w)
+            parts.append(lab)
         if self.kmu > 0 and self.centres is not None:
             ids, sims = self.centres.query(q, self.kmu, threads)
-            sims = np.maximum(sims[0], 0)
-            nm = sims.size
-            labs.append(self.centre_owner[ids[0]])
-            vals.append(sims)
-        labs.append(self.prior)
-        vals.append(self.prior_score)
-        labels = np.concatenate(labs)
-        allv = np.concatenate(vals).astype(np.float32, copy=False)
-        uniq, inv = np.unique(labels, return_inverse=True)
-        u = uniq.size
-        s = np.zeros(u, np.float32)
-        if nk:
-            s += (1.0 - self.centroid_weight) * np.bincount(
-                inv[:nk], weights=allv[:nk], minlength=u).astype(np.float32)
-        if nm:
-            mu = np.zeros(u, np.float32)
-            np.maximum.at(mu, inv[nk:nk + nm], allv[nk:nk + nm])
-            s += self.centroid_weight * mu
+            own = self.centre_owner[ids[0]]
+            np.maximum.at(mu, own, np.maximum(sims[0], 0))
+            parts.append(own)
+        parts.append(self.prior)
+        c = np.unique(np.concatenate(parts))
+        s = (1.0 - self.centroid_weight) * acc[c] + self.centroid_weight * mu[c]
+        acc[c] = 0
+        mu[c] = 0
         if self.prior.size:
-            s += np.bincount(inv[nk + nm:], weights=allv[nk + nm:], minlength=u).astype(np.float32)
+            s[np.searchsorted(c, self.prior)] += self.prior_score
         keep = s != 0
-        c, s = uniq[keep], s[keep]
+        c, s = c[keep], s[keep].astype(np.float32, copy=False)
         if c.size > self.shortlist_size:
             order = np.lexsort((c, -s))
             top = order[:self.shortlist_size]
             if self.prior.size:
+                # prior labels are always scored; one cut from the top gets s = its prior score
                 rest = order[self.shortlist_size:]
                 cut = rest[np.isin(c[rest], self.prior)]
                 if cut.size:
                     s = s.copy()
-                    s[cut] = self.prior_score[np.argmax(c[cut, None] == self.prior[None, :], axis=1)]
+                    s[cut] = self.prior_score[np.searchsorted(self.prior, c[cut])]
                     top = np.concatenate([top, cut])
             c, s = c[top], s[top]
-        z = v @ self.enc.residual.T
+        return c, s
+
+    def score_one(self, idx: np.ndarray, val: np.ndarray, threads: int):
+        """(labels, y) for one text's TF-IDF (idx, val): the batch path specialised to one row.
+
+        One gather of fused embedding rows gives v and v~; one gather of fused classifier rows
+        scores every candidate for both the classifier and the re-ranker; the three sigmoids run
+        as one. Besides the two hnswlib queries it is a few dozen microseconds of numpy.
+        """
+        D = self.dim
+        if idx.size:
+            vv = val @ self.E[idx]
+            np.maximum(vv, 0, out=vv)
+        else:
+            vv = np.zeros(self.E.shape[1], np.float32)
+        v = vv[:D]
+        nrm = np.sqrt(np.add.reduce(v * v))   # the same rounding as the batch path's norm
+        q = (v / nrm if nrm > 0 else v)[None, :]
+        c, s = self.shortlist_one(q, threads)
+        z = self.enc.residual @ v
         np.maximum(z, 0, out=z)
         z += v
-        logit = self.W[c].astype(np.float32, copy=False) @ z + self.b[c]
-        y = self.alpha * _sigmoid(logit) + (1.0 - self.alpha) * _sigmoid(s)
+        G = self.Wc[c].astype(np.float32, copy=False)
+        X = np.empty((3 if self.rr_enc is not None else 2, c.size), np.float32)
+        np.matmul(G[:, :D], z, out=X[0])
+        X[1] = s
         if self.rr_enc is not None:
-            vr = _bag_one(self.rr_enc.emb, idx, val)
-            zr = vr @ self.rr_enc.residual.T
+            vr = vv[D:]
+            zr = self.rr_enc.residual @ vr
             np.maximum(zr, 0, out=zr)
             zr += vr
-            rl = self.rr_W[c].astype(np.float32, copy=False) @ zr + self.rr_b[c]
-            y = self.beta * y + (1.0 - self.beta) * _sigmoid(rl)
+            np.matmul(G[:, D:], zr, out=X[2])
+        bias = self.bc[c]
+        X[0] += bias[:, 0]
+        if self.rr_enc is not None:
+            X[2] += bias[:, 1]
+        Y = _sigmoid(X)
+        y = self.alpha * Y[0] + (1.0 - self.alpha) * Y[1]
+        if self.rr_enc is not None:
+            y = self.beta * y + (1.0 - self.beta) * Y[2]
         return c, y.astype(np.float32, copy=False)
 
     # ---- scores -----------------------------------------------------------------------------
@@ -335,9 +400,10 @@ class Learner:
         """alpha/beta combination for (row, label) candidates grouped by row (candidate order).
 
         Candidates are laid out as a padded [rows, max per row] table so each chunk of rows is
-        one gather of classifier rows and one batched mat-vec (no [pairs, D] copy of z).
+        one gather of fused classifier rows and one or two batched mat-vecs (no [pairs, D] copy
+        of z).
         """
-        n = Z.shape[0]
+        n, D = Z.shape[0], self.dim
         out = np.empty(labels.size, np.float32)
         if labels.size == 0:
             return out
@@ -347,16 +413,14 @@ class Learner:
         width = int(counts.max())
         pad = np.zeros((n, width), np.int64)
         pad[rows, col] = labels
-        step = max(1, chunk_bytes // (width * Z.shape[1] * 4))
+        step = max(1, chunk_bytes // (width * self.Wc.shape[1] * 4))
         logit = np.empty((n, width), np.float32)
         rlogit = np.empty((n, width), np.float32) if self.rr_enc is not None else None
         for a in range(0, n, step):
-            c = pad[a:a + step]
-            G = np.take(self.W, c, axis=0).astype(np.float32, copy=False)
-            logit[a:a + step] = np.matmul(G, Z[a:a + step, :, None])[..., 0]
+            G = np.take(self.Wc, pad[a:a + step], axis=0).astype(np.float32, copy=False)
+            logit[a:a + step] = np.matmul(G[..., :D], Z[a:a + step, :, None])[..., 0]
             if rlogit is not None:
-                G = np.take(self.rr_W, c, axis=0).astype(np.float32, copy=False)
-                rlogit[a:a + step] = np.matmul(G, Zr[a:a + step, :, None])[..., 0]
+                rlogit[a:a + step] = np.matmul(G[..., D:], Zr[a:a + step, :, None])[..., 0]
         lg = logit[rows, col] + self.b[labels]
         y = self.alpha * _sigmoid(lg) + (1.0 - self.alpha) * _sigmoid(s)
         if rlogit is not None:
@@ -367,18 +431,28 @@ class Learner:
 
 
 def _topk(rows: np.ndarray, labels: np.ndarray, y: np.ndarray, n: int, k: int):
-    """(ids int64 [n,k], scores float32 [n,k]) best first, ties by lower label, pads -1 / 0."""
+    """(ids int64 [n,k], scores float32 [n,k]) best first, ties by lower label, pads -1 / 0.
+
+    Candidates come grouped by row with ascending labels, so a stable sort of each row's padded
+    scores breaks ties by the lower label without a global lexsort.
+    """
     ids = np.full((n, k), -1, np.int64)
     scores = np.zeros((n, k), np.float32)
     if labels.size == 0 or k == 0:
         return ids, scores
-    order = np.lexsort((labels, -y, rows))
-    r = rows[order]
-    first = np.searchsorted(r, np.arange(n))
-    rank = np.arange(r.size) - first[r]
-    sel = rank < k
-    ids[r[sel], rank[sel]] = labels[order][sel]
-    scores[r[sel], rank[sel]] = y[order][sel]
+    counts = np.bincount(rows, minlength=n)
+    col = np.arange(labels.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    width = int(counts.max())
+    Y = np.full((n, width), -np.inf, np.float32)
+    Lab = np.full((n, width), -1, np.int64)
+    Y[rows, col], Lab[rows, col] = y, labels
+    order = np.argsort(-Y, axis=1, kind="stable")[:, :k]
+    top_y = np.take_along_axis(Y, order, axis=1)
+    top_l = np.take_along_axis(Lab, order, axis=1)
+    m = min(k, width)
+    real = np.isfinite(top_y)
+    ids[:, :m] = np.where(real, top_l, -1)
+    scores[:, :m] = np.where(real, top_y, 0)
     return ids, scores
 
 
@@ -497,7 +571,8 @@ class Predictor:
                 prior=prior, prior_score=prior_score, knn=min(int(sc["knn"]), n_points), kmu=min(int(sc["kmu"]), n_centres),
                 centroid_weight=float(sc["centroid_weight"]),
                 shortlist_size=int(sc["shortlist_size"]), alpha=float(lc["alpha"]),
-                beta=float(lc.get("beta", 1.0)), rr_enc=rr_enc, rr_W=rr_W, rr_b=rr_b)
+                beta=float(lc.get("beta", 1.0)), rr_enc=rr_enc, rr_W=rr_W, rr_b=rr_b,
+                knn_power=float(sc.get("knn_power", 1.0))).fuse()
         except KeyError as e:
             raise PredictorError(f"{where}: missing field {e.args[0]!r}") from None
 
@@ -523,13 +598,15 @@ class Predictor:
         ids[r, col], w[r, col] = idx, val
         return ids, w
 
-    def _encode(self, enc: Encoder, bags, n: int):
+    def _encode(self, lr: Learner, bags, n: int):
+        """(v, z, z~ or None) of one learner for n texts, by the chosen backend."""
         rows, idx, val, lens = bags
-        if self.backend == "onnx" and enc.onnx_path is not None:
+        if self.backend == "onnx" and lr.enc.onnx_path is not None:
             ids, w = self._padded(idx, val, lens)
-            return enc.vz_onnx(ids, w, self.threads)
-        v = enc.v_batch(rows, idx, val, n)
-        return v, enc.z_from_v(v)
+            v, z = lr.enc.vz_onnx(ids, w, self.threads)
+            zr = lr.rr_enc.vz_onnx(ids, w, self.threads)[1] if lr.rr_enc is not None else None
+            return v, z, zr
+        return lr.encode(rows, idx, val, n)
 
     def _run(self, texts: list[str], k: int, want_z: bool = False):
         if isinstance(texts, str):
@@ -539,8 +616,7 @@ class Predictor:
         all_rows, all_labels, all_y = [], [], []
         z0 = None
         for li, lr in enumerate(self.learners):
-            v, z = self._encode(lr.enc, bags, n)
-            zr = self._encode(lr.rr_enc, bags, n)[1] if lr.rr_enc is not None else None
+            v, z, zr = self._encode(lr, bags, n)
             rows, labels, s = lr.base_scores(v, self.threads)
             y = lr.final_scores(rows, labels, s, z, zr)
             all_rows.append(rows), all_labels.append(labels), all_y.append(y)
@@ -602,7 +678,7 @@ class Predictor:
     def features(self, texts: list[str]) -> np.ndarray:
         """Final Astec features z (first learner) float32 [n, D], the GRU's input."""
         texts = list(texts)
-        return self._encode(self.learners[0].enc, self._bags(texts), len(texts))[1]
+        return self._encode(self.learners[0], self._bags(texts), len(texts))[1]
 
     def classifier_rows(self, ids) -> np.ndarray:
         """Classifier rows w_l (first learner, z's space) as float32 [len(ids), D]."""

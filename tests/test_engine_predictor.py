@@ -62,10 +62,18 @@ def _parity(ids_a, sc_a, ids_b, sc_b):
     return same5, close
 
 
+def _model_like(model, predictor_dir: Path):
+    """The torch model searching as much as the predictor does (the export's serving profile
+    searches fewer neighbours than the model's own defaults)."""
+    from engine.bench_predict import match_search
+    match_search(model, predictor_dir)
+    return model
+
+
 def test_parity_with_torch_model(built):
     model, d, test = built
     p = Predictor.load(d / "predictor")
-    ids_t, sc_t = model.predict(test, k=10)
+    ids_t, sc_t = _model_like(model, d / "predictor").predict(test, k=10)
     ids_p, sc_p = p.predict(test, k=10)
     same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
     assert same5 >= 0.99 and close >= 0.99, (same5, close)
@@ -86,17 +94,33 @@ def test_onnx_backend_matches_numpy(built):
 
 
 def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
-    """A model whose indexes are HNSW is copied graph for graph: same labels as the model."""
+    """--model-search copies an HNSW model graph for graph: the model's labels and scores. The
+    serving profile builds lean graphs of its own and searches fewer neighbours: on held-out
+    texts it must agree with the model searching as much."""
     model = _train(tmp_path / "model", exact_knn_max_points=0, learners=2)
-    export_model(tmp_path / "model", tmp_path / "pred", progress=False)
+    export_model(tmp_path / "model", tmp_path / "pred", ExportOptions(model_search=True),
+                 progress=False)
     p = Predictor.load(tmp_path / "pred")
     assert len(p.learners) == 2
     assert all(lr.points.hnsw is not None for lr in p.learners)
+    sc = json.loads((tmp_path / "pred" / "predictor.json").read_text())["learners"][0]["shortlist"]
+    assert (sc["knn"], sc["kmu"]) == (model.config.knn_neighbours, model.config.centroid_neighbours)
     test = _corpus()[0][480:]
     ids_t, sc_t = model.predict(test, k=10)
     ids_p, sc_p = p.predict(test, k=10)
     same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
     assert same5 >= 0.99 and close >= 0.99, (same5, close)
+
+    export_model(tmp_path / "model", tmp_path / "fast", ExportOptions(exact_max=0), progress=False)
+    f = Predictor.load(tmp_path / "fast")
+    assert all(lr.points.hnsw is not None and lr.centres.hnsw is not None for lr in f.learners)
+    lr0 = model.learners[0]
+    want = lr0.search or (model.config.knn_neighbours, model.config.centroid_neighbours)
+    sc = json.loads((tmp_path / "fast" / "predictor.json").read_text())["learners"][0]["shortlist"]
+    assert (sc["knn"], sc["kmu"]) == tuple(want)       # the search the model chose on validation
+    ids_f, sc_f = f.predict(test, k=10)
+    same5, _ = _parity(*_model_like(model, tmp_path / "fast").predict(test, k=10), ids_f, sc_f)
+    assert same5 >= 0.97, same5     # other graphs: a few neighbour sets (and scores) differ
 
 
 def test_api_shapes_padding_and_edge_texts(built):
@@ -194,3 +218,20 @@ def test_cli_export_and_bench_predict(built, tmp_path):
     assert pr["rss_mb"]["after_run"] > 0 and pr["load_s"] > 0
     assert rep["parity_vs_torch"]["top5_same_set"] >= 0.99
     assert "ratio_to_predictor" in rep["systems"]["torch"]
+
+
+def test_prediction_search_is_chosen_on_validation_and_exported(built):
+    """Training picks the cheapest prediction search within tolerance of the full one on its
+    validation split; the model predicts with it and the export searches exactly as much."""
+    model, d, _ = built
+    cfg = model.config
+    sel = model.train_log["learners"][0]["search_selection"]
+    objective = {(r["knn"], r["kmu"]): r["objective"] for r in sel["table"]}
+    full = (cfg.knn_neighbours, cfg.centroid_neighbours)
+    ok = [c for c, v in objective.items() if v >= objective[full] - cfg.search_tolerance]
+    chosen = tuple(sel["chosen"])
+    assert full in objective and len(objective) >= 2
+    assert chosen in ok and sum(chosen) == min(sum(c) for c in ok)
+    assert (model.learners[0].search or full) == chosen
+    sc = json.loads((d / "predictor" / "predictor.json").read_text())["learners"][0]["shortlist"]
+    assert (sc["knn"], sc["kmu"]) == chosen
