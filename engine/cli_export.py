@@ -23,28 +23,24 @@ from engine.export import ExportOptions
 @click.option("--kmu", type=int, default=ExportOptions.kmu, show_default=True,
               help="Label centres searched per text (0: as many as the model chose).")
 @click.option("--ef-points", type=int, default=ExportOptions.ef_points, show_default=True,
-              help="HNSW ef for the training-point index (0: k for a new graph, the model's "
-                   "with --model-search).")
+              help="HNSW ef for the training-point index (0: the model's).")
 @click.option("--ef-centres", type=int, default=ExportOptions.ef_centres, show_default=True,
               help="HNSW ef for the label-centre index (0: as for --ef-points).")
 @click.option("--exact-max", type=int, default=ExportOptions.exact_max, show_default=True,
-              help="Search exactly (numpy) when an index has at most this many distinct "
-                   "vectors; above, a new HNSW graph.")
+              help="For a model that searched exactly: search exactly (numpy) when an index "
+                   "has at most this many distinct vectors; above, a new HNSW graph. Model HNSW "
+                   "graphs are copied as they are.")
 @click.option("--hnsw-m", type=int, default=ExportOptions.hnsw_m, show_default=True,
-              help="Graph degree of the HNSW indexes built here.")
+              help="Graph degree of the HNSW indexes built here (see --exact-max).")
 @click.option("--hnsw-ef-construction", type=int, default=ExportOptions.hnsw_ef_construction,
               show_default=True)
-@click.option("--model-search", is_flag=True,
-              help="Copy the model's HNSW graphs and search sizes as they are, so predictions "
-                   "equal the torch model's (the default builds leaner graphs: faster, same "
-                   "recall at prediction's small k).")
 @click.option("--version", "version", default=None,
               help="Version string recorded in the manifest (default: astec-<model sha[:12]>).")
 @click.option("--threads", type=int, default=2, show_default=True,
               help="Threads for building indexes.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 def export(model_dir, out_dir, dtype, knn, kmu, ef_points, ef_centres, exact_max, hnsw_m,
-           hnsw_ef_construction, model_search, version, threads, overwrite):
+           hnsw_ef_construction, version, threads, overwrite):
     """Export MODEL_DIR as a CPU predictor: ONNX feature networks, .npy classifier rows,
     hnswlib indexes, TF-IDF tables, label names, alpha/beta and a sha256 manifest.
 
@@ -53,7 +49,7 @@ def export(model_dir, out_dir, dtype, knn, kmu, ef_points, ef_centres, exact_max
     from engine.export import ExportError, export_model
     from engine.predictor import Predictor
 
-    opts = ExportOptions(dtype=dtype, model_search=model_search, knn=knn, kmu=kmu,
+    opts = ExportOptions(dtype=dtype, knn=knn, kmu=kmu,
                          hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction,
                          ef_points=ef_points, ef_centres=ef_centres, exact_max=exact_max,
                          threads=threads, version=version)

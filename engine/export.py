@@ -15,7 +15,7 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import hnswlib
@@ -38,31 +38,23 @@ class ExportError(ValueError):
 class ExportOptions:
     """Knobs of the exported predictor (search effort and storage), not of the model.
 
-    By default the predictor searches as many neighbours as the model chose on its validation
-    split (`select_search`), through new degree-16 HNSW graphs over the distinct vectors: fewer
-    links per node than the model's training-time graphs, so fewer vectors pulled through the
-    cache per query, at the same recall for the small k of prediction. `model_search=True`
-    instead copies the model's graphs and search sizes: predictions then equal the torch model's.
+    By default the predictor searches exactly as the model predicts: its serving HNSW graphs
+    copied as they are, with the search sizes it chose on its validation split
+    (`engine.astec.model.select_search`), so predictions equal the torch model's. Overriding
+    knn / kmu / ef trades that parity for speed or recall.
     """
 
     dtype: str = "float32"        # classifier rows: float32 (exact parity) or float16 (half size)
-    model_search: bool = False    # copy the model's HNSW graphs, k and ef (torch-model parity)
     knn: int = 0                  # training points searched per text (0: the model's)
     kmu: int = 0                  # label centres searched per text (0: the model's)
-    ef_points: int = 0            # HNSW ef (0: see _ann_files); hnswlib uses max(ef, k)
+    ef_points: int = 0            # HNSW ef (0: the model's); hnswlib searches with max(ef, k)
     ef_centres: int = 0
-    hnsw_m: int = 16              # graph degree of the indexes built here
+    hnsw_m: int = 16              # degree of graphs built here (for a model that searched exactly)
     hnsw_ef_construction: int = 200
     exact_max: int = 2048         # at most this many distinct vectors: exact search, not HNSW
     threads: int = 2              # for building indexes only
     version: str | None = None    # default: "astec-" + sha256(model manifest)[:12]
     backend: str = "numpy"        # default feature backend recorded in predictor.json
-
-    def resolved(self) -> "ExportOptions":
-        """With model_search, every search knob falls back to the model's."""
-        if not self.model_search:
-            return self
-        return replace(self, knn=0, kmu=0, ef_points=0, ef_centres=0)
 
 
 # ---- ONNX ------------------------------------------------------------------------------------
@@ -119,21 +111,17 @@ def _ann_files(ann, d: Path, rel: str, name: str, k: int, ef: int, opts: ExportO
                seed: int) -> dict:
     """Index files for an engine AnnIndex; returns its predictor.json entry.
 
-    With `model_search`, a model HNSW index is copied as is (same graph, same results as the
-    model). Otherwise the index's distinct vectors (duplicates mapped back by `members`) are
-    searched exactly when there are at most `exact_max` of them, else through a new, lean HNSW
-    graph (degree `hnsw_m`): fewer links per node means fewer vectors pulled through the cache
-    per query, which is what a single-text search on a busy CPU pays for. ef 0: the model's ef
-    for a copied graph, k for a new one (the least hnswlib allows).
+    A model HNSW index is copied as is (same graph, same results as the model). A model that
+    searched exactly gets its distinct vectors (duplicates mapped by `members`) searched exactly
+    when there are at most `exact_max` of them, else through a new HNSW graph of degree
+    `hnsw_m`. ef 0: the model's for a copied graph, at least 2k for a new one (the model
+    searched exactly).
     """
-    if ann.kind == "hnsw" and opts.model_search:
+    if ann.kind == "hnsw":
         ann.hnsw.save_index(str(d / f"{name}.hnsw"))
         return {"kind": "hnsw", "file": f"{rel}/{name}.hnsw", "unique": int(ann.count),
                 "ef": int(ef or ann.ef_search)}
-    if ann.kind == "hnsw":
-        V = np.asarray(ann.hnsw.get_items(np.arange(ann.count), return_type="numpy"), np.float32)
-    else:
-        V = np.ascontiguousarray(ann.vectors, dtype=np.float32)
+    V = np.ascontiguousarray(ann.vectors, dtype=np.float32)
     n = V.shape[0]
     _, first, inverse = np.unique(V, axis=0, return_index=True, return_inverse=True)
     inverse = inverse.ravel()
@@ -156,7 +144,7 @@ def _ann_files(ann, d: Path, rel: str, name: str, k: int, ef: int, opts: ExportO
                      ef_construction=opts.hnsw_ef_construction, random_seed=seed)
     index.add_items(U, np.arange(U.shape[0]), num_threads=opts.threads)
     index.save_index(str(d / f"{name}.hnsw"))
-    entry.update(kind="hnsw", file=f"{rel}/{name}.hnsw", ef=int(ef or k))
+    entry.update(kind="hnsw", file=f"{rel}/{name}.hnsw", ef=int(ef or max(ann.ef_search, 2 * k)))
     return entry
 
 
@@ -231,7 +219,7 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """Export MODEL_DIR (verified on load) to OUT_DIR; returns OUT_DIR. Needs torch."""
     from engine.astec import Astec  # torch lives here, on the export side only
 
-    opts = (opts or ExportOptions()).resolved()
+    opts = opts or ExportOptions()
     if opts.dtype not in ("float32", "float16"):
         raise ExportError(f"dtype must be float32 or float16, got {opts.dtype!r}")
     model_dir, out = Path(model_dir), Path(out_dir)

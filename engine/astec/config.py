@@ -28,6 +28,7 @@ class AstecConfig:
     max_clusters: int = 65536        # the paper's 2^16
     surrogate_epochs: int = 10
     surrogate_lr: float = 0.01
+    surrogate_decay: float = 0.0     # > 0: fraction of surrogate epochs after which the lr halves
     embedding_init: str = "random"   # "random" or "svd": token-label co-occurrence SVD of the training data
     # residual blocks
     spectral_lambda: float = 1.0
@@ -52,6 +53,7 @@ class AstecConfig:
     # Modules III/IV: extreme classifier
     extreme_epochs: int = 6
     extreme_lr: float = 0.002
+    classifier_init: str = "xavier"  # or "centroid": w_l from the mean z of label l's points
     finetune_embeddings: bool = True
     finetune_lr: float = 0.001
     # re-ranker
@@ -64,6 +66,11 @@ class AstecConfig:
     alpha: float = -1.0              # < 0: choose on validation
     beta: float = -1.0
     select_metrics: tuple = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5")
+    # prediction search: the cheapest of (knn, kmu) x these fractions within `search_tolerance`
+    # points of the full search's validation objective (debian-related: 1/3 matched the full)
+    search_fractions: tuple = (1 / 3, 1 / 2, 1.0)
+    search_tolerance: float = 0.25
+    predict_graph_m: int = 16        # HNSW degree of the indexes prediction searches (0: as training)
     valid_fraction: float = 0.1
     max_valid_points: int = 5000
     propensity_a: float = 0.55
@@ -77,6 +84,8 @@ class AstecConfig:
     def __post_init__(self):
         if self.embedding_init not in ("random", "svd"):
             raise ValueError(f"embedding_init must be 'random' or 'svd', got {self.embedding_init!r}")
+        if self.classifier_init not in ("xavier", "centroid"):
+            raise ValueError(f"classifier_init must be 'xavier' or 'centroid', got {self.classifier_init!r}")
 
     def resolve(self, num_labels: int) -> "AstecConfig":
         """Return a copy with size-dependent values fixed for L labels (tiny L never breaks)."""

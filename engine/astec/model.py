@@ -6,6 +6,7 @@ seeds whose final scores are averaged). See docs/model-format.md for the files.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import shutil
 import time
@@ -51,6 +52,7 @@ class Learner:
     rr_clf: Classifier | None = None
     alpha: float = 0.5
     beta: float = 1.0
+    search: tuple | None = None     # (knn, kmu) chosen on validation for prediction; None: cfg's
 
     # ---- prediction pieces (numpy in, numpy out) --------------------------------------------
     def shortlist(self, X: sp.csr_matrix, cfg: AstecConfig, exclude_self=None):
@@ -59,7 +61,8 @@ class Learner:
         with torch.no_grad():
             self.encoder.eval()
             Z = self.encoder.residual(torch.from_numpy(V)).numpy()
-        S = self.index.scores(V, cfg.knn_neighbours, cfg.centroid_neighbours, cfg.centroid_weight,
+        knn, kmu = self.search or (cfg.knn_neighbours, cfg.centroid_neighbours)
+        S = self.index.scores(V, knn, kmu, cfg.centroid_weight,
                               cfg.num_threads, exclude_self=exclude_self, knn_power=cfg.knn_power)
         C = topk_rows(S, cfg.predict_shortlist)
         if self.index.prior.size:  # frequent labels are always scored (covers empty texts)
@@ -87,11 +90,17 @@ class Learner:
 
 
 def _build_index(encoder: Encoder, X: sp.csr_matrix, Y: sp.csr_matrix, cfg: AstecConfig, seed: int,
-                 V: np.ndarray | None = None) -> ShortlistIndex:
+                 V: np.ndarray | None = None, serving: bool = False) -> ShortlistIndex:
+    """Shortlist indexes over X's v. serving=True: the graphs prediction searches, of degree
+    `predict_graph_m` and ef = k (hnswlib searches with max(ef, k)): fewer links per node than
+    the training-time graphs, so fewer vectors pulled through the cache per query, at the small
+    k of prediction."""
     if V is None:
         V = dense_bag(encoder, X)
     Mx, cx, ex = cfg.hnsw_x
     Mm, cm, em = cfg.hnsw_mu
+    if serving and cfg.predict_graph_m > 0:
+        Mx, Mm, ex, em = cfg.predict_graph_m, cfg.predict_graph_m, 1, 1
     points = AnnIndex.build(V, cfg.exact_knn_max_points, Mx, cx, ex, cfg.num_threads, seed)
     cents, owner = label_centres(V, Y, cfg.head_centres, cfg.head_min_points, seed)
     centres = AnnIndex.build(cents, cfg.exact_knn_max_points, Mm, cm, em, cfg.num_threads, seed)
@@ -121,6 +130,45 @@ def _select(name, grid, make_scores, Yv, inv_prop, metrics, log):
     return best
 
 
+def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dict) -> tuple | None:
+    """The cheapest prediction search (knn, kmu) = the configured one scaled by each of
+    `search_fractions`, whose validation objective (mean of `select_metrics`) is within
+    `search_tolerance` points of the full search's. Searching fewer neighbours is the bulk of a
+    single prediction's cost; whether it costs accuracy depends on the data, hence validation.
+    Returns None when the full search is needed (or the cheaper ones do not differ from it)."""
+    full = (cfg.knn_neighbours, cfg.centroid_neighbours)
+    table, objective = [], {}
+    for f in sorted(set(cfg.search_fractions) | {1.0}):
+        cand = (max(1, math.ceil(full[0] * f)), max(1, math.ceil(full[1] * f)))
+        if cand in objective:
+            continue
+        learner.search = cand
+        ids, sc = topk_dense_from_csr(learner.scores(Xv, cfg), 5)
+        m = evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5))
+        objective[cand] = float(np.mean([m[k] for k in cfg.select_metrics]))
+        table.append({"knn": cand[0], "kmu": cand[1], "objective": round(objective[cand], 3),
+                      **{k: round(m[k], 2) for k in cfg.select_metrics}})
+    learner.search = None
+    ok = [c for c in objective if objective[c] >= objective[full] - cfg.search_tolerance]
+    best = min(ok, key=lambda c: (c[0] + c[1], c))
+    log["search_selection"] = {"table": table, "chosen": list(best)}
+    return None if best == full else best
+
+
+def centroid_classifier_init(clf: Classifier, encoder: Encoder, X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
+    """w_l = normalised mean z of label l's points / mean ||z|| (labels without points keep Xavier).
+
+    A tail label (median: 2 points) gets only a handful of positive updates in Module IV; starting
+    from its centroid gives it the label-centroid score (cosine, ~[0, 1]) instead of noise."""
+    from .sparse import normalize_rows
+    Z = dense_bag(encoder, X, what="z")
+    norm = float(np.linalg.norm(Z, axis=1).mean()) or 1.0
+    mu = normalize_rows(np.asarray(sp.csr_matrix(Y.T, dtype=np.float32) @ Z)) / norm
+    has = np.flatnonzero(np.diff(sp.csc_matrix(Y).indptr) > 0)
+    with torch.no_grad():
+        clf.weight.weight[torch.from_numpy(has)] = torch.from_numpy(mu[has].astype(np.float32))
+
+
 def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True):
     """Train Modules I-IV and the re-ranker for one learner; returns (Learner, log dict)."""
     log: dict = {"seed": seed, "modules": {}}
@@ -140,7 +188,8 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         with torch.no_grad():
             encoder.embed.weight.copy_(torch.from_numpy(svd_embedding_init(Xf, Yf, D, seed)))
     epochs_log = train_surrogate(encoder, Xf, Ym, cfg.surrogate_epochs, cfg.surrogate_lr, cfg.batch_size, seed,
-                                 progress, valid=(Xv, meta_labels(Yv, assign, cfg.num_clusters)))
+                                 progress, valid=(Xv, meta_labels(Yv, assign, cfg.num_clusters)),
+                                 decay_epoch=int(round(cfg.surrogate_decay * cfg.surrogate_epochs)))
     log["modules"]["I"] = {"seconds": round(time.time() - t0, 1), "peak_rss_mb": _peak_rss_mb(),
                            "clusters": int(cfg.num_clusters), "epochs": epochs_log}
 
@@ -171,6 +220,8 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     t0 = time.time()
     encoder.residual = SpectralResidual(D, cfg.spectral_lambda)
     clf = Classifier(L, D)
+    if cfg.classifier_init == "centroid":
+        centroid_classifier_init(clf, encoder, Xf, Yf)
     ep = train_shortlisted(encoder, clf, Xf, Yf, negatives, cfg.extreme_epochs, cfg.extreme_lr, cfg.batch_size,
                            seed, cfg.finetune_embeddings, cfg.finetune_lr, "Module IV", progress)
     del negatives
@@ -237,9 +288,14 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         if progress and "valid" in mr:
             tqdm.write(f"  Re-ranker: beta={learner.beta} valid={mr['valid']}")
 
+    # prediction: serving graphs; the search size is chosen on validation with graphs like the
+    # final ones (over the fit points only, so validation points do not find themselves)
+    if Xv.shape[0] and cfg.search_fractions:
+        learner.index = _build_index(encoder, Xf, Yf, cfg, seed, serving=True)
+        learner.search = select_search(learner, Xv, Yv, cfg, inv_prop, log)
+
     # final indexes over all training points (the validation points' labels help prediction)
-    if Xv.shape[0]:
-        learner.index = _build_index(encoder, X, Y, cfg, seed)
+    learner.index = _build_index(encoder, X, Y, cfg, seed, serving=True)
     return learner, log
 
 
@@ -399,6 +455,7 @@ class Astec:
             np.save(d / "centre_owner.npy", ix.centre_owner, allow_pickle=False)
             np.save(d / "prior.npy", ix.prior, allow_pickle=False)
             meta = {"alpha": lr.alpha, "beta": lr.beta, "reranker": lr.reranker is not None,
+                    "search": list(lr.search) if lr.search else None,
                     "vocab_size": int(lr.encoder.embed.num_embeddings), "dim": int(lr.encoder.embed.embedding_dim),
                     "num_labels": self.num_labels,
                     "points": {"file": pfile, "kind": ix.points.kind, "count": ix.points.count,
@@ -452,7 +509,9 @@ class Astec:
             counts = np.diff(sp.csc_matrix(plab).indptr)
             index = ShortlistIndex(points, plab, centres, owner.astype(np.int64), L, prior.astype(np.int64),
                                    _prior_score(counts[prior.astype(np.int64)]))
-            learners.append(Learner(enc, clf, index, rr, rr_clf, float(meta["alpha"]), float(meta["beta"])))
+            search = meta.get("search")
+            learners.append(Learner(enc, clf, index, rr, rr_clf, float(meta["alpha"]), float(meta["beta"]),
+                                    (int(search[0]), int(search[1])) if search else None))
         return cls(cfg, learners, L, vec, names, log)
 
 

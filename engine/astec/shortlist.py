@@ -145,7 +145,7 @@ def training_shortlist(S: sp.csr_matrix, Y: sp.csr_matrix, size: int, random_neg
 
 def recall_at(S: sp.csr_matrix, Y: sp.csr_matrix, size: int) -> float:
     """Fraction of all positive (point, label) pairs found in the top `size` of S (percent)."""
-    T = topk_rows(S, size)
+    T = topk_rows(S, size).copy()   # topk_rows may return S itself: never overwrite the caller's scores
     T.data[:] = 1.0
     hit = T.multiply(sp.csr_matrix(Y) != 0).sum()
     total = sp.csr_matrix(Y).nnz

@@ -68,10 +68,12 @@ def _batches(n: int, size: int, rng) -> list[np.ndarray]:
 
 
 def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, epochs: int, lr: float,
-                    batch_size: int, seed: int, progress: bool = True, valid=None) -> list[dict]:
+                    batch_size: int, seed: int, progress: bool = True, valid=None,
+                    decay_epoch: int = 0, decay_factor: float = 0.5) -> list[dict]:
     """Module I: train E, R0 and a dense meta-label classifier with BCE; returns per-epoch logs.
 
     valid: optional (X_valid, Ymeta_valid) on which meta-label P@1 is logged each epoch.
+    decay_epoch > 0: learning rates are multiplied by decay_factor from that epoch on (step decay).
     """
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -84,6 +86,10 @@ def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, ep
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
     logs = []
     for ep in range(epochs):
+        if decay_epoch > 0 and ep == decay_epoch:
+            opt_s.lr *= decay_factor
+            for g in opt_d.param_groups:
+                g["lr"] *= decay_factor
         encoder.train()
         t0 = time.time()
         tot = 0.0
