@@ -45,6 +45,17 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return (1.0 / (1.0 + np.exp(-np.clip(x, -30, 30)))).astype(np.float32)
 
 
+def _sigmoid_inplace(x: np.ndarray) -> np.ndarray:
+    """_sigmoid's arithmetic on a float32 array, overwriting it (four ufunc calls, no temporaries:
+    the single-text path is a few hundred numbers, where call count is the cost)."""
+    np.clip(x, -30, 30, out=x)
+    np.negative(x, out=x)
+    np.exp(x, out=x)
+    x += 1.0
+    np.reciprocal(x, out=x)
+    return x
+
+
 @dataclass
 class Encoder:
     """z = v + ReLU(R v) with v = ReLU(E^T x); the learner holds E fused with the re-ranker's."""
@@ -333,7 +344,10 @@ class Learner:
             np.maximum.at(mu, own, np.maximum(sims[0], 0))
             parts.append(own)
         parts.append(self.prior)
-        c = np.unique(np.concatenate(parts))
+        c = np.concatenate(parts)
+        c.sort()
+        if c.size > 1:
+            c = c[np.concatenate(([True], c[1:] != c[:-1]))]
         s = (1.0 - self.centroid_weight) * acc[c] + self.centroid_weight * mu[c]
         acc[c] = 0
         mu[c] = 0
@@ -389,7 +403,7 @@ class Learner:
         X[0] += bias[:, 0]
         if self.rr_enc is not None:
             X[2] += bias[:, 1]
-        Y = _sigmoid(X)
+        Y = _sigmoid_inplace(X)
         y = self.alpha * Y[0] + (1.0 - self.alpha) * Y[1]
         if self.rr_enc is not None:
             y = self.beta * y + (1.0 - self.beta) * Y[2]
