@@ -65,6 +65,8 @@ def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngra
         learners = 3 if method == "astec-3" else 1
         model = Astec.train(tr_in, Ytr, cfg, label_names=names, learners=learners, progress=False)
         train_s = time.time() - t0
+        if os.environ.get("ASTEC_BENCH_SAVE_DIR"):   # --save-models: keep it for export / bench
+            model.save(Path(os.environ["ASTEC_BENCH_SAVE_DIR"]) / method)
         t1 = time.time()
         ids, _ = model.predict(te_in, k=k)
         extra = {"train_log": {j: {m: v.get("seconds") for m, v in lg["modules"].items()}
@@ -110,12 +112,14 @@ def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngra
     Path(out_json).write_text(json.dumps({"train_s": train_s, "predict_s": pred_s, **extra}))
 
 
-def _run(method, args, k, threads, peer_ngrams) -> dict:
+def _run(method, args, k, threads, peer_ngrams, save_dir: str | None = None) -> dict:
+    env = dict(os.environ, **({"ASTEC_BENCH_SAVE_DIR": save_dir} if save_dir else {}))
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [sys.executable, "-m", "engine.bench_peers", method, *args, out, str(k), str(threads), str(peer_ngrams)]
         logf = open(os.path.join(tmp, "log.txt"), "wb")   # omikuji prints a progress line per example
-        proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]), stdout=logf, stderr=logf)
+        proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]), stdout=logf, stderr=logf,
+                                env=env)
         _, status, ru = os.wait4(proc.pid, 0)
         logf.close()
         if status != 0 or not os.path.exists(out):
@@ -142,7 +146,11 @@ def _run(method, args, k, threads, peer_ngrams) -> dict:
               help="Word n-grams of the peers' TF-IDF features (2 = words + word pairs).")
 @click.option("--propensity", default="0.55,1.5", show_default=True, help="A,B of the propensity model.")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the table as JSON.")
-def peers(train_path, test_path, labels_path, config_path, methods, threads, peer_ngrams, propensity, json_out):
+@click.option("--save-models", type=click.Path(file_okay=False), default=None,
+              help="Save the trained Astec models as DIR/astec, DIR/astec-3 (saving is not timed), "
+                   "e.g. to export and `astec bench predict` the very model measured here.")
+def peers(train_path, test_path, labels_path, config_path, methods, threads, peer_ngrams, propensity, json_out,
+          save_models):
     """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k, time, RSS."""
     from engine.astec import AstecConfig
     from engine.formats import load_dataset
@@ -164,7 +172,7 @@ def peers(train_path, test_path, labels_path, config_path, methods, threads, pee
     rows = []
     for m in wanted:
         click.echo(f"running {m} ...", err=True)
-        r = _run(m, args, 5, cfg.num_threads if m.startswith("astec") else threads, peer_ngrams)
+        r = _run(m, args, 5, cfg.num_threads if m.startswith("astec") else threads, peer_ngrams, save_models)
         if "error" in r:
             click.echo(f"  {m}: failed ({r['error']})", err=True)
             rows.append({"method": m, "error": r["error"]})
