@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 import click
@@ -59,14 +57,15 @@ def _fmt_table(metrics: dict, cols: list[str]) -> str:
     return "\n".join(lines)
 
 
-def run_evaluation(policy, v, val_frac: float, truth, n_boot: int, progress: bool) -> dict:
+def run_evaluation(policy, v, val_frac: float, truth, n_boot: int, progress: bool,
+                   oracle=None) -> dict:
     """Evaluate on the held-out sessions; returns the JSON-able report."""
     from personalization.evaluate import evaluate_policies, summarize
     from personalization.train import split_rows
     _, rows, t_split = split_rows(v, val_frac)
     ttl = float(policy.manifest.get("train", {}).get("config", {}).get("ttl_s", 30 * 86400.0))
     res = evaluate_policies(policy, v, rows, policy.weights["log_pop"], policy.K, ttl, truth,
-                            progress=progress)
+                            progress=progress, oracle=oracle)
     out = {"held_out_visits": res.n_visits, "cold_start_visits": res.n_cold,
            "split_ts": t_split, "policy_version": policy.version, "K": policy.K,
            "metrics": res.metrics, "lift": {}}
@@ -117,12 +116,18 @@ def personalize() -> None:
               help="Size of the projected query / user vectors.")
 @click.option("--val-frac", type=click.FloatRange(0.01, 0.9), default=0.2, show_default=True,
               help="Share of the latest sessions held out (split by time).")
-@click.option("--w-future", type=float, default=1.0, show_default=True,
+@click.option("--w-future", type=float, default=0.0, show_default=True,
               help="Weight of the next-pages listwise loss (browsing sequences).")
-@click.option("--w-ips", type=float, default=1.0, show_default=True,
+@click.option("--w-ips", type=float, default=0.0, show_default=True,
               help="Weight of the propensity-weighted listwise loss on clicked ads.")
-@click.option("--w-click", type=float, default=0.0, show_default=True,
+@click.option("--w-click", type=float, default=1.0, show_default=True,
               help="Weight of the pointwise click log-loss on every impression.")
+@click.option("--w-later-click", type=float, default=1.0, show_default=True,
+              help="Weight of the click log-loss of candidates shown later in the session.")
+@click.option("--horizon", type=click.IntRange(1, 50), default=2, show_default=True,
+              help="Next visits of the session read by the later-click and next-pages losses.")
+@click.option("--sim-dim", type=click.IntRange(0, 1024), default=32, show_default=True,
+              help="Size of the query vectors behind the sim_* features (0 = off).")
 @click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--promote/--no-promote", default=True, show_default=True,
@@ -131,15 +136,16 @@ def personalize() -> None:
               help="Versions kept in the GRU registry.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim, val_frac,
-          w_future, w_ips, w_click, threads, seed, promote, keep, quiet):
+          w_future, w_ips, w_click, w_later_click, horizon, sim_dim, threads, seed, promote,
+          keep, quiet):
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
     from personalization.train import TrainConfig, publish, train_policy
     predictor, v = _load_visits(logs, models, topk, progress=not quiet)
     cfg = TrainConfig(K=K, topk=topk, epochs=epochs, rows_per_epoch=rows_per_epoch,
                       hidden=hidden, query_dim=query_dim, val_frac=val_frac, w_future=w_future,
-                      w_ips=w_ips, w_click=w_click,
-                      threads=threads, seed=seed)
+                      w_ips=w_ips, w_click=w_click, w_later_click=w_later_click,
+                      future_horizon=horizon, sim_dim=sim_dim, threads=threads, seed=seed)
     rows = predictor.classifier_rows(np.arange(predictor.num_labels))
     weights, report = train_policy(v, rows, cfg, progress=not quiet)
     root = out or (models / "gru")
@@ -150,7 +156,8 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
     click.echo(f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}); "
                f"{report['train_visits']} train / {report['val_visits']} validation visits, "
                f"best epoch {report['best_epoch']}: val click log-loss "
-               f"{best['val_click_logloss']:.4f}, next-pages CE {best['val_future_ce']:.4f}, "
+               f"{best['val_click_logloss']:.4f}, later-click log-loss "
+               f"{best['val_later_click_logloss']:.4f}, next-pages CE {best['val_future_ce']:.4f}, "
                f"{report['train_s']}s")
 
 
@@ -170,8 +177,11 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
               show_default=True, help="Bootstrap resamples of users for the lift's 95% CI.")
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the report as JSON.")
+@click.option("--oracle", is_flag=True,
+              help="Add reference rows from the simulator's true world (the Bayes-optimal "
+                   "intent hit on the same candidates); needs the world and truth files.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, quiet):
+def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, oracle, quiet):
     """Hit rate, Recall@5, MRR and IPS CTR of the GRU vs top1 / most-frequent / popularity."""
     from personalization.evaluate import load_truth
     from personalization.policy import GruPolicy
@@ -184,7 +194,17 @@ def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, quiet)
     truth = load_truth(logs, predictor.label_names, world)
     if truth is None:
         click.echo("no truth/intents.jsonl: click-based metrics only", err=True)
-    rep = run_evaluation(policy, v, val_frac, truth, n_boot, progress=not quiet)
+    oracle_model = None
+    if oracle:
+        from personalization.evaluate import simulation_world
+        from personalization.oracle import load_oracle
+        wdir = world or simulation_world(logs)
+        if truth is None or wdir is None:
+            raise click.UsageError("--oracle needs LOG_DIR/truth/intents.jsonl and the world "
+                                   "(--world WORLD_DIR or LOG_DIR/simulation.json)")
+        oracle_model = load_oracle(wdir, logs, v.titles, v.user_ids, truth.label_subtopic)
+    rep = run_evaluation(policy, v, val_frac, truth, n_boot, progress=not quiet,
+                         oracle=oracle_model)
     print_report(rep)
     if json_out:
         json_out.write_text(json.dumps(rep, indent=1) + "\n")

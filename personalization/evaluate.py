@@ -4,7 +4,10 @@ Every policy picks one query per visit from the same candidates (the union of th
 top-k queries); cold-start visits get the current page's top query under every policy.
 Policies: gru, top1 (current page's best query), most_frequent (the query in most of the last K
 pages' top-k, ties by mean score), popularity (the most searched/clicked query in the training
-period among the candidates).
+period among the candidates). Reference rows, not baselines: sim_rank (a fixed, untrained
+ranking: the candidate's sim_block cosine plus 0.1 x frac_states plus 0.1 x mean window score;
+weights chosen on a validation split of the training period) and, with an oracle model, the
+Bayes-optimal rows of personalization.oracle.
 Metrics (per visit, then averaged):
   intent_hit     the chosen query is in the session's latent intent sub-topic (simulator truth)
   intent_R@5     |intent candidates in the top 5| / min(5, |intent candidates|)
@@ -32,6 +35,8 @@ log = logging.getLogger(__name__)
 
 POLICIES = ("gru", "top1", "most_frequent", "popularity")
 BASELINES = POLICIES[1:]
+REFERENCES = ("sim_rank",)                  # reference rows; not baselines
+ORACLES = ("oracle", "oracle_no_user")       # --oracle rows (personalization.oracle)
 
 
 @dataclass
@@ -42,6 +47,12 @@ class Truth:
     label_subtopic: np.ndarray   # int64 [L], -1 for labels not in the world
 
 
+def simulation_world(log_dir: str | Path) -> str | None:
+    """The world directory recorded in LOG_DIR/simulation.json, if any."""
+    sim = Path(log_dir) / "simulation.json"
+    return json.loads(sim.read_text()).get("world") if sim.is_file() else None
+
+
 def load_truth(log_dir: str | Path, label_names: list[str], world_dir: str | Path | None = None
                ) -> Truth | None:
     """Truth from LOG_DIR/truth/intents.jsonl and the world's queries.tsv, or None if absent."""
@@ -50,8 +61,7 @@ def load_truth(log_dir: str | Path, label_names: list[str], world_dir: str | Pat
     if not ipath.is_file():
         return None
     if world_dir is None:
-        sim = log_dir / "simulation.json"
-        world_dir = json.loads(sim.read_text()).get("world") if sim.is_file() else None
+        world_dir = simulation_world(log_dir)
     if not world_dir or not (Path(world_dir) / "queries.tsv").is_file():
         raise FileNotFoundError(f"{ipath} exists but the world's queries.tsv was not found "
                                 f"(world: {world_dir!r}); pass --world WORLD_DIR")
@@ -86,6 +96,14 @@ def baseline_keys(b: EventBatch) -> dict[str, np.ndarray]:
             "popularity": col("log_popularity") * 4 + col("mean_score_window")}
 
 
+def sim_rank_key(b: EventBatch, sim_norm: np.ndarray) -> np.ndarray:
+    """The sim_rank reference ranking [B,C] (raw sim_block cosine + 0.1 frac_states + 0.1 mean
+    window score), from the policy's standardised features."""
+    f = b.feats
+    return (f[..., F["sim_block"]] * sim_norm[1] + 0.1 * f[..., F["frac_states"]]
+            + 0.1 * f[..., F["mean_score_window"]])
+
+
 def _ranks(key: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Candidate order [B,C] best first (padding last)."""
     return np.argsort(-np.where(mask, key, -np.inf), axis=1, kind="stable")
@@ -104,30 +122,43 @@ class EvalResult:
 
 def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray, K: int,
                       ttl_s: float, truth: Truth | None, batch: int = 2048,
-                      progress: bool = True) -> EvalResult:
-    """Score every policy on the visits `rows` (see the module docstring for the metrics)."""
+                      progress: bool = True, oracle=None) -> EvalResult:
+    """Score every policy on the visits `rows` (see the module docstring for the metrics);
+    plus the REFERENCES rows and, with `oracle` (personalization.oracle.OracleModel), the
+    ORACLES rows."""
+    from personalization.oracle import oracle_keys
     from personalization.scoring import softmax_masked
     from personalization.train import make_batch
+    names = POLICIES + REFERENCES + (ORACLES if oracle is not None else ())
     per = {p: {m: [] for m in ("intent_hit", "intent_R@5", "intent_MRR", "click_hit",
                                "click_R@5", "click_MRR", "ips_ctr", "has_click",
-                               "has_intent_cand")} for p in POLICIES}
+                               "has_intent_cand")} for p in names}
     n_cold = 0
-    colds, chosen_all = [], {p: [] for p in POLICIES}
+    colds, chosen_all = [], {p: [] for p in names}
     sess_intent = None
     if truth is not None:
         sess_intent = np.array([truth.session_intent.get(s, -2) for s in v.session_ids], np.int64)
     for a in tqdm(range(0, len(rows), batch), desc="evaluate", unit="batch", leave=False,
                   disable=not progress):
         r = rows[a:a + batch]
-        b = make_batch(v, r, K, ttl_s, log_pop)
+        b = make_batch(v, r, K, ttl_s, log_pop, policy.weights["sim_table"],
+                       policy.weights["sim_norm"])
         cold = b.state_mask.sum(1) <= 1
         n_cold += int(cold.sum())
         colds.append(cold)
         orders = {name: _ranks(key, b.cand_mask) for name, key in baseline_keys(b).items()}
+        o = _ranks(sim_rank_key(b, policy.weights["sim_norm"]), b.cand_mask)
+        o[cold] = orders["top1"][cold]
+        orders["sim_rank"] = o
         g = softmax_masked(policy.logits(b))
         og = _ranks(g, b.cand_mask)
         og[cold] = orders["top1"][cold]          # cold start: the current page's top query
         orders["gru"] = og
+        if oracle is not None:
+            for name, key in oracle_keys(oracle, v, r, b.cand_ids, K, ttl_s).items():
+                o = _ranks(key + 1e-6 * b.feats[..., F["mean_score_window"]], b.cand_mask)
+                o[cold] = orders["top1"][cold]
+                orders[name] = o
         ranked = {name: np.take_along_axis(b.cand_ids, o, 1) for name, o in orders.items()}
         shown, clicked = v.shown[r], v.clicked[r]
         prop = v.propensity[r]

@@ -24,14 +24,20 @@ FEATURE_NAMES = (
     "inv_rank_current",   # 1 / (1 + rank) on the current page (0 if absent)
     "log_popularity",     # log1p(global count) / log1p(max count)
     "window_fill",        # number of states in the window / K
+    "sim_current",        # cosine of the query's vector with the current page's mean query vector
+    "sim_block",          # that cosine averaged over the current block's pages
+    "sim_window",         # ... and over the whole window
 )
 F = {name: i for i, name in enumerate(FEATURE_NAMES)}
 N_FEATURES = len(FEATURE_NAMES)
 RECENCY_GAMMA = 0.7
 BLOCK_GAP_S = 30 * 60   # a gap this long between two visits starts a new block ("session")
+SIM_DIM = 32            # size of the query vectors behind the sim_* features
+N_SIM = 3               # the sim_* features are the last three columns
 # (weight column, score/presence) of the first 8 features in the batched window averages
 _SEL_W = np.array([0, 0, 1, 2, 2, 3, 4, 4])
 _SEL_S = np.array([0, 1, 0, 0, 1, 0, 0, 1])
+_SIM_W = np.array([0, 4, 2])   # weight columns of sim_current, sim_block, sim_window
 
 
 class _Recency(dict):
@@ -99,13 +105,46 @@ def block_starts(ts: np.ndarray, state_mask: np.ndarray) -> tuple[np.ndarray, np
     return starts, state_mask & (later == 0)
 
 
+def sim_table_from_rows(rows: np.ndarray, dim: int = SIM_DIM) -> np.ndarray:
+    """Unit query vectors [L+1, dim] for the sim_* features: the L2-normalised Astec classifier
+    rows projected on their top `dim` (uncentred) singular directions; row L is zeros, so the
+    padding id -1 gathers a zero vector without a mask. A candidate whose vector agrees with
+    the window's pages' queries is the one the window's pages point at together; 32 dims keep
+    that signal (held-out intent hit of a hand ranking 0.803 vs 0.806 with all 300 dims) at a
+    tenth of the serving cost."""
+    R = np.asarray(rows, np.float32)
+    R = R / np.maximum(np.linalg.norm(R, axis=1, keepdims=True), 1e-6)
+    dim = min(dim, R.shape[1], R.shape[0])
+    # right singular vectors from the small D x D Gram matrix (L may be large)
+    _, V = np.linalg.eigh(R.T.astype(np.float64) @ R)
+    E = normalise_rows(R @ V[:, ::-1][:, :dim].astype(np.float32))
+    return np.concatenate([E, np.zeros((1, dim), np.float32)])
+
+
+def _sim_features(sim_table: np.ndarray, sim_norm: np.ndarray, ids: np.ndarray,
+                  cand_ids: np.ndarray, Wt: np.ndarray) -> np.ndarray:
+    """[B,C,3] standardised cosines of each candidate's vector with the current page's, the
+    block's and the window's mean query vectors: two gathers and two small batched matmuls
+    (padding ids are -1 and gather the table's zero last row)."""
+    m = normalise_rows(sim_table[ids].sum(2))                  # [B,K,d] page vectors
+    S = np.matmul(sim_table[cand_ids], m.transpose(0, 2, 1))   # [B,C,K]
+    out = np.matmul(S, Wt[:, :, _SIM_W])                       # [B,C,3]
+    out -= sim_norm[0]
+    out *= 1.0 / sim_norm[1]
+    return out
+
+
 def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: np.ndarray,
-                log_pop: np.ndarray, ts: np.ndarray | None = None) -> EventBatch:
+                log_pop: np.ndarray, ts: np.ndarray | None = None,
+                sim_table: np.ndarray | None = None, sim_norm: np.ndarray | None = None
+                ) -> EventBatch:
     """Candidates (union of the window's top-k ids) and their features for a padded batch.
 
     z [B,K,D], ids [B,K,k] (-1 = none, each row sorted by descending score), scores [B,K,k],
     state_mask [B,K] right-aligned, log_pop [L] = normalised log popularity per query id,
-    ts [B,K] visit times in seconds (None = all one block).
+    ts [B,K] visit times in seconds (None = all one block), sim_table [L+1,d] unit query vectors
+    (`sim_table_from_rows`) and sim_norm [2] the (mean, sd) of their raw cosines (None = the
+    sim_* features stay 0).
     """
     B, K, k = ids.shape
     flat = np.where(state_mask[:, :, None], ids, -1).reshape(B, K * k)
@@ -159,6 +198,11 @@ def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: 
     feats[..., n_sel] = Rk
     feats[..., n_sel + 1] = log_pop[np.where(cand_mask, cand_ids, 0)]
     feats[..., n_sel + 2] = n_states / K
+    if sim_table is not None:
+        feats[..., n_sel + 3:] = _sim_features(sim_table, sim_norm, flat.reshape(B, K, k),
+                                               cand_ids, Wt)
+    else:
+        feats[..., n_sel + 3:] = 0.0
     feats *= cand_mask[..., None]
     zz = np.empty(z.shape[:2] + (z.shape[2] + 1,), np.float32)
     zz[..., :-1] = normalise_rows(z) * state_mask[..., None]

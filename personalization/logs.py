@@ -50,6 +50,7 @@ class VisitLog:
     pop_q: np.ndarray         # int64: query id of every search click and clicked ad (popularity)
     pop_ts: np.ndarray        # float64: their times
     n_labels: int = 0
+    titles: list[str] = field(default_factory=list)   # [P] the distinct page titles
     reports: dict = field(default_factory=dict)
     engine_version: str = ""
 
@@ -203,6 +204,7 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
                     shown=shown, clicked=clicked, propensity=propensity, search_indptr=search_indptr,
                     search_ids=search_ids, pop_q=np.array(p_q, np.int64),
                     pop_ts=np.array(p_ts, np.float64), n_labels=len(predictor.label_names),
+                    titles=uniq.tolist(),
                     reports={k_: r.to_dict() for k_, r in reports.items()},
                     engine_version=str(getattr(predictor, "version", "")))
 

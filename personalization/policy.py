@@ -182,7 +182,8 @@ class GruPolicy:
         if not seqs:
             return out
         z, ids, scores, mask, ts = pad_states(seqs, self.K)
-        batch = build_batch(z, ids, scores, mask, self.weights["log_pop"], ts)
+        batch = build_batch(z, ids, scores, mask, self.weights["log_pop"], ts,
+                            self.weights["sim_table"], self.weights["sim_norm"])
         probs = softmax_masked(self.logits(batch))
         order = np.argsort(-probs, axis=1, kind="stable")
         n_c = batch.cand_mask.sum(1)

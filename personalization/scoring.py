@@ -6,6 +6,8 @@ Weights are a flat dict of float32 numpy arrays (the safetensors file's contents
   query_table [L,Q]                 projected, normalised Astec classifier row of every query
   log_pop [L]                       normalised log popularity of every query
   mlp.w1 [M,F+Q], mlp.b1 [M], mlp.w2 [1,M], mlp.b2 [1], lin.w [F]   candidate scorer
+  sim_table [L,d], sim_norm [2]     unit query vectors and the (mean, sd) of their cosines,
+                                    behind the sim_* hand features
 A candidate's logit = lin.w . f + mlp([f, u * e_q]) where f are the hand features, u the user
 vector and e_q the query's row in query_table.
 """
@@ -16,7 +18,8 @@ import numpy as np
 from personalization.features import EventBatch
 
 WEIGHT_SHAPES = ("gru.w_ih", "gru.b_ih", "gru.w_hh", "gru.b_hh", "user.w", "user.b",
-                 "query_table", "log_pop", "mlp.w1", "mlp.b1", "mlp.w2", "mlp.b2", "lin.w")
+                 "query_table", "log_pop", "mlp.w1", "mlp.b1", "mlp.w2", "mlp.b2", "lin.w",
+                 "sim_table", "sim_norm")
 
 
 def _gru_fast_weights(w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

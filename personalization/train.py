@@ -8,6 +8,9 @@ Objective, from logs only:
           click-through of the policy's choice, so exploration clicks count for what they reveal
   future  listwise cross-entropy towards the queries predicted for the session's next pages
           (intent persists over a session; a weak, dense signal that shapes the GRU state)
+  later   binary cross-entropy of a candidate's logit against a click on that query when the
+          logger showed it at one of the session's next `future_horizon` visits (what the
+          query is worth for the rest of the session, i.e. for the user's intent)
 The validation split is by time (the last `val_frac` of sessions); the epoch with the lowest
 validation objective (the same weighted sum) is kept.
 """
@@ -24,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from personalization.artifact import save_policy
-from personalization.features import EventBatch, build_batch, log_popularity
+from personalization.features import EventBatch, build_batch, log_popularity, sim_table_from_rows
 from personalization.logs import VisitLog, session_start_ts, targets_for, time_split
 from personalization.model import GruConfig, GruPolicyNet
 
@@ -46,13 +49,17 @@ class TrainConfig:
     batch_size: int = 512
     lr: float = 3e-3
     weight_decay: float = 1e-5
-    w_click: float = 0.0
-    w_ips: float = 1.0
+    # defaults: the losses that pick the user's intent (held-out intent hit, README); for the
+    # IPS click-through instead: w_click=0, w_later_click=0, w_ips=1, w_future=1
+    w_click: float = 1.0
+    w_later_click: float = 1.0    # log-loss of clicks on a candidate shown later in the session
+    w_ips: float = 0.0
     ips_clip: float = 20.0
-    w_future: float = 1.0
-    future_horizon: int = 3
+    w_future: float = 0.0
+    future_horizon: int = 2        # next visits of the session the later/future losses read
     val_frac: float = 0.2
     ttl_s: float = 30 * 86400.0   # the stream's Redis state TTL
+    sim_dim: int = 32             # size of the query vectors of the sim_* features (0 = off)
     threads: int = 2
     seed: int = 0
 
@@ -61,12 +68,25 @@ class TrainConfig:
                          mlp_hidden=self.mlp_hidden)
 
 
-def make_batch(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray
+def make_batch(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray,
+               sim_table: np.ndarray | None = None, sim_norm: np.ndarray | None = None
                ) -> EventBatch:
     """The serving-identical EventBatch of visits `rows` (their windows of the last K states)."""
     z, ids, sc, mask = v.states(rows, K, ttl_s)
     idx, _ = v.window(rows, K, ttl_s)
-    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx])
+    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx], sim_table, sim_norm)
+
+
+def sim_normaliser(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray,
+                   sim_table: np.ndarray, n: int = 4000, seed: int = 0) -> np.ndarray:
+    """(mean, sd) of the raw sim_* cosines over the candidates of up to n training visits:
+    the cosines of one table sit in a narrow band, so they are standardised for the scorer."""
+    from personalization.features import N_SIM
+    rng = np.random.default_rng(seed)
+    r = np.sort(rng.choice(rows, min(n, len(rows)), replace=False))
+    b = make_batch(v, r, K, ttl_s, log_pop, sim_table, np.array([0.0, 1.0], np.float32))
+    x = b.feats[..., -N_SIM:][b.cand_mask]
+    return np.array([x.mean(), max(float(x.std()), 1e-4)], np.float32)
 
 
 def split_rows(v: VisitLog, val_frac: float) -> tuple[np.ndarray, np.ndarray, float]:
@@ -82,7 +102,8 @@ def _tensors(b: EventBatch):
 
 
 def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
-    """(click BCE sum, #click rows, future CE sum, #future rows, IPS CE sum, IPS weight sum)."""
+    """(click BCE sum, #click rows, future CE sum, #future rows, IPS CE sum, IPS weight sum,
+    later-click BCE sum, #later-click pairs)."""
     logits = net(*_tensors(b))
     shown = v.shown[rows]
     eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
@@ -105,6 +126,9 @@ def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
             ips_sum = -(torch.from_numpy(wt) * lsm[torch.arange(len(r)),
                                                    torch.from_numpy(col)]).sum()
             ips_w = float(wt.sum())
+    lc_sum, n_lc = zero, 0
+    if cfg.w_later_click:
+        lc_sum, n_lc = _later_click_loss(logits, v, rows, b.cand_ids, cfg.future_horizon)
     fut_sum, n_fut = zero, 0
     if cfg.w_future:
         T = targets_for(v, rows, b.cand_ids, (0.0, 0.0, 1.0), cfg.future_horizon)
@@ -116,7 +140,33 @@ def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
             lsm = torch.log_softmax(logits[torch.from_numpy(r)], dim=1)
             lsm = lsm.masked_fill(~torch.from_numpy(b.cand_mask[r]), 0.0)
             fut_sum = -(p * lsm).sum()
-    return click_sum, n_click, fut_sum, n_fut, ips_sum, ips_w
+    return click_sum, n_click, fut_sum, n_fut, ips_sum, ips_w, lc_sum, n_lc
+
+
+def _later_pairs(v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, horizon: int):
+    """(event, candidate column, later visit) of every candidate shown at one of the session's
+    next `horizon` visits."""
+    nxt = rows[:, None] + np.arange(1, horizon + 1)[None, :]
+    safe = np.minimum(nxt, v.n - 1)
+    ok = (nxt < v.n) & (v.session[safe] == v.session[rows][:, None]) & (v.shown[safe] >= 0)
+    q = np.where(ok, v.shown[safe], -2)
+    b, c, j = np.nonzero(cand_ids[:, :, None] == q[:, None, :])
+    return b, c, safe[b, j]
+
+
+def _later_click_loss(logits, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray,
+                      horizon: int):
+    """(BCE sum, #pairs) of a candidate's logit at a visit against whether that query, shown
+    at one of the session's next `horizon` visits, was clicked there. The logger's exploration
+    shows earlier pages' queries on later pages, so these pairs measure what a query is worth
+    for the rest of the session (the user's intent) rather than for the page it came from."""
+    b, c, t = _later_pairs(v, rows, cand_ids, horizon)
+    if len(b) == 0:
+        return logits.new_zeros(()), 0
+    y = torch.from_numpy(v.clicked[t].astype(np.float32))
+    lg = logits[torch.from_numpy(b), torch.from_numpy(c)]
+    return (torch.nn.functional.binary_cross_entropy_with_logits(lg, y, reduction="sum"),
+            int(len(b)))
 
 
 def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
@@ -140,6 +190,14 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         val_rows = np.sort(rng.choice(val_rows, cfg.val_rows, replace=False))
     rows_n = classifier_rows / np.maximum(np.linalg.norm(classifier_rows, axis=1, keepdims=True),
                                           1e-6)
+    if cfg.sim_dim:
+        sim_table = sim_table_from_rows(classifier_rows, cfg.sim_dim)
+        sim_norm = sim_normaliser(v, train_rows, cfg.K, cfg.ttl_s, log_pop, sim_table,
+                                  seed=cfg.seed)
+    else:   # features off: zero vectors give zero cosines
+        sim_table = np.zeros((classifier_rows.shape[0] + 1, 1), np.float32)
+        sim_norm = np.array([0.0, 1.0], np.float32)
+    sim = (sim_table, sim_norm)
     net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     history, best, best_state = [], np.inf, None
@@ -149,27 +207,30 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         perm = rng.permutation(train_rows)
         if cfg.rows_per_epoch:
             perm = perm[:cfg.rows_per_epoch]
-        tot = np.zeros(6)
+        tot = np.zeros(8)
         bar = tqdm(range(0, len(perm), cfg.batch_size), desc=f"gru epoch {epoch + 1}",
                    unit="batch", leave=False, disable=not progress)
         for a in bar:
             rows = np.sort(perm[a:a + cfg.batch_size])
-            b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop)
-            cs, nc, fs, nf, js, jw = _losses(net, v, rows, b, cfg)
+            b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop, *sim)
+            cs, nc, fs, nf, js, jw, ls, nl = _losses(net, v, rows, b, cfg)
             loss = (cfg.w_click * cs / max(nc, 1) + cfg.w_future * fs / max(nf, 1)
-                    + cfg.w_ips * js / max(jw, 1e-9))
+                    + cfg.w_ips * js / max(jw, 1e-9) + cfg.w_later_click * ls / max(nl, 1))
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
             opt.step()
-            tot += [float(cs.detach()), nc, float(fs.detach()), nf, float(js.detach()), jw]
-        val = evaluate_loss(net, v, val_rows, cfg, log_pop)
+            tot += [float(cs.detach()), nc, float(fs.detach()), nf, float(js.detach()), jw,
+                    float(ls.detach()), nl]
+        val = evaluate_loss(net, v, val_rows, cfg, log_pop, sim)
         val["val_objective"] = (cfg.w_click * val["val_click_logloss"]
                                 + cfg.w_future * val["val_future_ce"]
-                                + cfg.w_ips * val["val_ips_ce"])
+                                + cfg.w_ips * val["val_ips_ce"]
+                                + cfg.w_later_click * val["val_later_click_logloss"])
         rec = {"epoch": epoch + 1, "train_click_logloss": tot[0] / max(tot[1], 1),
                "train_future_ce": tot[2] / max(tot[3], 1),
-               "train_ips_ce": tot[4] / max(tot[5], 1e-9), **val,
+               "train_ips_ce": tot[4] / max(tot[5], 1e-9),
+               "train_later_click_logloss": tot[6] / max(tot[7], 1), **val,
                "elapsed_s": round(time.perf_counter() - t0, 1)}
         history.append(rec)
         log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
@@ -181,22 +242,24 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
               "val_visits": int(len(val_rows)), "epochs": history,
               "best_epoch": int(np.argmin([h["val_objective"] for h in history]) + 1),
               "train_s": round(time.perf_counter() - t0, 1)}
-    return net.export_weights(), report
+    weights = net.export_weights()
+    weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
+    return weights, report
 
 
 @torch.no_grad()
 def evaluate_loss(net, v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop: np.ndarray,
-                  batch: int = 2048) -> dict:
+                  sim: tuple = (None, None), batch: int = 2048) -> dict:
     """Validation click log-loss and future CE (no gradients)."""
     net.eval()
-    tot = np.zeros(6)
+    tot = np.zeros(8)
     for a in range(0, len(rows), batch):
         r = rows[a:a + batch]
-        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop)
-        cs, nc, fs, nf, js, jw = _losses(net, v, r, b, cfg)
-        tot += [float(cs), nc, float(fs), nf, float(js), jw]
+        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, *sim)
+        tot += [float(x) for x in _losses(net, v, r, b, cfg)]
     return {"val_click_logloss": tot[0] / max(tot[1], 1), "val_future_ce": tot[2] / max(tot[3], 1),
-            "val_ips_ce": tot[4] / max(tot[5], 1e-9), "val_click_rows": int(tot[1])}
+            "val_ips_ce": tot[4] / max(tot[5], 1e-9), "val_click_rows": int(tot[1]),
+            "val_later_click_logloss": tot[6] / max(tot[7], 1)}
 
 
 def publish(root: str | Path, weights: dict[str, np.ndarray], cfg: TrainConfig, meta: dict,

@@ -95,9 +95,16 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
     rep_path = tmp_path / "eval.json"
     out = astec("personalize", "evaluate", "--logs", str(tmp_path / "logs"), "--models",
                 astec_predictor, "--policy", str(tmp_path / "gru"), "--bootstrap", "100",
-                "--json-out", str(rep_path), "--quiet")
+                "--json-out", str(rep_path), "--oracle", "--quiet")
     rep = json.loads(rep_path.read_text())
-    assert set(rep["metrics"]) == {"gru", "top1", "most_frequent", "popularity"}
+    assert set(rep["metrics"]) == {"gru", "top1", "most_frequent", "popularity", "sim_rank",
+                                   "oracle", "oracle_no_user"}
+    m = rep["metrics"]
+    # the Bayes posterior with the world's true parameters bounds every policy on intent hit
+    for p in ("gru", "top1", "most_frequent", "popularity", "sim_rank"):
+        assert m["oracle"]["intent_hit"] >= m[p]["intent_hit"], (p, m)
+    assert m["oracle"]["intent_hit"] <= m["oracle"]["intent_in_candidates"]
+    assert rep["lift"]["intent_hit"]["best_baseline"] in ("top1", "most_frequent", "popularity")
     assert "intent_hit" in rep["metrics"]["gru"] and "intent_hit" in rep["lift"]
     assert rep["held_out_visits"] > 0 and "lift" in out
     bench = json.loads(astec("bench", "gru", "--policy", str(tmp_path / "gru"), "--events", "200",

@@ -1,0 +1,78 @@
+"""Reference rows for `astec personalize evaluate --oracle`: the best intent hit reachable on
+simulated logs, from the simulator's own generative model (evaluation only, never training).
+
+A session draws its intent s from the user's interests w_u(s); each view is on-intent with
+probability a (a page of s, drawn by popularity) or else a popular page from anywhere. So the
+posterior over the intent after the session's views p_1..p_n is
+
+    P(s | p) ∝ w_u(s) * prod_j (1 + a / (1 - a) * [sub(p_j) = s] / pop(s))
+
+with pop(s) the summed popularity of the pages of s. The oracle picks the candidate whose
+sub-topic has the highest posterior: the Bayes-optimal intent hit for a policy that sees the
+same candidates and the same window, but knows every page's true sub-topic, the session's
+boundaries and (for "oracle") the user's true interests. "oracle_no_user" uses a uniform prior
+(what the window's pages alone allow). No learnt policy on these logs can beat these rows.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class OracleModel:
+    """World quantities the posterior needs, indexed like the VisitLog and the label space."""
+
+    page_subtopic: np.ndarray   # int64 [P]: sub-topic of each distinct VisitLog page, -1 unknown
+    log_lr: np.ndarray          # float64 [S]: log(1 + a / (1 - a) / pop(s))
+    log_prior: np.ndarray       # float64 [U, S]: log of each VisitLog user's true interest weights
+    label_subtopic: np.ndarray  # int64 [L]
+
+
+def load_oracle(world_dir: str | Path, log_dir: str | Path, titles: list[str],
+                user_ids: list[str], label_subtopic: np.ndarray) -> OracleModel:
+    """The oracle's model from the world files and LOG_DIR/simulation.json (its on_intent)."""
+    from stream.simulator.world import load_world
+    w = load_world(world_dir)
+    sim = Path(log_dir) / "simulation.json"
+    a = float(json.loads(sim.read_text())["settings"]["on_intent"]) if sim.is_file() else 0.7
+    a = min(max(a, 1e-6), 1 - 1e-6)
+    by_title = {t: i for i, t in enumerate(w.page_title)}
+    page = np.array([by_title.get(t, -1) for t in titles], np.int64)
+    psub = np.where(page >= 0, w.page_subtopic[np.maximum(page, 0)], -1).astype(np.int64)
+    pop = np.bincount(w.page_subtopic, weights=w.page_pop, minlength=w.n_subtopics)
+    log_lr = np.log1p(a / (1 - a) / np.maximum(pop, 1e-300))
+    prior = np.full((len(user_ids), w.n_subtopics), 1e-12)
+    uid = {w.user_id(u): u for u in range(w.n_users)}
+    for j, name in enumerate(user_ids):
+        u = uid.get(name)
+        if u is not None:
+            lo, hi = w.interest_indptr[u], w.interest_indptr[u + 1]
+            prior[j, w.interest_subtopic[lo:hi]] += w.interest_weight[lo:hi]
+        else:
+            prior[j] = 1.0
+    prior /= prior.sum(1, keepdims=True)
+    return OracleModel(psub, log_lr, np.log(prior), np.asarray(label_subtopic, np.int64))
+
+
+def oracle_keys(m: OracleModel, v, rows: np.ndarray, cand_ids: np.ndarray, K: int,
+                ttl_s: float) -> dict[str, np.ndarray]:
+    """Ranking keys [B,C] of the oracle rows for visits `rows` (their window of K states)."""
+    idx, mask = v.window(rows, K, ttl_s)
+    same = mask & (v.session[idx] == v.session[rows][:, None])      # the session's views so far
+    sub = m.page_subtopic[v.page[idx]]
+    B, S = len(rows), len(m.log_lr)
+    counts = np.zeros((B, S))
+    b, k = np.nonzero(same & (sub >= 0))
+    np.add.at(counts, (b, sub[b, k]), 1.0)
+    loglik = counts * m.log_lr[None, :]
+    csub = np.where(cand_ids >= 0, m.label_subtopic[np.maximum(cand_ids, 0)], -1)
+    out = {}
+    for name, logpost in (("oracle", loglik + m.log_prior[v.user[rows]]),
+                          ("oracle_no_user", loglik)):
+        key = np.take_along_axis(logpost, np.maximum(csub, 0), 1)
+        out[name] = np.where(csub >= 0, key, -1e30)
+    return out
