@@ -3,7 +3,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from engine.astec.clustering import balanced_clusters, meta_labels
-from engine.astec.shortlist import training_shortlist
+from engine.astec.shortlist import recall_at, training_shortlist
 from engine.astec.sparse import topk_dense_from_csr, topk_rows
 
 
@@ -45,3 +45,13 @@ def test_training_shortlist_excludes_positives():
     assert N.tolist() == [[0, 1, 1, 0, 0, 0]]
     N = training_shortlist(S, Y, 2, 3, seed=0).toarray()
     assert N[0, 0] == 0 and N.sum() >= 2
+
+
+def test_recall_at_leaves_scores_untouched():
+    # every row has fewer entries than `size`: recall must not overwrite the caller's scores with 1s
+    S = sp.csr_matrix(np.array([[0.9, 0.2, 0.0], [0.0, 0.4, 0.7]], np.float32))
+    Y = sp.csr_matrix(np.array([[1, 0, 0], [1, 0, 1]], np.float32))
+    before = S.toarray().copy()
+    assert abs(recall_at(S, Y, 5) - 100.0 * 2 / 3) < 1e-4
+    assert np.array_equal(S.toarray(), before)
+    assert abs(recall_at(S, Y, 1) - 100.0 * 2 / 3) < 1e-4

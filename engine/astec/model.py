@@ -155,20 +155,6 @@ def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dic
     return None if best == full else best
 
 
-def centroid_classifier_init(clf: Classifier, encoder: Encoder, X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
-    """w_l = normalised mean z of label l's points / mean ||z|| (labels without points keep Xavier).
-
-    A tail label (median: 2 points) gets only a handful of positive updates in Module IV; starting
-    from its centroid gives it the label-centroid score (cosine, ~[0, 1]) instead of noise."""
-    from .sparse import normalize_rows
-    Z = dense_bag(encoder, X, what="z")
-    norm = float(np.linalg.norm(Z, axis=1).mean()) or 1.0
-    mu = normalize_rows(np.asarray(sp.csr_matrix(Y.T, dtype=np.float32) @ Z)) / norm
-    has = np.flatnonzero(np.diff(sp.csc_matrix(Y).indptr) > 0)
-    with torch.no_grad():
-        clf.weight.weight[torch.from_numpy(has)] = torch.from_numpy(mu[has].astype(np.float32))
-
-
 def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True):
     """Train Modules I-IV and the re-ranker for one learner; returns (Learner, log dict)."""
     log: dict = {"seed": seed, "modules": {}}
@@ -220,8 +206,6 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     t0 = time.time()
     encoder.residual = SpectralResidual(D, cfg.spectral_lambda)
     clf = Classifier(L, D)
-    if cfg.classifier_init == "centroid":
-        centroid_classifier_init(clf, encoder, Xf, Yf)
     ep = train_shortlisted(encoder, clf, Xf, Yf, negatives, cfg.extreme_epochs, cfg.extreme_lr, cfg.batch_size,
                            seed, cfg.finetune_embeddings, cfg.finetune_lr, "Module IV", progress)
     del negatives
