@@ -147,6 +147,10 @@ def test_config_json_round_trip_and_errors(tmp_path):
     with pytest.raises(ValueError, match="embedding_dim"):
         AstecConfig.load(tmp_path / "bad2.json")
     assert AstecConfig().resolve(3).num_clusters <= 3 and AstecConfig().resolve(3).shortlist_size <= 3
+    # a model saved while classifier_init existed still loads; a non-default value is refused
+    assert AstecConfig.from_dict({**c.to_dict(), "classifier_init": "xavier"}) == c
+    with pytest.raises(ValueError, match="classifier_init"):
+        AstecConfig.from_dict({**c.to_dict(), "classifier_init": "centroid"})
 
 
 def test_svd_embedding_init_trains(data):

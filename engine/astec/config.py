@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+# fields that models saved by earlier versions may carry, with the one value that still means
+# today's behaviour (such a config loads; any other value is refused as unknown)
+_RETIRED = {"classifier_init": "xavier"}
+
+
 @dataclass
 class AstecConfig:
     """All knobs of one Astec learner (an ensemble repeats them with different seeds).
@@ -110,6 +115,7 @@ class AstecConfig:
     @classmethod
     def from_dict(cls, d: dict, source: str = "config") -> "AstecConfig":
         names = {f.name: f for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if not (k in _RETIRED and v == _RETIRED[k])}
         unknown = sorted(set(d) - set(names))
         if unknown:
             raise ValueError(f"{source}: unknown AstecConfig field(s) {unknown}; known: {sorted(names)}")
