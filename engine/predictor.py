@@ -322,33 +322,38 @@ class Learner:
         scratch arrays that only the touched labels are read from and reset (cost independent
         of L)."""
         acc, mu = self._scratch()
-        parts = []
-        if self.knn > 0 and self.points is not None:
-            ids, sims = self.points.query(q, self.knn, threads)
-            sims = np.maximum(sims[0], 0)
-            if self.knn_power != 1.0:
-                sims = sims ** np.float32(self.knn_power)
-            den = sims.sum(dtype=np.float32)
-            ids = ids[0]
-            start = self.point_indptr[ids]
-            lens = self.point_indptr[ids + 1] - start
-            nk = int(lens.sum())
-            pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(nk)
-            lab = self.point_labels[pos]
-            w = np.repeat(sims / (den if den > 0 else np.float32(1.0)), lens) * self.point_values[pos]
-            np.add.at(acc, lab, w)
-            parts.append(lab)
-        if self.kmu > 0 and self.centres is not None:
-            ids, sims = self.centres.query(q, self.kmu, threads)
-            own = self.centre_owner[ids[0]]
-            np.maximum.at(mu, own, np.maximum(sims[0], 0))
-            parts.append(own)
-        parts.append(self.prior)
-        c = np.concatenate(parts)
-        c.sort()
-        if c.size > 1:
-            c = c[np.concatenate(([True], c[1:] != c[:-1]))]
-        s = (1.0 - self.centroid_weight) * acc[c] + self.centroid_weight * mu[c]
+        try:
+            parts = []
+            if self.knn > 0 and self.points is not None:
+                ids, sims = self.points.query(q, self.knn, threads)
+                sims = np.maximum(sims[0], 0)
+                if self.knn_power != 1.0:
+                    sims = sims ** np.float32(self.knn_power)
+                den = sims.sum(dtype=np.float32)
+                ids = ids[0]
+                start = self.point_indptr[ids]
+                lens = self.point_indptr[ids + 1] - start
+                nk = int(lens.sum())
+                pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(nk)
+                lab = self.point_labels[pos]
+                w = np.repeat(sims / (den if den > 0 else np.float32(1.0)), lens) * self.point_values[pos]
+                np.add.at(acc, lab, w)
+                parts.append(lab)
+            if self.kmu > 0 and self.centres is not None:
+                ids, sims = self.centres.query(q, self.kmu, threads)
+                own = self.centre_owner[ids[0]]
+                np.maximum.at(mu, own, np.maximum(sims[0], 0))
+                parts.append(own)
+            parts.append(self.prior)
+            c = np.concatenate(parts)
+            c.sort()
+            if c.size > 1:
+                c = c[np.concatenate(([True], c[1:] != c[:-1]))]
+            s = (1.0 - self.centroid_weight) * acc[c] + self.centroid_weight * mu[c]
+        except BaseException:   # never leave a dirty scratch behind for the next text
+            acc[:] = 0
+            mu[:] = 0
+            raise
         acc[c] = 0
         mu[c] = 0
         if self.prior.size:

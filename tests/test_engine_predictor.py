@@ -225,3 +225,19 @@ def test_prediction_search_is_chosen_on_validation_and_exported(built):
     assert (model.learners[0].search or full) == chosen
     sc = json.loads((d / "predictor" / "predictor.json").read_text())["learners"][0]["shortlist"]
     assert (sc["knn"], sc["kmu"]) == chosen
+
+
+def test_single_text_path_is_repeatable_and_thread_safe(built):
+    """The single-text path keeps per-thread scratch state: answers must not depend on what was
+    predicted before or on other threads predicting at the same time (e.g. a dashboard)."""
+    from concurrent.futures import ThreadPoolExecutor
+    _, d, test = built
+    p = Predictor.load(d / "predictor")
+    want = [p.predict_one(t, 10) for t in test]
+    again = [p.predict_one(t, 10) for t in reversed(test)][::-1]
+    with ThreadPoolExecutor(4) as ex:
+        threaded = list(ex.map(lambda t: p.predict_one(t, 10), test * 3))[:len(test)]
+    for a, b, c in zip(want, again, threaded):
+        assert (a[0] == b[0]).all() and (a[0] == c[0]).all()
+        np.testing.assert_array_equal(a[1], b[1])
+        np.testing.assert_array_equal(a[1], c[1])
