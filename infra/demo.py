@@ -17,6 +17,26 @@ from pathlib import Path
 import click
 
 
+def _usable(root: Path, kind: str) -> bool:
+    """Whether ROOT's promoted model loads with this code. A model made by an older version can
+    be refused (a changed feature set, say): the demo then trains it again instead of failing
+    once the stream is running."""
+    if not (root / "CURRENT").exists():
+        return False
+    try:
+        if kind == "engine":
+            from stream.model import ModelHandle
+            ModelHandle.open(str(root))
+        else:
+            from personalization.policy import GruPolicy
+            GruPolicy.load(root)
+        return True
+    except Exception as e:   # any refusal means: train it again
+        click.echo(f"{root}: the promoted model does not load with this version ({e}); "
+                   "training it again", err=True)
+        return False
+
+
 def _astec(*args: str) -> list[str]:
     return [sys.executable, "-m", "infra.cli", *args]
 
@@ -86,9 +106,9 @@ def demo(workdir: Path, queries: int, pages: int, users: int, days: int, rate: f
     if retrain or not logs.exists():
         _run(_astec("simulate", "logs", "--world", str(world), "--out", str(logs),
                     "--days", str(days), "--seed", "7"))
-    if retrain or not (engine_models / "CURRENT").exists():
+    if retrain or not _usable(engine_models, "engine"):
         _run(_astec("retrain", "--logs", str(logs), "--models", str(engine_models)))
-    if retrain or not (gru_models / "CURRENT").exists():
+    if retrain or not _usable(gru_models, "gru"):
         _run(_astec("personalize", "train", "--logs", str(logs), "--models", str(engine_models),
                     "--out", str(gru_models)))
 
