@@ -183,9 +183,8 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
             rc.update(weight=f"{rel}/reranker_w.npy", bias=f"{rel}/reranker_b.npy")
             out["reranker"] = rc
     ix = lr.index
-    # search sizes: the export's, else the ones the model chose on validation, else its config's
-    knn, kmu = lr.search if getattr(lr, "search", None) else (cfg.knn_neighbours,
-                                                              cfg.centroid_neighbours)
+    # search sizes: the export's, else the model's (validated choice, else its config's)
+    knn, kmu = lr.search_sizes(cfg)
     knn, kmu = int(opts.knn or knn), int(opts.kmu or kmu)
     points = _ann_files(ix.points, d, rel, "points", knn, opts.ef_points, opts, seed)
     centres = _ann_files(ix.centres, d, rel, "centres", kmu, opts.ef_centres, opts, seed)

@@ -211,9 +211,11 @@ class Learner:
         return self.W.shape[1]
 
     # ---- features ---------------------------------------------------------------------------
-    def encode(self, rows: np.ndarray, idx: np.ndarray, val: np.ndarray, n: int):
+    def encode(self, rows: np.ndarray, idx: np.ndarray, val: np.ndarray, n: int,
+               reranker: bool = True):
         """(v, z, z~ or None) for n texts given flat (row, token, weight) triples: one sparse
-        product with the fused table for both encoders."""
+        product with the fused table for both encoders (its contiguous rows are what the sparse
+        product reads fast); reranker=False skips z~'s residual block."""
         D = self.dim
         if idx.size == 0:
             vv = np.zeros((n, self.E.shape[1]), np.float32)
@@ -224,7 +226,7 @@ class Learner:
             np.maximum(vv, 0, out=vv)
         v = np.ascontiguousarray(vv[:, :D])
         z = self.enc.z_from_v(v)
-        zr = self.rr_enc.z_from_v(vv[:, D:]) if self.rr_enc is not None else None
+        zr = self.rr_enc.z_from_v(vv[:, D:]) if reranker and self.rr_enc is not None else None
         return v, z, zr
 
     # ---- shortlist ------------------------------------------------------------------------
@@ -391,19 +393,13 @@ class Learner:
         nrm = np.sqrt(np.add.reduce(v * v))   # the same rounding as the batch path's norm
         q = (v / nrm if nrm > 0 else v)[None, :]
         c, s = self.shortlist_one(q, threads)
-        z = self.enc.residual @ v
-        np.maximum(z, 0, out=z)
-        z += v
+        z = self.enc.z_from_v(v)
         G = self.Wc[c].astype(np.float32, copy=False)
         X = np.empty((3 if self.rr_enc is not None else 2, c.size), np.float32)
         np.matmul(G[:, :D], z, out=X[0])
         X[1] = s
         if self.rr_enc is not None:
-            vr = vv[D:]
-            zr = self.rr_enc.residual @ vr
-            np.maximum(zr, 0, out=zr)
-            zr += vr
-            np.matmul(G[:, D:], zr, out=X[2])
+            np.matmul(G[:, D:], self.rr_enc.z_from_v(vv[D:]), out=X[2])
         bias = self.bc[c]
         X[0] += bias[:, 0]
         if self.rr_enc is not None:
@@ -426,10 +422,7 @@ class Learner:
         out = np.empty(labels.size, np.float32)
         if labels.size == 0:
             return out
-        counts = np.bincount(rows, minlength=n)
-        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        col = np.arange(labels.size) - first[rows]
-        width = int(counts.max())
+        col, width = _row_slots(rows, n)
         pad = np.zeros((n, width), np.int64)
         pad[rows, col] = labels
         step = max(1, chunk_bytes // (width * self.Wc.shape[1] * 4))
@@ -449,6 +442,14 @@ class Learner:
         return out
 
 
+def _row_slots(rows: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """(column of each candidate in its row, widest row) for candidates grouped by row: the
+    padded [n, width] layout the batch scoring and top-k work on."""
+    counts = np.bincount(rows, minlength=n)
+    col = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return col, int(counts.max(initial=0))
+
+
 def _topk(rows: np.ndarray, labels: np.ndarray, y: np.ndarray, n: int, k: int):
     """(ids int64 [n,k], scores float32 [n,k]) best first, ties by lower label, pads -1 / 0.
 
@@ -459,9 +460,7 @@ def _topk(rows: np.ndarray, labels: np.ndarray, y: np.ndarray, n: int, k: int):
     scores = np.zeros((n, k), np.float32)
     if labels.size == 0 or k == 0:
         return ids, scores
-    counts = np.bincount(rows, minlength=n)
-    col = np.arange(labels.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    width = int(counts.max())
+    col, width = _row_slots(rows, n)
     Y = np.full((n, width), -np.inf, np.float32)
     Lab = np.full((n, width), -1, np.int64)
     Y[rows, col], Lab[rows, col] = y, labels
@@ -617,15 +616,16 @@ class Predictor:
         ids[r, col], w[r, col] = idx, val
         return ids, w
 
-    def _encode(self, lr: Learner, bags, n: int):
+    def _encode(self, lr: Learner, bags, n: int, reranker: bool = True):
         """(v, z, z~ or None) of one learner for n texts, by the chosen backend."""
         rows, idx, val, lens = bags
         if self.backend == "onnx" and lr.enc.onnx_path is not None:
             ids, w = self._padded(idx, val, lens)
             v, z = lr.enc.vz_onnx(ids, w, self.threads)
-            zr = lr.rr_enc.vz_onnx(ids, w, self.threads)[1] if lr.rr_enc is not None else None
+            zr = (lr.rr_enc.vz_onnx(ids, w, self.threads)[1]
+                  if reranker and lr.rr_enc is not None else None)
             return v, z, zr
-        return lr.encode(rows, idx, val, n)
+        return lr.encode(rows, idx, val, n, reranker)
 
     def _run(self, texts: list[str], k: int, want_z: bool = False):
         if isinstance(texts, str):
@@ -704,7 +704,7 @@ class Predictor:
     def features(self, texts: list[str]) -> np.ndarray:
         """Final Astec features z (first learner) float32 [n, D], the GRU's input."""
         texts = list(texts)
-        return self._encode(self.learners[0], self._bags(texts), len(texts))[1]
+        return self._encode(self.learners[0], self._bags(texts), len(texts), reranker=False)[1]
 
     def classifier_rows(self, ids) -> np.ndarray:
         """Classifier rows w_l (first learner, z's space) as float32 [len(ids), D]."""

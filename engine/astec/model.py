@@ -54,6 +54,11 @@ class Learner:
     beta: float = 1.0
     search: tuple | None = None     # (knn, kmu) chosen on validation for prediction; None: cfg's
 
+    def search_sizes(self, cfg: AstecConfig) -> tuple[int, int]:
+        """(training points, label centres) a prediction searches: the validated choice, else
+        the configured sizes."""
+        return self.search or (cfg.knn_neighbours, cfg.centroid_neighbours)
+
     # ---- prediction pieces (numpy in, numpy out) --------------------------------------------
     def shortlist(self, X: sp.csr_matrix, cfg: AstecConfig, exclude_self=None):
         """(C, Z): top candidates with base similarity s as data, and final features z."""
@@ -61,7 +66,7 @@ class Learner:
         with torch.no_grad():
             self.encoder.eval()
             Z = self.encoder.residual(torch.from_numpy(V)).numpy()
-        knn, kmu = self.search or (cfg.knn_neighbours, cfg.centroid_neighbours)
+        knn, kmu = self.search_sizes(cfg)
         S = self.index.scores(V, knn, kmu, cfg.centroid_weight,
                               cfg.num_threads, exclude_self=exclude_self, knn_power=cfg.knn_power)
         C = topk_rows(S, cfg.predict_shortlist)
