@@ -147,18 +147,17 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
         n_cold += int(cold.sum())
         colds.append(cold)
         orders = {name: _ranks(key, b.cand_mask) for name, key in baseline_keys(b).items()}
-        o = _ranks(sim_rank_key(b, policy.weights["sim_norm"]), b.cand_mask)
-        o[cold] = orders["top1"][cold]
-        orders["sim_rank"] = o
-        g = softmax_masked(policy.logits(b))
-        og = _ranks(g, b.cand_mask)
-        og[cold] = orders["top1"][cold]          # cold start: the current page's top query
-        orders["gru"] = og
+
+        def ranked_or_top1(key):   # cold start: the current page's top query, whatever the key
+            o = _ranks(key, b.cand_mask)
+            o[cold] = orders["top1"][cold]
+            return o
+
+        orders["sim_rank"] = ranked_or_top1(sim_rank_key(b, policy.weights["sim_norm"]))
+        orders["gru"] = ranked_or_top1(softmax_masked(policy.logits(b)))
         if oracle is not None:
             for name, key in oracle_keys(oracle, v, r, b.cand_ids, K, ttl_s).items():
-                o = _ranks(key + 1e-6 * b.feats[..., F["mean_score_window"]], b.cand_mask)
-                o[cold] = orders["top1"][cold]
-                orders[name] = o
+                orders[name] = ranked_or_top1(key + 1e-6 * b.feats[..., F["mean_score_window"]])
         ranked = {name: np.take_along_axis(b.cand_ids, o, 1) for name, o in orders.items()}
         shown, clicked = v.shown[r], v.clicked[r]
         prop = v.propensity[r]

@@ -27,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from personalization.artifact import save_policy
-from personalization.features import EventBatch, build_batch, log_popularity, sim_table_from_rows
+from personalization.features import (SIM_DIM, EventBatch, build_batch, log_popularity,
+                                      sim_table_from_rows)
 from personalization.logs import VisitLog, session_start_ts, targets_for, time_split
 from personalization.model import GruConfig, GruPolicyNet
 
@@ -59,7 +60,7 @@ class TrainConfig:
     future_horizon: int = 2        # next visits of the session the later/future losses read
     val_frac: float = 0.2
     ttl_s: float = 30 * 86400.0   # the stream's Redis state TTL
-    sim_dim: int = 32             # size of the query vectors of the sim_* features (0 = off)
+    sim_dim: int = SIM_DIM        # size of the query vectors of the sim_* features (0 = off)
     threads: int = 2
     seed: int = 0
 
