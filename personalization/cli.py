@@ -59,10 +59,12 @@ def _fmt_table(metrics: dict, cols: list[str]) -> str:
 
 def run_evaluation(policy, v, val_frac: float, truth, n_boot: int, progress: bool,
                    oracle=None) -> dict:
-    """Evaluate on the held-out sessions; returns the JSON-able report."""
-    from personalization.evaluate import evaluate_policies, summarize
+    """Evaluate on the held-out sessions; returns the JSON-able report. Raises
+    personalization.evaluate.OverlapError if the policy read any of those sessions."""
+    from personalization.evaluate import check_held_out, evaluate_policies, summarize
     from personalization.train import split_rows
     _, rows, t_split = split_rows(v, val_frac)
+    check_held_out(policy.manifest, policy.version, t_split, val_frac)
     ttl = float(policy.manifest.get("train", {}).get("config", {}).get("ttl_s", 30 * 86400.0))
     res = evaluate_policies(policy, v, rows, policy.weights["log_pop"], policy.K, ttl, truth,
                             progress=progress, oracle=oracle)
@@ -115,7 +117,11 @@ def personalize() -> None:
 @click.option("--query-dim", type=click.IntRange(2, 1024), default=16, show_default=True,
               help="Size of the projected query / user vectors.")
 @click.option("--val-frac", type=click.FloatRange(0.01, 0.9), default=0.2, show_default=True,
-              help="Share of the latest sessions held out (split by time).")
+              help="Share of the latest read sessions used for validation (split by time).")
+@click.option("--holdout", type=click.FloatRange(0.0, 0.9), default=0.0, show_default=True,
+              help="Share of the latest sessions never read (neither trained nor validated "
+                   "on), for an honest `astec personalize evaluate --val-frac` <= this; "
+                   "0 = use all logs (production).")
 @click.option("--w-future", type=float, default=0.0, show_default=True,
               help="Weight of the next-pages listwise loss (browsing sequences).")
 @click.option("--w-ips", type=float, default=0.0, show_default=True,
@@ -136,18 +142,22 @@ def personalize() -> None:
               help="Versions kept in the GRU registry.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim, val_frac,
-          w_future, w_ips, w_click, w_later_click, horizon, sim_dim, threads, seed, promote,
+          holdout, w_future, w_ips, w_click, w_later_click, horizon, sim_dim, threads, seed, promote,
           keep, quiet):
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
     from personalization.train import TrainConfig, publish, train_policy
     predictor, v = _load_visits(logs, models, topk, progress=not quiet)
     cfg = TrainConfig(K=K, topk=topk, epochs=epochs, rows_per_epoch=rows_per_epoch,
-                      hidden=hidden, query_dim=query_dim, val_frac=val_frac, w_future=w_future,
+                      hidden=hidden, query_dim=query_dim, val_frac=val_frac, holdout=holdout,
+                      w_future=w_future,
                       w_ips=w_ips, w_click=w_click, w_later_click=w_later_click,
                       future_horizon=horizon, sim_dim=sim_dim, threads=threads, seed=seed)
     rows = predictor.classifier_rows(np.arange(predictor.num_labels))
-    weights, report = train_policy(v, rows, cfg, progress=not quiet)
+    try:
+        weights, report = train_policy(v, rows, cfg, progress=not quiet)
+    except ValueError as e:
+        raise click.ClickException(f"{logs}: {e}") from e
     root = out or (models / "gru")
     meta = {"engine_version": v.engine_version, "train": report,
             "logs": str(logs), "label_count": predictor.num_labels}
@@ -159,6 +169,14 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
                f"{best['val_click_logloss']:.4f}, later-click log-loss "
                f"{best['val_later_click_logloss']:.4f}, next-pages CE {best['val_future_ce']:.4f}, "
                f"{report['train_s']}s")
+    from personalization.evaluate import iso_time
+    cut = report["holdout_split_ts"]
+    click.echo(f"data read: sessions starting {iso_time(report['data_start_ts'])} .. "
+               f"{iso_time(report['last_session_start_ts'])} (last visit "
+               f"{iso_time(report['data_end_ts'])}); validation from "
+               f"{iso_time(report['val_split_ts'])}; "
+               + (f"sessions from {iso_time(cut)} not read ({report['unread_visits']} visits, "
+                  f"--holdout {holdout:g})" if cut is not None else "no holdout"))
 
 
 @personalize.command()
@@ -172,7 +190,8 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
 @click.option("--world", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Simulator world (default: from LOG_DIR/simulation.json).")
 @click.option("--val-frac", type=click.FloatRange(0.01, 0.9), default=0.2, show_default=True,
-              help="Share of the latest sessions evaluated (use the training value).")
+              help="Share of the latest sessions evaluated (the policy must have been trained "
+                   "with --holdout >= this).")
 @click.option("--bootstrap", "n_boot", type=click.IntRange(10, 100000), default=1000,
               show_default=True, help="Bootstrap resamples of users for the lift's 95% CI.")
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -183,9 +202,13 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, oracle, quiet):
     """Hit rate, Recall@5, MRR and IPS CTR of the GRU vs top1 / most-frequent / popularity."""
-    from personalization.evaluate import load_truth
+    from personalization.evaluate import OverlapError, check_held_out, load_truth
     from personalization.policy import GruPolicy
     policy = GruPolicy.load(policy_dir or (models / "gru"))
+    try:   # fail before reading the logs if the policy records no data range at all
+        check_held_out(policy.manifest, policy.version, None, val_frac)
+    except OverlapError as e:
+        raise click.ClickException(str(e)) from e
     k = int(policy.manifest.get("train", {}).get("config", {}).get("topk", 10))
     predictor, v = _load_visits(logs, models, k, progress=not quiet)
     if policy.n_labels != predictor.num_labels:
@@ -203,8 +226,11 @@ def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, oracle
             raise click.UsageError("--oracle needs LOG_DIR/truth/intents.jsonl and the world "
                                    "(--world WORLD_DIR or LOG_DIR/simulation.json)")
         oracle_model = load_oracle(wdir, logs, v.titles, v.user_ids, truth.label_subtopic)
-    rep = run_evaluation(policy, v, val_frac, truth, n_boot, progress=not quiet,
-                         oracle=oracle_model)
+    try:
+        rep = run_evaluation(policy, v, val_frac, truth, n_boot, progress=not quiet,
+                             oracle=oracle_model)
+    except OverlapError as e:
+        raise click.ClickException(str(e)) from e
     print_report(rep)
     if json_out:
         json_out.write_text(json.dumps(rep, indent=1) + "\n")

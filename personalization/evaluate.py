@@ -86,6 +86,41 @@ def load_truth(log_dir: str | Path, label_names: list[str], world_dir: str | Pat
     return Truth(intents, label_sub)
 
 
+class OverlapError(ValueError):
+    """A policy whose training/validation data may include the sessions being evaluated."""
+
+
+def iso_time(ts: float | None) -> str:
+    import datetime as dt
+    if ts is None:
+        return "?"
+    return dt.datetime.fromtimestamp(float(ts), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def check_held_out(manifest: dict, version: str, eval_split_ts: float | None,
+                   val_frac: float) -> None:
+    """Refuse (OverlapError) a policy that read any session starting at or after the
+    evaluation's split, or that does not record what it read: an offline figure is only honest
+    when the evaluated sessions were neither trained nor validated on. With
+    `eval_split_ts=None` only the presence of the record is checked."""
+    tr = manifest.get("train") if isinstance(manifest.get("train"), dict) else {}
+    last = tr.get("last_session_start_ts")
+    if last is None:
+        raise OverlapError(
+            f"policy {version}: its manifest records no training data range "
+            f"(train.last_session_start_ts; trained before --holdout existed), so it may have "
+            f"been trained or validated on the evaluated sessions; retrain with "
+            f"`astec personalize train --holdout {val_frac:g}` (or larger) and evaluate that")
+    if eval_split_ts is not None and float(last) >= eval_split_ts:
+        raise OverlapError(
+            f"policy {version} read sessions starting up to {iso_time(last)} (its data end "
+            f"{iso_time(tr.get('data_end_ts'))}, holdout {tr.get('holdout', 0)}), but this "
+            f"evaluation scores the sessions starting from {iso_time(eval_split_ts)} "
+            f"(--val-frac {val_frac:g}): its training/validation data overlaps the evaluated "
+            f"sessions; retrain with `astec personalize train --holdout {val_frac:g}` "
+            f"(or larger) on these logs")
+
+
 def baseline_keys(b: EventBatch) -> dict[str, np.ndarray]:
     """Ranking keys [B,C] (higher = better) of the baselines from the shared features."""
     f = b.feats

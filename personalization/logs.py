@@ -229,10 +229,15 @@ def _search_targets(user, ts, session, s_user, s_ts, s_q, horizon):
     return indptr.astype(np.int64), s_q[take].astype(np.int64)
 
 
-def time_split(v: VisitLog, val_frac: float) -> float:
-    """Timestamp t such that sessions starting at or after t are held out (last val_frac)."""
+def time_split(v: VisitLog, val_frac: float, before_ts: float = np.inf) -> float:
+    """Timestamp t such that sessions starting at or after t are held out (the last val_frac of
+    the sessions that start before `before_ts`)."""
     start = np.r_[True, v.session[1:] != v.session[:-1]]
-    return float(np.quantile(v.ts[start], 1.0 - val_frac))
+    starts = v.ts[start]
+    starts = starts[starts < before_ts]
+    if len(starts) == 0:
+        raise ValueError(f"no session starts before {before_ts}: nothing to split")
+    return float(np.quantile(starts, 1.0 - val_frac))
 
 
 def session_start_ts(v: VisitLog) -> np.ndarray:

@@ -11,8 +11,10 @@ Objective, from logs only:
   later   binary cross-entropy of a candidate's logit against a click on that query when the
           logger showed it at one of the session's next `future_horizon` visits (what the
           query is worth for the rest of the session, i.e. for the user's intent)
-The validation split is by time (the last `val_frac` of sessions); the epoch with the lowest
-validation objective (the same weighted sum) is kept.
+Sessions in the last `holdout` share by start time are never read (training or validation), so
+`astec personalize evaluate` can score them honestly; the validation split is the last
+`val_frac` of the remaining sessions, and the epoch with the lowest validation objective (the
+same weighted sum) is kept. The report records the time range of the data read.
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class TrainConfig:
     w_future: float = 0.0
     future_horizon: int = 2        # next visits of the session the later/future losses read
     val_frac: float = 0.2
+    holdout: float = 0.0          # last share of sessions never read (offline evaluation); 0 = all
     ttl_s: float = 30 * 86400.0   # the stream's Redis state TTL
     sim_dim: int = SIM_DIM        # size of the query vectors of the sim_* features (0 = off)
     threads: int = 2
@@ -90,11 +93,28 @@ def sim_normaliser(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop:
     return np.array([x.mean(), max(float(x.std()), 1e-4)], np.float32)
 
 
-def split_rows(v: VisitLog, val_frac: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """(train rows, held-out rows, split time): sessions starting at/after the split are held out."""
-    t = time_split(v, val_frac)
+def split_rows(v: VisitLog, val_frac: float, before_ts: float = np.inf
+               ) -> tuple[np.ndarray, np.ndarray, float]:
+    """(train rows, held-out rows, split time) among the sessions starting before `before_ts`:
+    sessions starting at/after the split are held out."""
+    t = time_split(v, val_frac, before_ts)
     start = session_start_ts(v)
-    return np.flatnonzero(start < t), np.flatnonzero(start >= t), t
+    return np.flatnonzero(start < t), np.flatnonzero((start >= t) & (start < before_ts)), t
+
+
+def data_range(v: VisitLog, holdout: float) -> dict:
+    """The sessions a policy trained with `holdout` reads: those starting before
+    `holdout_split_ts` (None = all). Their first/last visit times and the last session start
+    are what `astec personalize evaluate` checks against its own split."""
+    start = session_start_ts(v)
+    cut = time_split(v, holdout) if holdout > 0 else None
+    keep = start < cut if cut is not None else np.ones(v.n, bool)
+    if not keep.any():
+        raise ValueError(f"--holdout {holdout} leaves no sessions to train on")
+    return {"holdout": holdout, "holdout_split_ts": cut,
+            "data_start_ts": float(v.ts[keep].min()), "data_end_ts": float(v.ts[keep].max()),
+            "last_session_start_ts": float(start[keep].max()),
+            "read_visits": int(keep.sum()), "unread_visits": int((~keep).sum())}
 
 
 def _tensors(b: EventBatch):
@@ -176,10 +196,14 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
-    train_rows, val_rows, t_split = split_rows(v, cfg.val_frac)
+    rng_info = data_range(v, cfg.holdout)
+    cut = rng_info["holdout_split_ts"]
+    train_rows, val_rows, t_split = split_rows(v, cfg.val_frac,
+                                               np.inf if cut is None else cut)
     if len(train_rows) == 0 or len(val_rows) == 0:
-        raise ValueError(f"time split at val_frac={cfg.val_frac} leaves {len(train_rows)} train "
-                         f"and {len(val_rows)} held-out visits; need both")
+        raise ValueError(f"time split at val_frac={cfg.val_frac} (holdout {cfg.holdout}) leaves "
+                         f"{len(train_rows)} train and {len(val_rows)} validation visits; "
+                         f"need both")
     counts = v.popularity(before_ts=t_split)
     log_pop = log_popularity(counts)
     # cold-start visits are served by the top-1 rule: train only on visits with history
@@ -239,7 +263,8 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
             best = val["val_objective"]
             best_state = {k: t.detach().clone() for k, t in net.state_dict().items()}
     net.load_state_dict(best_state)
-    report = {"config": asdict(cfg), "split_ts": t_split, "train_visits": int(len(train_rows)),
+    report = {"config": asdict(cfg), "split_ts": t_split, "val_split_ts": t_split, **rng_info,
+              "train_visits": int(len(train_rows)),
               "val_visits": int(len(val_rows)), "epochs": history,
               "best_epoch": int(np.argmin([h["val_objective"] for h in history]) + 1),
               "train_s": round(time.perf_counter() - t0, 1)}
