@@ -27,6 +27,7 @@ import hnswlib
 import numpy as np
 import scipy.sparse as sp
 
+from engine import kernels
 from engine.manifest import Manifest, ManifestError, verify_manifest
 from engine.text import TfidfVectorizer
 
@@ -40,20 +41,13 @@ class PredictorError(ManifestError):
     """A predictor directory is inconsistent (shapes, fields) or cannot be loaded."""
 
 
+_NO_IDS = np.zeros((1, 0), np.int64)       # an absent index's (ids, sims) for one query
+_NO_SIMS = np.zeros((1, 0), np.float32)
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     # same clipping and dtype as engine.astec.predict.sigmoid, so scores match to float32 rounding
     return (1.0 / (1.0 + np.exp(-np.clip(x, -30, 30)))).astype(np.float32)
-
-
-def _sigmoid_inplace(x: np.ndarray) -> np.ndarray:
-    """_sigmoid's arithmetic on a float32 array, overwriting it (four ufunc calls, no temporaries:
-    the single-text path is a few hundred numbers, where call count is the cost)."""
-    np.clip(x, -30, 30, out=x)
-    np.negative(x, out=x)
-    np.exp(x, out=x)
-    x += 1.0
-    np.reciprocal(x, out=x)
-    return x
 
 
 @dataclass
@@ -184,6 +178,8 @@ class Learner:
     E: np.ndarray | None = None       # [V, D] or [V, 2D] fused embeddings
     Wc: np.ndarray | None = None      # [L, D] or [L, 2D] fused classifier rows
     bc: np.ndarray | None = None      # [L, 1] or [L, 2] fused biases
+    _RT: np.ndarray | None = None     # residual transposes (contiguous) for the kernels
+    _RrT: np.ndarray | None = None
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
     def fuse(self) -> "Learner":
@@ -193,6 +189,9 @@ class Learner:
         """
         order = np.argsort(self.prior, kind="stable")
         self.prior, self.prior_score = self.prior[order], self.prior_score[order]
+        self._RT = np.ascontiguousarray(self.enc.residual.T, np.float32)
+        self._RrT = (np.ascontiguousarray(self.rr_enc.residual.T, np.float32)
+                     if self.rr_enc is not None else np.zeros((1, 1), np.float32))
         if self.rr_enc is None:
             self.E, self.Wc, self.bc = self.enc.emb, self.W, self.b[:, None]
             return self
@@ -311,104 +310,45 @@ class Learner:
 
     # ---- the single-text latency path ----------------------------------------------------------
     def _scratch(self):
-        """Two zeroed float32 [L] accumulators for this thread (reset after every use)."""
+        """Two zeroed float32 [L] accumulators for this thread (the kernels reset what they
+        touch, so they stay zero between texts)."""
         loc = self._local
         if not hasattr(loc, "acc"):
             L = self.W.shape[0]
             loc.acc, loc.mu = np.zeros(L, np.float32), np.zeros(L, np.float32)
         return loc.acc, loc.mu
 
-    def shortlist_one(self, q: np.ndarray, threads: int):
-        """(labels sorted ascending, s) for one unit query q [1, D]: the batch path's arithmetic
-        for one row, with the neighbour sums and centre maxima accumulated in per-thread dense
-        scratch arrays that only the touched labels are read from and reset (cost independent
-        of L)."""
+    def score_one(self, idx: np.ndarray, val: np.ndarray, threads: int):
+        """(labels ascending, y) for one text's TF-IDF (idx, val): the batch path's arithmetic
+        for one row in four compiled kernels (engine.kernels) around the two hnswlib searches.
+        """
+        D = self.dim
+        has_rr = self.rr_enc is not None
+        vv, q = kernels.bag_features(idx, val, self.E, D)
+        z, zr = kernels.residual_features(vv, self._RT, self._RrT, D, has_rr)
         acc, mu = self._scratch()
+        none = (_NO_IDS, _NO_SIMS)
+        pid, psim = (self.points.query(q, self.knn, threads)
+                     if self.knn > 0 and self.points is not None else none)
+        cid, csim = (self.centres.query(q, self.kmu, threads)
+                     if self.kmu > 0 and self.centres is not None else none)
         try:
-            parts = []
-            if self.knn > 0 and self.points is not None:
-                ids, sims = self.points.query(q, self.knn, threads)
-                sims = np.maximum(sims[0], 0)
-                if self.knn_power != 1.0:
-                    sims = sims ** np.float32(self.knn_power)
-                den = sims.sum(dtype=np.float32)
-                ids = ids[0]
-                start = self.point_indptr[ids]
-                lens = self.point_indptr[ids + 1] - start
-                nk = int(lens.sum())
-                pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(nk)
-                lab = self.point_labels[pos]
-                w = np.repeat(sims / (den if den > 0 else np.float32(1.0)), lens) * self.point_values[pos]
-                np.add.at(acc, lab, w)
-                parts.append(lab)
-            if self.kmu > 0 and self.centres is not None:
-                ids, sims = self.centres.query(q, self.kmu, threads)
-                own = self.centre_owner[ids[0]]
-                np.maximum.at(mu, own, np.maximum(sims[0], 0))
-                parts.append(own)
-            parts.append(self.prior)
-            c = np.concatenate(parts)
-            c.sort()
-            if c.size > 1:
-                c = c[np.concatenate(([True], c[1:] != c[:-1]))]
-            s = (1.0 - self.centroid_weight) * acc[c] + self.centroid_weight * mu[c]
+            c, s = kernels.shortlist(pid[0], psim[0], self.point_indptr, self.point_labels,
+                                     self.point_values, cid[0], csim[0], self.centre_owner,
+                                     self.prior, self.prior_score, acc, mu,
+                                     float(self.centroid_weight), float(self.knn_power),
+                                     int(self.shortlist_size))
         except BaseException:   # never leave a dirty scratch behind for the next text
             acc[:] = 0
             mu[:] = 0
             raise
-        acc[c] = 0
-        mu[c] = 0
-        if self.prior.size:
-            s[np.searchsorted(c, self.prior)] += self.prior_score
-        keep = s != 0
-        c, s = c[keep], s[keep].astype(np.float32, copy=False)
-        if c.size > self.shortlist_size:
-            order = np.lexsort((c, -s))
-            top = order[:self.shortlist_size]
-            if self.prior.size:
-                # prior labels are always scored; one cut from the top gets s = its prior score
-                rest = order[self.shortlist_size:]
-                cut = rest[np.isin(c[rest], self.prior)]
-                if cut.size:
-                    s = s.copy()
-                    s[cut] = self.prior_score[np.searchsorted(self.prior, c[cut])]
-                    top = np.concatenate([top, cut])
-            c, s = c[top], s[top]
-        return c, s
-
-    def score_one(self, idx: np.ndarray, val: np.ndarray, threads: int):
-        """(labels, y) for one text's TF-IDF (idx, val): the batch path specialised to one row.
-
-        One gather of fused embedding rows gives v and v~; one gather of fused classifier rows
-        scores every candidate for both the classifier and the re-ranker; the three sigmoids run
-        as one. Besides the two hnswlib queries it is a few dozen microseconds of numpy.
-        """
-        D = self.dim
-        if idx.size:
-            vv = val @ self.E[idx]
-            np.maximum(vv, 0, out=vv)
-        else:
-            vv = np.zeros(self.E.shape[1], np.float32)
-        v = vv[:D]
-        nrm = np.sqrt(np.add.reduce(v * v))   # the same rounding as the batch path's norm
-        q = (v / nrm if nrm > 0 else v)[None, :]
-        c, s = self.shortlist_one(q, threads)
-        z = self.enc.z_from_v(v)
-        G = self.Wc[c].astype(np.float32, copy=False)
-        X = np.empty((3 if self.rr_enc is not None else 2, c.size), np.float32)
-        np.matmul(G[:, :D], z, out=X[0])
-        X[1] = s
-        if self.rr_enc is not None:
-            np.matmul(G[:, D:], self.rr_enc.z_from_v(vv[D:]), out=X[2])
-        bias = self.bc[c]
-        X[0] += bias[:, 0]
-        if self.rr_enc is not None:
-            X[2] += bias[:, 1]
-        Y = _sigmoid_inplace(X)
-        y = self.alpha * Y[0] + (1.0 - self.alpha) * Y[1]
-        if self.rr_enc is not None:
-            y = self.beta * y + (1.0 - self.beta) * Y[2]
-        return c, y.astype(np.float32, copy=False)
+        if self.Wc.dtype == np.float32:
+            W, rows = self.Wc, c
+        else:                   # float16 rows: the kernels read float32, gather and widen here
+            W, rows = self.Wc[c].astype(np.float32), np.arange(c.size)
+        y = kernels.combine_scores(W, rows, self.bc, c, s, z, zr, float(self.alpha),
+                                   float(self.beta), D, has_rr)
+        return c, y
 
     # ---- scores -----------------------------------------------------------------------------
     def final_scores(self, rows, labels, s, Z, Zr, chunk_bytes: int = 8 << 20) -> np.ndarray:
@@ -527,8 +467,10 @@ class Predictor:
                     for i, lc in enumerate(cfg["learners"])]
         if not learners:
             raise PredictorError(f"{src}: field 'learners' is empty")
-        return cls(root=root, manifest=m, config=cfg, vectorizer=vectorizer, learners=learners,
+        pred = cls(root=root, manifest=m, config=cfg, vectorizer=vectorizer, learners=learners,
                    label_names=[str(x) for x in names], threads=int(threads), backend=backend)
+        pred.predict_one("", 1)   # compile (or load from numba's cache) the single-text kernels
+        return pred
 
     @staticmethod
     def _load_encoder(m: Manifest, ec: dict, V: int, D: int, where: str) -> Encoder:
@@ -671,8 +613,9 @@ class Predictor:
     def predict_one(self, text: str, k: int = 10):
         """One text -> (ids int64 [k], scores float32 [k]): the latency path (no batching work).
 
-        Same results as predict([text], k)[0]; uses the numpy backend whatever `backend` says
-        (onnxruntime's per-call overhead exceeds the whole numpy feature cost for one row).
+        Same results as predict([text], k)[0] (scores to float32 rounding); runs the compiled
+        kernels whatever `backend` says (onnxruntime's per-call overhead alone exceeds their
+        whole feature cost for one row).
         """
         k = int(k)
         idx, val = self.vectorizer.transform_one(text)
@@ -684,18 +627,7 @@ class Predictor:
             y = (np.bincount(inv, weights=np.concatenate([p[1] for p in parts]),
                              minlength=uniq.size) / len(parts)).astype(np.float32)
             c = uniq
-        ids = np.full(k, -1, np.int64)
-        scores = np.zeros(k, np.float32)
-        if c.size > k:
-            part = np.argpartition(-y, k - 1)[:k]
-            # ties at the k-th score: widen to every candidate scoring >= it, then order exactly
-            kth = y[part].min()
-            part = np.flatnonzero(y >= kth)
-            c, y = c[part], y[part]
-        order = np.lexsort((c, -y))[:k]
-        ids[:order.size] = c[order]
-        scores[:order.size] = y[order]
-        return ids, scores
+        return kernels.top_k(c, y, k)
 
     def predict_with_features(self, texts: list[str], k: int = 10):
         """(ids, scores, z) with z the first learner's final features float32 [n, D]."""

@@ -241,3 +241,30 @@ def test_single_text_path_is_repeatable_and_thread_safe(built):
         assert (a[0] == b[0]).all() and (a[0] == c[0]).all()
         np.testing.assert_array_equal(a[1], b[1])
         np.testing.assert_array_equal(a[1], c[1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_single_text_kernels_agree_with_batch_path(built, tmp_path, dtype):
+    """predict_one (compiled kernels) and predict (numpy batch path) are two implementations of
+    one algorithm: same top-10 labels and scores, also when the shortlist is cut (prior labels
+    kept) and when classifier rows are stored as float16."""
+    _, d, test = built
+    src = d / "predictor"
+    if dtype == "float16":
+        src = export_model(d / "model", tmp_path / "p16", ExportOptions(dtype="float16"),
+                           progress=False)
+    p = Predictor.load(src)
+    for cut in (None, 3):
+        if cut:
+            for lr in p.learners:
+                lr.shortlist_size = cut
+        ids_b, sc_b = p.predict(test, k=10)
+        one = [p.predict_one(t, 10) for t in test]
+        ids_o = np.stack([o[0] for o in one])
+        sc_o = np.stack([o[1] for o in one])
+        assert (ids_o == ids_b).all(axis=1).mean() >= 0.99, (dtype, cut)
+        np.testing.assert_allclose(sc_o, sc_b, atol=1e-5)
+        if cut:   # a cut shortlist scores at most `cut` labels plus the prior ones
+            n_prior = p.learners[0].prior.size
+            assert ((ids_o >= 0).sum(1) <= cut + n_prior).all()
+    assert p.predict_one("gnome editor", 0)[0].shape == (0,)
