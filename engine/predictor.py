@@ -346,7 +346,7 @@ class Learner:
             W, rows = self.Wc, c
         else:                   # float16 rows: the kernels read float32, gather and widen here
             W, rows = self.Wc[c].astype(np.float32), np.arange(c.size)
-        y = kernels.combine_scores(W, rows, self.bc, c, s, z, zr, float(self.alpha),
+        y, _ = kernels.combine_scores(W, rows, self.bc, c, s, z, zr, float(self.alpha),
                                    float(self.beta), D, has_rr)
         return c, y
 
