@@ -24,6 +24,7 @@ BENCH_COMMANDS: dict[str, str] = {
     "peers": "engine.bench_peers:peers",
     "scale": "engine.bench_scale:scale",
     "stream": "stream.bench:bench_stream",
+    "broker": "stream.bench_broker:bench_broker",
     "gru": "personalization.cli:bench_gru",
     "predict": "engine.bench_predict:bench_predict",
 }

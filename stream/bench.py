@@ -2,7 +2,7 @@
 
 Runs the real thing: the broker and Redis (fresh loopback ones by default), `astec stream run
 --workers W` as a subprocess, a producer of page views and a reader of `ad-queries` in this
-process. Two phases on fresh topics:
+process. Two phases, each on its own fresh topics, consumer group and workers:
   1. saturation: --events page views sent as fast as possible; throughput = events / (last ad
      query received - first view sent);
   2. paced: views at each --rate (default 50% of the saturation throughput) for --paced-seconds;
@@ -119,46 +119,85 @@ def _read_titles(path: str) -> list[str]:
     return titles
 
 
+class _Pipeline:
+    """`astec stream run` on fresh topics, group and Redis prefix, with its ad reader.
+
+    Every phase gets its own: Tansu's memory storage spends more CPU per message as a partition
+    grows (README: ~3x between 2k and 100k messages), so a phase run on the previous phases'
+    topics would measure the development broker's log size rather than the pipeline.
+    """
+
+    def __init__(self, settings: Settings, model: str, workers: int, batch_max: int, wlog,
+                 titles: list[str], users: int):
+        tag = uuid.uuid4().hex[:8]
+        self.s = settings.replace(
+            topic_page_views=f"bench-pv-{tag}", topic_ad_queries=f"bench-aq-{tag}",
+            topic_ad_clicks=f"bench-ac-{tag}", topic_dead_letters=f"bench-dl-{tag}",
+            consumer_group=f"bench-{tag}", redis_key_prefix=f"bench-{tag}",
+            metrics_interval_s=0.5, batch_max=batch_max)
+        self.model, self.workers, self.wlog = model, workers, wlog
+        self.titles, self.users = titles, users
+
+    def __enter__(self):
+        s = self.s
+        ensure_topics(s)
+        self.sup = subprocess.Popen(
+            [sys.executable, "-m", "infra.cli", "stream", "run", "--workers", str(self.workers),
+             "--model", self.model], cwd=ROOT, stdout=self.wlog, stderr=subprocess.STDOUT,
+            env={**os.environ, **settings_env(s), "ASTEC_LOG_LEVEL": "30"})
+        self.reader = AdReader(s)
+        self.reader.start()
+        self.producer = make_producer(s, linger_ms=5)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                ms = read_all(connect(s.redis_url), s.redis_key_prefix)
+                if len(ms) >= self.workers and sum(int(m["partitions"]) for m in ms) >= s.partitions:
+                    break
+                if self.sup.poll() is not None:
+                    raise click.ClickException(f"`astec stream run` exited; log {self.wlog.name}")
+                time.sleep(0.2)
+            else:
+                raise click.ClickException(f"workers did not join the group; log {self.wlog.name}")
+            warm = [f"warm-{i}" for i in range(500)]
+            _send(self.producer, s, self.titles, warm, self.users, None)
+            self.reader.wait(warm, 60)
+            time.sleep(1.0)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.producer.close(timeout=10)
+        self.sup.send_signal(signal.SIGTERM)
+        try:
+            self.sup.wait(60)
+        except subprocess.TimeoutExpired:
+            self.sup.kill()
+        self.reader.stop_event.set()
+        self.reader.join(10)
+        return False
+
+
 def run_bench(settings: Settings, model: str, titles: list[str], events: int, workers: int,
               rates: list[float], paced_seconds: float, users: int, batch_max: int,
               log=click.echo) -> dict:
     load0 = os.getloadavg()[0]   # the box is shared: say how busy it was
-    tag = uuid.uuid4().hex[:8]
-    s = settings.replace(topic_page_views=f"bench-pv-{tag}", topic_ad_queries=f"bench-aq-{tag}",
-                         topic_ad_clicks=f"bench-ac-{tag}", topic_dead_letters=f"bench-dl-{tag}",
-                         consumer_group=f"bench-{tag}", redis_key_prefix=f"bench-{tag}",
-                         metrics_interval_s=0.5, batch_max=batch_max)
-    ensure_topics(s)
     wlog = tempfile.NamedTemporaryFile(prefix="astec-bench-workers-", suffix=".log", delete=False)
-    sup = subprocess.Popen([sys.executable, "-m", "infra.cli", "stream", "run", "--workers",
-                            str(workers), "--model", model], cwd=ROOT, stdout=wlog,
-                           stderr=subprocess.STDOUT,
-                           env={**os.environ, **settings_env(s), "ASTEC_LOG_LEVEL": "30"})
-    reader = AdReader(s)
-    reader.start()
-    producer = make_producer(s, linger_ms=5)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            ms = read_all(connect(s.redis_url), s.redis_key_prefix)
-            if len(ms) >= workers and sum(int(m["partitions"]) for m in ms) >= s.partitions:
-                break
-            if sup.poll() is not None:
-                raise click.ClickException(f"`astec stream run` exited; log {wlog.name}")
-            time.sleep(0.2)
-        else:
-            raise click.ClickException(f"workers did not join the group; log {wlog.name}")
-        log(f"{workers} workers joined; warming up")
-        warm = [f"warm-{i}" for i in range(min(1000, events))]
-        _send(producer, s, titles, warm, users, None)
-        reader.wait(warm, 60)
-        time.sleep(1.0)
 
-        # phase 1: saturation
+    def pipeline() -> _Pipeline:
+        return _Pipeline(settings, model, workers, batch_max, wlog, titles, users)
+
+    duplicates = 0
+    # phase 1: saturation
+    with pipeline() as p:
+        s, reader = p.s, p.reader
+        log(f"{workers} workers joined; saturation with {events} events")
         ids = [f"sat-{i}" for i in range(events)]
         before = _stage_totals(s)
         t_first = time.time()
-        send_s = _send(producer, s, titles, ids, users, None)
+        send_s = _send(p.producer, s, titles, ids, users, None)
         ok = reader.wait(ids, 600)
         t_last = max(reader.arrivals[e][0] for e in ids if e in reader.arrivals)
         time.sleep(1.0)
@@ -168,42 +207,38 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         sat = {"events": events, "answered": got, "complete": ok, "send_s": round(send_s, 2),
                "wall_s": round(wall, 2), "events_per_s": round(got / wall, 1),
                "where_time_goes": _breakdown(before, after, wall, workers)}
-        log(f"saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
+        duplicates += reader.duplicates
+    log(f"saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
 
-        # phase 2: paced below saturation, one run per rate
-        paced = []
-        for k, r in enumerate(rates or [round(0.5 * sat["events_per_s"])]):
+    # phase 2: paced below saturation, one run per rate, each on fresh topics
+    paced = []
+    for k, r in enumerate(rates or [round(0.5 * sat["events_per_s"])]):
+        with pipeline() as p:
+            s, reader = p.s, p.reader
             n2 = max(100, int(min(events, r * paced_seconds)))
             ids2 = [f"paced{k}-{i}" for i in range(n2)]
             before = _stage_totals(s)
             t0 = time.time()
-            send_s = _send(producer, s, titles, ids2, users, r)
+            send_s = _send(p.producer, s, titles, ids2, users, r)
             ok2 = reader.wait(ids2, 120)
             wall2 = time.time() - t0
             time.sleep(1.0)
             after = _stage_totals(s)
             arr = np.array([reader.arrivals[e] for e in ids2 if e in reader.arrivals])
-            e2a = (arr[:, 0] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
-            worker_side = (arr[:, 2] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
-            paced.append({"rate": r, "events": n2, "answered": int(len(arr)), "complete": ok2,
-                          "achieved_send_rate": round(n2 / send_s, 1),
-                          "e2a_ms": _pct(e2a), "worker_side_ms": _pct(worker_side),
-                          "where_time_goes": _breakdown(before, after, wall2, workers)})
-            log(f"paced at {r}/s: e2a p50 {paced[-1]['e2a_ms']['p50']} ms, "
-                f"p99 {paced[-1]['e2a_ms']['p99']} ms")
-    finally:
-        producer.close(timeout=10)
-        sup.send_signal(signal.SIGTERM)
-        try:
-            sup.wait(60)
-        except subprocess.TimeoutExpired:
-            sup.kill()
-        reader.stop_event.set()
-        reader.join(10)
-    return {"workers": workers, "partitions": s.partitions, "batch_max": batch_max,
+            duplicates += reader.duplicates
+        e2a = (arr[:, 0] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
+        worker_side = (arr[:, 2] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
+        paced.append({"rate": r, "events": n2, "answered": int(len(arr)), "complete": ok2,
+                      "achieved_send_rate": round(n2 / send_s, 1),
+                      "e2a_ms": _pct(e2a), "worker_side_ms": _pct(worker_side),
+                      "where_time_goes": _breakdown(before, after, wall2, workers)})
+        log(f"paced at {r}/s: e2a p50 {paced[-1]['e2a_ms']['p50']} ms, "
+            f"p99 {paced[-1]['e2a_ms']['p99']} ms")
+    return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
             "model": model, "cpu_count": os.cpu_count(),
-            "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)], "saturation": sat, "paced": paced,
-            "duplicates_on_output": reader.duplicates, "worker_log": wlog.name}
+            "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
+            "saturation": sat, "paced": paced,
+            "duplicates_on_output": duplicates, "worker_log": wlog.name}
 
 
 @click.command("stream")

@@ -258,7 +258,11 @@ def test_single_text_kernels_agree_with_batch_path(built, tmp_path, dtype):
         if cut:
             for lr in p.learners:
                 lr.shortlist_size = cut
+        assert len(test) >= 16    # predict takes the batch path (smaller batches: the kernels)
         ids_b, sc_b = p.predict(test, k=10)
+        ids_s, sc_s, z_s = p.predict_with_features(test[:5], k=10)
+        assert (ids_s == ids_b[:5]).all()
+        np.testing.assert_allclose(z_s, p.features(test[:5]), atol=1e-5)
         one = [p.predict_one(t, 10) for t in test]
         ids_o = np.stack([o[0] for o in one])
         sc_o = np.stack([o[1] for o in one])
