@@ -16,10 +16,10 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 
-def load_predictor(path: str | Path) -> Any:
-    """engine.predictor.Predictor.load(path) (imported lazily: torch is heavy)."""
+def load_predictor(path: str | Path, threads: int = 1) -> Any:
+    """engine.predictor.Predictor.load(path, threads) (imported lazily: it is not small)."""
     from engine.predictor import Predictor
-    return Predictor.load(str(path))
+    return Predictor.load(str(path), threads=threads)
 
 
 def _is_registry(path: Path) -> bool:

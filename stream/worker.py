@@ -11,6 +11,7 @@ commit, leave the group.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -26,7 +27,7 @@ import redis
 from infra.config import Settings
 from personalization.state import UserState
 from stream.metrics import ConsumerMetrics, PromExporter, publish
-from stream.model import ModelHandle
+from stream.model import ModelHandle, load_predictor
 from stream.schemas import SchemaError, decode, dead_letter, encode
 from stream.state import StateStore, connect
 from stream.topics import make_consumer, make_producer
@@ -250,13 +251,10 @@ def worker_main(settings: Settings, model_path: str, policy_name: str, policy_mo
     """Entry point of one worker process (also used in-process for --workers 1)."""
     logging.basicConfig(level=int(os.environ.get("ASTEC_LOG_LEVEL", logging.INFO)),
                         format=f"%(asctime)s %(levelname)s {consumer_id} %(name)s: %(message)s")
-    try:
-        import torch
-        torch.set_num_threads(threads)
-    except ImportError:
-        pass
+    # nothing on the serving path imports torch (the predictor and the GRU policy are numpy /
+    # ONNX); BLAS threads come from OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, set by run_workers
     from stream.policy import make_policy
-    model = ModelHandle.open(model_path)
+    model = ModelHandle.open(model_path, loader=functools.partial(load_predictor, threads=threads))
     policy = make_policy(policy_name, policy_model)
     worker = StreamWorker(settings, model, policy, consumer_id, metrics_port)
     worker.install_signal_handlers()
