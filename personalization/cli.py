@@ -134,6 +134,10 @@ def personalize() -> None:
               help="Next visits of the session read by the later-click and next-pages losses.")
 @click.option("--sim-dim", type=click.IntRange(0, 1024), default=32, show_default=True,
               help="Size of the query vectors behind the sim_* features (0 = off).")
+@click.option("--init", type=click.Choice(["sim_rank", "random"]), default="sim_rank",
+              show_default=True,
+              help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
+                   "residual; the start competes in the best-epoch selection. random: torch init.")
 @click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--promote/--no-promote", default=True, show_default=True,
@@ -142,7 +146,7 @@ def personalize() -> None:
               help="Versions kept in the GRU registry.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim, val_frac,
-          holdout, w_future, w_ips, w_click, w_later_click, horizon, sim_dim, threads, seed, promote,
+          holdout, w_future, w_ips, w_click, w_later_click, horizon, sim_dim, init, threads, seed, promote,
           keep, quiet):
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
@@ -152,7 +156,8 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
                       hidden=hidden, query_dim=query_dim, val_frac=val_frac, holdout=holdout,
                       w_future=w_future,
                       w_ips=w_ips, w_click=w_click, w_later_click=w_later_click,
-                      future_horizon=horizon, sim_dim=sim_dim, threads=threads, seed=seed)
+                      future_horizon=horizon, sim_dim=sim_dim, init=init, threads=threads,
+                      seed=seed)
     rows = predictor.classifier_rows(np.arange(predictor.num_labels))
     try:
         weights, report = train_policy(v, rows, cfg, progress=not quiet)
@@ -162,7 +167,7 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
     meta = {"engine_version": v.engine_version, "train": report,
             "logs": str(logs), "label_count": predictor.num_labels}
     version, path = publish(root, weights, cfg, meta, promote=promote, keep=keep)
-    best = report["epochs"][report["best_epoch"] - 1]
+    best = next(e for e in report["epochs"] if e["epoch"] == report["best_epoch"])
     click.echo(f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}); "
                f"{report['train_visits']} train / {report['val_visits']} validation visits, "
                f"best epoch {report['best_epoch']}: val click log-loss "

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from personalization.features import F, EventBatch, log_popularity
+from personalization.features import F, EventBatch, log_popularity, sim_rank_weights
 from personalization.logs import VisitLog
 
 log = logging.getLogger(__name__)
@@ -132,11 +132,9 @@ def baseline_keys(b: EventBatch) -> dict[str, np.ndarray]:
 
 
 def sim_rank_key(b: EventBatch, sim_norm: np.ndarray) -> np.ndarray:
-    """The sim_rank reference ranking [B,C] (raw sim_block cosine + 0.1 frac_states + 0.1 mean
-    window score), from the policy's standardised features."""
-    f = b.feats
-    return (f[..., F["sim_block"]] * sim_norm[1] + 0.1 * f[..., F["frac_states"]]
-            + 0.1 * f[..., F["mean_score_window"]])
+    """The sim_rank reference ranking [B,C] (features.SIM_RANK: raw sim_block cosine + 0.1
+    frac_states + 0.1 mean window score), from the policy's standardised features."""
+    return b.feats @ sim_rank_weights(sim_norm)
 
 
 def _ranks(key: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -211,6 +211,21 @@ def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: 
                       cand_mask=cand_mask, feats=feats)
 
 
+# The fixed `sim_rank` ranking (evaluate's reference row, and the policy's starting point):
+# raw sim_block cosine + 0.1 x frac_states + 0.1 x mean window score, chosen on a validation
+# split of the training period.
+SIM_RANK = {"sim_block": 1.0, "frac_states": 0.1, "mean_score_window": 0.1}
+
+
+def sim_rank_weights(sim_norm: np.ndarray) -> np.ndarray:
+    """[N_FEATURES] weights w with feats @ w = the sim_rank key up to a per-event constant
+    (sim_* columns are standardised, so a raw cosine's weight is multiplied by their sd)."""
+    w = np.zeros(N_FEATURES, np.float32)
+    for name, c in SIM_RANK.items():
+        w[F[name]] = c * (float(sim_norm[1]) if name.startswith("sim_") else 1.0)
+    return w
+
+
 def log_popularity(counts: np.ndarray) -> np.ndarray:
     """Normalised log popularity in [0, 1] from raw per-query counts."""
     counts = np.asarray(counts, np.float64)
