@@ -89,6 +89,42 @@ def _breakdown(before: dict, after: dict, wall_s: float, workers: int) -> dict:
     return out
 
 
+class _CpuMeter:
+    """CPU cores used during a phase by each party on the box: the broker and Redis (when their
+    PIDs are known), the workers (the supervisor's process tree) and this load generator."""
+
+    def __init__(self, service_pids: dict[str, int], supervisor_pid: int):
+        import psutil
+        self.procs = {name: psutil.Process(pid) for name, pid in service_pids.items()}
+        self.sup = psutil.Process(supervisor_pid)
+        self.me = psutil.Process()
+
+    def _now(self) -> dict[str, float]:
+        import psutil
+
+        def cpu(p):
+            try:
+                t = p.cpu_times()
+                return t.user + t.system
+            except psutil.Error:
+                return 0.0
+        out = {name: cpu(p) for name, p in self.procs.items()}
+        out["workers"] = sum(cpu(c) for c in [self.sup, *self.sup.children(recursive=True)])
+        out["load_generator"] = cpu(self.me)
+        out["t"] = time.monotonic()
+        return out
+
+    def start(self) -> None:
+        self.t0 = self._now()
+
+    def stop(self) -> dict[str, float]:
+        t1 = self._now()
+        wall = max(t1["t"] - self.t0["t"], 1e-9)
+        out = {f"{k}_cores": round((t1[k] - self.t0.get(k, 0.0)) / wall, 3) for k in t1 if k != "t"}
+        out["total_cores"] = round(sum(out.values()), 3)
+        return out
+
+
 def _send(producer, settings: Settings, titles: list[str], ids: list[str], users: int,
           rate: float | None) -> float:
     t0 = time.monotonic()
@@ -128,7 +164,7 @@ class _Pipeline:
     """
 
     def __init__(self, settings: Settings, model: str, workers: int, batch_max: int, wlog,
-                 titles: list[str], users: int):
+                 titles: list[str], users: int, service_pids: dict[str, int]):
         tag = uuid.uuid4().hex[:8]
         self.s = settings.replace(
             topic_page_views=f"bench-pv-{tag}", topic_ad_queries=f"bench-aq-{tag}",
@@ -137,6 +173,7 @@ class _Pipeline:
             metrics_interval_s=0.5, batch_max=batch_max)
         self.model, self.workers, self.wlog = model, workers, wlog
         self.titles, self.users = titles, users
+        self.service_pids = service_pids
 
     def __enter__(self):
         s = self.s
@@ -148,6 +185,7 @@ class _Pipeline:
         self.reader = AdReader(s)
         self.reader.start()
         self.producer = make_producer(s, linger_ms=5)
+        self.cpu = _CpuMeter(self.service_pids, self.sup.pid)
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
@@ -182,12 +220,13 @@ class _Pipeline:
 
 def run_bench(settings: Settings, model: str, titles: list[str], events: int, workers: int,
               rates: list[float], paced_seconds: float, users: int, batch_max: int,
-              log=click.echo) -> dict:
+              service_pids: dict[str, int] | None = None, log=click.echo) -> dict:
     load0 = os.getloadavg()[0]   # the box is shared: say how busy it was
     wlog = tempfile.NamedTemporaryFile(prefix="astec-bench-workers-", suffix=".log", delete=False)
 
     def pipeline() -> _Pipeline:
-        return _Pipeline(settings, model, workers, batch_max, wlog, titles, users)
+        return _Pipeline(settings, model, workers, batch_max, wlog, titles, users,
+                         service_pids or {})
 
     duplicates = 0
     # phase 1: saturation
@@ -196,9 +235,11 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         log(f"{workers} workers joined; saturation with {events} events")
         ids = [f"sat-{i}" for i in range(events)]
         before = _stage_totals(s)
+        p.cpu.start()
         t_first = time.time()
         send_s = _send(p.producer, s, titles, ids, users, None)
         ok = reader.wait(ids, 600)
+        cpu = p.cpu.stop()
         t_last = max(reader.arrivals[e][0] for e in ids if e in reader.arrivals)
         time.sleep(1.0)
         after = _stage_totals(s)
@@ -206,7 +247,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         got = sum(e in reader.arrivals for e in ids)
         sat = {"events": events, "answered": got, "complete": ok, "send_s": round(send_s, 2),
                "wall_s": round(wall, 2), "events_per_s": round(got / wall, 1),
-               "where_time_goes": _breakdown(before, after, wall, workers)}
+               "where_time_goes": _breakdown(before, after, wall, workers), "cpu": cpu}
         duplicates += reader.duplicates
     log(f"saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
 
@@ -218,9 +259,11 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
             n2 = max(100, int(min(events, r * paced_seconds)))
             ids2 = [f"paced{k}-{i}" for i in range(n2)]
             before = _stage_totals(s)
+            p.cpu.start()
             t0 = time.time()
             send_s = _send(p.producer, s, titles, ids2, users, r)
             ok2 = reader.wait(ids2, 120)
+            cpu = p.cpu.stop()
             wall2 = time.time() - t0
             time.sleep(1.0)
             after = _stage_totals(s)
@@ -231,7 +274,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         paced.append({"rate": r, "events": n2, "answered": int(len(arr)), "complete": ok2,
                       "achieved_send_rate": round(n2 / send_s, 1),
                       "e2a_ms": _pct(e2a), "worker_side_ms": _pct(worker_side),
-                      "where_time_goes": _breakdown(before, after, wall2, workers)})
+                      "where_time_goes": _breakdown(before, after, wall2, workers), "cpu": cpu})
         log(f"paced at {r}/s: e2a p50 {paced[-1]['e2a_ms']['p50']} ms, "
             f"p99 {paced[-1]['e2a_ms']['p99']} ms")
     return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
@@ -264,21 +307,23 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
     """End-to-end events/s and event->ad latency p50/p99 of `astec stream run`, with a breakdown."""
     import logging
 
-    from infra.services import start_services, stop_services
+    from infra.services import read_info, start_services, stop_services
     # kafka-python warns when this 2-core box starves its I/O thread; the figures say it anyway
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     titles_list = _read_titles(titles)
-    tmp = None
+    tmp = info = None
     if use_running:
         settings = load_settings()
+        info = read_info(settings.services_dir)   # None for services we did not start: no CPU
     else:
         tmp = tempfile.mkdtemp(prefix="astec-bench-services-")
         info = start_services(tmp)
         settings = load_settings(services_dir=tmp, env={},
                                  kafka_bootstrap=info.kafka_bootstrap, redis_url=info.redis_url)
     try:
-        res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds, users,
-                        batch_max)
+        pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
+        res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds,
+                        users, batch_max, pids)
     finally:
         if tmp:
             stop_services(tmp)

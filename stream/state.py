@@ -6,7 +6,7 @@ Keys (hash-tagged, so Redis Cluster keeps one user's keys in one slot):
 
 One Lua script per event sets the idempotence key with NX and appends only when it was new, so a
 replay after a crash (at-least-once delivery) never appends the same visit twice. A batch is one
-pipelined round trip. The client retries connection errors with exponential backoff (Redis restarts).
+pipelined round trip of EVALSHA (the script is loaded once, and again if Redis forgot it). The client retries connection errors with exponential backoff (Redis restarts).
 """
 from __future__ import annotations
 
@@ -50,11 +50,13 @@ class StateStore:
     ttl_s: int = 30 * 86400
     dedup_ttl_s: int = 7 * 86400
 
-    def _script(self):
-        """The append script as EVALSHA (the pipeline reloads it after a Redis restart)."""
-        if getattr(self, "_append", None) is None:
-            self._append = self.client.register_script(_APPEND)
-        return self._append
+    def _sha(self) -> str:
+        """The append script's SHA1, loaded into Redis once per client (and again after a Redis
+        restart forgets it: append_batch reloads on NOSCRIPT). Plain EVALSHA in the pipeline:
+        redis-py's Script objects cost an extra SCRIPT EXISTS round trip per pipeline."""
+        if getattr(self, "_append_sha", None) is None:
+            self._append_sha = self.client.script_load(_APPEND)
+        return self._append_sha
 
     def states_key(self, user_id: str) -> str:
         return f"{self.prefix}:{{user:{user_id}}}:states"
@@ -69,13 +71,21 @@ class StateStore:
         Returns per event whether it was appended (False = replayed duplicate) and, when asked,
         the user's earlier states oldest first (the current event excluded), for the policy.
         """
-        pipe = self.client.pipeline(transaction=False)
         want = "1" if with_history else "0"
-        script = self._script()
-        for uid, st in zip(user_ids, states):
-            script(keys=[self.states_key(uid), self.seen_key(uid, st.event_id)],
-                   args=[st.encode(), self.k, self.ttl_s, self.dedup_ttl_s, want], client=pipe)
-        results = pipe.execute()   # loads the script first if Redis lost it (restart)
+        for attempt in (0, 1):
+            pipe = self.client.pipeline(transaction=False)
+            sha = self._sha()
+            for uid, st in zip(user_ids, states):
+                pipe.evalsha(sha, 2, self.states_key(uid), self.seen_key(uid, st.event_id),
+                             st.encode(), self.k, self.ttl_s, self.dedup_ttl_s, want)
+            try:
+                results = pipe.execute()
+                break
+            except redis.exceptions.NoScriptError:
+                # Redis restarted and forgot the script: nothing ran, so load it and run again
+                self._append_sha = None
+                if attempt:
+                    raise
         fresh = [bool(r[0]) for r in results]
         if not with_history:
             return fresh, [[] for _ in states]

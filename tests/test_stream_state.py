@@ -47,6 +47,11 @@ def test_store_appends_once_per_event_keeps_last_k(stream_settings):
     assert "{user:alice}" in store.states_key("alice") and "{user:alice}" in store.seen_key("alice", "e")
     fresh, hist = store.append_batch(["bob", "bob"], [state(20), state(21)], with_history=True)
     assert fresh == [True, True] and hist[0] == [] and [h.event_id for h in hist[1]] == ["e20"]
+    # Redis forgets scripts when it restarts (AOF keeps data, not scripts): the store reloads
+    store.client.script_flush()
+    fresh, _ = store.append_batch(["bob", "bob"], [state(21), state(22)])
+    assert fresh == [False, True]
+    assert [h.event_id for h in store.history("bob")] == ["e20", "e21", "e22"]
 
 
 @pytest.mark.parametrize("raw, reason", [
