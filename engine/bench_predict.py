@@ -42,6 +42,15 @@ def _summary(ms: np.ndarray) -> dict:
             "mean_ms": round(float(ms.mean()), 4), "n": int(ms.size)}
 
 
+def _parity(a, sa, b, sb) -> dict:
+    """Agreement of two systems' top-k ids / scores on the same texts."""
+    same5 = np.mean([set(x[:5]) == set(y[:5]) for x, y in zip(a, b)])
+    eq = a == b
+    return {"top5_same_set": round(float(same5), 5),
+            "top10_identical": round(float(eq.all(axis=1).mean()), 5),
+            "max_abs_score_diff_same_label": float(np.abs(sa - sb)[eq].max()) if eq.any() else None}
+
+
 def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
@@ -210,6 +219,12 @@ def serve(args: dict) -> None:
                     allow_pickle=False)
             if system in ("predictor", "predictor-onnx", "torch"):
                 np.save(args["scores_out"], np.asarray(out[1], np.float32), allow_pickle=False)
+            if system == "predictor":   # the single-text path too: its parity is reported apart
+                ones = [one(t) for t in texts]
+                np.save(args["one_ids_out"],
+                        np.stack([o[0] for o in ones]), allow_pickle=False)
+                np.save(args["one_scores_out"],
+                        np.stack([o[1] for o in ones]).astype(np.float32), allow_pickle=False)
             reply({"rss": _rss_mb()})
             return
 
@@ -356,7 +371,9 @@ def _run_bench(work: Path, predictor: str, input_path: str, model: str | None, t
             args = {"system": s, "predictor": str(predictor), "model": model,
                     "input": input_path, "n": n, "warmup": min(200, n_latency), "k": k,
                     "peer_dir": str(pdir), "ids_out": str(work / f"{s}.ids.npy"),
-                    "scores_out": str(work / f"{s}.scores.npy")}
+                    "scores_out": str(work / f"{s}.scores.npy"),
+                    "one_ids_out": str(work / f"{s}.one_ids.npy"),
+                    "one_scores_out": str(work / f"{s}.one_scores.npy")}
             try:
                 workers[s] = _Worker(args, env, work / f"{s}.log")
             except RuntimeError as e:
@@ -406,14 +423,12 @@ def _run_bench(work: Path, predictor: str, input_path: str, model: str | None, t
         ids = np.load(work / f"{s}.ids.npy")
         report["systems"][s]["accuracy"] = _p_at(Y, ids)
     if "predictor" in report["systems"] and "torch" in report["systems"]:
-        a, b = np.load(work / "predictor.ids.npy"), np.load(work / "torch.ids.npy")
-        sa, sb = np.load(work / "predictor.scores.npy"), np.load(work / "torch.scores.npy")
-        same5 = np.mean([set(x[:5]) == set(y[:5]) for x, y in zip(a, b)])
-        eq = a == b
-        report["parity_vs_torch"] = {
-            "top5_same_set": round(float(same5), 5),
-            "top10_identical": round(float(eq.all(axis=1).mean()), 5),
-            "max_abs_score_diff_same_label": float(np.abs(sa - sb)[eq].max()) if eq.any() else None}
+        b, sb = np.load(work / "torch.ids.npy"), np.load(work / "torch.scores.npy")
+        report["parity_vs_torch"] = _parity(np.load(work / "predictor.ids.npy"),
+                                            np.load(work / "predictor.scores.npy"), b, sb)
+        report["parity_vs_torch"]["single_text_path"] = _parity(
+            np.load(work / "predictor.one_ids.npy"), np.load(work / "predictor.one_scores.npy"),
+            b, sb)
     base = report["systems"].get("predictor")
     if base:
         for s, r in report["systems"].items():
