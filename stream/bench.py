@@ -278,6 +278,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         log(f"paced at {r}/s: e2a p50 {paced[-1]['e2a_ms']['p50']} ms, "
             f"p99 {paced[-1]['e2a_ms']['p99']} ms")
     return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
+            "poll_timeout_ms": settings.poll_timeout_ms,
             "model": model, "cpu_count": os.cpu_count(),
             "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
             "saturation": sat, "paced": paced,
@@ -318,8 +319,10 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
     else:
         tmp = tempfile.mkdtemp(prefix="astec-bench-services-")
         info = start_services(tmp)
-        settings = load_settings(services_dir=tmp, env={},
-                                 kafka_bootstrap=info.kafka_bootstrap, redis_url=info.redis_url)
+        # the user's config file / ASTEC_* environment apply (e.g. ASTEC_POLL_TIMEOUT_MS); only
+        # the service addresses are this run's own
+        settings = load_settings(services_dir=tmp, kafka_bootstrap=info.kafka_bootstrap,
+                                 redis_url=info.redis_url)
     try:
         pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
         res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds,
