@@ -31,16 +31,9 @@ class GruPolicyNet(nn.Module):
 
     The query representation is a learnt projection of the (fixed, L2-normalised) Astec
     classifier rows, so a query never clicked in the logs still gets a sensible vector.
-
-    `context_cols`: hand-feature columns that describe the query's tie to the page being
-    viewed (not the user's intent). The served scorer never sees them (they are zeroed on
-    input, and in the exported weights); in training, a separate linear context term over them
-    (`context_logit`) is added to the logit of a click on the page it was shown on, so the click bonus an ad gets
-    from the page it is shown on is explained by that term instead of being learnt as intent.
     """
 
-    def __init__(self, cfg: GruConfig, D: int, classifier_rows: np.ndarray, log_pop: np.ndarray,
-                 context_cols: tuple[int, ...] = (), mlp_features: bool = True):
+    def __init__(self, cfg: GruConfig, D: int, classifier_rows: np.ndarray, log_pop: np.ndarray):
         super().__init__()
         self.cfg = cfg
         self.cell = nn.GRUCell(D + 1, cfg.hidden)   # z + the block-start channel
@@ -52,25 +45,10 @@ class GruPolicyNet(nn.Module):
         self.register_buffer("rows", torch.from_numpy(np.ascontiguousarray(classifier_rows,
                                                                            np.float32)))
         self.register_buffer("log_pop", torch.from_numpy(np.asarray(log_pop, np.float32)))
-        self.context_cols = tuple(int(c) for c in context_cols)
-        keep = np.ones(N_FEATURES, np.float32)
-        keep[list(self.context_cols)] = 0.0
-        self.register_buffer("keep", torch.from_numpy(keep))
-        # the MLP's view of the hand features (all off: it scores only the user-query term)
-        self.register_buffer("keep_mlp", torch.from_numpy(keep * float(mlp_features)))
-        self.ctx = nn.Linear(max(len(self.context_cols), 1), 1, bias=False)
-        nn.init.zeros_(self.ctx.weight)
-
-    def context_logit(self, feats):
-        """[B,C] the page-context term of training's click logit (zeros without context_cols)."""
-        if not self.context_cols:
-            return feats.new_zeros(feats.shape[:-1])
-        return self.ctx(feats[..., list(self.context_cols)])[..., 0]
 
     def forward(self, z, state_mask, cand_ids, cand_mask, feats):
-        """Served logits [B,C] (-inf on padding). Inputs are EventBatch fields as tensors."""
+        """Logits [B,C] (-inf on padding). Inputs are EventBatch fields as tensors."""
         B, K, _ = z.shape
-        feats = feats * self.keep
         h = z.new_zeros(B, self.cfg.hidden)
         for t in range(K):
             hn = self.cell(z[:, t], h)
@@ -79,20 +57,17 @@ class GruPolicyNet(nn.Module):
         # project the whole (small) table once, then gather: far cheaper than projecting
         # B*C gathered D-dim rows when many candidates repeat across a batch
         e = self.query_proj(self.rows)[cand_ids.clamp(min=0)]
-        x = torch.cat([feats * self.keep_mlp, e * u[:, None, :]], dim=-1)
+        x = torch.cat([feats, e * u[:, None, :]], dim=-1)
         logit = self.mlp2(torch.relu(self.mlp1(x)))[..., 0] + self.lin(feats)[..., 0]
         return logit.masked_fill(~cand_mask, float("-inf"))
 
     @torch.no_grad()
-    def start_at(self, lin_w: np.ndarray, bias: float, ctx_w: np.ndarray | None = None) -> None:
-        """Start as the fixed linear ranking feats @ lin_w (+ bias, + the context term ctx_w):
-        the MLP's output layer is zeroed, so the user/query terms begin as a residual that
-        training grows from 0."""
+    def start_at(self, lin_w: np.ndarray, bias: float) -> None:
+        """Start as the fixed linear ranking feats @ lin_w + bias: the MLP's output layer is
+        zeroed, so the user/query term begins as a residual that training grows from 0."""
         self.lin.weight.copy_(torch.from_numpy(np.asarray(lin_w, np.float32))[None])
         self.mlp2.weight.zero_()
         self.mlp2.bias.fill_(float(bias))
-        if ctx_w is not None and self.context_cols:
-            self.ctx.weight.copy_(torch.from_numpy(np.asarray(ctx_w, np.float32))[None])
 
     @torch.no_grad()
     def export_weights(self) -> dict[str, np.ndarray]:
@@ -105,10 +80,7 @@ class GruPolicyNet(nn.Module):
             "user.w": npy(self.user.weight), "user.b": npy(self.user.bias),
             "query_table": npy(self.query_proj(self.rows)),
             "log_pop": npy(self.log_pop),
-            # context columns are zeroed on input, so their weights are exported as zeros
-            "mlp.w1": npy(self.mlp1.weight * torch.cat([self.keep_mlp, self.keep.new_ones(
-                self.mlp1.weight.shape[1] - N_FEATURES)])),
-            "mlp.b1": npy(self.mlp1.bias),
+            "mlp.w1": npy(self.mlp1.weight), "mlp.b1": npy(self.mlp1.bias),
             "mlp.w2": npy(self.mlp2.weight), "mlp.b2": npy(self.mlp2.bias),
-            "lin.w": npy(self.lin.weight[0] * self.keep),
+            "lin.w": npy(self.lin.weight[0]),
         }

@@ -11,6 +11,9 @@ Objective, from logs only:
   later   binary cross-entropy of a candidate's logit against a click on that query when the
           logger showed it at one of the session's next `future_horizon` visits (what the
           query is worth for the rest of the session, i.e. for the user's intent)
+The policy starts (init "sim_rank", the default) as the fixed sim_rank ranking of the hand
+features, its scale and offset fitted to the logged clicks, with the GRU/MLP term at zero; the
+start is epoch 0 of the best-epoch selection, and training learns a residual from the logs.
 Sessions in the last `holdout` share by start time are never read (training or validation), so
 `astec personalize evaluate` can score them honestly; the validation split is the last
 `val_frac` of the remaining sessions, and the epoch with the lowest validation objective (the
@@ -29,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from personalization.artifact import save_policy
-from personalization.features import (SIM_DIM, F, EventBatch, build_batch, log_popularity,
+from personalization.features import (SIM_DIM, EventBatch, build_batch, log_popularity,
                                       sim_rank_weights, sim_table_from_rows)
 from personalization.logs import VisitLog, session_start_ts, targets_for, time_split
 from personalization.model import GruConfig, GruPolicyNet
@@ -67,18 +70,6 @@ class TrainConfig:
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
     # the start is also a candidate of the best-epoch selection. "random": torch's init.
     init: str = "sim_rank"
-    # features of the query's tie to the page being viewed: explained by a training-only
-    # context term of the click logit and never served (see GruPolicyNet); () = none
-    context_features: tuple[str, ...] = ()
-    freeze_start: bool = False    # keep the start's linear ranking fixed; train the residual only
-    mlp_features: bool = True     # False: the residual MLP sees only the user-query term
-    click_ips: bool = False       # weight the click log-loss by the inverse logging propensity
-    # "off_page": the click losses read only impressions whose query is not among the viewed
-    # page's predicted queries (see _off_page); "all": every impression
-    click_scope: str = "all"
-    # L2 pull towards the start (sim_rank init only): anchor x (|lin - lin_start|^2 +
-    # |mlp2.w|^2), so the learnt residual pays for moving the ranking away from sim_rank
-    anchor: float = 0.0
     threads: int = 2
     seed: int = 0
 
@@ -109,12 +100,11 @@ def sim_normaliser(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop:
 
 
 def calibrate_ranking(v: VisitLog, rows: np.ndarray, cfg: "TrainConfig", log_pop: np.ndarray,
-                      sim: tuple, w0: np.ndarray, context_cols: tuple[int, ...] = (),
-                      n: int = 20_000, seed: int = 0) -> tuple[float, float, np.ndarray]:
-    """(scale, bias, context weights) of a logistic fit of the logged clicks on the ranking
-    key feats @ w0 of the shown query and its page-context features (Newton steps): the fixed
-    ranking turned into click log-odds, so training starts at its ranking with calibrated
-    logits."""
+                      sim: tuple, w0: np.ndarray, n: int = 20_000, seed: int = 0
+                      ) -> tuple[float, float]:
+    """(scale, bias) of a logistic fit of the logged clicks on the ranking key feats @ w0 of
+    the shown query (Newton steps on two parameters): the fixed ranking turned into click
+    log-odds, so training starts at its ranking with calibrated logits."""
     rng = np.random.default_rng(seed)
     r = np.sort(rng.choice(rows, min(n, len(rows)), replace=False))
     b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, *sim)
@@ -122,18 +112,16 @@ def calibrate_ranking(v: VisitLog, rows: np.ndarray, cfg: "TrainConfig", log_pop
     eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
     has = eq.any(1)
     y = v.clicked[r][has].astype(np.float64)
-    cols = list(context_cols)
     if len(y) == 0 or y.min() == y.max():
-        return 1.0, 0.0, np.zeros(len(cols), np.float32)
-    f = b.feats[np.flatnonzero(has), eq[has].argmax(1)].astype(np.float64)   # [n, F]
-    X = np.concatenate([(f @ w0)[:, None], f[:, cols], np.ones((len(f), 1))], 1)
-    theta = np.zeros(X.shape[1])
-    theta[-1] = np.log(y.mean() / (1 - y.mean()))
+        return 1.0, 0.0
+    key = (b.feats @ w0)[np.flatnonzero(has), eq[has].argmax(1)].astype(np.float64)
+    X = np.stack([key, np.ones_like(key)], 1)
+    theta = np.array([0.0, np.log(y.mean() / (1 - y.mean()))])
     for _ in range(25):
         p = 1.0 / (1.0 + np.exp(-X @ theta))
-        H = (X * (p * (1 - p))[:, None]).T @ X + 1e-6 * np.eye(X.shape[1])
+        H = (X * (p * (1 - p))[:, None]).T @ X + 1e-6 * np.eye(2)
         theta -= np.linalg.solve(H, X.T @ (p - y))
-    return float(theta[0]), float(theta[-1]), theta[1:-1].astype(np.float32)
+    return float(theta[0]), float(theta[1])
 
 
 def split_rows(v: VisitLog, val_frac: float, before_ts: float = np.inf
@@ -167,44 +155,32 @@ def _tensors(b: EventBatch):
 
 def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
     """(click BCE sum, #click rows, future CE sum, #future rows, IPS CE sum, IPS weight sum,
-    later-click BCE sum, #later-click pairs). A click on the page the ad was shown on is
-    modelled by the served logit + the page-context term; the later-click and next-pages
-    losses (other pages) by the served logit alone."""
-    t = _tensors(b)
-    logits = net(*t)
-    click_logits = logits + net.context_logit(t[-1])
+    later-click BCE sum, #later-click pairs)."""
+    logits = net(*_tensors(b))
     shown = v.shown[rows]
     eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
     has = eq.any(1)
-    if cfg.click_scope == "off_page":
-        has &= _off_page(v, rows)
     zero = logits.new_zeros(())
     click_sum, n_click = zero, int(has.sum())
     if n_click:
         r = np.flatnonzero(has)
         col = eq[r].argmax(1)
-        lg = click_logits[torch.from_numpy(r), torch.from_numpy(col)]
+        lg = logits[torch.from_numpy(r), torch.from_numpy(col)]
         y = torch.from_numpy(v.clicked[rows][r].astype(np.float32))
-        wt = None
-        if cfg.click_ips:   # impressions re-weighted to a uniform choice among the candidates
-            w_np = np.minimum(1.0 / v.propensity[rows][r], cfg.ips_clip).astype(np.float32)
-            wt = torch.from_numpy(w_np * (len(w_np) / w_np.sum()))
-        click_sum = torch.nn.functional.binary_cross_entropy_with_logits(lg, y, weight=wt,
-                                                                         reduction="sum")
+        click_sum = torch.nn.functional.binary_cross_entropy_with_logits(lg, y, reduction="sum")
     ips_sum, ips_w = zero, 0.0
     if cfg.w_ips and n_click:
         r = np.flatnonzero(has & v.clicked[rows])
         if len(r):
             col = eq[r].argmax(1)
             wt = np.minimum(1.0 / v.propensity[rows][r], cfg.ips_clip).astype(np.float32)
-            lsm = torch.log_softmax(click_logits[torch.from_numpy(r)], dim=1)
+            lsm = torch.log_softmax(logits[torch.from_numpy(r)], dim=1)
             ips_sum = -(torch.from_numpy(wt) * lsm[torch.arange(len(r)),
                                                    torch.from_numpy(col)]).sum()
             ips_w = float(wt.sum())
     lc_sum, n_lc = zero, 0
     if cfg.w_later_click:
-        lc_sum, n_lc = _later_click_loss(logits, v, rows, b.cand_ids, cfg.future_horizon,
-                                         cfg.click_scope == "off_page")
+        lc_sum, n_lc = _later_click_loss(logits, v, rows, b.cand_ids, cfg.future_horizon)
     fut_sum, n_fut = zero, 0
     if cfg.w_future:
         T = targets_for(v, rows, b.cand_ids, (0.0, 0.0, 1.0), cfg.future_horizon)
@@ -219,15 +195,6 @@ def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
     return click_sum, n_click, fut_sum, n_fut, ips_sum, ips_w, lc_sum, n_lc
 
 
-def _off_page(v: VisitLog, visits: np.ndarray) -> np.ndarray:
-    """bool per visit: its shown ad query is not among the viewed page's predicted queries.
-    Such an ad (the logger's exploration of earlier pages' queries) owes its click to the
-    user's lasting intent, not to the page on screen, so these impressions are free of the
-    page-context confound that pulls a click model towards the current page's queries."""
-    ids = v.IDS[v.page[visits]]
-    return (v.shown[visits] >= 0) & ~(ids == v.shown[visits][:, None]).any(1)
-
-
 def _later_pairs(v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, horizon: int):
     """(event, candidate column, later visit) of every candidate shown at one of the session's
     next `horizon` visits."""
@@ -240,15 +207,12 @@ def _later_pairs(v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, horizon: i
 
 
 def _later_click_loss(logits, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray,
-                      horizon: int, off_page: bool = False):
+                      horizon: int):
     """(BCE sum, #pairs) of a candidate's logit at a visit against whether that query, shown
     at one of the session's next `horizon` visits, was clicked there. The logger's exploration
     shows earlier pages' queries on later pages, so these pairs measure what a query is worth
     for the rest of the session (the user's intent) rather than for the page it came from."""
     b, c, t = _later_pairs(v, rows, cand_ids, horizon)
-    if off_page:
-        keep = _off_page(v, t)
-        b, c, t = b[keep], c[keep], t[keep]
     if len(b) == 0:
         return logits.new_zeros(()), 0
     y = torch.from_numpy(v.clicked[t].astype(np.float32))
@@ -291,22 +255,15 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         sim_table = np.zeros((classifier_rows.shape[0] + 1, 1), np.float32)
         sim_norm = np.array([0.0, 1.0], np.float32)
     sim = (sim_table, sim_norm)
-    unknown = [c for c in cfg.context_features if c not in F]
-    if unknown:
-        raise ValueError(f"context_features {unknown} are not feature names {list(F)}")
-    ctx_cols = tuple(F[c] for c in cfg.context_features)
-    net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop, ctx_cols,
-                       cfg.mlp_features)
+    net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop)
     history, best, best_state = [], np.inf, None
     t0 = time.perf_counter()
     start = {}
     if cfg.init == "sim_rank":
         w0 = sim_rank_weights(sim_norm)
-        scale, bias, ctx_w = calibrate_ranking(v, train_rows, cfg, log_pop, sim, w0, ctx_cols,
-                                               seed=cfg.seed)
-        net.start_at(scale * w0, bias, ctx_w)
-        start = {"init": "sim_rank", "init_scale": scale, "init_bias": bias,
-                 "init_context": ctx_w.tolist()}
+        scale, bias = calibrate_ranking(v, train_rows, cfg, log_pop, sim, w0, seed=cfg.seed)
+        net.start_at(scale * w0, bias)
+        start = {"init": "sim_rank", "init_scale": scale, "init_bias": bias}
         val = _validation(net, v, val_rows, cfg, log_pop, sim)
         history.append({"epoch": 0, **val, "elapsed_s": round(time.perf_counter() - t0, 1)})
         log.info("start (sim_rank x %.3f %+.3f): %s", scale, bias, json.dumps(history[-1]))
@@ -316,11 +273,7 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
             on_epoch(0, {**net.export_weights(), "sim_table": sim_table, "sim_norm": sim_norm})
     elif cfg.init != "random":
         raise ValueError(f"init must be 'sim_rank' or 'random', got {cfg.init!r}")
-    lin0 = net.lin.weight.detach().clone()
-    if cfg.freeze_start:
-        net.lin.weight.requires_grad_(False)
-    opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=cfg.lr,
-                           weight_decay=cfg.weight_decay)
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for epoch in range(cfg.epochs):
         net.train()
         perm = rng.permutation(train_rows)
@@ -335,9 +288,6 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
             cs, nc, fs, nf, js, jw, ls, nl = _losses(net, v, rows, b, cfg)
             loss = (cfg.w_click * cs / max(nc, 1) + cfg.w_future * fs / max(nf, 1)
                     + cfg.w_ips * js / max(jw, 1e-9) + cfg.w_later_click * ls / max(nl, 1))
-            if cfg.anchor and start:
-                loss = loss + cfg.anchor * (((net.lin.weight - lin0) ** 2).sum()
-                                            + (net.mlp2.weight ** 2).sum())
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
