@@ -207,9 +207,14 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, oracle, quiet):
     """Hit rate, Recall@5, MRR and IPS CTR of the GRU vs top1 / most-frequent / popularity."""
+    from personalization.artifact import PolicyFileError
     from personalization.evaluate import OverlapError, check_held_out, load_truth
     from personalization.policy import GruPolicy
-    policy = GruPolicy.load(policy_dir or (models / "gru"))
+    try:
+        policy = GruPolicy.load(policy_dir or (models / "gru"))
+    except PolicyFileError as e:   # corrupt, or of an older format: retrain
+        raise click.ClickException(f"{e}; retrain with `astec personalize train --holdout "
+                                   f"{val_frac:g}` to evaluate") from e
     try:   # fail before reading the logs if the policy records no data range at all
         check_held_out(policy.manifest, policy.version, None, val_frac)
     except OverlapError as e:
