@@ -41,6 +41,9 @@ class Settings:
     heartbeat_interval_ms: int = 1000
     max_poll_interval_ms: int = 10000
     poll_timeout_ms: int = 20
+    # offsets of settled batches are committed at most this often (and on shutdown / rebalance):
+    # a commit per small batch was a broker request per few events (at-least-once either way)
+    commit_interval_ms: int = 200
     batch_max: int = 256
     max_message_bytes: int = 16384
     # prediction and user state

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import redis
+from kafka import ConsumerRebalanceListener
 
 from infra.config import Settings
 from personalization.state import UserState
@@ -58,6 +59,23 @@ def _offsets(records) -> dict:
     return out
 
 
+class _CommitOnRevoke(ConsumerRebalanceListener):
+    """Before partitions move to another member, commit what this worker has settled on them,
+    so the new owner replays as little as possible (replays are harmless, just wasted work)."""
+
+    def __init__(self, worker: "StreamWorker"):
+        self.worker = worker
+
+    def on_partitions_revoked(self, revoked) -> None:
+        try:
+            self.worker.commit_pending()
+        except Exception as exc:   # noqa: BLE001 - the new owner replays; never break the rejoin
+            log.warning("%s: commit before rebalance failed: %s", self.worker.cid, exc)
+
+    def on_partitions_assigned(self, assigned) -> None:
+        pass
+
+
 class StreamWorker:
     """A consumer-group member over `page-views`; `run()` until stop() or SIGTERM."""
 
@@ -72,8 +90,11 @@ class StreamWorker:
         self.store = StateStore(self.redis, settings.redis_key_prefix, settings.state_k,
                                 settings.state_ttl_s, settings.dedup_ttl_s)
         self.producer = make_producer(settings, client_id=f"astec-{self.cid}")
-        self.consumer = make_consumer(settings, [settings.topic_page_views], settings.consumer_group,
+        self.consumer = make_consumer(settings, [], settings.consumer_group,
                                       client_id=f"astec-{self.cid}")
+        self.consumer.subscribe([settings.topic_page_views], listener=_CommitOnRevoke(self))
+        self.pending_offsets: dict = {}   # settled but not yet committed (commit_interval_ms)
+        self._last_commit = time.monotonic()
         self.metrics = ConsumerMetrics(self.cid, policy.name, model.version)
         self.prom = PromExporter(metrics_port, self.cid) if metrics_port else None
         self.commit_failures = 0
@@ -145,9 +166,18 @@ class StreamWorker:
             offsets.update(b.offsets)   # later batches carry later offsets
             self.inflight.popleft()
             n += 1
-        if offsets:
-            self.commit(offsets)
+        self.pending_offsets.update(offsets)
+        if self.pending_offsets and (block or time.monotonic() - self._last_commit
+                                     >= self.s.commit_interval_ms / 1000.0):
+            self.commit_pending()
         return n
+
+    def commit_pending(self) -> None:
+        """Commit the settled batches' offsets (a no-op when there are none)."""
+        if self.pending_offsets:
+            offsets, self.pending_offsets = self.pending_offsets, {}
+            self.commit(offsets)
+        self._last_commit = time.monotonic()
 
     def commit(self, offsets: dict) -> None:
         from kafka.errors import CommitFailedError, KafkaError

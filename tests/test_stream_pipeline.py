@@ -202,3 +202,29 @@ def test_hot_reload_switches_between_batches_and_refuses_broken(stream_settings,
     assert version_of(second, "b") == {v2}
     assert version_of(third, "c") == {v2}       # corrupted v3 refused, v2 kept
     assert v3 in w.model.refused and w.model.version == v2
+
+
+def test_offsets_committed_at_interval_and_on_graceful_stop(stream_settings, astec_predictor,
+                                                            stream_corpus):
+    """Offsets are committed at most every commit_interval_ms (not per batch), and a graceful
+    stop commits everything settled: a restarted group resumes after the last event."""
+    from kafka import KafkaConsumer, TopicPartition
+    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16)
+    titles, _, _ = stream_corpus
+    msgs = page_views(titles, 120)
+    produce(s, msgs)
+    w, t = start_worker(s, astec_predictor, "w-commit")
+    tps = [TopicPartition(s.topic_page_views, p) for p in range(s.partitions)]
+    probe = KafkaConsumer(bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group,
+                          enable_auto_commit=False)
+    try:
+        read_topic(s, s.topic_ad_queries, len(msgs))
+        time.sleep(0.5)
+        # all 120 events answered in batches of <= 16, yet nothing committed yet (interval 60 s)
+        assert sum(probe.committed(tp) or 0 for tp in tps) == 0
+        assert w.pending_offsets
+    finally:
+        w.stop()
+        t.join(30)
+    assert sum(probe.committed(tp) or 0 for tp in tps) == len(msgs)
+    probe.close()
