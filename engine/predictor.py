@@ -28,6 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from engine import kernels
+from engine.hugepages import huge_pages_for
 from engine.manifest import Manifest, ManifestError, verify_manifest
 from engine.text import TfidfVectorizer
 
@@ -678,7 +679,8 @@ def _load_ann(m: Manifest, ic: dict, dim: int, count: int, max_id: int, where: s
         path = m.path(ic["file"])
         index = hnswlib.Index(space="ip", dim=dim)
         try:
-            index.load_index(str(path), max_elements=unique)
+            with huge_pages_for(str(path)):   # graph walks: far fewer TLB misses
+                index.load_index(str(path), max_elements=unique)
         except RuntimeError as e:
             raise PredictorError(f"{path}: unreadable hnswlib index ({e})") from None
         if index.get_current_count() != unique:
