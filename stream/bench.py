@@ -91,13 +91,17 @@ def _breakdown(before: dict, after: dict, wall_s: float, workers: int) -> dict:
 
 class _CpuMeter:
     """CPU cores used during a phase by each party on the box: the broker and Redis (when their
-    PIDs are known), the workers (the supervisor's process tree) and this load generator."""
+    PIDs are known), the workers (the supervisor's process tree) and this load generator.
 
-    def __init__(self, service_pids: dict[str, int], supervisor_pid: int):
+    Sampled every `every_s` too, so a phase also reports its first and last quarter: a broker
+    whose cost grows with its log shows here (README: Tansu's memory storage)."""
+
+    def __init__(self, service_pids: dict[str, int], supervisor_pid: int, every_s: float = 1.0):
         import psutil
         self.procs = {name: psutil.Process(pid) for name, pid in service_pids.items()}
         self.sup = psutil.Process(supervisor_pid)
         self.me = psutil.Process()
+        self.every_s = every_s
 
     def _now(self) -> dict[str, float]:
         import psutil
@@ -114,14 +118,34 @@ class _CpuMeter:
         out["t"] = time.monotonic()
         return out
 
-    def start(self) -> None:
-        self.t0 = self._now()
-
-    def stop(self) -> dict[str, float]:
-        t1 = self._now()
-        wall = max(t1["t"] - self.t0["t"], 1e-9)
-        out = {f"{k}_cores": round((t1[k] - self.t0.get(k, 0.0)) / wall, 3) for k in t1 if k != "t"}
+    @staticmethod
+    def _cores(a: dict, b: dict) -> dict[str, float]:
+        wall = max(b["t"] - a["t"], 1e-9)
+        out = {f"{k}_cores": round((b[k] - a.get(k, 0.0)) / wall, 3) for k in b if k != "t"}
         out["total_cores"] = round(sum(out.values()), 3)
+        return out
+
+    def start(self) -> None:
+        self.samples = [self._now()]
+        self._stop = threading.Event()
+
+        def loop():
+            while not self._stop.wait(self.every_s):
+                self.samples.append(self._now())
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self._now())
+        out = self._cores(self.samples[0], self.samples[-1])
+        n = len(self.samples)
+        if n >= 9:   # at least two samples per quarter
+            q = n // 4
+            out["first_quarter"] = self._cores(self.samples[0], self.samples[q])
+            out["last_quarter"] = self._cores(self.samples[n - 1 - q], self.samples[-1])
+        self.per_second = [self._cores(a, b) for a, b in zip(self.samples, self.samples[1:])]
         return out
 
 
@@ -220,7 +244,8 @@ class _Pipeline:
 
 def run_bench(settings: Settings, model: str, titles: list[str], events: int, workers: int,
               rates: list[float], paced_seconds: float, users: int, batch_max: int,
-              service_pids: dict[str, int] | None = None, log=click.echo) -> dict:
+              service_pids: dict[str, int] | None = None, trace: str | None = None,
+              log=click.echo) -> dict:
     load0 = os.getloadavg()[0]   # the box is shared: say how busy it was
     wlog = tempfile.NamedTemporaryFile(prefix="astec-bench-workers-", suffix=".log", delete=False)
 
@@ -229,6 +254,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
                          service_pids or {})
 
     duplicates = 0
+    traces: list[dict] = []
     # phase 1: saturation
     with pipeline() as p:
         s, reader = p.s, p.reader
@@ -269,6 +295,9 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
             after = _stage_totals(s)
             arr = np.array([reader.arrivals[e] for e in ids2 if e in reader.arrivals])
             duplicates += reader.duplicates
+            traces.append({"rate": r, "columns": ["event_ts", "ad_ts", "received_ts"],
+                           "events": arr[:, [1, 2, 0]].round(4).tolist() if arr.size else [],
+                           "cores_per_second": p.cpu.per_second})
         e2a = (arr[:, 0] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
         worker_side = (arr[:, 2] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
         paced.append({"rate": r, "events": n2, "answered": int(len(arr)), "complete": ok2,
@@ -277,6 +306,8 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
                       "where_time_goes": _breakdown(before, after, wall2, workers), "cpu": cpu})
         log(f"paced at {r}/s: e2a p50 {paced[-1]['e2a_ms']['p50']} ms, "
             f"p99 {paced[-1]['e2a_ms']['p99']} ms")
+    if trace:
+        Path(trace).write_text(json.dumps({"paced": traces}) + "\n")
     return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
             "poll_timeout_ms": settings.poll_timeout_ms,
             "model": model, "cpu_count": os.cpu_count(),
@@ -303,8 +334,11 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
               help="Use the configured services (env/config/`astec infra up`) instead of fresh "
                    "temporary ones.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Also write every paced event's (event, ad, received) times and each party's "
+                   "CPU cores per second here (JSON), to look at the tail.")
 def bench_stream(model, events, workers, rates, paced_seconds, titles, users, batch_max,
-                 use_running, out):
+                 use_running, out, trace):
     """End-to-end events/s and event->ad latency p50/p99 of `astec stream run`, with a breakdown."""
     import logging
 
@@ -326,7 +360,7 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
     try:
         pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
         res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds,
-                        users, batch_max, pids)
+                        users, batch_max, pids, trace)
     finally:
         if tmp:
             stop_services(tmp)
