@@ -2,10 +2,11 @@
 
 Per batch: poll -> validate (bad -> dead-letter topic) -> reload model if promoted -> predict
 (batched) -> Redis (one pipelined, idempotent append per event) -> policy -> produce ad queries
--> once the broker acknowledged them, commit the batch's offsets. The ack wait overlaps the next
-batch (at most `max_in_flight` batches, committed strictly in order), so the broker round trip
-is off the critical path. Offsets are committed only after Redis and Kafka acknowledged,
-so a crash replays the uncommitted batch: duplicates can appear on `ad-queries` (counted), never
+-> once the broker acknowledged them, the batch is settled. The ack wait overlaps the next batch
+(at most `max_in_flight` batches, settled strictly in order), so the broker round trip is off
+the critical path. Settled offsets are committed every `commit_interval_ms`, on SIGTERM and
+before a rebalance; only settled batches (Redis and Kafka acknowledged) are ever committed, so
+a crash replays the uncommitted batches: duplicates can appear on `ad-queries` (counted), never
 a lost event nor a visit appended twice to a user's state. SIGTERM/SIGINT: finish the batch,
 commit, leave the group.
 """
