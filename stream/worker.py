@@ -117,7 +117,10 @@ class StreamWorker:
             while not self.stop_event.is_set():
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                wait = self.s.poll_timeout_ms // 4 if self.inflight else self.s.poll_timeout_ms * 5
+                # with batches awaiting acks, poll again within poll_timeout_ms to settle them;
+                # polling faster (it was a quarter of that) only woke the loop and kafka-python's
+                # I/O threads more often: 500 events/s p99 94-114 -> 46 ms (README)
+                wait = self.s.poll_timeout_ms if self.inflight else self.s.poll_timeout_ms * 5
                 polled = self.consumer.poll(timeout_ms=max(1, wait), max_records=self.s.batch_max)
                 records = [r for rs in polled.values() for r in rs]
                 if records:
