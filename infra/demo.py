@@ -100,10 +100,12 @@ def demo(workdir: Path, queries: int, pages: int, users: int, days: int, rate: f
     live_logs = workdir / "live-logs"
     svc = ["--services-dir", str(services)]
 
-    if retrain or not (world / "queries.tsv").exists():
+    # --retrain trains the models again on the world and logs already there (the logs are
+    # append-only: simulating into them again is refused); a fresh --workdir simulates anew
+    if not (world / "queries.tsv").exists():
         _run(_astec("simulate", "world", "--out", str(world), "--queries", str(queries),
                     "--pages", str(pages), "--users", str(users), "--seed", "7"))
-    if retrain or not logs.exists():
+    if not logs.exists():
         _run(_astec("simulate", "logs", "--world", str(world), "--out", str(logs),
                     "--days", str(days), "--seed", "7"))
     if retrain or not _usable(engine_models, "engine"):
