@@ -2,9 +2,8 @@
 
 One title is a few hundred numbers: as numpy, its ~60 small calls cost more in dispatch than in
 arithmetic (~120 us of a ~290 us prediction, besides the two hnswlib searches). These kernels do
-the same arithmetic in four calls. They follow the numpy batch path operation by operation in
-float32 (the same accumulation order for the shortlist sums, so shortlist scores are identical;
-dot products may round differently in the last bit), and the tests hold them to the torch model
+the same arithmetic in five calls, in float32 like the batch path (sums may be ordered
+differently, so scores can differ in the last bits), and the tests hold them to the torch model
 and to the batch path. Compiled on first use and cached on disk (numba's cache), so a new process
 pays a fraction of a second at load, not seconds.
 """
@@ -44,8 +43,8 @@ def bag_features(idx, val, E, D):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _touch(T, rows, n, off, width):
-    """Read one float per cache line of T[rows[i], off:off+width] for i < n.
+def _touch(T, rows, n):
+    """Read one float per cache line of the rows T[rows[i]] for i < n.
 
     The rows are scattered over tables far larger than the caches, and the dot products that
     follow would fetch them one after another; these loads are independent, so the CPU keeps
@@ -53,7 +52,7 @@ def _touch(T, rows, n, off, width):
     t = _F0
     for i in range(n):
         row = T[rows[i]]
-        for d in range(off, off + width, 16):
+        for d in range(0, row.size, 16):
             t += row[d]
     return t
 
@@ -192,7 +191,7 @@ def combine_scores(Wc, rows, bc, labels, s, z, zr, alpha, beta, D, has_rr):
     without a re-ranker the last term is dropped."""
     n = labels.size
     y = np.empty(n, np.float32)
-    t = _touch(Wc, rows, n, 0, Wc.shape[1])
+    t = _touch(Wc, rows, n)
     al, be = np.float32(alpha), np.float32(beta)
     for i in range(n):
         row = Wc[rows[i]]

@@ -111,6 +111,9 @@ def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
     ids_p, sc_p = p.predict(test, k=10)
     same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
     assert same5 >= 0.99 and close >= 0.99, (same5, close)
+    one = [p.predict_one(t, 10) for t in test]      # the ensemble on the single-text path
+    same5, close = _parity(ids_p, sc_p, [o[0] for o in one], [o[1] for o in one])
+    assert same5 >= 0.99 and close >= 0.99, (same5, close)
 
 
 def test_api_shapes_padding_and_edge_texts(built):
