@@ -183,7 +183,7 @@ class _Pipeline:
     """`astec stream run` on fresh topics, group and Redis prefix, with its ad reader.
 
     Every phase gets its own: Tansu's memory storage spends more CPU per message as a partition
-    grows (README: ~3x between 2k and 100k messages), so a phase run on the previous phases'
+    grows (`astec bench broker`: ~4x between an empty partition and 100k messages), so a phase run on the previous phases'
     topics would measure the development broker's log size rather than the pipeline.
     """
 

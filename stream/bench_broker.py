@@ -9,7 +9,6 @@ fixed rate while a consumer reads them, and the broker process's CPU time is rea
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from pathlib import Path
@@ -18,8 +17,10 @@ import click
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process (psutil, as `astec bench stream` reads them)."""
+    import psutil
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def probe(bootstrap: str, pid: int, sizes: list[int], messages: int, rate: float,
@@ -46,7 +47,7 @@ def probe(bootstrap: str, pid: int, sizes: list[int], messages: int, rate: float
                 prod.flush()
                 total += n
             cons.seek(tp, total)
-            lat, got = [], 0
+            log_size, lat, got = total, [], 0
             c0, t0 = _cpu_seconds(pid), time.monotonic()
             for i in range(messages):
                 t = time.perf_counter()
@@ -61,16 +62,16 @@ def probe(bootstrap: str, pid: int, sizes: list[int], messages: int, rate: float
                 ahead = (i + 1) / rate - (time.monotonic() - t0)
                 if ahead > 0:
                     time.sleep(ahead)
-            wall = time.monotonic() - t0
+            wall, cpu = time.monotonic() - t0, _cpu_seconds(pid) - c0
             total += messages
-            row = {"log_messages": size, "messages": messages,
+            row = {"log_messages": log_size, "messages": messages,
                    "achieved_rate": round(messages / wall, 1),
-                   "broker_cpu_share": round((_cpu_seconds(pid) - c0) / wall, 3),
-                   "broker_cpu_us_per_message": round((_cpu_seconds(pid) - c0) / messages * 1e6, 1),
+                   "broker_cpu_share": round(cpu / wall, 3),
+                   "broker_cpu_us_per_message": round(cpu / messages * 1e6, 1),
                    "produce_consume_ms_p50": round(float(np.median(lat)) * 1e3, 2),
                    "produce_consume_ms_p99": round(float(np.percentile(lat, 99)) * 1e3, 2)}
             rows.append(row)
-            log(f"log {size:>7} messages: broker {row['broker_cpu_share']:.1%} of a core at "
+            log(f"log {log_size:>7} messages: broker {row['broker_cpu_share']:.1%} of a core at "
                 f"{row['achieved_rate']:.0f} msgs/s, {row['broker_cpu_us_per_message']} us CPU "
                 f"per message, produce->consume p50 {row['produce_consume_ms_p50']} ms")
     finally:
@@ -96,14 +97,16 @@ def probe(bootstrap: str, pid: int, sizes: list[int], messages: int, rate: float
 def bench_broker(services_dir, sizes, messages, rate, out):
     """Broker CPU per message and produce->consume latency as one partition grows."""
     from infra.services import read_info
-    d = services_dir or os.environ.get("ASTEC_SERVICES_DIR", ".astec/services")
+    from infra.config import load_settings
+    d = services_dir or load_settings().services_dir   # flag, else env / config / default
     info = read_info(d)
     if info is None:
         raise click.ClickException(f"{d}: no services.json; start the services with "
                                    f"`astec infra up --data-dir {d}`")
+    import psutil
     try:
         _cpu_seconds(info.kafka.pid)
-    except (FileNotFoundError, ProcessLookupError):
+    except psutil.Error:
         raise click.ClickException(f"{d}: the broker (pid {info.kafka.pid}) is not running")
     try:
         size_list = [int(x) for x in sizes.split(",") if x.strip()]

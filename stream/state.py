@@ -6,7 +6,8 @@ Keys (hash-tagged, so Redis Cluster keeps one user's keys in one slot):
 
 One Lua script per event sets the idempotence key with NX and appends only when it was new, so a
 replay after a crash (at-least-once delivery) never appends the same visit twice. A batch is one
-pipelined round trip of EVALSHA (the script is loaded once, and again if Redis forgot it). The client retries connection errors with exponential backoff (Redis restarts).
+pipelined round trip of EVALSHA (the script is loaded once, and again if Redis forgot it). The
+client retries connection errors with exponential backoff (Redis restarts).
 """
 from __future__ import annotations
 
