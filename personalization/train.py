@@ -222,9 +222,8 @@ def _later_click_loss(logits, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarra
 
 
 def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
-                 progress: bool = True, on_epoch=None) -> tuple[dict[str, np.ndarray], dict]:
-    """Train on the visits before the time split; returns (exported weights, training report).
-    `on_epoch(epoch, weights)`, if given, sees every epoch's exported weights (0 = the start)."""
+                 progress: bool = True) -> tuple[dict[str, np.ndarray], dict]:
+    """Train on the visits before the time split; returns (exported weights, training report)."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
@@ -258,6 +257,12 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
     net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop)
     history, best, best_state = [], np.inf, None
     t0 = time.perf_counter()
+
+    def keep_if_best(val: dict) -> None:
+        nonlocal best, best_state
+        if val["val_objective"] < best:
+            best = val["val_objective"]
+            best_state = {k: t.detach().clone() for k, t in net.state_dict().items()}
     start = {}
     if cfg.init == "sim_rank":
         w0 = sim_rank_weights(sim_norm)
@@ -267,10 +272,7 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         val = _validation(net, v, val_rows, cfg, log_pop, sim)
         history.append({"epoch": 0, **val, "elapsed_s": round(time.perf_counter() - t0, 1)})
         log.info("start (sim_rank x %.3f %+.3f): %s", scale, bias, json.dumps(history[-1]))
-        best = val["val_objective"]
-        best_state = {k: t.detach().clone() for k, t in net.state_dict().items()}
-        if on_epoch is not None:
-            on_epoch(0, {**net.export_weights(), "sim_table": sim_table, "sim_norm": sim_norm})
+        keep_if_best(val)
     elif cfg.init != "random":
         raise ValueError(f"init must be 'sim_rank' or 'random', got {cfg.init!r}")
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -302,12 +304,7 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
                "elapsed_s": round(time.perf_counter() - t0, 1)}
         history.append(rec)
         log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
-        if on_epoch is not None:
-            on_epoch(epoch + 1, {**net.export_weights(), "sim_table": sim_table,
-                                 "sim_norm": sim_norm})
-        if val["val_objective"] < best:
-            best = val["val_objective"]
-            best_state = {k: t.detach().clone() for k, t in net.state_dict().items()}
+        keep_if_best(val)
     net.load_state_dict(best_state)
     report = {"config": asdict(cfg), "split_ts": t_split, "val_split_ts": t_split, **rng_info,
               **start, "train_visits": int(len(train_rows)),
