@@ -79,3 +79,68 @@ def test_deploy_example_config_loads(tmp_path):
                       services_dir=str(tmp_path))
     assert s.kafka_bootstrap.count(",") == 2 and s.replication_factor == 3
     assert s.redis_url == "redis://:pw@redis.internal:6379/0"
+
+
+def _kafka_jars_installed() -> bool:
+    from infra.kafka.broker import KafkaNotInstalled, check_installed
+    try:
+        check_installed()
+        return True
+    except KafkaNotInstalled:
+        return False
+
+
+def test_infra_up_kafka_without_jars_names_install_command(tmp_path, monkeypatch):
+    """No Kafka jars: `up --broker kafka` fails before starting anything, naming `make kafka`."""
+    monkeypatch.setenv("ASTEC_KAFKA_LIBS", str(tmp_path / "no-jars"))
+    data_dir = tmp_path / "svc"
+    result = CliRunner().invoke(cli, ["infra", "up", "--broker", "kafka", "--data-dir",
+                                      str(data_dir)])
+    assert result.exit_code == 1
+    assert "make kafka" in result.output and str(tmp_path / "no-jars") in result.output
+    assert not (data_dir / "services.json").exists()
+    assert not (data_dir / "redis.log").exists()   # Redis is started only after the broker
+
+
+def test_broker_setting_from_env_and_file(tmp_path):
+    cfg = tmp_path / "astec.toml"
+    cfg.write_text('broker = "kafka"\n')
+    assert load_settings(env={}, services_dir=str(tmp_path)).broker == "tansu"
+    assert load_settings(cfg, env={}, services_dir=str(tmp_path)).broker == "kafka"
+    assert load_settings(cfg, env={"ASTEC_BROKER": "tansu"},
+                         services_dir=str(tmp_path)).broker == "tansu"
+    with pytest.raises(ConfigError, match="ASTEC_BROKER.*'broker'.*'redpanda'"):
+        load_settings(env={"ASTEC_BROKER": "redpanda"}, services_dir=str(tmp_path))
+
+
+@pytest.mark.skipif(not _kafka_jars_installed(), reason="Apache Kafka jars not installed "
+                    "(`make kafka` needs Maven Central)")
+@pytest.mark.timeout(300)
+def test_infra_up_status_down_apache_kafka(tmp_path):
+    runner = CliRunner()
+    data_dir = tmp_path / "svc"
+    result = runner.invoke(cli, ["infra", "up", "--broker", "kafka", "--data-dir", str(data_dir)])
+    assert result.exit_code == 0, result.output
+    info = json.loads((data_dir / "services.json").read_text())
+    assert info["kafka"]["kind"] == "kafka"
+    kpid = info["kafka"]["pid"]
+    try:
+        assert pid_alive(kpid)
+        assert (data_dir / "kafka" / "data" / "meta.properties").is_file()   # KRaft formatted
+        st = runner.invoke(cli, ["infra", "status", "--data-dir", str(data_dir)])
+        assert st.exit_code == 0, st.output
+        status = json.loads(st.output)
+        assert status["broker"] == "kafka" and status["kafka"]["answers"]
+        from kafka import KafkaAdminClient
+        admin = KafkaAdminClient(bootstrap_servers=status["kafka_bootstrap"])
+        assert {"page-views", "ad-queries"} <= set(admin.list_topics())   # `up` created them
+        admin.close()
+        # a tansu `up` on the same dir refuses instead of mixing brokers
+        other = runner.invoke(cli, ["infra", "up", "--broker", "tansu", "--data-dir",
+                                    str(data_dir)])
+        assert other.exit_code == 1 and "infra down" in other.output
+    finally:
+        down = runner.invoke(cli, ["infra", "down", "--data-dir", str(data_dir)])
+    assert down.exit_code == 0, down.output
+    assert "kafka (kafka)" in down.output
+    assert not pid_alive(kpid)
