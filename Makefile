@@ -5,10 +5,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-KAFKA_LIBS ?= .astec/kafka/libs
-KAFKA_STAMP := $(KAFKA_LIBS)/.installed-$(shell cat infra/kafka/pom.xml | sha1sum | cut -c1-12)
-
-.PHONY: install system-deps kafka test demo clean
+.PHONY: install system-deps test demo clean
 
 install: system-deps $(STAMP)
 
@@ -32,18 +29,6 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[dev,peers]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
-
-# Apache Kafka's jars for `astec infra up --broker kafka` (optional: Tansu is the default broker).
-# Needs Maven Central; not part of `install`, since machines that reach only PyPI/Debian/npm
-# cannot fetch them. The plugin is named in full: prefix lookup needs Central's plugin metadata.
-kafka: $(KAFKA_STAMP)
-
-$(KAFKA_STAMP): infra/kafka/pom.xml
-	@command -v mvn >/dev/null 2>&1 || { echo "mvn missing: apt-get install maven"; exit 1; }
-	rm -rf $(KAFKA_LIBS)
-	mvn -q -B -f infra/kafka/pom.xml org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
-	  -DincludeScope=runtime -DoutputDirectory=$(abspath $(KAFKA_LIBS))
-	touch $(KAFKA_STAMP)
 
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -16,34 +16,27 @@ _DIR = click.option("--data-dir", default=lambda: os.environ.get("ASTEC_SERVICES
 
 @click.group()
 def infra() -> None:
-    """Start/stop the local Kafka-API broker (Tansu or Apache Kafka) and redis-server (loopback,
-    recorded PIDs and ports)."""
+    """Start/stop the local Tansu broker and redis-server (loopback, recorded PIDs and ports)."""
 
 
 @infra.command()
 @_DIR
 @click.option("--kafka-port", type=int, default=None, help="Broker port (default: a free one).")
 @click.option("--redis-port", type=int, default=None, help="Redis port (default: a free one).")
-@click.option("--broker", type=click.Choice(["tansu", "kafka"]), default=None,
-              help="tansu: static binary, memory storage (default). kafka: Apache Kafka, KRaft, "
-                   "one JVM, logs under DATA_DIR/kafka (jars from `make kafka`). Default from "
-                   "the `broker` setting ($ASTEC_BROKER or the config file), else tansu.")
 @click.option("--create-topics/--no-create-topics", default=True, show_default=True,
               help="Create the stream topics (memory storage loses them on a broker restart).")
-def up(data_dir: str, kafka_port: int | None, redis_port: int | None, broker: str | None,
-       create_topics: bool) -> None:
+def up(data_dir: str, kafka_port: int | None, redis_port: int | None, create_topics: bool) -> None:
     """Start both services, wait until they answer, record them in DATA_DIR/services.json."""
-    from infra.config import ConfigError, load_settings
     from infra.services import ServiceError, start_services
     try:
-        broker = broker or load_settings(services_dir=data_dir).broker
-        info = start_services(data_dir, kafka_port, redis_port, broker=broker)
-    except (ServiceError, ConfigError) as exc:
+        info = start_services(data_dir, kafka_port, redis_port)
+    except ServiceError as exc:
         raise click.ClickException(str(exc)) from None
     if create_topics:
+        from infra.config import load_settings
         from stream.topics import ensure_topics
         ensure_topics(load_settings(services_dir=data_dir))
-    click.echo(f"kafka  pid {info.kafka.pid}  bootstrap {info.kafka_bootstrap}  ({info.broker})")
+    click.echo(f"kafka  pid {info.kafka.pid}  bootstrap {info.kafka_bootstrap}")
     click.echo(f"redis  pid {info.redis.pid}  port {info.redis.port} (password in "
                f"{os.path.join(info.data_dir, 'services.json')})")
     click.echo(f"other astec commands find them with --services-dir {info.data_dir} or "

@@ -28,9 +28,6 @@ class Settings:
     kafka_bootstrap: str = "127.0.0.1:9092"
     redis_url: str = "redis://127.0.0.1:6379/0"
     services_dir: str = DEFAULT_SERVICES_DIR
-    # which broker `astec infra up` starts on loopback: "tansu" (static binary, memory storage)
-    # or "kafka" (Apache Kafka, KRaft, jars from `make kafka`); a production cluster ignores it
-    broker: str = "tansu"
     # topics
     topic_page_views: str = "page-views"
     topic_ad_queries: str = "ad-queries"
@@ -69,7 +66,6 @@ class Settings:
 
 _FIELDS = {f.name: f for f in fields(Settings)}
 _ENV_ALIASES = {"KAFKA_BOOTSTRAP": "kafka_bootstrap", "REDIS_URL": "redis_url"}
-_CHOICES = {"broker": ("tansu", "kafka")}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
@@ -85,8 +81,6 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if kind == "str":
             if not isinstance(value, (str, int, float)):
                 raise ValueError(f"expected a string, got {type(value).__name__}")
-            if name in _CHOICES and str(value) not in _CHOICES[name]:
-                raise ValueError(f"{value!r} is not one of {', '.join(_CHOICES[name])}")
             return str(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: field {name!r}: {exc}") from None

