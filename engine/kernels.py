@@ -227,3 +227,24 @@ def top_k(labels, y, k):
         if n < k:
             n += 1
     return ids, sc
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def sparse_entry_scores(cptr, cidx, xptr, xidx, xval, wptr, widx, wval, num_features):
+    """w_l . x_i for every candidate (i, l) of a CSR candidate pattern (cptr, cidx), in its entry
+    order: the sparse ranker's scores. x_i is scattered into a dense scratch once per row, so a
+    candidate costs the non-zeros of its weight row."""
+    out = np.zeros(cidx.size, np.float32)
+    x = np.zeros(num_features, np.float32)
+    for i in range(cptr.size - 1):
+        for p in range(xptr[i], xptr[i + 1]):
+            x[xidx[p]] = xval[p]
+        for q in range(cptr[i], cptr[i + 1]):
+            lab = cidx[q]
+            s = _F0
+            for r in range(wptr[lab], wptr[lab + 1]):
+                s += wval[r] * x[widx[r]]
+            out[q] = s
+        for p in range(xptr[i], xptr[i + 1]):
+            x[xidx[p]] = _F0
+    return out

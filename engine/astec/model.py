@@ -5,6 +5,7 @@ seeds whose final scores are averaged). See docs/model-format.md for the files.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import resource
@@ -30,6 +31,7 @@ from .network import Classifier, Encoder, SpectralResidual, bag_inputs, dense_ba
 from .predict import classifier_logits, combine
 from .shortlist import ShortlistIndex, label_centres, recall_at, training_shortlist
 from .sparse import topk_dense_from_csr, topk_rows
+from .sparse_ranker import SparseRanker, ranker_features
 from .trainer import train_shortlisted, train_surrogate
 
 
@@ -53,6 +55,8 @@ class Learner:
     alpha: float = 0.5
     beta: float = 1.0
     search: tuple | None = None     # (knn, kmu) chosen on validation for prediction; None: cfg's
+    sparse: SparseRanker | None = None
+    gamma: float = 1.0
 
     def search_sizes(self, cfg: AstecConfig) -> tuple[int, int]:
         """(training points, label centres) a prediction searches: the validated choice, else
@@ -88,10 +92,18 @@ class Learner:
                                    self.rr_clf.bias.weight.detach().numpy().ravel(), C)
         return base, rr
 
-    def scores(self, X: sp.csr_matrix, cfg: AstecConfig) -> sp.csr_matrix:
+    def sparse_scores(self, Xr: sp.csr_matrix | None, C: sp.csr_matrix) -> np.ndarray | None:
+        """The sparse ranker's u_l . x on C's entries (None without a ranker)."""
+        if self.sparse is None:
+            return None
+        if Xr is None:
+            raise ValueError("this learner has a sparse ranker: pass its features (Astec.ranker_features)")
+        return self.sparse.scores(Xr, C)
+
+    def scores(self, X: sp.csr_matrix, cfg: AstecConfig, Xr: sp.csr_matrix | None = None) -> sp.csr_matrix:
         C, Z = self.shortlist(X, cfg)
         base, rr = self.logits(X, C, Z)
-        return combine(C, base, self.alpha, rr, self.beta)
+        return combine(C, base, self.alpha, rr, self.beta, self.sparse_scores(Xr, C), self.gamma)
 
 
 def _build_index(encoder: Encoder, X: sp.csr_matrix, Y: sp.csr_matrix, cfg: AstecConfig, seed: int,
@@ -135,7 +147,7 @@ def _select(name, grid, make_scores, Yv, inv_prop, metrics, log):
     return best
 
 
-def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dict) -> tuple | None:
+def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dict, Xrv=None) -> tuple | None:
     """The cheapest prediction search (knn, kmu) = the configured one scaled by each of
     `search_fractions`, whose validation objective (mean of `select_metrics`) is within
     `search_tolerance` points of the full search's. Searching fewer neighbours is the bulk of a
@@ -148,7 +160,7 @@ def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dic
         if cand in objective:
             continue
         learner.search = cand
-        ids, sc = topk_dense_from_csr(learner.scores(Xv, cfg), 5)
+        ids, sc = topk_dense_from_csr(learner.scores(Xv, cfg, Xrv), 5)
         m = evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5))
         objective[cand] = float(np.mean([m[k] for k in cfg.select_metrics]))
         table.append({"knn": cand[0], "kmu": cand[1], "objective": round(objective[cand], 3),
@@ -160,8 +172,9 @@ def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dic
     return None if best == full else best
 
 
-def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True):
-    """Train Modules I-IV and the re-ranker for one learner; returns (Learner, log dict)."""
+def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True, Xr=None):
+    """Train Modules I-IV, the re-ranker and the sparse ranker (on Xr, the ranker features; None:
+    no sparse ranker) for one learner; returns (Learner, log dict)."""
     log: dict = {"seed": seed, "modules": {}}
     torch.manual_seed(seed)
     Xf, Yf = X[fit], Y[fit]
@@ -277,11 +290,46 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         if progress and "valid" in mr:
             tqdm.write(f"  Re-ranker: beta={learner.beta} valid={mr['valid']}")
 
+    # sparse ranker: per-label linear models on the ranker features, negatives from this
+    # learner's own shortlist of each fit point (itself excluded)
+    Xrv = None
+    if Xr is not None and cfg.sparse_ranker:
+        t0 = time.time()
+        Xrf, Xrv = Xr[fit], Xr[valid]
+        pool = dataclasses.replace(cfg, predict_shortlist=cfg.sparse_negatives,
+                                   centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives))
+        C, _ = learner.shortlist(Xf, pool, exclude_self=np.arange(Xf.shape[0]))
+        learner.sparse = SparseRanker.fit(Xrf, Yf, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
+        del C
+        ms = {"weights": int(learner.sparse.W.nnz)}
+        if Xv.shape[0]:
+            C, Z = learner.shortlist(Xv, cfg)
+            base, rrl = learner.logits(Xv, C, Z)
+            us = learner.sparse_scores(Xrv, C)
+            if cfg.gamma >= 0:
+                learner.gamma = cfg.gamma
+            else:
+                learner.gamma = _select("gamma", cfg.gamma_grid,
+                                        lambda g: combine(C, base, learner.alpha, rrl, learner.beta, us, g),
+                                        Yv, inv_prop, cfg.select_metrics, ms)
+            ids, sc = topk_dense_from_csr(combine(C, base, learner.alpha, rrl, learner.beta, us, learner.gamma), 5)
+            ms["valid"] = {k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
+        elif cfg.gamma >= 0:
+            learner.gamma = cfg.gamma
+        else:
+            learner.gamma = 0.5
+        ms["gamma"] = learner.gamma
+        ms["seconds"] = round(time.time() - t0, 1)
+        ms["peak_rss_mb"] = _peak_rss_mb()
+        log["modules"]["sparse"] = ms
+        if progress and "valid" in ms:
+            tqdm.write(f"  Sparse ranker: gamma={learner.gamma} valid={ms['valid']}")
+
     # prediction: serving graphs; the search size is chosen on validation with graphs like the
     # final ones (over the fit points only, so validation points do not find themselves)
     if Xv.shape[0] and cfg.search_fractions:
         learner.index = _build_index(encoder, Xf, Yf, cfg, seed, serving=True)
-        learner.search = select_search(learner, Xv, Yv, cfg, inv_prop, log)
+        learner.search = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
 
     # final indexes over all training points (the validation points' labels help prediction)
     learner.index = _build_index(encoder, X, Y, cfg, seed, serving=True)
@@ -293,8 +341,9 @@ class Astec:
 
     def __init__(self, config: AstecConfig, learners: list[Learner], num_labels: int,
                  vectorizer: TfidfVectorizer | None = None, label_names: list[str] | None = None,
-                 train_log: dict | None = None):
+                 train_log: dict | None = None, ranker_vectorizer: TfidfVectorizer | None = None):
         self.config = config
+        self.ranker_vectorizer = ranker_vectorizer   # words + word pairs for the sparse ranker
         self.learners = learners
         self.num_labels = num_labels
         self.vectorizer = vectorizer
@@ -337,6 +386,13 @@ class Astec:
             vectorizer = TfidfVectorizer(min_df=cfg.min_df, word_ngrams=cfg.word_ngrams,
                                          char_ngrams=tuple(cfg.char_ngrams) if cfg.char_ngrams else None)
             X = vectorizer.fit_transform(texts, progress=progress)
+        ranker_vec, Xr = None, None
+        if cfg.sparse_ranker:
+            if vectorizer is not None:
+                ranker_vec = TfidfVectorizer(min_df=cfg.min_df, word_ngrams=cfg.sparse_word_ngrams)
+                Xr = ranker_features(ranker_vec.fit_transform(texts))
+            else:
+                Xr = ranker_features(X)
         if X.shape[0] != n:
             raise ValueError(f"Astec.train: X has {X.shape[0]} rows but Y has {n}")
         rng = np.random.default_rng(cfg.seed)
@@ -350,10 +406,10 @@ class Astec:
         for j in range(cfg.learners):
             if progress:
                 tqdm.write(f"learner {j + 1}/{cfg.learners}")
-            lr, llog = train_learner(X, Y, fit, valid, cfg, cfg.seed + 1000 * j, inv_prop, progress)
+            lr, llog = train_learner(X, Y, fit, valid, cfg, cfg.seed + 1000 * j, inv_prop, progress, Xr)
             models.append(lr)
             log["learners"].append(llog)
-        model = cls(cfg, models, L, vectorizer, label_names, log)
+        model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec)
         if n_valid and cfg.learners > 1:
             # ensemble figure on the validation split, for the log (indexes now include these points)
             log["ensemble_note"] = "per-learner valid figures are before the validation points joined the indexes"
@@ -378,24 +434,39 @@ class Astec:
             texts = [texts]
         return self.vectorizer.transform(list(texts))
 
-    def predict_scores(self, texts) -> sp.csr_matrix:
+    def ranker_features(self, texts) -> sp.csr_matrix | None:
+        """The sparse ranker's features (None when no learner has one): words + word pairs of
+        texts, or the given feature matrix, L2-normalised with a bias column."""
+        if all(lr.sparse is None for lr in self.learners):
+            return None
+        if sp.issparse(texts) or self.ranker_vectorizer is None:
+            return ranker_features(self.transform(texts))
+        if isinstance(texts, str):
+            texts = [texts]
+        return ranker_features(self.ranker_vectorizer.transform(list(texts)))
+
+    def predict_scores(self, texts, Xr: sp.csr_matrix | None = None) -> sp.csr_matrix:
         """Sparse [n, L] final scores over each point's shortlisted labels (ensemble average)."""
         X = self.transform(texts)
+        if Xr is None:
+            Xr = self.ranker_features(texts if not sp.issparse(texts) else X)
         total = None
         for lr in self.learners:
-            S = lr.scores(X, self.config)
+            S = lr.scores(X, self.config, Xr)
             total = S if total is None else total + S
         return total / float(len(self.learners))
 
     def predict(self, texts, k: int = 10, batch: int | None = None):
         """(ids int64 [n, k], scores float32 [n, k]), best first; -1 pads when < k candidates."""
         X = self.transform(texts)
+        Xr = self.ranker_features(texts if not sp.issparse(texts) else X)
         batch = batch or self.config.predict_batch
         ids = np.full((X.shape[0], k), -1, np.int64)
         scores = np.zeros((X.shape[0], k), np.float32)
         torch.set_num_threads(max(1, self.config.num_threads))
         for s in range(0, X.shape[0], batch):
-            i, sc = topk_dense_from_csr(self.predict_scores(X[s:s + batch]), k)
+            i, sc = topk_dense_from_csr(
+                self.predict_scores(X[s:s + batch], None if Xr is None else Xr[s:s + batch]), k)
             ids[s:s + batch], scores[s:s + batch] = i, sc
         return ids, scores
 
@@ -415,6 +486,8 @@ class Astec:
         self.config.save(root / "config.json")
         if self.vectorizer is not None:
             self.vectorizer.save(root / "vectorizer")
+        if self.ranker_vectorizer is not None:
+            self.ranker_vectorizer.save(root / "ranker_vectorizer")
         if self.label_names is not None:
             (root / "labels.json").write_text(json.dumps(self.label_names, ensure_ascii=False))
         (root / "train_log.json").write_text(json.dumps(self.train_log, indent=1))
@@ -443,7 +516,10 @@ class Astec:
             mio.save_csr(d / "point_labels.npz", ix.point_labels)
             np.save(d / "centre_owner.npy", ix.centre_owner, allow_pickle=False)
             np.save(d / "prior.npy", ix.prior, allow_pickle=False)
+            if lr.sparse is not None:
+                mio.save_csr(d / "sparse_ranker.npz", lr.sparse.W)
             meta = {"alpha": lr.alpha, "beta": lr.beta, "reranker": lr.reranker is not None,
+                    "gamma": lr.gamma, "sparse_ranker": lr.sparse is not None,
                     "search": list(lr.search) if lr.search else None,
                     "vocab_size": int(lr.encoder.embed.num_embeddings), "dim": int(lr.encoder.embed.embedding_dim),
                     "num_labels": self.num_labels,
@@ -454,7 +530,8 @@ class Astec:
             (d / "learner.json").write_text(json.dumps(meta, indent=1))
             learners_meta.append(f"learner_{j}")
         mio.write_model_manifest(root, {"num_labels": self.num_labels, "learners": learners_meta,
-                                        "has_vectorizer": self.vectorizer is not None})
+                                        "has_vectorizer": self.vectorizer is not None,
+                                        "has_ranker_vectorizer": self.ranker_vectorizer is not None})
         return root
 
     @classmethod
@@ -465,6 +542,7 @@ class Astec:
         cfg = AstecConfig.load(root / "config.json")
         L = int(man["num_labels"])
         vec = TfidfVectorizer.load(root / "vectorizer") if man.get("has_vectorizer") else None
+        rvec = TfidfVectorizer.load(root / "ranker_vectorizer") if man.get("has_ranker_vectorizer") else None
         names = json.loads((root / "labels.json").read_text()) if (root / "labels.json").exists() else None
         if names is not None and len(names) != L:
             raise mio.ModelDirError(f"{root / 'labels.json'}: {len(names)} names for {L} labels")
@@ -491,6 +569,12 @@ class Astec:
                 plab = mio.load_csr(d / "point_labels.npz")
                 owner = np.load(d / "centre_owner.npy", allow_pickle=False)
                 prior = np.load(d / "prior.npy", allow_pickle=False)
+                ranker = None
+                if meta.get("sparse_ranker"):
+                    ranker = SparseRanker(mio.load_csr(d / "sparse_ranker.npz"))
+                    F = (rvec.num_features if rvec is not None else V) + 1
+                    if ranker.W.shape != (L, F):
+                        raise ValueError(f"sparse_ranker.npz has shape {ranker.W.shape}, expected {(L, F)}")
             except (ValueError, RuntimeError, OSError) as e:
                 raise mio.ModelDirError(f"{d}: {e}") from None
             if plab.shape != (points.count, L) or owner.shape != (centres.count,):
@@ -500,8 +584,9 @@ class Astec:
                                    _prior_score(counts[prior.astype(np.int64)]))
             search = meta.get("search")
             learners.append(Learner(enc, clf, index, rr, rr_clf, float(meta["alpha"]), float(meta["beta"]),
-                                    (int(search[0]), int(search[1])) if search else None))
-        return cls(cfg, learners, L, vec, names, log)
+                                    (int(search[0]), int(search[1])) if search else None,
+                                    ranker, float(meta.get("gamma", 1.0))))
+        return cls(cfg, learners, L, vec, names, log, rvec)
 
 
 def _encoder_from(t, V, D, cfg) -> Encoder:

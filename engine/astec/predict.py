@@ -5,6 +5,7 @@
     logit  = w_l^T z + b_l on the entries of C                    (classifier_logits)
     y_hat  = alpha * sigmoid(logit) + (1 - alpha) * sigmoid(s)    (combine)
     y_bar  = beta * y_hat + (1 - beta) * sigmoid(w~_l^T z~ + b~_l)
+    y      = gamma * y_bar + (1 - gamma) * sigmoid(u_l^T x)     (sparse ranker, sparse_ranker.py)
 An ensemble averages y_bar over learners (a label a learner did not shortlist counts 0).
 """
 from __future__ import annotations
@@ -34,10 +35,14 @@ def classifier_logits(Z: np.ndarray, W: np.ndarray, b: np.ndarray, C: sp.csr_mat
 
 
 def combine(C: sp.csr_matrix, logits: np.ndarray, alpha: float,
-            rerank_logits: np.ndarray | None = None, beta: float = 1.0) -> sp.csr_matrix:
-    """Final scores on C's pattern: alpha/beta combination of the paper (C.data holds s)."""
+            rerank_logits: np.ndarray | None = None, beta: float = 1.0,
+            sparse_scores: np.ndarray | None = None, gamma: float = 1.0) -> sp.csr_matrix:
+    """Final scores on C's pattern: the paper's alpha/beta combination (C.data holds s), then
+    the sparse ranker's gamma."""
     y = alpha * sigmoid(logits) + (1.0 - alpha) * sigmoid(C.data)
     if rerank_logits is not None:
         y = beta * y + (1.0 - beta) * sigmoid(rerank_logits)
+    if sparse_scores is not None:
+        y = gamma * y + (1.0 - gamma) * sigmoid(sparse_scores)
     out = sp.csr_matrix((y.astype(np.float32), C.indices, C.indptr), shape=C.shape)
     return out
