@@ -182,6 +182,14 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
                   lr.rr_clf.bias.weight.detach().numpy().ravel().astype(np.float32))
             rc.update(weight=f"{rel}/reranker_w.npy", bias=f"{rel}/reranker_b.npy")
             out["reranker"] = rc
+    if lr.sparse is not None:
+        W = lr.sparse.W
+        _save(d / "sparse_indptr.npy", W.indptr.astype(np.int64))
+        _save(d / "sparse_indices.npy", W.indices.astype(np.int32))
+        _save(d / "sparse_values.npy", W.data.astype(np.float32))
+        out["sparse_ranker"] = {"indptr": f"{rel}/sparse_indptr.npy", "indices": f"{rel}/sparse_indices.npy",
+                                "values": f"{rel}/sparse_values.npy", "num_features": int(W.shape[1]),
+                                "gamma": float(lr.gamma)}
     ix = lr.index
     # search sizes: the export's, else the model's (validated choice, else its config's)
     knn, kmu = lr.search_sizes(cfg)
@@ -235,6 +243,8 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     stage.mkdir(parents=True)
     try:
         model.vectorizer.save(stage / "vectorizer")
+        if model.ranker_vectorizer is not None:
+            model.ranker_vectorizer.save(stage / "ranker_vectorizer")
         names = model.label_names if model.label_names is not None else [str(i) for i in range(L)]
         (stage / "labels.json").write_text(json.dumps(list(names), ensure_ascii=False),
                                           encoding="utf-8")
@@ -247,6 +257,8 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
                   "vectorizer": "vectorizer/tfidf.json", "label_names": "labels.json",
                   "backend": opts.backend, "classifier_dtype": opts.dtype,
                   "learners": learners}
+        if model.ranker_vectorizer is not None:
+            config["ranker_vectorizer"] = "ranker_vectorizer/tfidf.json"
         (stage / "predictor.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
         model_sha = sha256_file(model_dir / MANIFEST_NAME)
         import torch

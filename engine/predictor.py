@@ -177,6 +177,8 @@ class Learner:
     rr_W: np.ndarray | None = None
     rr_b: np.ndarray | None = None
     knn_power: float = 1.0
+    sparse: tuple | None = None       # sparse ranker weights (indptr, indices, values, F) over labels
+    gamma: float = 1.0                # weight of the Astec score against the sparse ranker's
     E: np.ndarray | None = None       # [V, D] or [V, 2D] fused embeddings
     Wc: np.ndarray | None = None      # [L, D] or [L, 2D] fused classifier rows
     bc: np.ndarray | None = None      # [L, 1] or [L, 2] fused biases
@@ -421,8 +423,10 @@ class Predictor:
     """Exported Astec model for CPU serving. Build with `Predictor.load(dir, threads=1)`."""
 
     def __init__(self, *, root: Path, manifest: Manifest, config: dict, vectorizer: TfidfVectorizer,
-                 learners: list[Learner], label_names: list[str], threads: int, backend: str):
+                 learners: list[Learner], label_names: list[str], threads: int, backend: str,
+                 ranker_vectorizer: TfidfVectorizer | None = None):
         self.root = root
+        self.ranker_vectorizer = ranker_vectorizer
         self.manifest = manifest
         self.config = config
         self.vectorizer = vectorizer
@@ -461,17 +465,30 @@ class Predictor:
             vectorizer = TfidfVectorizer.load(root / vec_rel)
         except (ValueError, FileNotFoundError) as e:
             raise PredictorError(str(e)) from e
+        rvec = None
+        if cfg.get("ranker_vectorizer"):
+            rel = cfg["ranker_vectorizer"]
+            m.path(rel), m.path(Path(rel).with_suffix(".npz").as_posix())
+            try:
+                rvec = TfidfVectorizer.load(root / rel)
+            except (ValueError, FileNotFoundError) as e:
+                raise PredictorError(str(e)) from e
         names = m.load_json(cfg["label_names"])
         if not isinstance(names, list) or len(names) != L:
             raise PredictorError(f"{root / cfg['label_names']}: expected a list of {L} label "
                                  f"names, got {type(names).__name__} of {len(names)}")
         learners = [cls._load_learner(m, lc, L, D, vectorizer.num_features, threads,
-                                      f"{src}: learners[{i}]")
+                                      f"{src}: learners[{i}]",
+                                      (rvec or vectorizer).num_features + 1)
                     for i, lc in enumerate(cfg["learners"])]
+        if any(lr.sparse is not None for lr in learners) and rvec is None:
+            raise PredictorError(f"{src}: a learner has a sparse ranker but field "
+                                 "'ranker_vectorizer' is missing")
         if not learners:
             raise PredictorError(f"{src}: field 'learners' is empty")
         pred = cls(root=root, manifest=m, config=cfg, vectorizer=vectorizer, learners=learners,
-                   label_names=[str(x) for x in names], threads=int(threads), backend=backend)
+                   label_names=[str(x) for x in names], threads=int(threads), backend=backend,
+                   ranker_vectorizer=rvec)
         pred.predict_one("", 1)   # compile (or load from numba's cache) the single-text kernels
         return pred
 
@@ -487,7 +504,7 @@ class Predictor:
 
     @classmethod
     def _load_learner(cls, m: Manifest, lc: dict, L: int, D: int, V: int, threads: int,
-                      where: str) -> Learner:
+                      where: str, ranker_features: int = 0) -> Learner:
         try:
             enc = cls._load_encoder(m, lc["encoder"], V, D, where + ".encoder")
             W = m.load_npy(lc["classifier"]["weight"])
@@ -528,8 +545,20 @@ class Predictor:
                 if rr_W.shape != (L, D) or rr_b.shape != (L,):
                     raise PredictorError(f"{where}.reranker: W{list(rr_W.shape)} "
                                          f"b{list(rr_b.shape)}, expected [{L}, {D}] and [{L}]")
+            sparse, gamma = None, 1.0
+            if lc.get("sparse_ranker"):
+                sc_ = lc["sparse_ranker"]
+                sptr = np.ascontiguousarray(m.load_npy(sc_["indptr"], mmap=False), np.int64)
+                sidx = np.ascontiguousarray(m.load_npy(sc_["indices"], mmap=False), np.int64)
+                sval = np.ascontiguousarray(m.load_npy(sc_["values"], mmap=False), np.float32)
+                F = int(sc_["num_features"])
+                if F != ranker_features or sptr.shape != (L + 1,) or sidx.shape != sval.shape or \
+                        int(sptr[-1]) != sidx.size or (sidx.size and (sidx.min() < 0 or sidx.max() >= F)):
+                    raise PredictorError(f"{where}.sparse_ranker: weights do not fit {L} labels x "
+                                         f"{ranker_features} ranker features")
+                sparse, gamma = (sptr, sidx, sval, F), float(sc_["gamma"])
             return Learner(
-                enc=enc, W=W, b=b, points=points, point_indptr=indptr,
+                enc=enc, W=W, b=b, sparse=sparse, gamma=gamma, points=points, point_indptr=indptr,
                 point_labels=plabels, point_values=pvals, centres=centres, centre_owner=owner,
                 prior=prior, prior_score=prior_score, knn=min(int(sc["knn"]), n_points), kmu=min(int(sc["kmu"]), n_centres),
                 centroid_weight=float(sc["centroid_weight"]),
@@ -551,6 +580,27 @@ class Predictor:
         else:
             idx, val = np.zeros(0, np.int64), np.zeros(0, np.float32)
         return rows, idx, val, lens
+
+    def _ranker_one(self, text: str):
+        """The sparse ranker's (indices, values) of one text: its TF-IDF words + word pairs
+        (unit length) and the bias feature, the model's ranker_features."""
+        vec = self.ranker_vectorizer
+        idx, val = vec.transform_one(text)
+        return (np.append(idx.astype(np.int64), vec.num_features),
+                np.append(val, np.float32(1.0)).astype(np.float32))
+
+    def _ranker_rows(self, texts: list[str]):
+        """CSR (indptr, indices, values) of the ranker features of texts."""
+        parts = [self._ranker_one(t) for t in texts]
+        ptr = np.zeros(len(parts) + 1, np.int64)
+        ptr[1:] = np.cumsum([p[0].size for p in parts])
+        return ptr, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    @staticmethod
+    def _mix_sparse(lr: Learner, y, cptr, labels, xrows):
+        """gamma * y + (1 - gamma) * sigmoid(u_l . x) on the candidates (the model's combine)."""
+        u = kernels.sparse_entry_scores(cptr, labels, *xrows, *lr.sparse)
+        return lr.gamma * y + (1.0 - lr.gamma) * _sigmoid(u)
 
     def _padded(self, idx, val, lens):
         n, T = lens.size, max(int(lens.max(initial=0)), 1)
@@ -586,12 +636,15 @@ class Predictor:
             scores = np.stack([o[1] for o in outs])
             return (ids, scores, np.stack([o[2] for o in outs])) if want_z else (ids, scores)
         bags = self._bags(texts)
+        xrows = self._ranker_rows(texts) if self.ranker_vectorizer is not None else None
         all_rows, all_labels, all_y = [], [], []
         z0 = None
         for li, lr in enumerate(self.learners):
             v, z, zr = self._encode(lr, bags, n)
             rows, labels, s = lr.base_scores(v, self.threads)
             y = lr.final_scores(rows, labels, s, z, zr)
+            if lr.sparse is not None:
+                y = self._mix_sparse(lr, y, np.searchsorted(rows, np.arange(n + 1)), labels, xrows)
             all_rows.append(rows), all_labels.append(labels), all_y.append(y)
             if li == 0:
                 z0 = z
@@ -628,6 +681,12 @@ class Predictor:
         """(ids [k], scores [k], z [D] of the first learner) of one text."""
         idx, val = self.vectorizer.transform_one(text)
         parts = [lr.score_one(idx, val, self.threads) for lr in self.learners]
+        if self.ranker_vectorizer is not None:
+            ridx, rval = self._ranker_one(text)
+            xrow = (np.array([0, ridx.size], np.int64), ridx, rval)
+            parts = [(c, self._mix_sparse(lr, y, np.array([0, c.size], np.int64), c, xrow), z)
+                     if lr.sparse is not None else (c, y, z)
+                     for lr, (c, y, z) in zip(self.learners, parts)]
         if len(parts) == 1:
             c, y = parts[0][0], parts[0][1]
         else:   # the batch path's ensemble average, every candidate in row 0 (labels ascending)

@@ -1,5 +1,6 @@
 """Astec building blocks: balanced clustering, sparse top-k, shortlists exclude positives."""
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 from engine.astec.clustering import balanced_clusters, meta_labels
@@ -55,3 +56,30 @@ def test_recall_at_leaves_scores_untouched():
     assert abs(recall_at(S, Y, 5) - 100.0 * 2 / 3) < 1e-4
     assert np.array_equal(S.toarray(), before)
     assert abs(recall_at(S, Y, 1) - 100.0 * 2 / 3) < 1e-4
+
+
+def test_sparse_ranker_learns_word_cues_from_shortlisted_negatives():
+    """Each label's linear model separates its positives from the points that shortlisted it;
+    weights under the threshold are dropped; a label nobody shortlisted scores 0."""
+    from engine.astec.sparse_ranker import SparseRanker, ranker_features
+    rng = np.random.default_rng(0)
+    n, F, L = 400, 30, 4
+    words = rng.integers(0, F, size=(n, 3))
+    X = sp.csr_matrix((np.ones(words.size, np.float32), (np.repeat(np.arange(n), 3), words.ravel())),
+                      shape=(n, F))
+    # label l is present exactly when word l occurs; label 3 has no point and no negatives
+    Y = sp.csr_matrix(np.stack([(words == l).any(1) for l in range(3)] + [np.zeros(n, bool)], 1)
+                      .astype(np.float32))
+    neg = sp.csr_matrix(np.tile([1, 1, 1, 0], (n, 1)).astype(np.float32))
+    Xr = ranker_features(X)
+    assert Xr.shape == (n, F + 1) and np.allclose(Xr[:, F].toarray(), 1.0)
+    r = SparseRanker.fit(Xr, Y, neg, cost=1.0, threshold=0.1)
+    C = sp.csr_matrix(np.ones((n, L), np.float32))
+    u = r.scores(Xr, C).reshape(n, L)
+    Yd = Y.toarray() > 0
+    for lab in range(3):
+        assert u[Yd[:, lab], lab].min() > u[~Yd[:, lab], lab].max(), lab
+    assert np.all(u[:, 3] == 0) and r.W[3].nnz == 0
+    assert np.all(np.abs(r.W.data[r.W.indices != F]) >= 0.1)
+    with pytest.raises(ValueError, match="columns"):
+        r.scores(Xr[:, :F], C)

@@ -48,6 +48,20 @@ def test_train_log_has_modules_and_choices(model):
         assert lg[mod]["seconds"] >= 0 and lg[mod]["peak_rss_mb"] > 0
     assert 0.0 <= lg["IV"]["alpha"] <= 1.0 and 0.0 <= lg["reranker"]["beta"] <= 1.0
     assert "P@1" in lg["IV"]["valid"]
+    assert 0.0 <= lg["sparse"]["gamma"] <= 1.0 and lg["sparse"]["weights"] > 0
+    assert [r["gamma"] for r in lg["sparse"]["gamma_selection"]] == list(model.config.gamma_grid)
+
+
+def test_sparse_ranker_off_is_the_papers_astec(data):
+    """sparse_ranker=false trains no ranker: predictions are the alpha/beta combination only,
+    and the saved model carries no ranker files."""
+    tr, Ytr, te, _ = data
+    m = Astec.train(tr[:600], Ytr[:600], fast(sparse_ranker=False, reranker=False), progress=False)
+    assert m.learners[0].sparse is None and m.ranker_vectorizer is None
+    assert "sparse" not in m.train_log["learners"][0]["modules"]
+    assert m.ranker_features(te[:3]) is None
+    ids, _ = m.predict(te[:20], k=3)
+    assert ids.shape == (20, 3)
 
 
 def test_spectral_norm_bounded(model):
@@ -69,6 +83,9 @@ def test_save_load_identical(model, data, tmp_path):
     b, sb = loaded.predict(te, k=5)
     assert np.array_equal(a, b) and np.allclose(sa, sb)
     assert json.loads((tmp_path / "m" / "train_log.json").read_text())["num_points"] == 1200
+    assert (tmp_path / "m" / "learner_0" / "sparse_ranker.npz").exists()
+    assert loaded.learners[0].gamma == model.learners[0].gamma
+    assert (loaded.learners[0].sparse.W != model.learners[0].sparse.W).nnz == 0
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "manifest"])

@@ -73,6 +73,9 @@ def _model_like(model, predictor_dir: Path):
 def test_parity_with_torch_model(built):
     model, d, test = built
     p = Predictor.load(d / "predictor")
+    # the default model has a sparse ranker: parity covers its scores too
+    assert p.ranker_vectorizer is not None and p.learners[0].sparse is not None
+    assert p.learners[0].gamma == model.learners[0].gamma < 1.0
     ids_t, sc_t = _model_like(model, d / "predictor").predict(test, k=10)
     ids_p, sc_p = p.predict(test, k=10)
     same5, close = _parity(ids_t, sc_t, ids_p, sc_p)

@@ -52,10 +52,16 @@ class AnnIndex:
         ids = np.empty((n, k), np.int64)
         sims = np.empty((n, k), np.float32)
         B = torch.from_numpy(self.vectors)
+        # ties (duplicate training texts have identical vectors) go to the lower id, as in the
+        # exported predictor: take a margin past k, then order by (-sim, id)
+        kk = int(min(k + 32, self.count))
         for s in range(0, n, block):
             S = torch.from_numpy(Q[s:s + block]) @ B.T
-            v, i = torch.topk(S, k, dim=1)
-            ids[s:s + block], sims[s:s + block] = i.numpy(), v.numpy()
+            v, i = torch.topk(S, kk, dim=1)
+            v, i = v.numpy(), i.numpy().astype(np.int64)
+            order = np.lexsort((i, -v), axis=1)[:, :k]
+            ids[s:s + block] = np.take_along_axis(i, order, axis=1)
+            sims[s:s + block] = np.take_along_axis(v, order, axis=1)
         return ids, sims
 
     def save(self, path: Path) -> str:
