@@ -74,7 +74,7 @@ def train(train_path, clicks_dir, min_clicks, test_fraction, labels_path, out_di
                f"in {time.time() - t0:.1f} s (peak RSS {log.get('peak_rss_mb')} MB) -> {out_dir}")
     for j, lr in enumerate(log.get("learners", [])):
         mods = lr["modules"]
-        best = mods.get("reranker", mods.get("IV", {})).get("valid")
+        best = mods.get("sparse", mods.get("reranker", mods.get("IV", {}))).get("valid")
         times = ", ".join(f"{k}={v.get('seconds')}s" for k, v in mods.items())
         click.echo(f"  learner {j}: {times}" + (f"; valid P@1={best['P@1']:.2f} PSP@5={best['PSP@5']:.2f}"
                                                  if best else ""))

@@ -60,7 +60,8 @@ def test_recall_at_leaves_scores_untouched():
 
 def test_sparse_ranker_learns_word_cues_from_shortlisted_negatives():
     """Each label's linear model separates its positives from the points that shortlisted it;
-    weights under the threshold are dropped; a label nobody shortlisted scores 0."""
+    weights under the threshold are dropped; a label nobody shortlisted scores -1 (a sure
+    negative, not 0, which would outscore the labels it learnt to reject)."""
     from engine.astec.sparse_ranker import SparseRanker, ranker_features
     rng = np.random.default_rng(0)
     n, F, L = 400, 30, 4
@@ -79,7 +80,7 @@ def test_sparse_ranker_learns_word_cues_from_shortlisted_negatives():
     Yd = Y.toarray() > 0
     for lab in range(3):
         assert u[Yd[:, lab], lab].min() > u[~Yd[:, lab], lab].max(), lab
-    assert np.all(u[:, 3] == 0) and r.W[3].nnz == 0
+    assert np.all(u[:, 3] == -1.0) and r.W[3].nnz == 1   # never seen: bias -1 only
     assert np.all(np.abs(r.W.data[r.W.indices != F]) >= 0.1)
     with pytest.raises(ValueError, match="columns"):
         r.scores(Xr[:, :F], C)

@@ -293,11 +293,11 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     # sparse ranker: per-label linear models on the ranker features, negatives from this
     # learner's own shortlist of each fit point (itself excluded)
     Xrv = None
+    pool = dataclasses.replace(cfg, predict_shortlist=cfg.sparse_negatives,
+                               centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives))
     if Xr is not None and cfg.sparse_ranker:
         t0 = time.time()
         Xrf, Xrv = Xr[fit], Xr[valid]
-        pool = dataclasses.replace(cfg, predict_shortlist=cfg.sparse_negatives,
-                                   centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives))
         C, _ = learner.shortlist(Xf, pool, exclude_self=np.arange(Xf.shape[0]))
         learner.sparse = SparseRanker.fit(Xrf, Yf, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
         del C
@@ -333,6 +333,17 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
 
     # final indexes over all training points (the validation points' labels help prediction)
     learner.index = _build_index(encoder, X, Y, cfg, seed, serving=True)
+    if learner.sparse is not None and Xv.shape[0]:
+        # the ranker, too, learns from every training point once gamma is chosen (negatives from
+        # the final indexes; else labels seen only in the validation split would have no model)
+        t0 = time.time()
+        search, learner.search = learner.search, None
+        C, _ = learner.shortlist(X, pool, exclude_self=np.arange(X.shape[0]))
+        learner.search = search
+        learner.sparse = SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
+        del C
+        log["modules"]["sparse"]["refit_seconds"] = round(time.time() - t0, 1)
+        log["modules"]["sparse"]["weights"] = int(learner.sparse.W.nnz)
     return learner, log
 
 

@@ -105,6 +105,17 @@ def _train_labels(pptr, pidx, py, xptr, xidx, xval, num_features, cost, max_iter
                     n_out += 1
                 w[f] = 0.0
                 seen[f] = False
+        else:   # never seen: a sure negative (the hinge target), leaving the label to Astec
+            if n_out >= out_idx.size:
+                grown_i = np.empty(out_idx.size * 2, np.int32)
+                grown_i[:n_out] = out_idx[:n_out]
+                out_idx = grown_i
+                grown_v = np.empty(out_val.size * 2, np.float32)
+                grown_v[:n_out] = out_val[:n_out]
+                out_val = grown_v
+            out_idx[n_out] = bias
+            out_val[n_out] = -1.0
+            n_out += 1
         out_ptr[lab + 1] = n_out
     return out_ptr, out_idx[:n_out].copy(), out_val[:n_out].copy()
 
@@ -123,7 +134,9 @@ class SparseRanker:
     def fit(cls, Xr: sp.csr_matrix, Y: sp.csr_matrix, negatives: sp.csr_matrix, cost: float = 1.0,
             threshold: float = 0.1, max_iters: int = 10, seed: int = 0) -> "SparseRanker":
         """Xr: ranker_features of the training points; negatives: candidate labels per point
-        (positives among them are ignored). A label with no point gets only its bias (0)."""
+        (positives among them are ignored). A label with no example at all gets bias -1 only:
+        a label the ranker never saw must not outscore the ones it learnt to reject (an empty
+        row would score 0, above most of them)."""
         Yp = sp.csr_matrix(Y, dtype=np.float32, copy=True)
         Yp.data[:] = 1.0
         N = sp.csr_matrix(negatives, dtype=np.float32, copy=True)
