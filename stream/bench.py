@@ -210,6 +210,7 @@ class _Pipeline:
         self.reader.start()
         self.producer = make_producer(s, linger_ms=5)
         self.cpu = _CpuMeter(self.service_pids, self.sup.pid)
+        t_start = time.monotonic()
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
@@ -221,6 +222,8 @@ class _Pipeline:
                 time.sleep(0.2)
             else:
                 raise click.ClickException(f"workers did not join the group; log {self.wlog.name}")
+            # worker start + group join until every partition is owned (grows with partitions?)
+            self.join_s = round(time.monotonic() - t_start, 2)
             warm = [f"warm-{i}" for i in range(500)]
             _send(self.producer, s, self.titles, warm, self.users, None)
             self.reader.wait(warm, 60)
@@ -273,7 +276,8 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         got = sum(e in reader.arrivals for e in ids)
         sat = {"events": events, "answered": got, "complete": ok, "send_s": round(send_s, 2),
                "wall_s": round(wall, 2), "events_per_s": round(got / wall, 1),
-               "where_time_goes": _breakdown(before, after, wall, workers), "cpu": cpu}
+               "where_time_goes": _breakdown(before, after, wall, workers), "cpu": cpu,
+               "join_s": p.join_s}
         duplicates += reader.duplicates
     log(f"saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
 
@@ -303,7 +307,8 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         paced.append({"rate": r, "events": n2, "answered": int(len(arr)), "complete": ok2,
                       "achieved_send_rate": round(n2 / send_s, 1),
                       "e2a_ms": _pct(e2a), "worker_side_ms": _pct(worker_side),
-                      "where_time_goes": _breakdown(before, after, wall2, workers), "cpu": cpu})
+                      "where_time_goes": _breakdown(before, after, wall2, workers), "cpu": cpu,
+                      "join_s": p.join_s})
         log(f"paced at {r}/s: e2a p50 {paced[-1]['e2a_ms']['p50']} ms, "
             f"p99 {paced[-1]['e2a_ms']['p99']} ms")
     if trace:
