@@ -33,7 +33,7 @@ class Settings:
     topic_ad_queries: str = "ad-queries"
     topic_ad_clicks: str = "ad-clicks"
     topic_dead_letters: str = "dead-letters"
-    partitions: int = 4
+    partitions: int = 4   # 16 / 32 measured: 500/s p99 50 -> 45 / 42 ms, 1000/s 70 -> 94 / 121 ms
     replication_factor: int = 1
     # consumers (short timeouts: Tansu group joins take about half the session timeout)
     consumer_group: str = "astec-stream"
