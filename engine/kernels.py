@@ -230,21 +230,106 @@ def top_k(labels, y, k):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def sparse_entry_scores(cptr, cidx, xptr, xidx, xval, wptr, widx, wval, num_features):
-    """w_l . x_i for every candidate (i, l) of a CSR candidate pattern (cptr, cidx), in its entry
-    order: the sparse ranker's scores. x_i is scattered into a dense scratch once per row, so a
-    candidate costs the non-zeros of its weight row."""
+def sparse_entry_scores(cptr, cidx, xptr, xidx, xval, wptr, widx, wval):
+    """u_l . x_i for every candidate (i, l) of a CSR candidate pattern (cptr, cidx), in its entry
+    order: the sparse ranker's scores. Rows of x and of the weights must have ascending feature
+    ids. A short weight row is merged with x; a long one (frequent labels carry tens of
+    thousands of weights) is binary-searched for x's ~15 features, so no candidate costs more
+    than |x| log |u_l|. Both sum the matched terms in ascending feature order: same result."""
     out = np.zeros(cidx.size, np.float32)
-    x = np.zeros(num_features, np.float32)
     for i in range(cptr.size - 1):
-        for p in range(xptr[i], xptr[i + 1]):
-            x[xidx[p]] = xval[p]
+        x0, x1 = xptr[i], xptr[i + 1]
+        nx = x1 - x0
+        if nx == 0:
+            continue
         for q in range(cptr[i], cptr[i + 1]):
             lab = cidx[q]
+            a, b = wptr[lab], wptr[lab + 1]
             s = _F0
-            for r in range(wptr[lab], wptr[lab + 1]):
-                s += wval[r] * x[widx[r]]
+            if b - a <= 8 * nx:
+                p, r = x0, a
+                while p < x1 and r < b:
+                    fx, fw = xidx[p], widx[r]
+                    if fx == fw:
+                        s += wval[r] * xval[p]
+                        p += 1
+                        r += 1
+                    elif fx < fw:
+                        p += 1
+                    else:
+                        r += 1
+            else:
+                lo = a
+                for p in range(x0, x1):
+                    f = xidx[p]
+                    hi = b
+                    while lo < hi:
+                        mid = (lo + hi) >> 1
+                        if widx[mid] < f:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    if lo >= b:
+                        break
+                    if widx[lo] == f:
+                        s += wval[lo] * xval[p]
+                        lo += 1
             out[q] = s
-        for p in range(xptr[i], xptr[i + 1]):
-            x[xidx[p]] = _F0
+    return out
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def sparse_scores_split(cptr, cidx, xptr, xidx, xval, wptr, widx, wval, tptr, tslot, tval,
+                        slot, hbias, bias_feature):
+    """sparse_entry_scores with the frequent labels' long weight rows served from their
+    transpose: for each text, x's features (the bias excepted) are pushed through W_heavy^T
+    (tptr/tslot/tval: feature -> heavy slot, weight) into a small accumulator, so a frequent
+    label (tens of thousands of weights) costs one read instead of |x| bisections. Heavy label
+    l has slot[l] >= 0 and bias weight hbias[slot]; the others are merged as in
+    sparse_entry_scores. Terms are added in ascending feature order either way (the bias last),
+    so the results equal sparse_entry_scores'."""
+    out = np.zeros(cidx.size, np.float32)
+    acc = np.zeros(hbias.size, np.float32)
+    for i in range(cptr.size - 1):
+        x0, x1 = xptr[i], xptr[i + 1]
+        if x1 == x0:
+            continue
+        for p in range(x0, x1):
+            f = xidx[p]
+            if f == bias_feature:
+                continue
+            xv = xval[p]
+            for t in range(tptr[f], tptr[f + 1]):
+                acc[tslot[t]] += tval[t] * xv
+        has_bias = xidx[x1 - 1] == bias_feature
+        bx = xval[x1 - 1] if has_bias else _F0
+        for q in range(cptr[i], cptr[i + 1]):
+            lab = cidx[q]
+            h = slot[lab]
+            if h >= 0:
+                s = acc[h]
+                if has_bias:
+                    s += hbias[h] * bx
+                out[q] = s
+                continue
+            a, b = wptr[lab], wptr[lab + 1]
+            s = _F0
+            p, r = x0, a
+            while p < x1 and r < b:
+                fx, fw = xidx[p], widx[r]
+                if fx == fw:
+                    s += wval[r] * xval[p]
+                    p += 1
+                    r += 1
+                elif fx < fw:
+                    p += 1
+                else:
+                    r += 1
+            out[q] = s
+        for p in range(x0, x1):   # reset what this text touched
+            f = xidx[p]
+            if f == bias_feature:
+                continue
+            for t in range(tptr[f], tptr[f + 1]):
+                acc[tslot[t]] = _F0
     return out

@@ -177,7 +177,7 @@ class Learner:
     rr_W: np.ndarray | None = None
     rr_b: np.ndarray | None = None
     knn_power: float = 1.0
-    sparse: tuple | None = None       # sparse ranker weights (indptr, indices, values, F) over labels
+    sparse: tuple | None = None       # sparse ranker weights, as _split_ranker lays them out
     gamma: float = 1.0                # weight of the Astec score against the sparse ranker's
     E: np.ndarray | None = None       # [V, D] or [V, 2D] fused embeddings
     Wc: np.ndarray | None = None      # [L, D] or [L, 2D] fused classifier rows
@@ -387,6 +387,32 @@ class Learner:
         return out
 
 
+HEAVY_RANKER_ROW = 128    # sparse ranker rows longer than this are scored through their transpose
+
+
+def _split_ranker(sptr, sidx, sval, L: int, F: int) -> tuple:
+    """The sparse ranker's weights as kernels.sparse_scores_split reads them: rows with
+    ascending feature ids, plus the transpose of the long rows (frequent labels) without the
+    bias feature, their slots and their bias weights."""
+    U = sp.csr_matrix((sval, sidx, sptr), shape=(L, F))
+    U.sort_indices()
+    ptr, idx, val = U.indptr.astype(np.int64), U.indices.astype(np.int64), U.data.astype(np.float32)
+    nnz = np.diff(ptr)
+    heavy = np.flatnonzero(nnz > HEAVY_RANKER_ROW)
+    slot = np.full(L, -1, np.int64)
+    slot[heavy] = np.arange(heavy.size)
+    rows = np.repeat(np.arange(L), nnz)
+    in_heavy = slot[rows] >= 0
+    body = in_heavy & (idx != F - 1)
+    T = sp.csr_matrix((val[body], (idx[body], slot[rows[body]])), shape=(F, max(heavy.size, 1)),
+                      dtype=np.float32)
+    hbias = np.zeros(max(heavy.size, 1), np.float32)
+    tail = in_heavy & (idx == F - 1)
+    hbias[slot[rows[tail]]] = val[tail]
+    return (ptr, idx, val, T.indptr.astype(np.int64), T.indices.astype(np.int64),
+            T.data.astype(np.float32), slot, hbias, F - 1)
+
+
 def _row_slots(rows: np.ndarray, n: int) -> tuple[np.ndarray, int]:
     """(column of each candidate in its row, widest row) for candidates grouped by row: the
     padded [n, width] layout the batch scoring and top-k work on."""
@@ -556,7 +582,8 @@ class Predictor:
                         int(sptr[-1]) != sidx.size or (sidx.size and (sidx.min() < 0 or sidx.max() >= F)):
                     raise PredictorError(f"{where}.sparse_ranker: weights do not fit {L} labels x "
                                          f"{ranker_features} ranker features")
-                sparse, gamma = (sptr, sidx, sval, F), float(sc_["gamma"])
+                sparse = _split_ranker(sptr, sidx, sval, L, F)
+                gamma = float(sc_["gamma"])
             return Learner(
                 enc=enc, W=W, b=b, sparse=sparse, gamma=gamma, points=points, point_indptr=indptr,
                 point_labels=plabels, point_values=pvals, centres=centres, centre_owner=owner,
@@ -599,7 +626,7 @@ class Predictor:
     @staticmethod
     def _mix_sparse(lr: Learner, y, cptr, labels, xrows):
         """gamma * y + (1 - gamma) * sigmoid(u_l . x) on the candidates (the model's combine)."""
-        u = kernels.sparse_entry_scores(cptr, labels, *xrows, *lr.sparse)
+        u = kernels.sparse_scores_split(cptr, labels, *xrows, *lr.sparse)
         return lr.gamma * y + (1.0 - lr.gamma) * _sigmoid(u)
 
     def _padded(self, idx, val, lens):

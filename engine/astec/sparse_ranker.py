@@ -128,6 +128,7 @@ class SparseRanker:
 
     def __post_init__(self):
         self.W = sp.csr_matrix(self.W, dtype=np.float32)
+        self.W.sort_indices()   # the scoring kernel merges / bisects ascending feature ids
         self._w = (self.W.indptr.astype(np.int64), self.W.indices.astype(np.int64), self.W.data)
 
     @classmethod
@@ -157,6 +158,9 @@ class SparseRanker:
         C = sp.csr_matrix(C)
         if Xr.shape[1] != self.W.shape[1]:
             raise ValueError(f"sparse ranker: features have {Xr.shape[1]} columns, weights {self.W.shape[1]}")
+        Xr = sp.csr_matrix(Xr)
+        if not Xr.has_sorted_indices:
+            Xr = Xr.sorted_indices()
         return sparse_entry_scores(C.indptr.astype(np.int64), C.indices.astype(np.int64),
                                    Xr.indptr.astype(np.int64), Xr.indices.astype(np.int64),
-                                   Xr.data.astype(np.float32), *self._w, self.W.shape[1])
+                                   Xr.data.astype(np.float32), *self._w)
