@@ -333,3 +333,20 @@ def sparse_scores_split(cptr, cidx, xptr, xidx, xval, wptr, widx, wval, tptr, ts
             for t in range(tptr[f], tptr[f + 1]):
                 acc[tslot[t]] = _F0
     return out
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def sparse_mix_one(labels, y, xidx, xval, wptr, widx, wval, tptr, tslot, tval, slot, hbias,
+                   bias_feature, gamma):
+    """One text's sparse ranker folded into its candidates' scores, in place:
+    y = gamma * y + (1 - gamma) * sigmoid(u_l . x) (the batch path's combination)."""
+    cptr = np.zeros(2, np.int64)
+    cptr[1] = labels.size
+    xptr = np.zeros(2, np.int64)
+    xptr[1] = xidx.size
+    u = sparse_scores_split(cptr, labels, xptr, xidx, xval, wptr, widx, wval, tptr, tslot, tval,
+                            slot, hbias, bias_feature)
+    g = np.float32(gamma)
+    for q in range(labels.size):
+        y[q] = g * y[q] + (_F1 - g) * _sigmoid(u[q])
+    return y

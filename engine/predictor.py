@@ -710,10 +710,9 @@ class Predictor:
         parts = [lr.score_one(idx, val, self.threads) for lr in self.learners]
         if self.ranker_vectorizer is not None:
             ridx, rval = self._ranker_one(text)
-            xrow = (np.array([0, ridx.size], np.int64), ridx, rval)
-            parts = [(c, self._mix_sparse(lr, y, np.array([0, c.size], np.int64), c, xrow), z)
-                     if lr.sparse is not None else (c, y, z)
-                     for lr, (c, y, z) in zip(self.learners, parts)]
+            for lr, (c, y, _) in zip(self.learners, parts):
+                if lr.sparse is not None:
+                    kernels.sparse_mix_one(c, y, ridx, rval, *lr.sparse, float(lr.gamma))
         if len(parts) == 1:
             c, y = parts[0][0], parts[0][1]
         else:   # the batch path's ensemble average, every candidate in row 0 (labels ascending)
