@@ -230,6 +230,24 @@ def top_k(labels, y, k):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def _merge_dot(xidx, xval, x0, x1, widx, wval, a, b):
+    """Dot product of two sparse rows with ascending ids (x[x0:x1], w[a:b]) by merging them."""
+    s = _F0
+    p, r = x0, a
+    while p < x1 and r < b:
+        fx, fw = xidx[p], widx[r]
+        if fx == fw:
+            s += wval[r] * xval[p]
+            p += 1
+            r += 1
+        elif fx < fw:
+            p += 1
+        else:
+            r += 1
+    return s
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def sparse_entry_scores(cptr, cidx, xptr, xidx, xval, wptr, widx, wval):
     """u_l . x_i for every candidate (i, l) of a CSR candidate pattern (cptr, cidx), in its entry
     order: the sparse ranker's scores. Rows of x and of the weights must have ascending feature
@@ -247,17 +265,7 @@ def sparse_entry_scores(cptr, cidx, xptr, xidx, xval, wptr, widx, wval):
             a, b = wptr[lab], wptr[lab + 1]
             s = _F0
             if b - a <= 8 * nx:
-                p, r = x0, a
-                while p < x1 and r < b:
-                    fx, fw = xidx[p], widx[r]
-                    if fx == fw:
-                        s += wval[r] * xval[p]
-                        p += 1
-                        r += 1
-                    elif fx < fw:
-                        p += 1
-                    else:
-                        r += 1
+                s = _merge_dot(xidx, xval, x0, x1, widx, wval, a, b)
             else:
                 lo = a
                 for p in range(x0, x1):
@@ -312,20 +320,7 @@ def sparse_scores_split(cptr, cidx, xptr, xidx, xval, wptr, widx, wval, tptr, ts
                     s += hbias[h] * bx
                 out[q] = s
                 continue
-            a, b = wptr[lab], wptr[lab + 1]
-            s = _F0
-            p, r = x0, a
-            while p < x1 and r < b:
-                fx, fw = xidx[p], widx[r]
-                if fx == fw:
-                    s += wval[r] * xval[p]
-                    p += 1
-                    r += 1
-                elif fx < fw:
-                    p += 1
-                else:
-                    r += 1
-            out[q] = s
+            out[q] = _merge_dot(xidx, xval, x0, x1, widx, wval, wptr[lab], wptr[lab + 1])
         for p in range(x0, x1):   # reset what this text touched
             f = xidx[p]
             if f == bias_feature:

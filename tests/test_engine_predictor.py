@@ -278,3 +278,30 @@ def test_single_text_kernels_agree_with_batch_path(built, tmp_path, dtype):
             n_prior = p.learners[0].prior.size
             assert ((ids_o >= 0).sum(1) <= cut + n_prior).all()
     assert p.predict_one("gnome editor", 0)[0].shape == (0,)
+
+
+def test_sparse_ranker_kernels_agree_with_scipy():
+    """The predictor serves long ranker rows through their transpose and the model merges or
+    bisects them: all three must give w_l . x exactly (same terms, same order)."""
+    import scipy.sparse as sp
+    from engine.kernels import sparse_entry_scores, sparse_scores_split
+    from engine.predictor import _split_ranker
+    L, F, n = 300, 3000, 40
+    rng = np.random.default_rng(0)
+    W = sp.random(L, F - 1, density=0.02, format="csr", random_state=1, dtype=np.float32)
+    W = sp.csr_matrix(sp.hstack([W, sp.csr_matrix(rng.normal(size=(L, 1)).astype(np.float32))]))
+    long_rows = sp.random(20, F, density=0.3, format="csr", random_state=2, dtype=np.float32)
+    W = sp.csr_matrix(sp.vstack([long_rows, W[20:]]))
+    W.sort_indices()
+    X = sp.random(n, F - 1, density=0.005, format="csr", random_state=3, dtype=np.float32)
+    X = sp.csr_matrix(sp.hstack([X, sp.csr_matrix(np.ones((n, 1), np.float32))]))
+    X.sort_indices()
+    C = sp.csr_matrix(np.ones((n, L), np.float32))
+    i64 = lambda a: a.astype(np.int64)   # noqa: E731
+    a = sparse_entry_scores(i64(C.indptr), i64(C.indices), i64(X.indptr), i64(X.indices), X.data,
+                            i64(W.indptr), i64(W.indices), W.data)
+    b = sparse_scores_split(i64(C.indptr), i64(C.indices), i64(X.indptr), i64(X.indices), X.data,
+                            *_split_ranker(W.indptr, W.indices, W.data, L, F))
+    assert (np.diff(W.indptr) > 128).sum() >= 10          # the transposed path is exercised
+    assert np.array_equal(a, b)
+    assert np.allclose(a, (X @ W.T).toarray().ravel(), atol=1e-5)

@@ -34,6 +34,20 @@ def ranker_features(X: sp.csr_matrix) -> sp.csr_matrix:
 
 
 @njit(cache=True, nogil=True)
+def _append(out_idx, out_val, n, f, v):
+    """Write (f, v) at position n, doubling the buffers when full; returns the buffers."""
+    if n >= out_idx.size:
+        grown_i = np.empty(out_idx.size * 2, np.int32)
+        grown_i[:n] = out_idx[:n]
+        grown_v = np.empty(out_val.size * 2, np.float32)
+        grown_v[:n] = out_val[:n]
+        out_idx, out_val = grown_i, grown_v
+    out_idx[n] = f
+    out_val[n] = v
+    return out_idx, out_val
+
+
+@njit(cache=True, nogil=True)
 def _train_labels(pptr, pidx, py, xptr, xidx, xval, num_features, cost, max_iters, eps, threshold, seed):
     """Dual coordinate descent for L2-regularised squared-hinge SVMs, one per label (column of
     the pair pattern pptr/pidx/py: the points and their +-1 targets). Returns the kept weights as
@@ -93,28 +107,12 @@ def _train_labels(pptr, pidx, py, xptr, xidx, xval, num_features, cost, max_iter
             for t in range(nt):
                 f = touched[t]
                 if abs(w[f]) >= threshold or f == bias:
-                    if n_out >= out_idx.size:
-                        grown_i = np.empty(out_idx.size * 2, np.int32)
-                        grown_i[:n_out] = out_idx[:n_out]
-                        out_idx = grown_i
-                        grown_v = np.empty(out_val.size * 2, np.float32)
-                        grown_v[:n_out] = out_val[:n_out]
-                        out_val = grown_v
-                    out_idx[n_out] = f
-                    out_val[n_out] = w[f]
+                    out_idx, out_val = _append(out_idx, out_val, n_out, f, w[f])
                     n_out += 1
                 w[f] = 0.0
                 seen[f] = False
         else:   # never seen: a sure negative (the hinge target), leaving the label to Astec
-            if n_out >= out_idx.size:
-                grown_i = np.empty(out_idx.size * 2, np.int32)
-                grown_i[:n_out] = out_idx[:n_out]
-                out_idx = grown_i
-                grown_v = np.empty(out_val.size * 2, np.float32)
-                grown_v[:n_out] = out_val[:n_out]
-                out_val = grown_v
-            out_idx[n_out] = bias
-            out_val[n_out] = -1.0
+            out_idx, out_val = _append(out_idx, out_val, n_out, bias, -1.0)
             n_out += 1
         out_ptr[lab + 1] = n_out
     return out_ptr, out_idx[:n_out].copy(), out_val[:n_out].copy()
