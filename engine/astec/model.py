@@ -172,6 +172,19 @@ def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dic
     return None if best == full else best
 
 
+def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> SparseRanker:
+    """The sparse ranker on (Xr, Y); negatives: the learner's full-search shortlist of each
+    point (itself excluded), `sparse_negatives` labels deep."""
+    pool = dataclasses.replace(cfg, predict_shortlist=cfg.sparse_negatives,
+                               centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives))
+    search, learner.search = learner.search, None
+    try:
+        C, _ = learner.shortlist(X, pool, exclude_self=np.arange(X.shape[0]))
+    finally:
+        learner.search = search
+    return SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
+
+
 def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True, Xr=None):
     """Train Modules I-IV, the re-ranker and the sparse ranker (on Xr, the ranker features; None:
     no sparse ranker) for one learner; returns (Learner, log dict)."""
@@ -290,17 +303,12 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         if progress and "valid" in mr:
             tqdm.write(f"  Re-ranker: beta={learner.beta} valid={mr['valid']}")
 
-    # sparse ranker: per-label linear models on the ranker features, negatives from this
-    # learner's own shortlist of each fit point (itself excluded)
+    # sparse ranker on the fit points; gamma on the validation points
     Xrv = None
-    pool = dataclasses.replace(cfg, predict_shortlist=cfg.sparse_negatives,
-                               centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives))
     if Xr is not None and cfg.sparse_ranker:
         t0 = time.time()
-        Xrf, Xrv = Xr[fit], Xr[valid]
-        C, _ = learner.shortlist(Xf, pool, exclude_self=np.arange(Xf.shape[0]))
-        learner.sparse = SparseRanker.fit(Xrf, Yf, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
-        del C
+        Xrv = Xr[valid]
+        learner.sparse = _fit_ranker(learner, Xf, Yf, Xr[fit], cfg, seed)
         ms = {"weights": int(learner.sparse.W.nnz)}
         if Xv.shape[0]:
             C, Z = learner.shortlist(Xv, cfg)
@@ -316,7 +324,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
             ms["valid"] = {k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
         elif cfg.gamma >= 0:
             learner.gamma = cfg.gamma
-        else:
+        else:       # no validation split (tiny data): an even mix
             learner.gamma = 0.5
         ms["gamma"] = learner.gamma
         ms["seconds"] = round(time.time() - t0, 1)
@@ -337,11 +345,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         # the ranker, too, learns from every training point once gamma is chosen (negatives from
         # the final indexes; else labels seen only in the validation split would have no model)
         t0 = time.time()
-        search, learner.search = learner.search, None
-        C, _ = learner.shortlist(X, pool, exclude_self=np.arange(X.shape[0]))
-        learner.search = search
-        learner.sparse = SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
-        del C
+        learner.sparse = _fit_ranker(learner, X, Y, Xr, cfg, seed)
         log["modules"]["sparse"]["refit_seconds"] = round(time.time() - t0, 1)
         log["modules"]["sparse"]["weights"] = int(learner.sparse.W.nnz)
     return learner, log
