@@ -81,10 +81,13 @@ def _sys_torch(args: dict):
 
 
 def match_search(model, predictor_dir: Path) -> None:
-    """Give the torch model the predictor's search sizes (k and ef per index), so the two are
-    compared on the same shortlisting effort and parity measures the export, not the profile."""
+    """Give the torch model the predictor's search sizes (k and ef per index), and gamma = 1
+    where the export left the sparse ranker out, so the two are compared on the same work and
+    parity measures the export, not the profile."""
     cfg = json.loads((predictor_dir / "predictor.json").read_text())
     for lr, lc in zip(model.learners, cfg["learners"]):
+        if not lc.get("sparse_ranker"):
+            lr.gamma = 1.0
         sc = lc["shortlist"]
         lr.search = (int(sc["knn"]), int(sc["kmu"]))
         lr.index.points.ef_search = int(sc["points_index"].get("ef", 100))

@@ -55,6 +55,8 @@ class ExportOptions:
     threads: int = 2              # for building indexes only
     version: str | None = None    # default: "astec-" + sha256(model manifest)[:12]
     backend: str = "numpy"        # default feature backend recorded in predictor.json
+    sparse_ranker: bool = True    # False: serve the paper's combination only (as gamma = 1):
+                                  # ~0.07 ms less per title on debian-related, -2.6 P@1
 
 
 # ---- ONNX ------------------------------------------------------------------------------------
@@ -182,7 +184,7 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
                   lr.rr_clf.bias.weight.detach().numpy().ravel().astype(np.float32))
             rc.update(weight=f"{rel}/reranker_w.npy", bias=f"{rel}/reranker_b.npy")
             out["reranker"] = rc
-    if lr.sparse is not None:
+    if lr.sparse is not None and opts.sparse_ranker:
         W = lr.sparse.W
         _save(d / "sparse_indptr.npy", W.indptr.astype(np.int64))
         _save(d / "sparse_indices.npy", W.indices.astype(np.int32))
@@ -243,7 +245,7 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     stage.mkdir(parents=True)
     try:
         model.vectorizer.save(stage / "vectorizer")
-        if model.ranker_vectorizer is not None:
+        if model.ranker_vectorizer is not None and opts.sparse_ranker:
             model.ranker_vectorizer.save(stage / "ranker_vectorizer")
         names = model.label_names if model.label_names is not None else [str(i) for i in range(L)]
         (stage / "labels.json").write_text(json.dumps(list(names), ensure_ascii=False),
@@ -257,7 +259,7 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
                   "vectorizer": "vectorizer/tfidf.json", "label_names": "labels.json",
                   "backend": opts.backend, "classifier_dtype": opts.dtype,
                   "learners": learners}
-        if model.ranker_vectorizer is not None:
+        if model.ranker_vectorizer is not None and opts.sparse_ranker:
             config["ranker_vectorizer"] = "ranker_vectorizer/tfidf.json"
         (stage / "predictor.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
         model_sha = sha256_file(model_dir / MANIFEST_NAME)

@@ -305,3 +305,24 @@ def test_sparse_ranker_kernels_agree_with_scipy():
     assert (np.diff(W.indptr) > 128).sum() >= 10          # the transposed path is exercised
     assert np.array_equal(a, b)
     assert np.allclose(a, (X @ W.T).toarray().ravel(), atol=1e-5)
+
+
+def test_export_without_sparse_ranker_serves_gamma_one(built, tmp_path):
+    """`astec export --no-sparse-ranker` leaves the ranker out; the predictor then gives the
+    model's predictions with gamma = 1 (the paper's combination), which bench predict's parity
+    compares it against."""
+    from engine.export import ExportOptions
+    model, d, test = built
+    export_model(d / "model", tmp_path / "p", ExportOptions(sparse_ranker=False), progress=False)
+    assert not (tmp_path / "p" / "ranker_vectorizer").exists()
+    p = Predictor.load(tmp_path / "p")
+    assert p.ranker_vectorizer is None and p.learners[0].sparse is None
+    from engine.astec import Astec
+    m = _model_like(Astec.load(d / "model"), tmp_path / "p")
+    assert m.learners[0].gamma == 1.0
+    ids_t, sc_t = m.predict(test, k=10)
+    ids_p, sc_p = p.predict(test, k=10)
+    same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
+    assert same5 >= 0.99 and close >= 0.99, (same5, close)
+    ids_r, _ = Predictor.load(d / "predictor").predict(test, k=10)
+    assert not np.array_equal(ids_r, ids_p)        # the ranker did change the answers
