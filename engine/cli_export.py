@@ -37,7 +37,7 @@ from engine.export import ExportOptions
 @click.option("--sparse-ranker/--no-sparse-ranker", default=True, show_default=True,
               help="Serve the model's sparse ranker. --no-sparse-ranker serves the paper's "
                    "score combination only (the model's predictions with gamma = 1): faster "
-                   "per title, less accurate (debian-related: ~0.07 ms, -2.6 P@1).")
+                   "per title, less accurate (debian-related: 0.03-0.08 ms, -2 P@1).")
 @click.option("--version", "version", default=None,
               help="Version string recorded in the manifest (default: astec-<model sha[:12]>).")
 @click.option("--threads", type=int, default=2, show_default=True,
