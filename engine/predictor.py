@@ -486,20 +486,8 @@ class Predictor:
         if backend not in ("numpy", "onnx"):
             raise PredictorError(f"backend must be 'numpy' or 'onnx', got {backend!r}")
         L, D = int(cfg["num_labels"]), int(cfg["dim"])
-        vec_rel = cfg["vectorizer"]
-        m.path(vec_rel), m.path(Path(vec_rel).with_suffix(".npz").as_posix())
-        try:
-            vectorizer = TfidfVectorizer.load(root / vec_rel)
-        except (ValueError, FileNotFoundError) as e:
-            raise PredictorError(str(e)) from e
-        rvec = None
-        if cfg.get("ranker_vectorizer"):
-            rel = cfg["ranker_vectorizer"]
-            m.path(rel), m.path(Path(rel).with_suffix(".npz").as_posix())
-            try:
-                rvec = TfidfVectorizer.load(root / rel)
-            except (ValueError, FileNotFoundError) as e:
-                raise PredictorError(str(e)) from e
+        vectorizer = _load_vectorizer(m, cfg["vectorizer"])
+        rvec = _load_vectorizer(m, cfg["ranker_vectorizer"]) if cfg.get("ranker_vectorizer") else None
         names = m.load_json(cfg["label_names"])
         if not isinstance(names, list) or len(names) != L:
             raise PredictorError(f"{root / cfg['label_names']}: expected a list of {L} label "
@@ -741,6 +729,15 @@ class Predictor:
     def __repr__(self) -> str:
         return (f"Predictor({str(self.root)!r}, version={self.version!r}, L={self.num_labels}, "
                 f"D={self.dim}, learners={len(self.learners)}, backend={self.backend!r})")
+
+
+def _load_vectorizer(m: Manifest, rel: str) -> TfidfVectorizer:
+    """A TF-IDF vectorizer whose .json and .npz the manifest lists (and verified)."""
+    m.path(rel), m.path(Path(rel).with_suffix(".npz").as_posix())
+    try:
+        return TfidfVectorizer.load(m.root / rel)
+    except (ValueError, FileNotFoundError) as e:
+        raise PredictorError(str(e)) from e
 
 
 def _load_ann(m: Manifest, ic: dict, dim: int, count: int, max_id: int, where: str) -> AnnSearch:

@@ -147,6 +147,21 @@ def _select(name, grid, make_scores, Yv, inv_prop, metrics, log):
     return best
 
 
+def _combination_weight(name, fixed, grid, make_scores, Yv, inv_prop, cfg: AstecConfig, log: dict,
+                        default: float) -> float:
+    """One weight of the score combination (alpha, beta or gamma): `fixed` when configured
+    (>= 0), else the grid value best on the validation split (`default` without one). With a
+    validation split, logs its metrics at the chosen weight under "valid"; logs the weight."""
+    if Yv.shape[0]:
+        w = fixed if fixed >= 0 else _select(name, grid, make_scores, Yv, inv_prop, cfg.select_metrics, log)
+        ids, sc = topk_dense_from_csr(make_scores(w), 5)
+        log["valid"] = {k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
+    else:
+        w = fixed if fixed >= 0 else default
+    log[name] = w
+    return w
+
+
 def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dict, Xrv=None) -> tuple | None:
     """The cheapest prediction search (knn, kmu) = the configured one scaled by each of
     `search_fractions`, whose validation objective (mean of `select_metrics`) is within
@@ -247,16 +262,8 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     if Xv.shape[0]:
         C, Z = learner.shortlist(Xv, cfg)
         base, _ = learner.logits(Xv, C, Z)
-        if cfg.alpha >= 0:
-            learner.alpha = cfg.alpha
-        else:
-            learner.alpha = _select("alpha", cfg.alpha_grid, lambda a: combine(C, base, a), Yv, inv_prop,
-                                    cfg.select_metrics, m4)
-        ids, sc = topk_dense_from_csr(combine(C, base, learner.alpha), 5)
-        m4["valid"] = {k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
-    elif cfg.alpha >= 0:
-        learner.alpha = cfg.alpha
-    m4["alpha"] = learner.alpha
+    learner.alpha = _combination_weight("alpha", cfg.alpha, cfg.alpha_grid, lambda a: combine(C, base, a),
+                                        Yv, inv_prop, cfg, m4, learner.alpha)
     m4["seconds"] = round(time.time() - t0, 1)
     m4["peak_rss_mb"] = _peak_rss_mb()
     log["modules"]["IV"] = m4
@@ -287,16 +294,9 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         if Xv.shape[0]:
             C, Z = learner.shortlist(Xv, cfg)
             base, rrl = learner.logits(Xv, C, Z)
-            if cfg.beta >= 0:
-                learner.beta = cfg.beta
-            else:
-                learner.beta = _select("beta", cfg.beta_grid, lambda b: combine(C, base, learner.alpha, rrl, b),
-                                       Yv, inv_prop, cfg.select_metrics, mr)
-            ids, sc = topk_dense_from_csr(combine(C, base, learner.alpha, rrl, learner.beta), 5)
-            mr["valid"] = {k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
-        elif cfg.beta >= 0:
-            learner.beta = cfg.beta
-        mr["beta"] = learner.beta
+        learner.beta = _combination_weight("beta", cfg.beta, cfg.beta_grid,
+                                           lambda b: combine(C, base, learner.alpha, rrl, b),
+                                           Yv, inv_prop, cfg, mr, learner.beta)
         mr["seconds"] = round(time.time() - t0, 1)
         mr["peak_rss_mb"] = _peak_rss_mb()
         log["modules"]["reranker"] = mr
@@ -314,19 +314,10 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
             C, Z = learner.shortlist(Xv, cfg)
             base, rrl = learner.logits(Xv, C, Z)
             us = learner.sparse_scores(Xrv, C)
-            if cfg.gamma >= 0:
-                learner.gamma = cfg.gamma
-            else:
-                learner.gamma = _select("gamma", cfg.gamma_grid,
-                                        lambda g: combine(C, base, learner.alpha, rrl, learner.beta, us, g),
-                                        Yv, inv_prop, cfg.select_metrics, ms)
-            ids, sc = topk_dense_from_csr(combine(C, base, learner.alpha, rrl, learner.beta, us, learner.gamma), 5)
-            ms["valid"] = {k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
-        elif cfg.gamma >= 0:
-            learner.gamma = cfg.gamma
-        else:       # no validation split (tiny data): an even mix
-            learner.gamma = 0.5
-        ms["gamma"] = learner.gamma
+        # without a validation split (tiny data): an even mix
+        learner.gamma = _combination_weight("gamma", cfg.gamma, cfg.gamma_grid,
+                                            lambda g: combine(C, base, learner.alpha, rrl, learner.beta, us, g),
+                                            Yv, inv_prop, cfg, ms, 0.5)
         ms["seconds"] = round(time.time() - t0, 1)
         ms["peak_rss_mb"] = _peak_rss_mb()
         log["modules"]["sparse"] = ms
