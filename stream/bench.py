@@ -32,42 +32,10 @@ from infra.config import Settings, load_settings, settings_env
 from stream.metrics import STAGES, read_all
 from stream.schemas import decode, encode
 from stream.state import connect
-from stream.topics import ensure_topics, make_consumer, make_producer
+from stream.bench_load import CLIENTS, AdReader, default_client, make_load_producer
+from stream.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class AdReader(threading.Thread):
-    """Reads ad-queries from the start of a fresh topic; records per-event arrival times."""
-
-    def __init__(self, settings: Settings):
-        super().__init__(daemon=True)
-        self.consumer = make_consumer(settings, [settings.topic_ad_queries], None,
-                                      max_poll_records=5000)
-        self.stop_event = threading.Event()
-        self.arrivals: dict[str, tuple[float, float, float]] = {}   # eid -> (recv, event_ts, ad ts)
-        self.duplicates = 0
-
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            polled = self.consumer.poll(timeout_ms=50)
-            now = time.time()
-            for recs in polled.values():
-                for r in recs:
-                    m = json.loads(r.value)
-                    if m["event_id"] in self.arrivals:
-                        self.duplicates += 1
-                    else:
-                        self.arrivals[m["event_id"]] = (now, m["event_ts"], m["ts"])
-        self.consumer.close()
-
-    def wait(self, ids: list[str], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(e in self.arrivals for e in ids[-200:]) and len(self.arrivals) >= len(ids):
-                return True
-            time.sleep(0.02)
-        return False
 
 
 def _stage_totals(settings: Settings) -> dict[str, float]:
@@ -154,7 +122,7 @@ def _send(producer, settings: Settings, titles: list[str], ids: list[str], users
     t0 = time.monotonic()
     for i, eid in enumerate(ids):
         uid = f"bu{i % users}"
-        producer.send(settings.topic_page_views, key=uid.encode(), value=encode("page_view", {
+        producer.send(settings.topic_page_views, uid.encode(), encode("page_view", {
             "event_id": eid, "user_id": uid, "ts": time.time(), "url": f"https://bench/{i}",
             "title": titles[i % len(titles)]}))
         if rate:
@@ -190,7 +158,7 @@ class _Pipeline:
     """
 
     def __init__(self, settings: Settings, model: str, workers: int, batch_max: int, wlog,
-                 titles: list[str], users: int, service_pids: dict[str, int]):
+                 titles: list[str], users: int, service_pids: dict[str, int], load_client: str):
         tag = uuid.uuid4().hex[:8]
         self.s = settings.replace(
             topic_page_views=f"bench-pv-{tag}", topic_ad_queries=f"bench-aq-{tag}",
@@ -200,6 +168,7 @@ class _Pipeline:
         self.model, self.workers, self.wlog = model, workers, wlog
         self.titles, self.users = titles, users
         self.service_pids = service_pids
+        self.load_client = load_client
 
     def __enter__(self):
         s = self.s
@@ -210,7 +179,7 @@ class _Pipeline:
             env={**os.environ, **settings_env(s), "ASTEC_LOG_LEVEL": "30"})
         self.reader = AdReader(s)
         self.reader.start()
-        self.producer = make_producer(s, linger_ms=5)
+        self.producer = make_load_producer(self.load_client, s)
         self.cpu = _CpuMeter(self.service_pids, self.sup.pid)
         t_start = time.monotonic()
         try:
@@ -250,13 +219,14 @@ class _Pipeline:
 def run_bench(settings: Settings, model: str, titles: list[str], events: int, workers: int,
               rates: list[float], paced_seconds: float, users: int, batch_max: int,
               service_pids: dict[str, int] | None = None, trace: str | None = None,
-              log=click.echo) -> dict:
+              load_client: str | None = None, log=click.echo) -> dict:
     load0 = os.getloadavg()[0]   # the box is shared: say how busy it was
+    load_client = load_client or default_client()
     wlog = tempfile.NamedTemporaryFile(prefix="astec-bench-workers-", suffix=".log", delete=False)
 
     def pipeline() -> _Pipeline:
         return _Pipeline(settings, model, workers, batch_max, wlog, titles, users,
-                         service_pids or {})
+                         service_pids or {}, load_client)
 
     duplicates = 0
     traces: list[dict] = []
@@ -317,7 +287,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         Path(trace).write_text(json.dumps({"paced": traces}) + "\n")
     return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
             "poll_timeout_ms": settings.poll_timeout_ms,
-            "model": model, "cpu_count": os.cpu_count(),
+            "model": model, "cpu_count": os.cpu_count(), "load_client": load_client,
             "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
             "saturation": sat, "paced": paced,
             "duplicates_on_output": duplicates, "worker_log": wlog.name}
@@ -340,12 +310,17 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
 @click.option("--use-running", is_flag=True,
               help="Use the configured services (env/config/`astec infra up`) instead of fresh "
                    "temporary ones.")
+@click.option("--load-client", type=click.Choice(CLIENTS), default=None,
+              help="Client of the page-view load generator (it stands in for off-box front "
+                   "ends): confluent (librdkafka, ~1/4 of the CPU per message; the default when "
+                   "confluent-kafka is installed) or kafka-python. The workers and the ad reader "
+                   "use kafka-python.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Also write every paced event's (event, ad, received) times and each party's "
                    "CPU cores per second here (JSON), to look at the tail.")
 def bench_stream(model, events, workers, rates, paced_seconds, titles, users, batch_max,
-                 use_running, out, trace):
+                 use_running, load_client, out, trace):
     """End-to-end events/s and event->ad latency p50/p99 of `astec stream run`, with a breakdown."""
     import logging
 
@@ -367,7 +342,7 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
     try:
         pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
         res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds,
-                        users, batch_max, pids, trace)
+                        users, batch_max, pids, trace, load_client)
     finally:
         if tmp:
             stop_services(tmp)
