@@ -464,6 +464,7 @@ class Predictor:
         self.version: str = str(manifest.data.get("version", ""))
         self.num_labels = int(config["num_labels"])
         self.dim = int(config["dim"])
+        self.ensemble = str(config.get("ensemble", "mean"))   # how learners join: mean or max
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
@@ -482,6 +483,9 @@ class Predictor:
         for key in ("num_labels", "dim", "learners", "vectorizer", "label_names"):
             if key not in cfg:
                 raise PredictorError(f"{src}: missing field {key!r}")
+        if cfg.get("ensemble", "mean") not in ("mean", "max"):
+            raise PredictorError(f"{src}: field 'ensemble' is {cfg['ensemble']!r}, expected "
+                                 "'mean' or 'max'")
         backend = backend or cfg.get("backend", "numpy")
         if backend not in ("numpy", "onnx"):
             raise PredictorError(f"backend must be 'numpy' or 'onnx', got {backend!r}")
@@ -664,18 +668,23 @@ class Predictor:
             all_rows.append(rows), all_labels.append(labels), all_y.append(y)
             if li == 0:
                 z0 = z
-        rows, labels, y = self._average(all_rows, all_labels, all_y)
+        rows, labels, y = self._join_learners(all_rows, all_labels, all_y)
         ids, scores = _topk(rows, labels, y, n, k)
         return (ids, scores, z0) if want_z else (ids, scores)
 
-    def _average(self, rows_l, labels_l, y_l):
+    def _join_learners(self, rows_l, labels_l, y_l):
+        """An ensemble's scores over the union of its learners' candidates (self.ensemble)."""
         if len(rows_l) == 1:
             return rows_l[0], labels_l[0], y_l[0]
         L = self.num_labels
         keys = np.concatenate([r * L + c for r, c in zip(rows_l, labels_l)])
         uniq, inv = np.unique(keys, return_inverse=True)
-        y = (np.bincount(inv, weights=np.concatenate(y_l), minlength=uniq.size)
-             / len(rows_l)).astype(np.float32)
+        if self.ensemble == "max":   # a label missing from a learner's candidates counts 0 there
+            y = np.zeros(uniq.size, np.float32)
+            np.maximum.at(y, inv, np.concatenate(y_l).astype(np.float32))
+        else:
+            y = (np.bincount(inv, weights=np.concatenate(y_l), minlength=uniq.size)
+                 / len(rows_l)).astype(np.float32)
         rows, labels = np.divmod(uniq, L)
         return rows, labels, y
 
@@ -705,7 +714,7 @@ class Predictor:
         if len(parts) == 1:
             c, y = parts[0][0], parts[0][1]
         else:   # the batch path's ensemble average, every candidate in row 0 (labels ascending)
-            _, c, y = self._average([np.zeros(p[0].size, np.int64) for p in parts],
+            _, c, y = self._join_learners([np.zeros(p[0].size, np.int64) for p in parts],
                                     [p[0] for p in parts], [p[1] for p in parts])
         ids, scores = kernels.top_k(c, y, k)
         return ids, scores, parts[0][2]

@@ -134,9 +134,20 @@ def test_duplicate_texts_and_ensemble(tmp_path):
     Y = sp.vstack([Y, Y[:100]]).tocsr()
     m = Astec.train(texts, Y, fast(reranker=False), learners=2, progress=False)
     assert len(m.learners) == 2
+    # mean or max, chosen on the validation split (both tried and logged)
+    sel = m.train_log["ensemble"]["ensemble_selection"]
+    assert [r["ensemble"] for r in sel] == ["mean", "max"]
+    assert m.ensemble == m.train_log["ensemble"]["ensemble"] == max(sel, key=lambda r: r["objective"])["ensemble"]
     m.save(tmp_path / "e")
     loaded = Astec.load(tmp_path / "e")
-    assert len(loaded.learners) == 2
+    assert len(loaded.learners) == 2 and loaded.ensemble == m.ensemble
+    man = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    (tmp_path / "e" / "manifest.json").write_text(json.dumps({**man, "ensemble": "median"}))
+    with pytest.raises(ModelDirError, match="manifest.json.*ensemble.*median"):
+        Astec.load(tmp_path / "e")
+    (tmp_path / "e" / "manifest.json").write_text(json.dumps({k: v for k, v in man.items() if k != "ensemble"}))
+    assert Astec.load(tmp_path / "e").ensemble == "mean"    # saved before the choice existed
+    (tmp_path / "e" / "manifest.json").write_text(json.dumps(man))
     a = m.predict(texts[:20], k=3)
     b = loaded.predict(texts[:20], k=3)
     assert np.array_equal(a[0], b[0])
@@ -177,3 +188,18 @@ def test_svd_embedding_init_trains(data):
     assert evaluate(Yte, (ids, sc), ks=(1,))["P@1"] > 70.0
     with pytest.raises(ValueError, match="embedding_init"):
         fast(embedding_init="fasttext")
+
+
+def test_ensemble_scores_mean_and_max_over_the_union():
+    """A label only one learner shortlists counts 0 in the others: the mean divides it by the
+    number of learners, the max keeps it."""
+    from engine.astec.predict import ensemble_scores
+    a = sp.csr_matrix(np.array([[0.8, 0.0, 0.2]], np.float32))
+    b = sp.csr_matrix(np.array([[0.4, 0.6, 0.0]], np.float32))
+    np.testing.assert_allclose(ensemble_scores([a, b], "mean").toarray(), [[0.6, 0.3, 0.1]], rtol=1e-6)
+    np.testing.assert_allclose(ensemble_scores([a, b], "max").toarray(), [[0.8, 0.6, 0.2]], rtol=1e-6)
+    assert ensemble_scores([a], "mean").toarray().tolist() == a.toarray().tolist()
+    with pytest.raises(ValueError, match="ensemble"):
+        ensemble_scores([a, b], "median")
+    with pytest.raises(ValueError, match="ensemble"):
+        AstecConfig(ensemble="median")

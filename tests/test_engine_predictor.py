@@ -98,11 +98,13 @@ def test_onnx_backend_matches_numpy(built):
 
 def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
     """A model whose indexes are HNSW is copied graph for graph (its lean serving graphs) and
-    searched as much as the model chose on validation: same labels and scores as the model."""
-    model = _train(tmp_path / "model", exact_knn_max_points=0, learners=2)
+    searched as much as the model chose on validation: same labels and scores as the model,
+    whichever way the ensemble joins its learners (max here, then mean)."""
+    model = _train(tmp_path / "model", exact_knn_max_points=0, learners=2, ensemble="max")
+    assert model.ensemble == "max"
     export_model(tmp_path / "model", tmp_path / "pred", progress=False)
     p = Predictor.load(tmp_path / "pred")
-    assert len(p.learners) == 2
+    assert len(p.learners) == 2 and p.ensemble == "max"
     assert all(lr.points.hnsw is not None for lr in p.learners)
     assert p.learners[0].centres.hnsw.M == model.config.predict_graph_m
     cfg = json.loads((tmp_path / "pred" / "predictor.json").read_text())
@@ -110,13 +112,18 @@ def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
         want = lr.search or (model.config.knn_neighbours, model.config.centroid_neighbours)
         assert (lc["shortlist"]["knn"], lc["shortlist"]["kmu"]) == tuple(want)
     test = _corpus()[0][480:]
-    ids_t, sc_t = model.predict(test, k=10)
-    ids_p, sc_p = p.predict(test, k=10)
-    same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
-    assert same5 >= 0.99 and close >= 0.99, (same5, close)
-    one = [p.predict_one(t, 10) for t in test]      # the ensemble on the single-text path
-    same5, close = _parity(ids_p, sc_p, [o[0] for o in one], [o[1] for o in one])
-    assert same5 >= 0.99 and close >= 0.99, (same5, close)
+    for how in ("max", "mean"):
+        model.ensemble = p.ensemble = how
+        ids_t, sc_t = model.predict(test, k=10)
+        ids_p, sc_p = p.predict(test, k=10)
+        same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
+        assert same5 >= 0.99 and close >= 0.99, (how, same5, close)
+        one = [p.predict_one(t, 10) for t in test]      # the ensemble on the single-text path
+        same5, close = _parity(ids_p, sc_p, [o[0] for o in one], [o[1] for o in one])
+        assert same5 >= 0.99 and close >= 0.99, (how, same5, close)
+    # the two joins really differ: max keeps a label one learner alone shortlists at full score
+    model.ensemble = "max"
+    assert not np.allclose(model.predict(test, k=10)[1], sc_t)
 
 
 def test_api_shapes_padding_and_edge_texts(built):

@@ -28,7 +28,7 @@ from .ann import AnnIndex
 from .clustering import balanced_clusters, label_centroids, meta_labels
 from .config import AstecConfig
 from .network import Classifier, Encoder, SpectralResidual, bag_inputs, dense_bag, svd_embedding_init
-from .predict import classifier_logits, combine
+from .predict import classifier_logits, combine, ensemble_scores
 from .shortlist import ShortlistIndex, label_centres, recall_at, training_shortlist
 from .sparse import topk_dense_from_csr, topk_rows
 from .sparse_ranker import SparseRanker, ranker_features
@@ -200,9 +200,12 @@ def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> Spar
     return SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
 
 
-def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True, Xr=None):
+def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True, Xr=None,
+                  valid_scores: bool = False):
     """Train Modules I-IV, the re-ranker and the sparse ranker (on Xr, the ranker features; None:
-    no sparse ranker) for one learner; returns (Learner, log dict)."""
+    no sparse ranker) for one learner; returns (Learner, log dict, validation scores). The last is
+    the learner's final scores of the validation points before they join its indexes (for an
+    ensemble's choice), or None when not asked or without a validation split."""
     log: dict = {"seed": seed, "modules": {}}
     torch.manual_seed(seed)
     Xf, Yf = X[fit], Y[fit]
@@ -330,6 +333,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         learner.index = _build_index(encoder, Xf, Yf, cfg, seed, serving=True)
         learner.search = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
 
+    Sv = learner.scores(Xv, cfg, Xrv) if valid_scores and Xv.shape[0] else None
     # final indexes over all training points (the validation points' labels help prediction)
     learner.index = _build_index(encoder, X, Y, cfg, seed, serving=True)
     if learner.sparse is not None and Xv.shape[0]:
@@ -339,7 +343,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         learner.sparse = _fit_ranker(learner, X, Y, Xr, cfg, seed)
         log["modules"]["sparse"]["refit_seconds"] = round(time.time() - t0, 1)
         log["modules"]["sparse"]["weights"] = int(learner.sparse.W.nnz)
-    return learner, log
+    return learner, log, Sv
 
 
 class Astec:
@@ -347,8 +351,10 @@ class Astec:
 
     def __init__(self, config: AstecConfig, learners: list[Learner], num_labels: int,
                  vectorizer: TfidfVectorizer | None = None, label_names: list[str] | None = None,
-                 train_log: dict | None = None, ranker_vectorizer: TfidfVectorizer | None = None):
+                 train_log: dict | None = None, ranker_vectorizer: TfidfVectorizer | None = None,
+                 ensemble: str = "mean"):
         self.config = config
+        self.ensemble = ensemble                     # how learners join: "mean" or "max"
         self.ranker_vectorizer = ranker_vectorizer   # words + word pairs for the sparse ranker
         self.learners = learners
         self.num_labels = num_labels
@@ -408,17 +414,29 @@ class Astec:
         inv_prop = inv_propensity(Y, A=cfg.propensity_a, B=cfg.propensity_b) if n >= 2 else np.ones(L)
         log = {"num_points": n, "num_labels": L, "num_features": int(X.shape[1]), "valid_points": int(n_valid),
                "features_seconds": round(time.time() - t_start, 1), "learners": []}
-        models = []
+        models, valid_scores = [], []
         for j in range(cfg.learners):
             if progress:
                 tqdm.write(f"learner {j + 1}/{cfg.learners}")
-            lr, llog = train_learner(X, Y, fit, valid, cfg, cfg.seed + 1000 * j, inv_prop, progress, Xr)
+            lr, llog, Sv = train_learner(X, Y, fit, valid, cfg, cfg.seed + 1000 * j, inv_prop, progress, Xr,
+                                         valid_scores=cfg.learners > 1)
             models.append(lr)
+            valid_scores.append(Sv)
             log["learners"].append(llog)
-        model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec)
-        if n_valid and cfg.learners > 1:
-            # ensemble figure on the validation split, for the log (indexes now include these points)
-            log["ensemble_note"] = "per-learner valid figures are before the validation points joined the indexes"
+        ensemble = cfg.ensemble if cfg.ensemble != "auto" else "mean"
+        if cfg.learners > 1:
+            ens_log: dict = {}
+            if n_valid:
+                # each learner's scores from before the validation points joined its indexes
+                ensemble = _select("ensemble", ["mean", "max"] if cfg.ensemble == "auto" else [cfg.ensemble],
+                                   lambda how: ensemble_scores(valid_scores, how), Y[valid], inv_prop,
+                                   cfg.select_metrics, ens_log)
+            ens_log["ensemble"] = ensemble
+            log["ensemble"] = ens_log
+            if progress:
+                tqdm.write(f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}")
+        del valid_scores
+        model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec, ensemble)
         log["train_seconds"] = round(time.time() - t_start, 1)
         log["peak_rss_mb"] = _peak_rss_mb()
         return model
@@ -452,15 +470,12 @@ class Astec:
         return ranker_features(self.ranker_vectorizer.transform(list(texts)))
 
     def predict_scores(self, texts, Xr: sp.csr_matrix | None = None) -> sp.csr_matrix:
-        """Sparse [n, L] final scores over each point's shortlisted labels (ensemble average)."""
+        """Sparse [n, L] final scores over each point's shortlisted labels (an ensemble's joined
+        by `self.ensemble`: mean or max)."""
         X = self.transform(texts)
         if Xr is None:
             Xr = self.ranker_features(texts if not sp.issparse(texts) else X)
-        total = None
-        for lr in self.learners:
-            S = lr.scores(X, self.config, Xr)
-            total = S if total is None else total + S
-        return total / float(len(self.learners))
+        return ensemble_scores([lr.scores(X, self.config, Xr) for lr in self.learners], self.ensemble)
 
     def predict(self, texts, k: int = 10, batch: int | None = None):
         """(ids int64 [n, k], scores float32 [n, k]), best first; -1 pads when < k candidates."""
@@ -536,6 +551,7 @@ class Astec:
             (d / "learner.json").write_text(json.dumps(meta, indent=1))
             learners_meta.append(f"learner_{j}")
         mio.write_model_manifest(root, {"num_labels": self.num_labels, "learners": learners_meta,
+                                        "ensemble": self.ensemble,
                                         "has_vectorizer": self.vectorizer is not None,
                                         "has_ranker_vectorizer": self.ranker_vectorizer is not None})
         return root
@@ -592,7 +608,11 @@ class Astec:
             learners.append(Learner(enc, clf, index, rr, rr_clf, float(meta["alpha"]), float(meta["beta"]),
                                     (int(search[0]), int(search[1])) if search else None,
                                     ranker, float(meta.get("gamma", 1.0))))
-        return cls(cfg, learners, L, vec, names, log, rvec)
+        ensemble = man.get("ensemble", "mean")   # models saved before the choice: the average
+        if ensemble not in ("mean", "max"):
+            raise mio.ModelDirError(f"{root / mio.MANIFEST}: field 'ensemble' is {ensemble!r}, "
+                                    "expected 'mean' or 'max'")
+        return cls(cfg, learners, L, vec, names, log, rvec, ensemble)
 
 
 def _encoder_from(t, V, D, cfg) -> Encoder:

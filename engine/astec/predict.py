@@ -46,3 +46,18 @@ def combine(C: sp.csr_matrix, logits: np.ndarray, alpha: float,
         y = gamma * y + (1.0 - gamma) * sigmoid(sparse_scores)
     out = sp.csr_matrix((y.astype(np.float32), C.indices, C.indptr), shape=C.shape)
     return out
+
+
+def ensemble_scores(mats: list[sp.csr_matrix], how: str = "mean") -> sp.csr_matrix:
+    """Learners' final scores joined over the union of their candidates; a label missing from
+    a learner's candidates counts 0 there (scores are >= 0). how: "mean" or "max"."""
+    if how not in ("mean", "max"):
+        raise ValueError(f"ensemble must be 'mean' or 'max', got {how!r}")
+    out = sp.csr_matrix(mats[0])
+    for M in mats[1:]:
+        out = out + M if how == "mean" else out.maximum(M)
+    out = sp.csr_matrix(out)
+    if how == "mean" and len(mats) > 1:
+        out = out / float(len(mats))
+    out.sort_indices()
+    return sp.csr_matrix(out, dtype=np.float32)
