@@ -45,6 +45,9 @@ class Settings:
     # a commit per small batch was a broker request per few events (at-least-once either way)
     commit_interval_ms: int = 200
     batch_max: int = 256
+    # the workers' producer: "confluent" (librdkafka) or "kafka-python", and its linger
+    producer_client: str = "confluent"
+    producer_linger_ms: int = 2
     max_message_bytes: int = 16384
     # prediction and user state
     top_k: int = 10
@@ -55,6 +58,11 @@ class Settings:
     models_dir: str = "models"
     metrics_interval_s: float = 1.0
     metrics_port: int = 0
+
+    def __post_init__(self):
+        if self.producer_client not in ("confluent", "kafka-python"):
+            raise ConfigError(f"field 'producer_client' is {self.producer_client!r}, expected "
+                              "'confluent' or 'kafka-python'")
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)

@@ -313,8 +313,8 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
 @click.option("--load-client", type=click.Choice(CLIENTS), default=None,
               help="Client of the page-view load generator (it stands in for off-box front "
                    "ends): confluent (librdkafka, ~1/4 of the CPU per message; the default when "
-                   "confluent-kafka is installed) or kafka-python. The workers and the ad reader "
-                   "use kafka-python.")
+                   "confluent-kafka is installed) or kafka-python. The workers' producer follows "
+                   "ASTEC_PRODUCER_CLIENT; their consumers and the ad reader use kafka-python.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Also write every paced event's (event, ad, received) times and each party's "

@@ -27,37 +27,27 @@ def default_client() -> str:
 
 
 class ConfluentProducer:
-    """`send` / `flush` / `close` like kafka-python's producer; a delivery failure raises at
-    the next flush, so a phase never reports latency over events the broker refused."""
+    """`send(topic, key, value)` / `flush` / `close` on librdkafka; a refused page view raises at
+    the next flush, so a phase never reports latency over events the broker did not take."""
 
     def __init__(self, settings: Settings, linger_ms: int = 5):
-        from confluent_kafka import Producer
-        # murmur2: the partition of a user is the same as with kafka-python (and Java) clients
-        self.p = Producer({"bootstrap.servers": settings.kafka_bootstrap, "acks": "all",
-                           "linger.ms": linger_ms, "partitioner": "murmur2_random"})
-        self.failed: list[str] = []
-
-    def _delivered(self, err, _msg) -> None:
-        if err is not None:
-            self.failed.append(str(err))
+        from stream.rdkafka_producer import RdProducer
+        self.p = RdProducer(settings, "astec-bench-load", linger_ms)
+        self.sent: list = []
 
     def send(self, topic: str, key: bytes, value: bytes) -> None:
-        while True:
-            try:
-                self.p.produce(topic, value, key, on_delivery=self._delivered)
-                break
-            except BufferError:   # the local queue is full: let librdkafka drain it
-                self.p.poll(0.01)
-        self.p.poll(0)
+        self.sent.append(self.p.send(topic, value, key))
 
     def flush(self, timeout: float = 60.0) -> None:
-        left = self.p.flush(timeout)
-        if left or self.failed:
-            raise RuntimeError(f"load generator: {left} page views unsent after {timeout}s, "
-                               f"{len(self.failed)} refused (first: {self.failed[:1]})")
+        self.p.flush(timeout)
+        failed = [d.error for d in self.sent if d.error is not None]
+        self.sent = []
+        if failed:
+            raise RuntimeError(f"load generator: {len(failed)} page views refused "
+                               f"(first: {failed[0]})")
 
     def close(self, timeout: float = 10.0) -> None:
-        self.p.flush(timeout)
+        self.p.close(timeout)
 
 
 class KafkaPythonProducer:

@@ -48,6 +48,15 @@ def make_producer(settings: Settings, **overrides):
     return KafkaProducer(**cfg)
 
 
+def make_stream_producer(settings: Settings, client_id: str):
+    """The workers' producer: librdkafka unless settings.producer_client is "kafka-python"
+    (both with kafka-python's send / flush / close and futures)."""
+    if settings.producer_client == "kafka-python":
+        return make_producer(settings, client_id=client_id, linger_ms=settings.producer_linger_ms)
+    from stream.rdkafka_producer import RdProducer
+    return RdProducer(settings, client_id, settings.producer_linger_ms)
+
+
 def make_consumer(settings: Settings, topics: list[str], group_id: str | None, **overrides):
     """A manually committing consumer with Tansu-friendly group timeouts."""
     from kafka import KafkaConsumer

@@ -32,7 +32,7 @@ from stream.metrics import ConsumerMetrics, PromExporter, publish
 from stream.model import ModelHandle, load_predictor
 from stream.schemas import SchemaError, decode, dead_letter, encode
 from stream.state import StateStore, connect
-from stream.topics import make_consumer, make_producer
+from stream.topics import make_consumer, make_stream_producer
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class StreamWorker:
         self.redis = connect(settings.redis_url)
         self.store = StateStore(self.redis, settings.redis_key_prefix, settings.state_k,
                                 settings.state_ttl_s, settings.dedup_ttl_s)
-        self.producer = make_producer(settings, client_id=f"astec-{self.cid}")
+        self.producer = make_stream_producer(settings, f"astec-{self.cid}")
         self.consumer = make_consumer(settings, [], settings.consumer_group,
                                       client_id=f"astec-{self.cid}")
         self.consumer.subscribe([settings.topic_page_views], listener=_CommitOnRevoke(self))

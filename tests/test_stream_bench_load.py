@@ -44,3 +44,22 @@ def test_confluent_load_producer_delivers_everything_to_the_kafka_python_partiti
     for k in set(keys):
         views = [int(v[5:]) for kk, _, v in ck if kk == k]
         assert views == sorted(views)
+
+
+def test_rdkafka_producer_reports_an_undelivered_message_as_an_error():
+    """The worker commits a batch's offsets only after every message it produced is
+    acknowledged: a message the broker never took must raise, not count as done."""
+    pytest.importorskip("confluent_kafka")
+    from infra.config import Settings
+    from infra.services import free_port
+    from stream.rdkafka_producer import DeliveryError, RdProducer
+    p = RdProducer(Settings(kafka_bootstrap=f"127.0.0.1:{free_port()}"), "test",
+                   **{"message.timeout.ms": 300})   # nobody listens there
+    d = p.send("page-views", b"v", b"k")
+    assert not d.is_done
+    with pytest.raises(DeliveryError):
+        d.get(timeout=20)
+    assert d.is_done and d.error is not None
+    p.send("page-views", b"v2", b"k")
+    with pytest.raises(DeliveryError, match="unacknowledged"):
+        p.flush(timeout=0.1)
