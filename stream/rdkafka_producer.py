@@ -9,6 +9,7 @@ only after the broker acknowledged every message its batch produced.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from infra.config import Settings
@@ -62,7 +63,9 @@ class RdProducer:
             "linger.ms": linger_ms, "batch.size": 65536, "retries": 5,
             "max.in.flight.requests.per.connection": 5,
             "message.max.bytes": max(1048576, 4 * settings.max_message_bytes),
-            "partitioner": "murmur2_random", **librdkafka})
+            "partitioner": "murmur2_random",
+            # librdkafka's own log lines go through logging (the worker's format), not raw stderr
+            "logger": logging.getLogger("stream.librdkafka"), **librdkafka})
 
     def send(self, topic: str, value: bytes | None = None, key: bytes | None = None) -> Delivery:
         d = Delivery(self._p)
@@ -81,4 +84,9 @@ class RdProducer:
             raise DeliveryError(f"{left} messages unacknowledged after {timeout}s")
 
     def close(self, timeout: float | None = None) -> None:
-        self._p.flush(-1 if timeout is None else timeout)
+        """Flush, then release librdkafka's threads and sockets (a producer left open keeps
+        reconnecting to a broker that went away)."""
+        if self._p.flush(-1 if timeout is None else timeout):
+            self._p.purge()   # unacknowledged: their batches were never committed, so they replay
+            self._p.flush(0)
+        self._p.close()

@@ -63,3 +63,4 @@ def test_rdkafka_producer_reports_an_undelivered_message_as_an_error():
     p.send("page-views", b"v2", b"k")
     with pytest.raises(DeliveryError, match="unacknowledged"):
         p.flush(timeout=0.1)
+    p.close(timeout=0)
