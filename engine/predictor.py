@@ -713,9 +713,9 @@ class Predictor:
                     kernels.sparse_mix_one(c, y, ridx, rval, *lr.sparse, float(lr.gamma))
         if len(parts) == 1:
             c, y = parts[0][0], parts[0][1]
-        else:   # the batch path's ensemble average, every candidate in row 0 (labels ascending)
+        else:   # the batch path's ensemble join, every candidate in row 0 (labels ascending)
             _, c, y = self._join_learners([np.zeros(p[0].size, np.int64) for p in parts],
-                                    [p[0] for p in parts], [p[1] for p in parts])
+                                          [p[0] for p in parts], [p[1] for p in parts])
         ids, scores = kernels.top_k(c, y, k)
         return ids, scores, parts[0][2]
 
