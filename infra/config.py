@@ -60,9 +60,10 @@ class Settings:
     metrics_port: int = 0
 
     def __post_init__(self):
-        if self.producer_client not in ("confluent", "kafka-python"):
-            raise ConfigError(f"field 'producer_client' is {self.producer_client!r}, expected "
-                              "'confluent' or 'kafka-python'")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"field {name!r} is {getattr(self, name)!r}, expected one of "
+                                  f"{', '.join(allowed)}")
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
@@ -73,6 +74,7 @@ class Settings:
 
 
 _FIELDS = {f.name: f for f in fields(Settings)}
+_CHOICES = {"producer_client": ("confluent", "kafka-python")}
 _ENV_ALIASES = {"KAFKA_BOOTSTRAP": "kafka_bootstrap", "REDIS_URL": "redis_url"}
 
 
@@ -89,6 +91,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if kind == "str":
             if not isinstance(value, (str, int, float)):
                 raise ValueError(f"expected a string, got {type(value).__name__}")
+            if name in _CHOICES and str(value) not in _CHOICES[name]:
+                raise ValueError(f"{value!r} is not one of {', '.join(_CHOICES[name])}")
             return str(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: field {name!r}: {exc}") from None

@@ -70,6 +70,10 @@ def test_settings_errors_name_source_and_field(tmp_path):
         load_settings(cfg, env={}, services_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="ASTEC_PARTITIONS.*'partitions'"):
         load_settings(env={"ASTEC_PARTITIONS": "four"}, services_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="ASTEC_PRODUCER_CLIENT.*'producer_client'.*'librdkafka'"):
+        load_settings(env={"ASTEC_PRODUCER_CLIENT": "librdkafka"}, services_dir=str(tmp_path))
+    assert load_settings(env={"ASTEC_PRODUCER_CLIENT": "kafka-python"},
+                         services_dir=str(tmp_path)).producer_client == "kafka-python"
 
 
 def test_deploy_example_config_loads(tmp_path):
