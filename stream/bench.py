@@ -287,6 +287,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
         Path(trace).write_text(json.dumps({"paced": traces}) + "\n")
     return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
             "poll_timeout_ms": settings.poll_timeout_ms,
+            "consumer_retry_backoff_ms": settings.consumer_retry_backoff_ms,
             "model": model, "cpu_count": os.cpu_count(), "load_client": load_client,
             "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
             "saturation": sat, "paced": paced,

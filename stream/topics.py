@@ -66,6 +66,7 @@ def make_consumer(settings: Settings, topics: list[str], group_id: str | None, *
                heartbeat_interval_ms=settings.heartbeat_interval_ms,
                max_poll_interval_ms=settings.max_poll_interval_ms,
                max_poll_records=settings.batch_max,
-               fetch_max_wait_ms=max(1, settings.poll_timeout_ms))
+               fetch_max_wait_ms=max(1, settings.poll_timeout_ms),
+               retry_backoff_ms=max(1, settings.consumer_retry_backoff_ms))
     cfg.update(overrides)
     return KafkaConsumer(*topics, **cfg)

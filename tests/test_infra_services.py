@@ -9,7 +9,7 @@ import redis
 from click.testing import CliRunner
 
 from infra.cli import cli
-from infra.config import ConfigError, load_settings
+from infra.config import ConfigError, Settings, load_settings
 from infra.services import pid_alive
 
 
@@ -74,6 +74,20 @@ def test_settings_errors_name_source_and_field(tmp_path):
         load_settings(env={"ASTEC_PRODUCER_CLIENT": "librdkafka"}, services_dir=str(tmp_path))
     assert load_settings(env={"ASTEC_PRODUCER_CLIENT": "kafka-python"},
                          services_dir=str(tmp_path)).producer_client == "kafka-python"
+
+
+def test_consumer_retry_backoff_reaches_every_consumer(tmp_path):
+    # kafka-python's poll sleeps min(poll timeout, retry_backoff_ms) after an empty fetch, and
+    # records that arrive meanwhile wait: the setting must reach the consumers the stream builds
+    from stream.topics import make_consumer
+    s = load_settings(env={"ASTEC_CONSUMER_RETRY_BACKOFF_MS": "7"}, services_dir=str(tmp_path))
+    assert s.consumer_retry_backoff_ms == 7
+    assert Settings().consumer_retry_backoff_ms < 100   # kafka-python's default stalled paced streams
+    c = make_consumer(s.replace(kafka_bootstrap="127.0.0.1:1"), [], None, api_version=(2, 5))
+    try:
+        assert c.config["retry_backoff_ms"] == 7
+    finally:
+        c.close()
 
 
 def test_deploy_example_config_loads(tmp_path):
