@@ -41,14 +41,17 @@ class Settings:
     heartbeat_interval_ms: int = 1000
     max_poll_interval_ms: int = 10000
     poll_timeout_ms: int = 20
-    # kafka-python's poll sleeps min(poll timeout, retry_backoff_ms) whenever a fetch has just come
-    # back empty and no other is in flight, and new records wait out that sleep: at its default of
-    # 100 ms that was every ~100 ms stall of a paced stream (README, stream benchmark)
+    # kafka-python consumers: poll sleeps min(poll timeout, retry_backoff_ms) whenever a fetch has
+    # just come back empty and no other is in flight, and new records wait out that sleep: at its
+    # default of 100 ms that was every ~100 ms stall of a paced stream (README, stream benchmark)
     consumer_retry_backoff_ms: int = 20
     # offsets of settled batches are committed at most this often (and on shutdown / rebalance):
     # a commit per small batch was a broker request per few events (at-least-once either way)
     commit_interval_ms: int = 200
     batch_max: int = 256
+    # the workers' consumer: "confluent" (librdkafka: ~0.2 fewer cores at 200-1,000 events/s) or
+    # "kafka-python"
+    consumer_client: str = "confluent"
     # the workers' producer: "confluent" (librdkafka) or "kafka-python", and its linger
     producer_client: str = "confluent"
     producer_linger_ms: int = 2
@@ -78,7 +81,8 @@ class Settings:
 
 
 _FIELDS = {f.name: f for f in fields(Settings)}
-_CHOICES = {"producer_client": ("confluent", "kafka-python")}
+_CHOICES = {"producer_client": ("confluent", "kafka-python"),
+            "consumer_client": ("confluent", "kafka-python")}
 _ENV_ALIASES = {"KAFKA_BOOTSTRAP": "kafka_bootstrap", "REDIS_URL": "redis_url"}
 
 

@@ -177,7 +177,7 @@ class _Pipeline:
             [sys.executable, "-m", "infra.cli", "stream", "run", "--workers", str(self.workers),
              "--model", self.model], cwd=ROOT, stdout=self.wlog, stderr=subprocess.STDOUT,
             env={**os.environ, **settings_env(s), "ASTEC_LOG_LEVEL": "30"})
-        self.reader = AdReader(s)
+        self.reader = AdReader(s, self.load_client)
         self.reader.start()
         self.producer = make_load_producer(self.load_client, s)
         self.cpu = _CpuMeter(self.service_pids, self.sup.pid)
@@ -312,10 +312,11 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
               help="Use the configured services (env/config/`astec infra up`) instead of fresh "
                    "temporary ones.")
 @click.option("--load-client", type=click.Choice(CLIENTS), default=None,
-              help="Client of the page-view load generator (it stands in for off-box front "
-                   "ends): confluent (librdkafka, ~1/4 of the CPU per message; the default when "
-                   "confluent-kafka is installed) or kafka-python. The workers' producer follows "
-                   "ASTEC_PRODUCER_CLIENT; their consumers and the ad reader use kafka-python.")
+              help="Client of the page-view load generator and the ad-queries reader (they stand "
+                   "in for off-box front ends and ad servers): confluent (librdkafka, ~1/4 of the "
+                   "CPU per message; the default when confluent-kafka is installed) or "
+                   "kafka-python. The workers follow ASTEC_CONSUMER_CLIENT and "
+                   "ASTEC_PRODUCER_CLIENT.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Also write every paced event's (event, ad, received) times and each party's "

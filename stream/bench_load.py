@@ -71,21 +71,29 @@ def make_load_producer(client: str, settings: Settings):
 class AdReader(threading.Thread):
     """Reads ad-queries from the start of a fresh topic; records per-event arrival times.
 
-    Always kafka-python: librdkafka's consumer on Tansu 0.6 receives a message about 500 ms after
-    it was produced to an idle partition (measured here; kafka-python: 2.4 ms), which would
-    measure the reader, not the pipeline."""
+    It stands in for the ad servers, off this box in production, so it follows the load client:
+    librdkafka (its fetches off the GIL, and off most of the CPU a Python client spends) or
+    kafka-python. An earlier note here said librdkafka's consumer got messages ~500 ms late on
+    Tansu; that was the probe's `Consumer.consume(10, 0.5)`, which waits its whole timeout unless
+    10 messages come (polled one at a time: ~3 ms, as kafka-python)."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, client: str = "kafka-python"):
         super().__init__(daemon=True)
-        self.consumer = make_consumer(settings, [settings.topic_ad_queries], None,
-                                      max_poll_records=5000)
+        if client == "confluent":
+            from stream.rdkafka_consumer import RdConsumer
+            self.consumer = RdConsumer(settings, [], f"astec-bench-reader-{settings.topic_ad_queries}",
+                                       "astec-bench-reader")
+            self.consumer.assign_from_start(settings.topic_ad_queries, settings.partitions)
+        else:
+            self.consumer = make_consumer(settings, [settings.topic_ad_queries], None,
+                                          max_poll_records=5000)
         self.stop_event = threading.Event()
         self.arrivals: dict[str, tuple[float, float, float]] = {}   # eid -> (recv, event_ts, ad ts)
         self.duplicates = 0
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            polled = self.consumer.poll(timeout_ms=50)
+            polled = self.consumer.poll(timeout_ms=50, max_records=5000)
             now = time.time()
             for recs in polled.values():
                 for r in recs:

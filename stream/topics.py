@@ -70,3 +70,24 @@ def make_consumer(settings: Settings, topics: list[str], group_id: str | None, *
                retry_backoff_ms=max(1, settings.consumer_retry_backoff_ms))
     cfg.update(overrides)
     return KafkaConsumer(*topics, **cfg)
+
+
+def make_stream_consumer(settings: Settings, topic: str, group_id: str, client_id: str,
+                         on_revoke):
+    """The workers' group consumer on `settings.consumer_client`, subscribed to `topic`;
+    `on_revoke()` runs before partitions move to another member."""
+    if settings.consumer_client == "kafka-python":
+        from kafka import ConsumerRebalanceListener
+
+        class _Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked) -> None:
+                on_revoke()
+
+            def on_partitions_assigned(self, assigned) -> None:
+                pass
+
+        c = make_consumer(settings, [], group_id, client_id=client_id)
+        c.subscribe([topic], listener=_Listener())
+        return c
+    from stream.rdkafka_consumer import RdConsumer
+    return RdConsumer(settings, [topic], group_id, client_id, on_revoke=lambda _parts: on_revoke())

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import redis
-from kafka import ConsumerRebalanceListener
 
 from infra.config import Settings
 from personalization.state import UserState
@@ -32,7 +31,7 @@ from stream.metrics import ConsumerMetrics, PromExporter, publish
 from stream.model import ModelHandle, load_predictor
 from stream.schemas import SchemaError, decode, dead_letter, encode
 from stream.state import StateStore, connect
-from stream.topics import make_consumer, make_stream_producer
+from stream.topics import make_stream_consumer, make_stream_producer
 
 log = logging.getLogger(__name__)
 
@@ -60,23 +59,6 @@ def _offsets(records) -> dict:
     return out
 
 
-class _CommitOnRevoke(ConsumerRebalanceListener):
-    """Before partitions move to another member, commit what this worker has settled on them,
-    so the new owner replays as little as possible (replays are harmless, just wasted work)."""
-
-    def __init__(self, worker: "StreamWorker"):
-        self.worker = worker
-
-    def on_partitions_revoked(self, revoked) -> None:
-        try:
-            self.worker.commit_pending()
-        except Exception as exc:   # noqa: BLE001 - the new owner replays; never break the rejoin
-            log.warning("%s: commit before rebalance failed: %s", self.worker.cid, exc)
-
-    def on_partitions_assigned(self, assigned) -> None:
-        pass
-
-
 class StreamWorker:
     """A consumer-group member over `page-views`; `run()` until stop() or SIGTERM."""
 
@@ -91,9 +73,9 @@ class StreamWorker:
         self.store = StateStore(self.redis, settings.redis_key_prefix, settings.state_k,
                                 settings.state_ttl_s, settings.dedup_ttl_s)
         self.producer = make_stream_producer(settings, f"astec-{self.cid}")
-        self.consumer = make_consumer(settings, [], settings.consumer_group,
-                                      client_id=f"astec-{self.cid}")
-        self.consumer.subscribe([settings.topic_page_views], listener=_CommitOnRevoke(self))
+        self.consumer = make_stream_consumer(settings, settings.topic_page_views,
+                                             settings.consumer_group, f"astec-{self.cid}",
+                                             on_revoke=self._commit_before_rebalance)
         self.pending_offsets: dict = {}   # settled but not yet committed (commit_interval_ms)
         self._last_commit = time.monotonic()
         self.metrics = ConsumerMetrics(self.cid, policy.name, model.version)
@@ -175,6 +157,14 @@ class StreamWorker:
                                      >= self.s.commit_interval_ms / 1000.0):
             self.commit_pending()
         return n
+
+    def _commit_before_rebalance(self) -> None:
+        """Before partitions move to another member, commit what this worker has settled on them,
+        so the new owner replays as little as possible (replays are harmless, just wasted work)."""
+        try:
+            self.commit_pending()
+        except Exception as exc:   # noqa: BLE001 - the new owner replays; never break the rejoin
+            log.warning("%s: commit before rebalance failed: %s", self.cid, exc)
 
     def commit_pending(self) -> None:
         """Commit the settled batches' offsets (a no-op when there are none)."""

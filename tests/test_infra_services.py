@@ -74,6 +74,8 @@ def test_settings_errors_name_source_and_field(tmp_path):
         load_settings(env={"ASTEC_PRODUCER_CLIENT": "librdkafka"}, services_dir=str(tmp_path))
     assert load_settings(env={"ASTEC_PRODUCER_CLIENT": "kafka-python"},
                          services_dir=str(tmp_path)).producer_client == "kafka-python"
+    with pytest.raises(ConfigError, match="ASTEC_CONSUMER_CLIENT.*'consumer_client'.*'rdkafka'"):
+        load_settings(env={"ASTEC_CONSUMER_CLIENT": "rdkafka"}, services_dir=str(tmp_path))
 
 
 def test_consumer_retry_backoff_reaches_every_consumer(tmp_path):

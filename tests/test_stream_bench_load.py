@@ -64,3 +64,35 @@ def test_rdkafka_producer_reports_an_undelivered_message_as_an_error():
     with pytest.raises(DeliveryError, match="unacknowledged"):
         p.flush(timeout=0.1)
     p.close(timeout=0)
+
+
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_ad_reader_records_every_ad_query_once_and_counts_replays(stream_settings, client):
+    """The bench's latency figures are the reader's arrival times: it must see every ad query of
+    every partition from the start, keep the first arrival of a replayed one and count the rest."""
+    import json
+    import time
+
+    from stream.bench_load import AdReader
+    if client == "confluent":
+        pytest.importorskip("confluent_kafka")
+    s = stream_settings
+    ensure_topics(s, [s.topic_ad_queries])
+    prod = KafkaPythonProducer(s)
+    ids = [f"e{i}" for i in range(200)]
+    for i, e in enumerate(ids + ids[:7]):   # the first 7 are produced twice (a replay)
+        prod.send(s.topic_ad_queries, f"u{i % 23}".encode(),
+                  json.dumps({"event_id": e, "event_ts": 1.0, "ts": 2.0}).encode())
+    prod.flush()
+    prod.close()
+    reader = AdReader(s, client)
+    reader.start()
+    try:
+        assert reader.wait(ids, 60)
+        time.sleep(0.5)
+    finally:
+        reader.stop_event.set()
+        reader.join(10)
+    assert set(reader.arrivals) == set(ids)
+    assert reader.duplicates == 7
+    assert all(ev == 1.0 and ad == 2.0 and recv > 2.0 for recv, ev, ad in reader.arrivals.values())

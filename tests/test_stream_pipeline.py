@@ -108,8 +108,10 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
     assert f'version="{pred.version}"' in prom and "astec_stream_event_to_ad_seconds_bucket" in prom
 
 
-def test_two_workers_split_partitions(stream_settings, astec_predictor, stream_corpus):
-    s = stream_settings
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_two_workers_split_partitions(stream_settings, astec_predictor, stream_corpus, client):
+    # group membership, the partition split and delivery are what differs between the clients
+    s = stream_settings.replace(consumer_client=client)
     workers = [start_worker(s, astec_predictor, f"w-split-{i}") for i in range(2)]
     try:
         deadline = time.monotonic() + 40
