@@ -102,13 +102,21 @@ class RdConsumer:
         return out
 
     def commit(self, offsets: dict | None = None) -> None:
-        """Synchronous commit of {TopicPartition: OffsetAndMetadata (or int)} (next offsets)."""
+        """Synchronous commit of {TopicPartition: OffsetAndMetadata (or int)} (next offsets).
+
+        A refused commit (the partitions moved to another member, the group went away) raises
+        kafka-python's CommitFailedError, which the worker already treats as "will be replayed"."""
+        from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as CkTopicPartition
+        from kafka.errors import CommitFailedError
         if not offsets:
             return
         parts = [CkTopicPartition(tp.topic, tp.partition, int(getattr(o, "offset", o)))
                  for tp, o in offsets.items()]
-        self._c.commit(offsets=parts, asynchronous=False)
+        try:
+            self._c.commit(offsets=parts, asynchronous=False)
+        except KafkaException as exc:
+            raise CommitFailedError(f"librdkafka refused the commit: {exc.args[0]}") from exc
 
     def close(self, autocommit: bool = False) -> None:
         """Leave the group (auto commit is off, so nothing is committed here) and free the handle."""

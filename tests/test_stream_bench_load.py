@@ -1,6 +1,6 @@
-"""The bench's librdkafka load generator against the real broker: every page view it sends
-arrives, and a user's views land in the partition kafka-python (and Java) clients would pick,
-so per-user order and the workers' partition split are the same as with the product's client."""
+"""The librdkafka clients against the real broker: the bench's load generator (every page view
+arrives, in the partition kafka-python and Java clients would pick, so per-user order and the
+workers' split are the product's), its ad reader, and the workers' consumer's commit refusals."""
 from __future__ import annotations
 
 import pytest
@@ -96,3 +96,27 @@ def test_ad_reader_records_every_ad_query_once_and_counts_replays(stream_setting
     assert set(reader.arrivals) == set(ids)
     assert reader.duplicates == 7
     assert all(ev == 1.0 and ad == 2.0 and recv > 2.0 for recv, ev, ad in reader.arrivals.values())
+
+
+def test_rdkafka_consumer_commit_refusal_is_a_commit_failure(stream_settings, monkeypatch):
+    """The worker treats CommitFailedError as "these offsets will be replayed" and goes on; a
+    refusal from librdkafka must arrive as that, not as an exception that kills the worker."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError, KafkaException
+    from kafka.errors import CommitFailedError
+    from kafka.structs import OffsetAndMetadata, TopicPartition
+
+    from stream.rdkafka_consumer import RdConsumer
+    s = stream_settings
+    ensure_topics(s, [s.topic_page_views])
+    c = RdConsumer(s, [s.topic_page_views], s.consumer_group, "test-commit")
+    try:
+        def refuse(*_a, **_k):   # what librdkafka raises once the group moved on without us
+            raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION))
+        monkeypatch.setattr(c, "_c", type("C", (), {"commit": staticmethod(refuse),
+                                                    "close": c._c.close})())
+        with pytest.raises(CommitFailedError, match="ILLEGAL_GENERATION|generation"):
+            c.commit({TopicPartition(s.topic_page_views, 0): OffsetAndMetadata(5, None, -1)})
+        c.commit({})   # nothing to commit: no request at all
+    finally:
+        c.close()
