@@ -28,7 +28,7 @@ class RdConsumer:
     """One consumer-group member (manual commits, earliest reset) on librdkafka."""
 
     def __init__(self, settings: Settings, topics: list[str], group_id: str, client_id: str = "astec",
-                 on_revoke: Callable[[list], None] | None = None):
+                 on_revoke: Callable[[], None] | None = None):
         from confluent_kafka import Consumer
         self._c = Consumer({
             "bootstrap.servers": settings.kafka_bootstrap, "group.id": group_id,
@@ -63,12 +63,10 @@ class RdConsumer:
         self._assigned = {TopicPartition(p.topic, p.partition) for p in partitions}
 
     def _revoke(self, _consumer, partitions) -> None:
-        # before the partitions move: let the owner commit what it has settled on them
+        # before the partitions move: the owner commits what it has settled on them (its callback
+        # must not raise: an exception here would come out of the next poll)
         if self._on_revoke is not None:
-            try:
-                self._on_revoke(partitions)
-            except Exception as exc:   # noqa: BLE001 - the new owner replays; never break the rejoin
-                log.warning("commit before rebalance failed: %s", exc)
+            self._on_revoke()
         self._assigned = set()
 
     def _lost(self, _consumer, partitions) -> None:

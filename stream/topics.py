@@ -90,4 +90,4 @@ def make_stream_consumer(settings: Settings, topic: str, group_id: str, client_i
         c.subscribe([topic], listener=_Listener())
         return c
     from stream.rdkafka_consumer import RdConsumer
-    return RdConsumer(settings, [topic], group_id, client_id, on_revoke=lambda _parts: on_revoke())
+    return RdConsumer(settings, [topic], group_id, client_id, on_revoke=on_revoke)
