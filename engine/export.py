@@ -258,7 +258,8 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         config = {"num_labels": L, "dim": D, "vocab_size": model.vectorizer.num_features,
                   "vectorizer": "vectorizer/tfidf.json", "label_names": "labels.json",
                   "backend": opts.backend, "classifier_dtype": opts.dtype,
-                  "ensemble": model.ensemble, "learners": learners}
+                  "ensemble": model.ensemble, "label_text_weight": model.label_text_weight,
+                  "learners": learners}
         if model.ranker_vectorizer is not None and opts.sparse_ranker:
             config["ranker_vectorizer"] = "ranker_vectorizer/tfidf.json"
         (stage / "predictor.json").write_text(json.dumps(config, indent=1), encoding="utf-8")

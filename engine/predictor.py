@@ -29,6 +29,7 @@ import scipy.sparse as sp
 
 from engine import kernels
 from engine.hugepages import huge_pages_for
+from engine.label_text import LabelText
 from engine.manifest import Manifest, ManifestError, verify_manifest
 from engine.text import TfidfVectorizer
 
@@ -465,6 +466,9 @@ class Predictor:
         self.num_labels = int(config["num_labels"])
         self.dim = int(config["dim"])
         self.ensemble = str(config.get("ensemble", "mean"))   # how learners join: mean or max
+        # label-name match (engine/label_text.py), rebuilt from the names; none at weight 0
+        self.label_text_weight = float(config.get("label_text_weight", 0.0))
+        self.label_text = LabelText(self.label_names) if self.label_text_weight > 0 else None
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
@@ -486,6 +490,10 @@ class Predictor:
         if cfg.get("ensemble", "mean") not in ("mean", "max"):
             raise PredictorError(f"{src}: field 'ensemble' is {cfg['ensemble']!r}, expected "
                                  "'mean' or 'max'")
+        tw = cfg.get("label_text_weight", 0.0)
+        if isinstance(tw, bool) or not isinstance(tw, (int, float)) or not 0 <= tw <= 1e3:
+            raise PredictorError(f"{src}: field 'label_text_weight' is {tw!r}, expected a "
+                                 "number >= 0")
         backend = backend or cfg.get("backend", "numpy")
         if backend not in ("numpy", "onnx"):
             raise PredictorError(f"backend must be 'numpy' or 'onnx', got {backend!r}")
@@ -669,6 +677,8 @@ class Predictor:
             if li == 0:
                 z0 = z
         rows, labels, y = self._join_learners(all_rows, all_labels, all_y)
+        if self.label_text is not None:
+            y = self.label_text.add_to(texts, rows, labels, y, self.label_text_weight)
         ids, scores = _topk(rows, labels, y, n, k)
         return (ids, scores, z0) if want_z else (ids, scores)
 
@@ -716,6 +726,9 @@ class Predictor:
         else:   # the batch path's ensemble join, every candidate in row 0 (labels ascending)
             _, c, y = self._join_learners([np.zeros(p[0].size, np.int64) for p in parts],
                                           [p[0] for p in parts], [p[1] for p in parts])
+        if self.label_text is not None:
+            y = self.label_text.add_to([text], np.zeros(c.size, np.int64), c, y,
+                                       self.label_text_weight)
         ids, scores = kernels.top_k(c, y, k)
         return ids, scores, parts[0][2]
 

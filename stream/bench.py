@@ -288,6 +288,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
     return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
             "poll_timeout_ms": settings.poll_timeout_ms,
             "consumer_retry_backoff_ms": settings.consumer_retry_backoff_ms,
+            "consumer_client": settings.consumer_client, "producer_client": settings.producer_client,
             "model": model, "cpu_count": os.cpu_count(), "load_client": load_client,
             "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
             "saturation": sat, "paced": paced,

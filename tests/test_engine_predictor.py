@@ -70,19 +70,26 @@ def _model_like(model, predictor_dir: Path):
     return model
 
 
-def test_parity_with_torch_model(built):
-    model, d, test = built
-    p = Predictor.load(d / "predictor")
-    # the default model has a sparse ranker: parity covers its scores too
-    assert p.ranker_vectorizer is not None and p.learners[0].sparse is not None
-    assert p.learners[0].gamma == model.learners[0].gamma < 1.0
-    ids_t, sc_t = _model_like(model, d / "predictor").predict(test, k=10)
+def assert_model_parity(model, p: Predictor, test: list[str]):
+    """The predictor's batch and single-text paths give the model's top-5 and scores; returns
+    the model's (ids, scores)."""
+    ids_t, sc_t = model.predict(test, k=10)
     ids_p, sc_p = p.predict(test, k=10)
     same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
     assert same5 >= 0.99 and close >= 0.99, (same5, close)
     one = [p.predict_one(t, 10) for t in test]
     same5, close = _parity(ids_p, sc_p, [o[0] for o in one], [o[1] for o in one])
     assert same5 >= 0.99 and close >= 0.99, (same5, close)
+    return ids_t, sc_t
+
+
+def test_parity_with_torch_model(built):
+    model, d, test = built
+    p = Predictor.load(d / "predictor")
+    # the default model has a sparse ranker: parity covers its scores too
+    assert p.ranker_vectorizer is not None and p.learners[0].sparse is not None
+    assert p.learners[0].gamma == model.learners[0].gamma < 1.0
+    assert_model_parity(_model_like(model, d / "predictor"), p, test)
     np.testing.assert_allclose(p.features(test), model.features(test), atol=1e-5)
 
 

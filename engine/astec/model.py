@@ -20,6 +20,7 @@ import scipy.sparse as sp
 import torch
 from tqdm import tqdm
 
+from engine.label_text import LabelText
 from engine.metrics import evaluate, inv_propensity
 from engine.text import TfidfVectorizer
 
@@ -187,6 +188,36 @@ def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dic
     return None if best == full else best
 
 
+def add_label_text(S: sp.csr_matrix, lt: LabelText, texts: list[str], weight: float) -> sp.csr_matrix:
+    """S + weight * label-name match on S's pattern (texts: S's rows)."""
+    S = sp.csr_matrix(S)
+    rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
+    y = lt.add_to(texts, rows, S.indices, S.data.astype(np.float32), weight)
+    return sp.csr_matrix((y, S.indices, S.indptr), shape=S.shape)
+
+
+def _label_text_weight(lt: LabelText, texts_v: list[str], Sv, Yv, inv_prop, cfg: AstecConfig, log: dict,
+                       progress: bool) -> float:
+    """The label-name match's weight: configured (>= 0) or the grid value best on the validation
+    split, scored on the final (joined) scores the learners gave before the validation points
+    joined their indexes. Without a validation split (tiny data) a configured weight or 0."""
+    tlog: dict = {}
+    if Sv is None:
+        w = max(cfg.label_text_weight, 0.0)
+        tlog["label_text_weight"] = w
+    else:
+        rows = np.repeat(np.arange(Sv.shape[0]), np.diff(sp.csr_matrix(Sv).indptr))
+        m = lt.scores([lt.title_ids(t) for t in texts_v], rows, Sv.indices)
+        make = lambda d: sp.csr_matrix(((Sv.data + np.float32(d) * m).astype(np.float32), Sv.indices, Sv.indptr),
+                                       shape=Sv.shape)
+        w = _combination_weight("label_text_weight", cfg.label_text_weight, list(cfg.label_text_grid), make,
+                                Yv, inv_prop, cfg, tlog, 0.0)
+    log["label_text"] = tlog
+    if progress:
+        tqdm.write(f"  Label names: weight={w} valid={tlog.get('valid', {})}")
+    return float(w)
+
+
 def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> SparseRanker:
     """The sparse ranker on (Xr, Y); negatives: the learner's full-search shortlist of each
     point (itself excluded), `sparse_negatives` labels deep."""
@@ -352,8 +383,12 @@ class Astec:
     def __init__(self, config: AstecConfig, learners: list[Learner], num_labels: int,
                  vectorizer: TfidfVectorizer | None = None, label_names: list[str] | None = None,
                  train_log: dict | None = None, ranker_vectorizer: TfidfVectorizer | None = None,
-                 ensemble: str = "mean"):
+                 ensemble: str = "mean", label_text_weight: float = 0.0):
         self.config = config
+        # label-name match (engine/label_text.py): rebuilt from the names, used at weight > 0
+        self.label_text_weight = float(label_text_weight)
+        self.label_text = (LabelText(label_names) if label_names is not None and self.label_text_weight > 0
+                           else None)
         self.ensemble = ensemble                     # how learners join: "mean" or "max"
         self.ranker_vectorizer = ranker_vectorizer   # words + word pairs for the sparse ranker
         self.learners = learners
@@ -415,11 +450,15 @@ class Astec:
         log = {"num_points": n, "num_labels": L, "num_features": int(X.shape[1]), "valid_points": int(n_valid),
                "features_seconds": round(time.time() - t_start, 1), "learners": []}
         models, valid_scores = [], []
+        # the label-name match needs titles and names; its weight is chosen on validation
+        use_names = bool(cfg.label_text and label_names is not None and vectorizer is not None)
+        if label_names is not None and len(label_names) != L:
+            raise ValueError(f"Astec.train: {len(label_names)} label names for {L} labels")
         for j in range(cfg.learners):
             if progress:
                 tqdm.write(f"learner {j + 1}/{cfg.learners}")
             lr, llog, Sv = train_learner(X, Y, fit, valid, cfg, cfg.seed + 1000 * j, inv_prop, progress, Xr,
-                                         valid_scores=cfg.learners > 1)
+                                         valid_scores=cfg.learners > 1 or use_names)
             models.append(lr)
             valid_scores.append(Sv)
             log["learners"].append(llog)
@@ -435,8 +474,13 @@ class Astec:
             log["ensemble"] = ens_log
             if progress:
                 tqdm.write(f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}")
+        text_weight = 0.0
+        if use_names:
+            text_weight = _label_text_weight(LabelText(label_names), [texts[i] for i in valid],
+                                             ensemble_scores(valid_scores, ensemble) if n_valid else None,
+                                             Y[valid], inv_prop, cfg, log, progress)
         del valid_scores
-        model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec, ensemble)
+        model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec, ensemble, text_weight)
         log["train_seconds"] = round(time.time() - t_start, 1)
         log["peak_rss_mb"] = _peak_rss_mb()
         return model
@@ -471,23 +515,31 @@ class Astec:
 
     def predict_scores(self, texts, Xr: sp.csr_matrix | None = None) -> sp.csr_matrix:
         """Sparse [n, L] final scores over each point's shortlisted labels (an ensemble's joined
-        by `self.ensemble`: mean or max)."""
+        by `self.ensemble`: mean or max; plus the label-name match when texts are strings)."""
         X = self.transform(texts)
         if Xr is None:
             Xr = self.ranker_features(texts if not sp.issparse(texts) else X)
-        return ensemble_scores([lr.scores(X, self.config, Xr) for lr in self.learners], self.ensemble)
+        S = ensemble_scores([lr.scores(X, self.config, Xr) for lr in self.learners], self.ensemble)
+        if self.label_text is not None and not sp.issparse(texts):
+            S = add_label_text(S, self.label_text, [texts] if isinstance(texts, str) else list(texts),
+                               self.label_text_weight)
+        return S
 
     def predict(self, texts, k: int = 10, batch: int | None = None):
         """(ids int64 [n, k], scores float32 [n, k]), best first; -1 pads when < k candidates."""
-        X = self.transform(texts)
-        Xr = self.ranker_features(texts if not sp.issparse(texts) else X)
+        raw = None if sp.issparse(texts) else ([texts] if isinstance(texts, str) else list(texts))
+        X = self.transform(texts if raw is None else raw)
+        Xr = self.ranker_features(raw if raw is not None else X)
         batch = batch or self.config.predict_batch
         ids = np.full((X.shape[0], k), -1, np.int64)
         scores = np.zeros((X.shape[0], k), np.float32)
         torch.set_num_threads(max(1, self.config.num_threads))
         for s in range(0, X.shape[0], batch):
-            i, sc = topk_dense_from_csr(
-                self.predict_scores(X[s:s + batch], None if Xr is None else Xr[s:s + batch]), k)
+            S = ensemble_scores([lr.scores(X[s:s + batch], self.config, None if Xr is None else Xr[s:s + batch])
+                                 for lr in self.learners], self.ensemble)
+            if self.label_text is not None and raw is not None:
+                S = add_label_text(S, self.label_text, raw[s:s + batch], self.label_text_weight)
+            i, sc = topk_dense_from_csr(S, k)
             ids[s:s + batch], scores[s:s + batch] = i, sc
         return ids, scores
 
@@ -552,6 +604,7 @@ class Astec:
             learners_meta.append(f"learner_{j}")
         mio.write_model_manifest(root, {"num_labels": self.num_labels, "learners": learners_meta,
                                         "ensemble": self.ensemble,
+                                        "label_text_weight": self.label_text_weight,
                                         "has_vectorizer": self.vectorizer is not None,
                                         "has_ranker_vectorizer": self.ranker_vectorizer is not None})
         return root
@@ -612,7 +665,13 @@ class Astec:
         if ensemble not in ("mean", "max"):
             raise mio.ModelDirError(f"{root / mio.MANIFEST}: field 'ensemble' is {ensemble!r}, "
                                     "expected 'mean' or 'max'")
-        return cls(cfg, learners, L, vec, names, log, rvec, ensemble)
+        text_weight = man.get("label_text_weight", 0.0)   # models saved before it: none
+        if not isinstance(text_weight, (int, float)) or not 0 <= text_weight <= 1e3:
+            raise mio.ModelDirError(f"{root / mio.MANIFEST}: field 'label_text_weight' is "
+                                    f"{text_weight!r}, expected a number >= 0")
+        if text_weight > 0 and names is None:
+            raise mio.ModelDirError(f"{root}: label_text_weight > 0 but labels.json is missing")
+        return cls(cfg, learners, L, vec, names, log, rvec, ensemble, float(text_weight))
 
 
 def _encoder_from(t, V, D, cfg) -> Encoder:

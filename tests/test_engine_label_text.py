@@ -1,0 +1,97 @@
+"""The label-name match: what it scores, that training chooses its weight on validation, and
+that the exported predictor adds exactly what the model adds."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from engine.export import export_model
+from engine.label_text import LabelText
+from engine.predictor import Predictor, PredictorError
+from test_engine_predictor import _corpus, _model_like, _train, assert_model_parity
+
+
+def _idf(L, df):
+    return math.log((L + 1) / (df + 1)) + 1
+
+
+def test_match_is_the_idf_share_of_the_name_in_the_title():
+    names = ["python3-requests", "libssl3", "ant", "python3-lxml", "++", "Émile-2"]
+    lt = LabelText(names)
+    L = len(names)
+    titles = ["Python HTTP for humans: requests", "SSL library libssl", "Another Neat Tool",
+              "", "émile reader"]
+    rows = np.repeat(np.arange(len(titles)), L)
+    labels = np.tile(np.arange(L), len(titles))
+    m = lt.scores([lt.title_ids(t) for t in titles], rows, labels).reshape(len(titles), L)
+    # python3-requests: components (python3|python) and (requests), both found -> 1
+    assert m[0, 0] == pytest.approx(1.0)
+    # python3-lxml shares only its python component; its idf is lower than lxml's
+    py, lxml = _idf(L, 2), _idf(L, 1)
+    assert m[0, 3] == pytest.approx(py / (py + lxml))
+    # "libssl" in the title is libssl3's digit-less spelling: the whole name
+    assert m[1, 1] == pytest.approx(1.0)
+    # a name is not matched by words it does not contain, nor by an empty title
+    assert m[2, 2] == 0 and (m[3] == 0).all()
+    assert (m[:, 4] == 0).all()              # a name with no words scores 0, no crash
+    assert m[4, 5] == pytest.approx(_idf(L, 1) / (_idf(L, 1) + _idf(L, 1)))   # unicode, lower-cased
+    assert lt.add_to(titles, rows, labels, np.ones(labels.size, np.float32), 0.0).tolist() == \
+        [1.0] * labels.size
+
+
+def test_training_chooses_the_weight_on_validation_and_logs_it(tmp_path):
+    model = _train(tmp_path / "model")
+    t = model.train_log["label_text"]
+    table = t["label_text_weight_selection"]
+    assert [r["label_text_weight"] for r in table] == list(model.config.label_text_grid)
+    best = max(table, key=lambda r: r["objective"])["objective"]
+    chosen = next(r for r in table if r["label_text_weight"] == t["label_text_weight"])
+    assert chosen["objective"] == best and model.label_text_weight == t["label_text_weight"]
+    # a model trained without names (or with the feature off) has no match
+    assert _train(tmp_path / "off", label_text=False).label_text is None
+
+
+def test_predictor_adds_what_the_model_adds(tmp_path):
+    """A configured weight reaches the saved model, the export and both predictor paths; it
+    changes the ranking (the match is really applied) and the predictor agrees with the model."""
+    texts, _, names = _corpus()
+    model = _train(tmp_path / "model", label_text_weight=0.2)
+    assert model.label_text_weight == 0.2 and model.label_text is not None
+    export_model(tmp_path / "model", tmp_path / "pred", progress=False)
+    p = Predictor.load(tmp_path / "pred")
+    assert p.label_text_weight == 0.2
+    test = texts[480:] + [names[3], "", "zzzz unknown"]
+    ids_t, sc_t = assert_model_parity(_model_like(model, tmp_path / "pred"), p, test)
+    # without the match the same learners rank differently on some titles
+    model.label_text = None
+    ids_0, sc_0 = model.predict(test, k=10)
+    assert not np.allclose(sc_0, sc_t)
+    # every label ranked both ways scores exactly 0.2 * its match more
+    lt = LabelText(names)
+    checked = 0
+    for r, t in enumerate(test):
+        for pos, lab in enumerate(ids_t[r]):
+            if lab >= 0 and lab in ids_0[r]:
+                m = lt.scores([lt.title_ids(t)], np.zeros(1, np.int64), np.array([lab]))[0]
+                assert sc_t[r][pos] == pytest.approx(sc_0[r][list(ids_0[r]).index(lab)] + 0.2 * m, abs=1e-5)
+                checked += m > 0
+    assert checked >= 10
+    # a title that is exactly a label's name matches that name fully
+    assert lt.scores([lt.title_ids(names[3])], np.zeros(1, np.int64), np.array([3]))[0] == pytest.approx(1.0)
+
+
+def test_bad_weight_in_predictor_config_is_refused(tmp_path):
+    from engine.manifest import write_manifest
+    _train(tmp_path / "model")
+    export_model(tmp_path / "model", tmp_path / "pred", progress=False)
+    cfg_path = tmp_path / "pred" / "predictor.json"
+    cfg = json.loads(cfg_path.read_text())
+    meta = json.loads((tmp_path / "pred" / "manifest.json").read_text())
+    cfg["label_text_weight"] = "lots"
+    cfg_path.write_text(json.dumps(cfg))
+    write_manifest(tmp_path / "pred", {k: v for k, v in meta.items() if k not in ("files",)})
+    with pytest.raises(PredictorError, match="label_text_weight"):
+        Predictor.load(tmp_path / "pred")
