@@ -259,6 +259,7 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
                   "vectorizer": "vectorizer/tfidf.json", "label_names": "labels.json",
                   "backend": opts.backend, "classifier_dtype": opts.dtype,
                   "ensemble": model.ensemble, "label_text_weight": model.label_text_weight,
+                  "label_text_min_match": float(cfg.label_text_min_match),
                   "learners": learners}
         if model.ranker_vectorizer is not None and opts.sparse_ranker:
             config["ranker_vectorizer"] = "ranker_vectorizer/tfidf.json"

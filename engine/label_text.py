@@ -17,6 +17,11 @@ component has two spellings, the word and the word without trailing digits (`pyt
 idf is computed over the label names (how many names use a spelling). Only the first
 `MAX_COMPONENTS` words of a name count. Built from the label names alone, so a model or a
 predictor rebuilds it from its checksummed labels.json.
+
+`candidates` finds the labels a title matches at least `theta` (they join the shortlist: the
+indexes miss ~20% of the positives that have training points). An inverted index lists each
+label under its heaviest components only, those without one of which the match stays below
+theta, so a common word (`python`) does not pull in every label that contains it.
 """
 from __future__ import annotations
 
@@ -28,9 +33,12 @@ import numpy as np
 
 from engine.text import words
 
-__all__ = ["MAX_COMPONENTS", "LabelText"]
+__all__ = ["MAX_COMPONENTS", "NAME_ONLY_S", "LabelText"]
 
 MAX_COMPONENTS = 8
+# base similarity s of a candidate that only its name brought in: ~0 (the indexes did not find
+# it), but non-zero so a sparse candidate pattern keeps it
+NAME_ONLY_S = 1e-9
 _TRAILING_DIGITS = re.compile(r"\d+$")
 
 
@@ -60,6 +68,7 @@ class LabelText:
                 for a, (s, x) in enumerate(zip(spellings, w)):
                     self.piece[l, c, a] = self.vocab[s]
                     self.weight[l, c, a] = x / total
+        self._inverted: dict[float, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def num_labels(self) -> int:
@@ -88,6 +97,47 @@ class LabelText:
         pos = np.minimum(np.searchsorted(keys, K), keys.size - 1)
         hit = (keys[pos] == K) & (P >= 0)
         return np.where(hit, self.weight[labels], 0.0).max(axis=2).sum(axis=1).astype(np.float32)
+
+    def _index(self, theta: float) -> tuple[np.ndarray, np.ndarray]:
+        """CSR (indptr [V+1], labels) from spelling to the labels it is a key component of."""
+        if theta not in self._inverted:
+            cw = self.weight.max(axis=2)                        # component weights [L, C]
+            order = np.argsort(-cw, axis=1, kind="stable")
+            cws = np.take_along_axis(cw, order, axis=1)
+            before = np.cumsum(cws, axis=1) - cws               # weight of heavier components
+            key = np.zeros(cw.shape, bool)
+            np.put_along_axis(key, order, (before <= 1.0 - theta + 1e-6) & (cws > 0), axis=1)
+            lab, comp = np.nonzero(key)
+            pieces = self.piece[lab, comp]                      # [n, 2]
+            lab = np.repeat(lab, 2)[pieces.ravel() >= 0]
+            pieces = pieces.ravel()[pieces.ravel() >= 0]
+            pairs = np.unique(pieces * self.num_labels + lab)
+            pieces, lab = np.divmod(pairs, self.num_labels)
+            indptr = np.zeros(len(self.vocab) + 1, np.int64)
+            np.cumsum(np.bincount(pieces, minlength=len(self.vocab)), out=indptr[1:])
+            self._inverted[theta] = (indptr, lab.astype(np.int64))
+        return self._inverted[theta]
+
+    def candidates(self, titles: list[np.ndarray], theta: float) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, labels), grouped by row with ascending labels: every label whose match with
+        titles[row] (`title_ids`) is at least theta (> 0)."""
+        empty = np.zeros(0, np.int64)
+        lens = np.fromiter((t.size for t in titles), np.int64, len(titles))
+        if not lens.sum():
+            return empty, empty
+        indptr, ilab = self._index(float(theta))
+        ids = np.concatenate(titles)
+        start, cnt = indptr[ids], indptr[ids + 1] - indptr[ids]
+        total = int(cnt.sum())
+        if not total:
+            return empty, empty
+        pos = np.repeat(start - np.cumsum(cnt) + cnt, cnt) + np.arange(total)
+        L = self.num_labels
+        keys = np.unique(np.repeat(np.repeat(np.arange(len(titles), dtype=np.int64), lens), cnt) * L
+                         + ilab[pos])
+        rows, labels = np.divmod(keys, L)
+        keep = self.scores(titles, rows, labels) >= np.float32(theta) - 1e-6
+        return rows[keep], labels[keep]
 
     def add_to(self, texts: list[str], rows: np.ndarray, labels: np.ndarray, y: np.ndarray,
                weight: float) -> np.ndarray:

@@ -29,7 +29,7 @@ import scipy.sparse as sp
 
 from engine import kernels
 from engine.hugepages import huge_pages_for
-from engine.label_text import LabelText
+from engine.label_text import NAME_ONLY_S, LabelText
 from engine.manifest import Manifest, ManifestError, verify_manifest
 from engine.text import TfidfVectorizer
 
@@ -323,10 +323,12 @@ class Learner:
             loc.acc, loc.mu = np.zeros(L, np.float32), np.zeros(L, np.float32)
         return loc.acc, loc.mu
 
-    def score_one(self, idx: np.ndarray, val: np.ndarray, threads: int):
+    def score_one(self, idx: np.ndarray, val: np.ndarray, threads: int,
+                  extra: np.ndarray | None = None):
         """(labels ascending, y, z) for one text's TF-IDF (idx, val): the batch path's
         arithmetic for one row in four compiled kernels (engine.kernels) around the two hnswlib
-        searches; z [D] is the text's final feature vector.
+        searches; z [D] is the text's final feature vector. extra: ascending labels that join
+        the shortlist (label-name candidates).
         """
         D = self.dim
         has_rr = self.rr_enc is not None
@@ -348,6 +350,9 @@ class Learner:
             acc[:] = 0
             mu[:] = 0
             raise
+        if extra is not None:
+            _, c, s = _with_candidates(np.zeros(c.size, np.int64), c, s,
+                                       np.zeros(extra.size, np.int64), extra, self.W.shape[0])
         if self.Wc.dtype == np.float32:
             W, rows = self.Wc, c
         else:                   # float16 rows: the kernels read float32, gather and widen here
@@ -415,6 +420,21 @@ def _split_ranker(sptr, sidx, sval, L: int, F: int) -> tuple:
             T.data.astype(np.float32), slot, hbias, F - 1)
 
 
+def _with_candidates(rows, labels, s, rows_e, labels_e, L: int):
+    """Candidates (grouped by row, ascending labels) joined by (rows_e, labels_e) that are not
+    among them yet, with base similarity NAME_ONLY_S; same grouping."""
+    keys = rows * L + labels
+    ekeys = rows_e * L + labels_e
+    new = ekeys[~np.isin(ekeys, keys, assume_unique=True)]
+    if not new.size:
+        return rows, labels, s
+    keys = np.concatenate([keys, new])
+    s = np.concatenate([s, np.full(new.size, NAME_ONLY_S, np.float32)])
+    order = np.argsort(keys, kind="stable")
+    rows, labels = np.divmod(keys[order], L)
+    return rows, labels, s[order]
+
+
 def _row_slots(rows: np.ndarray, n: int) -> tuple[np.ndarray, int]:
     """(column of each candidate in its row, widest row) for candidates grouped by row: the
     padded [n, width] layout the batch scoring and top-k work on."""
@@ -468,6 +488,7 @@ class Predictor:
         self.ensemble = str(config.get("ensemble", "mean"))   # how learners join: mean or max
         # label-name match (engine/label_text.py), rebuilt from the names; none at weight 0
         self.label_text_weight = float(config.get("label_text_weight", 0.0))
+        self.label_text_min_match = float(config.get("label_text_min_match", 0.0))
         self.label_text = LabelText(self.label_names) if self.label_text_weight > 0 else None
 
     # ---- loading ----------------------------------------------------------------------------
@@ -494,6 +515,10 @@ class Predictor:
         if isinstance(tw, bool) or not isinstance(tw, (int, float)) or not 0 <= tw <= 1e3:
             raise PredictorError(f"{src}: field 'label_text_weight' is {tw!r}, expected a "
                                  "number >= 0")
+        mm = cfg.get("label_text_min_match", 0.0)
+        if isinstance(mm, bool) or not isinstance(mm, (int, float)) or not 0 <= mm <= 1:
+            raise PredictorError(f"{src}: field 'label_text_min_match' is {mm!r}, expected a "
+                                 "number in [0, 1]")
         backend = backend or cfg.get("backend", "numpy")
         if backend not in ("numpy", "onnx"):
             raise PredictorError(f"backend must be 'numpy' or 'onnx', got {backend!r}")
@@ -665,11 +690,14 @@ class Predictor:
             return (ids, scores, np.stack([o[2] for o in outs])) if want_z else (ids, scores)
         bags = self._bags(texts)
         xrows = self._ranker_rows(texts) if self.ranker_vectorizer is not None else None
+        named = self._name_candidates(texts)
         all_rows, all_labels, all_y = [], [], []
         z0 = None
         for li, lr in enumerate(self.learners):
             v, z, zr = self._encode(lr, bags, n)
             rows, labels, s = lr.base_scores(v, self.threads)
+            if named is not None:
+                rows, labels, s = _with_candidates(rows, labels, s, *named, self.num_labels)
             y = lr.final_scores(rows, labels, s, z, zr)
             if lr.sparse is not None:
                 y = self._mix_sparse(lr, y, np.searchsorted(rows, np.arange(n + 1)), labels, xrows)
@@ -681,6 +709,14 @@ class Predictor:
             y = self.label_text.add_to(texts, rows, labels, y, self.label_text_weight)
         ids, scores = _topk(rows, labels, y, n, k)
         return (ids, scores, z0) if want_z else (ids, scores)
+
+    def _name_candidates(self, texts: list[str]):
+        """(rows, labels) of the labels whose names the texts match at least
+        label_text_min_match (they join every learner's shortlist), or None."""
+        if self.label_text is None or self.label_text_min_match <= 0:
+            return None
+        lt = self.label_text
+        return lt.candidates([lt.title_ids(t) for t in texts], self.label_text_min_match)
 
     def _join_learners(self, rows_l, labels_l, y_l):
         """An ensemble's scores over the union of its learners' candidates (self.ensemble)."""
@@ -715,7 +751,9 @@ class Predictor:
     def _one(self, text: str, k: int):
         """(ids [k], scores [k], z [D] of the first learner) of one text."""
         idx, val = self.vectorizer.transform_one(text)
-        parts = [lr.score_one(idx, val, self.threads) for lr in self.learners]
+        named = self._name_candidates([text])
+        extra = named[1] if named is not None and named[1].size else None
+        parts = [lr.score_one(idx, val, self.threads, extra) for lr in self.learners]
         if self.ranker_vectorizer is not None:
             ridx, rval = self._ranker_one(text)
             for lr, (c, y, _) in zip(self.learners, parts):

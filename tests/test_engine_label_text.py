@@ -42,6 +42,23 @@ def test_match_is_the_idf_share_of_the_name_in_the_title():
         [1.0] * labels.size
 
 
+@pytest.mark.parametrize("theta", [0.3, 0.5, 1.0])
+def test_candidates_are_every_label_matched_at_least_theta(theta):
+    """The inverted index (heaviest components only) finds exactly the labels a brute-force
+    scan of every name finds."""
+    texts, _, names = _corpus()
+    lt = LabelText(names)
+    titles = [lt.title_ids(t) for t in texts[:120] + names[:40] + ["", "zzzz"]]
+    rows, labels = lt.candidates(titles, theta)
+    assert (np.diff(rows * len(names) + labels) > 0).all()      # grouped by row, ascending
+    want = set()
+    for i, t in enumerate(titles):
+        m = lt.scores([t], np.zeros(len(names), np.int64), np.arange(len(names)))
+        want |= {(i, j) for j in np.nonzero(m >= theta - 1e-6)[0].tolist()}
+    assert set(zip(rows.tolist(), labels.tolist())) == want
+    assert len(want) >= 40          # at least every name finds itself
+
+
 def test_training_chooses_the_weight_on_validation_and_logs_it(tmp_path):
     model = _train(tmp_path / "model")
     t = model.train_log["label_text"]
@@ -65,6 +82,15 @@ def test_predictor_adds_what_the_model_adds(tmp_path):
     assert p.label_text_weight == 0.2
     test = texts[480:] + [names[3], "", "zzzz unknown"]
     ids_t, sc_t = assert_model_parity(_model_like(model, tmp_path / "pred"), p, test)
+    # labels only their names find join the shortlists of both implementations
+    lr, probe = model.learners[0], names[:300]
+    X = model.transform(probe)
+    plain = lr.shortlist(X, model.config)[0]
+    named = lr.shortlist(X, model.config, extra=model._name_candidates(probe))[0]
+    added = [(i, j) for i in range(len(probe)) for j in set(named[i].indices) - set(plain[i].indices)]
+    assert any(j == i for i, j in added)          # a title that is a label's name finds it
+    rows, labels = p._name_candidates(probe)
+    assert set(added) <= set(zip(rows.tolist(), labels.tolist()))
     # without the match the same learners rank differently on some titles
     model.label_text = None
     ids_0, sc_0 = model.predict(test, k=10)

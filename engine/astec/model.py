@@ -20,7 +20,7 @@ import scipy.sparse as sp
 import torch
 from tqdm import tqdm
 
-from engine.label_text import LabelText
+from engine.label_text import NAME_ONLY_S, LabelText
 from engine.metrics import evaluate, inv_propensity
 from engine.text import TfidfVectorizer
 
@@ -65,8 +65,9 @@ class Learner:
         return self.search or (cfg.knn_neighbours, cfg.centroid_neighbours)
 
     # ---- prediction pieces (numpy in, numpy out) --------------------------------------------
-    def shortlist(self, X: sp.csr_matrix, cfg: AstecConfig, exclude_self=None):
-        """(C, Z): top candidates with base similarity s as data, and final features z."""
+    def shortlist(self, X: sp.csr_matrix, cfg: AstecConfig, exclude_self=None, extra: sp.csr_matrix | None = None):
+        """(C, Z): top candidates with base similarity s as data, and final features z; `extra`
+        (label-name candidates, data NAME_ONLY_S) joins C."""
         V = dense_bag(self.encoder, X)
         with torch.no_grad():
             self.encoder.eval()
@@ -80,6 +81,9 @@ class Learner:
             P = sp.csr_matrix((np.tile(self.index.prior_score, n).astype(np.float32), np.tile(self.index.prior, n),
                                np.arange(0, n * k + 1, k)), shape=C.shape)
             C = sp.csr_matrix(C.maximum(P))
+        if extra is not None:
+            C = sp.csr_matrix(C.maximum(extra))
+            C.sort_indices()
         return C, Z
 
     def logits(self, X, C, Z):
@@ -101,8 +105,9 @@ class Learner:
             raise ValueError("this learner has a sparse ranker: pass its features (Astec.ranker_features)")
         return self.sparse.scores(Xr, C)
 
-    def scores(self, X: sp.csr_matrix, cfg: AstecConfig, Xr: sp.csr_matrix | None = None) -> sp.csr_matrix:
-        C, Z = self.shortlist(X, cfg)
+    def scores(self, X: sp.csr_matrix, cfg: AstecConfig, Xr: sp.csr_matrix | None = None,
+               extra: sp.csr_matrix | None = None) -> sp.csr_matrix:
+        C, Z = self.shortlist(X, cfg, extra=extra)
         base, rr = self.logits(X, C, Z)
         return combine(C, base, self.alpha, rr, self.beta, self.sparse_scores(Xr, C), self.gamma)
 
@@ -188,6 +193,15 @@ def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dic
     return None if best == full else best
 
 
+def name_candidates(lt: LabelText, texts: list[str], min_match: float, L: int) -> sp.csr_matrix | None:
+    """[n, L] pattern of the labels whose name each text matches at least min_match (data
+    NAME_ONLY_S), or None when min_match is 0."""
+    if min_match <= 0:
+        return None
+    rows, labels = lt.candidates([lt.title_ids(t) for t in texts], min_match)
+    return sp.csr_matrix((np.full(rows.size, NAME_ONLY_S, np.float32), (rows, labels)), shape=(len(texts), L))
+
+
 def add_label_text(S: sp.csr_matrix, lt: LabelText, texts: list[str], weight: float) -> sp.csr_matrix:
     """S + weight * label-name match on S's pattern (texts: S's rows)."""
     S = sp.csr_matrix(S)
@@ -200,16 +214,18 @@ def _label_text_weight(lt: LabelText, texts_v: list[str], Sv, Yv, inv_prop, cfg:
                        progress: bool) -> float:
     """The label-name match's weight: configured (>= 0) or the grid value best on the validation
     split, scored on the final (joined) scores the learners gave before the validation points
-    joined their indexes. Without a validation split (tiny data) a configured weight or 0."""
+    joined their indexes: Sv = (without, with the label-name candidates or None); a weight > 0
+    brings the candidates. Without a validation split (tiny data) a configured weight or 0."""
     tlog: dict = {}
     if Sv is None:
         w = max(cfg.label_text_weight, 0.0)
         tlog["label_text_weight"] = w
     else:
-        rows = np.repeat(np.arange(Sv.shape[0]), np.diff(sp.csr_matrix(Sv).indptr))
-        m = lt.scores([lt.title_ids(t) for t in texts_v], rows, Sv.indices)
-        make = lambda d: sp.csr_matrix(((Sv.data + np.float32(d) * m).astype(np.float32), Sv.indices, Sv.indptr),
-                                       shape=Sv.shape)
+        plain, named = Sv[0], Sv[1] if Sv[1] is not None else Sv[0]
+        rows = np.repeat(np.arange(named.shape[0]), np.diff(named.indptr))
+        m = lt.scores([lt.title_ids(t) for t in texts_v], rows, named.indices)
+        make = lambda d: plain if d == 0 else sp.csr_matrix(
+            ((named.data + np.float32(d) * m).astype(np.float32), named.indices, named.indptr), shape=named.shape)
         w = _combination_weight("label_text_weight", cfg.label_text_weight, list(cfg.label_text_grid), make,
                                 Yv, inv_prop, cfg, tlog, 0.0)
     log["label_text"] = tlog
@@ -232,11 +248,13 @@ def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> Spar
 
 
 def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True, Xr=None,
-                  valid_scores: bool = False):
+                  valid_scores: bool = False, valid_extra: sp.csr_matrix | None = None):
     """Train Modules I-IV, the re-ranker and the sparse ranker (on Xr, the ranker features; None:
     no sparse ranker) for one learner; returns (Learner, log dict, validation scores). The last is
     the learner's final scores of the validation points before they join its indexes (for an
-    ensemble's choice), or None when not asked or without a validation split."""
+    ensemble's and the label-name match's choices) as (scores, scores with the label-name
+    candidates `valid_extra` in the shortlists or None), or None when not asked or without a
+    validation split."""
     log: dict = {"seed": seed, "modules": {}}
     torch.manual_seed(seed)
     Xf, Yf = X[fit], Y[fit]
@@ -364,7 +382,10 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         learner.index = _build_index(encoder, Xf, Yf, cfg, seed, serving=True)
         learner.search = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
 
-    Sv = learner.scores(Xv, cfg, Xrv) if valid_scores and Xv.shape[0] else None
+    Sv = None
+    if valid_scores and Xv.shape[0]:
+        Sv = (learner.scores(Xv, cfg, Xrv),
+              learner.scores(Xv, cfg, Xrv, extra=valid_extra) if valid_extra is not None else None)
     # final indexes over all training points (the validation points' labels help prediction)
     learner.index = _build_index(encoder, X, Y, cfg, seed, serving=True)
     if learner.sparse is not None and Xv.shape[0]:
@@ -454,11 +475,14 @@ class Astec:
         use_names = bool(cfg.label_text and label_names is not None and vectorizer is not None)
         if label_names is not None and len(label_names) != L:
             raise ValueError(f"Astec.train: {len(label_names)} label names for {L} labels")
+        lt = LabelText(label_names) if use_names else None
+        valid_extra = (name_candidates(lt, [texts[i] for i in valid], cfg.label_text_min_match, L)
+                       if use_names and n_valid else None)
         for j in range(cfg.learners):
             if progress:
                 tqdm.write(f"learner {j + 1}/{cfg.learners}")
             lr, llog, Sv = train_learner(X, Y, fit, valid, cfg, cfg.seed + 1000 * j, inv_prop, progress, Xr,
-                                         valid_scores=cfg.learners > 1 or use_names)
+                                         valid_scores=cfg.learners > 1 or use_names, valid_extra=valid_extra)
             models.append(lr)
             valid_scores.append(Sv)
             log["learners"].append(llog)
@@ -468,7 +492,7 @@ class Astec:
             if n_valid:
                 # each learner's scores from before the validation points joined its indexes
                 ensemble = _select("ensemble", ["mean", "max"] if cfg.ensemble == "auto" else [cfg.ensemble],
-                                   lambda how: ensemble_scores(valid_scores, how), Y[valid], inv_prop,
+                                   lambda how: ensemble_scores([v[0] for v in valid_scores], how), Y[valid], inv_prop,
                                    cfg.select_metrics, ens_log)
             ens_log["ensemble"] = ensemble
             log["ensemble"] = ens_log
@@ -476,9 +500,12 @@ class Astec:
                 tqdm.write(f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}")
         text_weight = 0.0
         if use_names:
-            text_weight = _label_text_weight(LabelText(label_names), [texts[i] for i in valid],
-                                             ensemble_scores(valid_scores, ensemble) if n_valid else None,
-                                             Y[valid], inv_prop, cfg, log, progress)
+            joined = None
+            if n_valid:
+                joined = tuple(ensemble_scores(list(v), ensemble) if v[0] is not None else None
+                               for v in zip(*valid_scores))
+            text_weight = _label_text_weight(lt, [texts[i] for i in valid], joined, Y[valid], inv_prop, cfg,
+                                             log, progress)
         del valid_scores
         model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec, ensemble, text_weight)
         log["train_seconds"] = round(time.time() - t_start, 1)
@@ -519,11 +546,17 @@ class Astec:
         X = self.transform(texts)
         if Xr is None:
             Xr = self.ranker_features(texts if not sp.issparse(texts) else X)
-        S = ensemble_scores([lr.scores(X, self.config, Xr) for lr in self.learners], self.ensemble)
-        if self.label_text is not None and not sp.issparse(texts):
-            S = add_label_text(S, self.label_text, [texts] if isinstance(texts, str) else list(texts),
-                               self.label_text_weight)
+        raw = None if sp.issparse(texts) else ([texts] if isinstance(texts, str) else list(texts))
+        extra = self._name_candidates(raw)
+        S = ensemble_scores([lr.scores(X, self.config, Xr, extra) for lr in self.learners], self.ensemble)
+        if self.label_text is not None and raw is not None:
+            S = add_label_text(S, self.label_text, raw, self.label_text_weight)
         return S
+
+    def _name_candidates(self, raw: list[str] | None) -> sp.csr_matrix | None:
+        if self.label_text is None or raw is None:
+            return None
+        return name_candidates(self.label_text, raw, self.config.label_text_min_match, self.num_labels)
 
     def predict(self, texts, k: int = 10, batch: int | None = None):
         """(ids int64 [n, k], scores float32 [n, k]), best first; -1 pads when < k candidates."""
@@ -535,8 +568,9 @@ class Astec:
         scores = np.zeros((X.shape[0], k), np.float32)
         torch.set_num_threads(max(1, self.config.num_threads))
         for s in range(0, X.shape[0], batch):
-            S = ensemble_scores([lr.scores(X[s:s + batch], self.config, None if Xr is None else Xr[s:s + batch])
-                                 for lr in self.learners], self.ensemble)
+            extra = self._name_candidates(None if raw is None else raw[s:s + batch])
+            S = ensemble_scores([lr.scores(X[s:s + batch], self.config, None if Xr is None else Xr[s:s + batch],
+                                           extra) for lr in self.learners], self.ensemble)
             if self.label_text is not None and raw is not None:
                 S = add_label_text(S, self.label_text, raw[s:s + batch], self.label_text_weight)
             i, sc = topk_dense_from_csr(S, k)
