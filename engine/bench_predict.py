@@ -81,10 +81,12 @@ def _sys_torch(args: dict):
 
 
 def match_search(model, predictor_dir: Path) -> None:
-    """Give the torch model the predictor's search sizes (k and ef per index), and gamma = 1
-    where the export left the sparse ranker out, so the two are compared on the same work and
-    parity measures the export, not the profile."""
+    """Give the torch model the predictor's search sizes (k and ef per index), gamma = 1 where
+    the export left the sparse ranker out and no label-name match where it left that out, so the
+    two are compared on the same work and parity measures the export, not the profile."""
     cfg = json.loads((predictor_dir / "predictor.json").read_text())
+    if not cfg.get("label_text_weight", 0.0):
+        model.label_text = None          # exported with --no-label-text (or trained without)
     for lr, lc in zip(model.learners, cfg["learners"]):
         if not lc.get("sparse_ranker"):
             lr.gamma = 1.0

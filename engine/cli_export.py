@@ -38,13 +38,16 @@ from engine.export import ExportOptions
               help="Serve the model's sparse ranker. --no-sparse-ranker serves the paper's "
                    "score combination only (the model's predictions with gamma = 1): faster "
                    "per title, less accurate (debian-related: 0.03-0.08 ms, -2 P@1).")
+@click.option("--label-text/--no-label-text", default=True, show_default=True,
+              help="Serve the model's label-name match (its weight and name candidates). "
+                   "--no-label-text serves the model's predictions without it.")
 @click.option("--version", "version", default=None,
               help="Version string recorded in the manifest (default: astec-<model sha[:12]>).")
 @click.option("--threads", type=int, default=2, show_default=True,
               help="Threads for building indexes.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 def export(model_dir, out_dir, dtype, knn, kmu, ef_points, ef_centres, exact_max, hnsw_m,
-           hnsw_ef_construction, sparse_ranker, version, threads, overwrite):
+           hnsw_ef_construction, sparse_ranker, label_text, version, threads, overwrite):
     """Export MODEL_DIR as a CPU predictor: ONNX feature networks, .npy classifier rows,
     hnswlib indexes, TF-IDF tables, label names, alpha/beta and a sha256 manifest.
 
@@ -56,7 +59,8 @@ def export(model_dir, out_dir, dtype, knn, kmu, ef_points, ef_centres, exact_max
     opts = ExportOptions(dtype=dtype, knn=knn, kmu=kmu,
                          hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction,
                          ef_points=ef_points, ef_centres=ef_centres, exact_max=exact_max,
-                         threads=threads, version=version, sparse_ranker=sparse_ranker)
+                         threads=threads, version=version, sparse_ranker=sparse_ranker,
+                         label_text=label_text)
     try:
         out = export_model(model_dir, out_dir, opts, overwrite=overwrite)
     except (ExportError, ValueError, FileNotFoundError) as e:

@@ -121,3 +121,21 @@ def test_bad_weight_in_predictor_config_is_refused(tmp_path):
     write_manifest(tmp_path / "pred", {k: v for k, v in meta.items() if k not in ("files",)})
     with pytest.raises(PredictorError, match="label_text_weight"):
         Predictor.load(tmp_path / "pred")
+
+
+def test_export_without_label_text_serves_the_model_without_it(tmp_path):
+    """`astec export --no-label-text` gives the model's predictions without the match (what
+    bench predict's parity then compares against)."""
+    from click.testing import CliRunner
+    from engine.cli_export import export as export_cmd
+    texts, _, names = _corpus()
+    model = _train(tmp_path / "model", label_text_weight=0.2)
+    r = CliRunner().invoke(export_cmd, ["--model", str(tmp_path / "model"), "--out", str(tmp_path / "p"),
+                                        "--no-label-text"])
+    assert r.exit_code == 0, r.output
+    p = Predictor.load(tmp_path / "p")
+    assert p.label_text is None and p.label_text_weight == 0
+    test = texts[480:] + names[:20]
+    m = _model_like(model, tmp_path / "p")
+    assert m.label_text is None
+    assert_model_parity(m, p, test)
