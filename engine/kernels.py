@@ -345,3 +345,110 @@ def sparse_mix_one(labels, y, xidx, xval, wptr, widx, wval, tptr, tslot, tval, s
     for q in range(labels.size):
         y[q] = g * y[q] + (_F1 - g) * _sigmoid(u[q])
     return y
+
+
+# ---- label-name match (engine/label_text.py) on the single-text path ------------------------
+@njit(cache=True, nogil=True, boundscheck=False)
+def _name_match(tids, piece, weight, lab):
+    """match(title, label): per component, the best weight among its spellings in the sorted
+    title ids tids, summed (LabelText.scores for one pair)."""
+    tot = _F0
+    for c in range(piece.shape[1]):
+        best = _F0
+        for a in range(piece.shape[2]):
+            p = piece[lab, c, a]
+            if p < 0:
+                continue
+            i = np.searchsorted(tids, p)
+            if i < tids.size and tids[i] == p and weight[lab, c, a] > best:
+                best = weight[lab, c, a]
+        tot += best
+    return tot
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def name_candidates(tids, indptr, ilab, piece, weight, theta):
+    """Ascending labels whose name the title (sorted ids tids) matches at least theta, found
+    through the inverted index (indptr, ilab) of LabelText._index(theta)."""
+    total = 0
+    for j in range(tids.size):
+        total += indptr[tids[j] + 1] - indptr[tids[j]]
+    found = np.empty(total, np.int64)
+    k = 0
+    for j in range(tids.size):
+        for q in range(indptr[tids[j]], indptr[tids[j] + 1]):
+            found[k] = ilab[q]
+            k += 1
+    found = np.sort(found)
+    out = np.empty(total, np.int64)
+    n = 0
+    lim = np.float32(theta) - np.float32(1e-6)
+    for q in range(total):
+        lab = found[q]
+        if q > 0 and found[q - 1] == lab:
+            continue
+        if _name_match(tids, piece, weight, lab) >= lim:
+            out[n] = lab
+            n += 1
+    return out[:n]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def merge_candidates(labels, s, extra, s_extra):
+    """Ascending candidates (labels, s) joined by the ascending labels extra not among them,
+    which get base similarity s_extra."""
+    out_l = np.empty(labels.size + extra.size, np.int64)
+    out_s = np.empty(labels.size + extra.size, np.float32)
+    i = j = n = 0
+    while i < labels.size or j < extra.size:
+        if j >= extra.size or (i < labels.size and labels[i] <= extra[j]):
+            if j < extra.size and labels[i] == extra[j]:
+                j += 1
+            out_l[n] = labels[i]
+            out_s[n] = s[i]
+            i += 1
+        else:
+            out_l[n] = extra[j]
+            out_s[n] = np.float32(s_extra)
+            j += 1
+        n += 1
+    return out_l[:n], out_s[:n]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def add_name_match(labels, y, tids, piece, weight, delta):
+    """y += delta * match(title, label) for each candidate, in place."""
+    d = np.float32(delta)
+    for q in range(labels.size):
+        y[q] += d * _name_match(tids, piece, weight, labels[q])
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def add_name_match_rows(rows, labels, y, tptr, tids, piece, weight, delta):
+    """add_name_match for a batch: candidate q belongs to text rows[q], whose sorted title ids
+    are tids[tptr[r]:tptr[r + 1]]."""
+    d = np.float32(delta)
+    for q in range(labels.size):
+        r = rows[q]
+        y[q] += d * _name_match(tids[tptr[r]:tptr[r + 1]], piece, weight, labels[q])
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def name_candidates_rows(tptr, tids, indptr, ilab, piece, weight, theta):
+    """(rows, labels) of name_candidates for each text of a batch, grouped by row."""
+    parts = []
+    total = 0
+    for r in range(tptr.size - 1):
+        c = name_candidates(tids[tptr[r]:tptr[r + 1]], indptr, ilab, piece, weight, theta)
+        parts.append(c)
+        total += c.size
+    rows = np.empty(total, np.int64)
+    labels = np.empty(total, np.int64)
+    n = 0
+    for r in range(len(parts)):
+        c = parts[r]
+        for q in range(c.size):
+            rows[n] = r
+            labels[n] = c[q]
+            n += 1
+    return rows, labels

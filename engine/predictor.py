@@ -350,9 +350,8 @@ class Learner:
             acc[:] = 0
             mu[:] = 0
             raise
-        if extra is not None:
-            _, c, s = _with_candidates(np.zeros(c.size, np.int64), c, s,
-                                       np.zeros(extra.size, np.int64), extra, self.W.shape[0])
+        if extra is not None and extra.size:
+            c, s = kernels.merge_candidates(c, s, extra, NAME_ONLY_S)
         if self.Wc.dtype == np.float32:
             W, rows = self.Wc, c
         else:                   # float16 rows: the kernels read float32, gather and widen here
@@ -690,7 +689,8 @@ class Predictor:
             return (ids, scores, np.stack([o[2] for o in outs])) if want_z else (ids, scores)
         bags = self._bags(texts)
         xrows = self._ranker_rows(texts) if self.ranker_vectorizer is not None else None
-        named = self._name_candidates(texts)
+        titles = self._title_rows(texts)
+        named = self._name_candidates(titles)
         all_rows, all_labels, all_y = [], [], []
         z0 = None
         for li, lr in enumerate(self.learners):
@@ -705,18 +705,31 @@ class Predictor:
             if li == 0:
                 z0 = z
         rows, labels, y = self._join_learners(all_rows, all_labels, all_y)
-        if self.label_text is not None:
-            y = self.label_text.add_to(texts, rows, labels, y, self.label_text_weight)
+        if titles is not None:
+            y = np.array(y, np.float32)
+            kernels.add_name_match_rows(rows, labels, y, *titles, self.label_text.piece,
+                                        self.label_text.weight, self.label_text_weight)
         ids, scores = _topk(rows, labels, y, n, k)
         return (ids, scores, z0) if want_z else (ids, scores)
 
-    def _name_candidates(self, texts: list[str]):
-        """(rows, labels) of the labels whose names the texts match at least
+    def _title_rows(self, texts: list[str]):
+        """CSR (indptr, ids) of the texts' label-name vocabulary ids, or None without a
+        label-name match."""
+        if self.label_text is None:
+            return None
+        parts = [self.label_text.title_ids(t) for t in texts]
+        ptr = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum([p.size for p in parts], out=ptr[1:])
+        return ptr, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
+
+    def _name_candidates(self, titles):
+        """(rows, labels) of the labels whose names the texts (`_title_rows`) match at least
         label_text_min_match (they join every learner's shortlist), or None."""
-        if self.label_text is None or self.label_text_min_match <= 0:
+        if titles is None or self.label_text_min_match <= 0:
             return None
         lt = self.label_text
-        return lt.candidates([lt.title_ids(t) for t in texts], self.label_text_min_match)
+        return kernels.name_candidates_rows(*titles, *lt._index(self.label_text_min_match),
+                                            lt.piece, lt.weight, self.label_text_min_match)
 
     def _join_learners(self, rows_l, labels_l, y_l):
         """An ensemble's scores over the union of its learners' candidates (self.ensemble)."""
@@ -751,8 +764,12 @@ class Predictor:
     def _one(self, text: str, k: int):
         """(ids [k], scores [k], z [D] of the first learner) of one text."""
         idx, val = self.vectorizer.transform_one(text)
-        named = self._name_candidates([text])
-        extra = named[1] if named is not None and named[1].size else None
+        lt, extra = self.label_text, None
+        if lt is not None:
+            tids = lt.title_ids(text)
+            if self.label_text_min_match > 0:
+                extra = kernels.name_candidates(tids, *lt._index(self.label_text_min_match),
+                                                lt.piece, lt.weight, self.label_text_min_match)
         parts = [lr.score_one(idx, val, self.threads, extra) for lr in self.learners]
         if self.ranker_vectorizer is not None:
             ridx, rval = self._ranker_one(text)
@@ -764,9 +781,8 @@ class Predictor:
         else:   # the batch path's ensemble join, every candidate in row 0 (labels ascending)
             _, c, y = self._join_learners([np.zeros(p[0].size, np.int64) for p in parts],
                                           [p[0] for p in parts], [p[1] for p in parts])
-        if self.label_text is not None:
-            y = self.label_text.add_to([text], np.zeros(c.size, np.int64), c, y,
-                                       self.label_text_weight)
+        if lt is not None:
+            kernels.add_name_match(c, y, tids, lt.piece, lt.weight, self.label_text_weight)
         ids, scores = kernels.top_k(c, y, k)
         return ids, scores, parts[0][2]
 

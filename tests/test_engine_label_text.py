@@ -57,6 +57,15 @@ def test_candidates_are_every_label_matched_at_least_theta(theta):
         want |= {(i, j) for j in np.nonzero(m >= theta - 1e-6)[0].tolist()}
     assert set(zip(rows.tolist(), labels.tolist())) == want
     assert len(want) >= 40          # at least every name finds itself
+    # the predictor's compiled kernels find the same labels and add the same matches
+    from engine import kernels
+    ptr = np.cumsum([0] + [t.size for t in titles])
+    ids = np.concatenate(titles)
+    kr, kl = kernels.name_candidates_rows(ptr, ids, *lt._index(theta), lt.piece, lt.weight, theta)
+    assert np.array_equal(kr, rows) and np.array_equal(kl, labels)
+    y = np.zeros(labels.size, np.float32)
+    kernels.add_name_match_rows(rows, labels, y, ptr, ids, lt.piece, lt.weight, 0.5)
+    np.testing.assert_allclose(y, 0.5 * lt.scores(titles, rows, labels), atol=1e-6)
 
 
 def test_training_chooses_the_weight_on_validation_and_logs_it(tmp_path):
@@ -89,7 +98,7 @@ def test_predictor_adds_what_the_model_adds(tmp_path):
     named = lr.shortlist(X, model.config, extra=model._name_candidates(probe))[0]
     added = [(i, j) for i in range(len(probe)) for j in set(named[i].indices) - set(plain[i].indices)]
     assert any(j == i for i, j in added)          # a title that is a label's name finds it
-    rows, labels = p._name_candidates(probe)
+    rows, labels = p._name_candidates(p._title_rows(probe))
     assert set(added) <= set(zip(rows.tolist(), labels.tolist()))
     # without the match the same learners rank differently on some titles
     model.label_text = None
