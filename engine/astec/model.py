@@ -543,10 +543,14 @@ class Astec:
     def predict_scores(self, texts, Xr: sp.csr_matrix | None = None) -> sp.csr_matrix:
         """Sparse [n, L] final scores over each point's shortlisted labels (an ensemble's joined
         by `self.ensemble`: mean or max; plus the label-name match when texts are strings)."""
-        X = self.transform(texts)
-        if Xr is None:
-            Xr = self.ranker_features(texts if not sp.issparse(texts) else X)
         raw = None if sp.issparse(texts) else ([texts] if isinstance(texts, str) else list(texts))
+        X = self.transform(texts if raw is None else raw)
+        if Xr is None:
+            Xr = self.ranker_features(raw if raw is not None else X)
+        return self._scores(X, Xr, raw)
+
+    def _scores(self, X, Xr, raw: list[str] | None) -> sp.csr_matrix:
+        """predict_scores on features (raw: the texts, for the label-name match, or None)."""
         extra = self._name_candidates(raw)
         S = ensemble_scores([lr.scores(X, self.config, Xr, extra) for lr in self.learners], self.ensemble)
         if self.label_text is not None and raw is not None:
@@ -568,12 +572,8 @@ class Astec:
         scores = np.zeros((X.shape[0], k), np.float32)
         torch.set_num_threads(max(1, self.config.num_threads))
         for s in range(0, X.shape[0], batch):
-            extra = self._name_candidates(None if raw is None else raw[s:s + batch])
-            S = ensemble_scores([lr.scores(X[s:s + batch], self.config, None if Xr is None else Xr[s:s + batch],
-                                           extra) for lr in self.learners], self.ensemble)
-            if self.label_text is not None and raw is not None:
-                S = add_label_text(S, self.label_text, raw[s:s + batch], self.label_text_weight)
-            i, sc = topk_dense_from_csr(S, k)
+            i, sc = topk_dense_from_csr(self._scores(X[s:s + batch], None if Xr is None else Xr[s:s + batch],
+                                                     None if raw is None else raw[s:s + batch]), k)
             ids[s:s + batch], scores[s:s + batch] = i, sc
         return ids, scores
 
@@ -700,7 +700,7 @@ class Astec:
             raise mio.ModelDirError(f"{root / mio.MANIFEST}: field 'ensemble' is {ensemble!r}, "
                                     "expected 'mean' or 'max'")
         text_weight = man.get("label_text_weight", 0.0)   # models saved before it: none
-        if not isinstance(text_weight, (int, float)) or not 0 <= text_weight <= 1e3:
+        if isinstance(text_weight, bool) or not isinstance(text_weight, (int, float)) or not 0 <= text_weight <= 1e3:
             raise mio.ModelDirError(f"{root / mio.MANIFEST}: field 'label_text_weight' is "
                                     f"{text_weight!r}, expected a number >= 0")
         if text_weight > 0 and names is None:
