@@ -203,3 +203,22 @@ def test_ensemble_scores_mean_and_max_over_the_union():
         ensemble_scores([a, b], "median")
     with pytest.raises(ValueError, match="ensemble"):
         AstecConfig(ensemble="median")
+
+
+def test_sparse_ranker_negatives_by_chunks_are_the_same(tmp_path, monkeypatch):
+    """The ranker's training shortlists are computed by chunks of rows (memory); any chunk size
+    gives the same ranker."""
+    import scipy.sparse as sp
+    from engine.astec import model as astec_model
+    from test_engine_predictor import _corpus, _train
+    texts, labels, names = _corpus()
+    model = _train(tmp_path / "model")
+    rows = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
+    Y = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
+                      shape=(len(texts), len(names)))[:480]
+    X, Xr = model.transform(texts[:480]), model.ranker_features(texts[:480])
+    lr = model.learners[0]
+    whole = astec_model._fit_ranker(lr, X, Y, Xr, model.config, 0).W
+    monkeypatch.setattr(astec_model, "_RANKER_CHUNK", 37)
+    chunked = astec_model._fit_ranker(lr, X, Y, Xr, model.config, 0).W
+    assert whole.nnz > 0 and (whole != chunked).nnz == 0

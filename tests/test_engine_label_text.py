@@ -148,3 +148,4 @@ def test_export_without_label_text_serves_the_model_without_it(tmp_path):
     m = _model_like(model, tmp_path / "p")
     assert m.label_text is None
     assert_model_parity(m, p, test)
+

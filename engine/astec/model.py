@@ -240,11 +240,21 @@ def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> Spar
     pool = dataclasses.replace(cfg, predict_shortlist=cfg.sparse_negatives,
                                centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives))
     search, learner.search = learner.search, None
+    n, parts = X.shape[0], []
     try:
-        C, _ = learner.shortlist(X, pool, exclude_self=np.arange(X.shape[0]))
+        # by chunks of rows: the index queries' arrays (600 centres per point) stay small; the
+        # rows are independent, so the shortlists are the same as in one call
+        for a in range(0, n, _RANKER_CHUNK):
+            b = min(n, a + _RANKER_CHUNK)
+            parts.append(learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0])
     finally:
         learner.search = search
+    C = sp.csr_matrix(sp.vstack(parts)) if parts else sp.csr_matrix((0, Y.shape[1]), dtype=np.float32)
+    del parts
     return SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
+
+
+_RANKER_CHUNK = 8192
 
 
 def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True, Xr=None,
