@@ -347,7 +347,7 @@ def sparse_mix_one(labels, y, xidx, xval, wptr, widx, wval, tptr, tslot, tval, s
     return y
 
 
-# ---- label-name match (engine/label_text.py) on the single-text path ------------------------
+# ---- label-name match (engine/label_text.py): single text, and batches row by row ----------
 @njit(cache=True, nogil=True, boundscheck=False)
 def _name_match(tids, piece, weight, lab):
     """match(title, label): per component, the best weight among its spellings in the sorted

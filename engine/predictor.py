@@ -510,14 +510,11 @@ class Predictor:
         if cfg.get("ensemble", "mean") not in ("mean", "max"):
             raise PredictorError(f"{src}: field 'ensemble' is {cfg['ensemble']!r}, expected "
                                  "'mean' or 'max'")
-        tw = cfg.get("label_text_weight", 0.0)
-        if isinstance(tw, bool) or not isinstance(tw, (int, float)) or not 0 <= tw <= 1e3:
-            raise PredictorError(f"{src}: field 'label_text_weight' is {tw!r}, expected a "
-                                 "number >= 0")
-        mm = cfg.get("label_text_min_match", 0.0)
-        if isinstance(mm, bool) or not isinstance(mm, (int, float)) or not 0 <= mm <= 1:
-            raise PredictorError(f"{src}: field 'label_text_min_match' is {mm!r}, expected a "
-                                 "number in [0, 1]")
+        for key, hi, want in (("label_text_weight", 1e3, "a number >= 0"),
+                              ("label_text_min_match", 1.0, "a number in [0, 1]")):
+            x = cfg.get(key, 0.0)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= hi:
+                raise PredictorError(f"{src}: field {key!r} is {x!r}, expected {want}")
         backend = backend or cfg.get("backend", "numpy")
         if backend not in ("numpy", "onnx"):
             raise PredictorError(f"backend must be 'numpy' or 'onnx', got {backend!r}")

@@ -202,6 +202,13 @@ def name_candidates(lt: LabelText, texts: list[str], min_match: float, L: int) -
     return sp.csr_matrix((np.full(rows.size, NAME_ONLY_S, np.float32), (rows, labels)), shape=(len(texts), L))
 
 
+def _raw_texts(texts) -> list[str] | None:
+    """texts as a list of strings (one str: one text), or None for a feature matrix."""
+    if sp.issparse(texts):
+        return None
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
 def add_label_text(S: sp.csr_matrix, lt: LabelText, texts: list[str], weight: float) -> sp.csr_matrix:
     """S + weight * label-name match on S's pattern (texts: S's rows)."""
     S = sp.csr_matrix(S)
@@ -553,7 +560,7 @@ class Astec:
     def predict_scores(self, texts, Xr: sp.csr_matrix | None = None) -> sp.csr_matrix:
         """Sparse [n, L] final scores over each point's shortlisted labels (an ensemble's joined
         by `self.ensemble`: mean or max; plus the label-name match when texts are strings)."""
-        raw = None if sp.issparse(texts) else ([texts] if isinstance(texts, str) else list(texts))
+        raw = _raw_texts(texts)
         X = self.transform(texts if raw is None else raw)
         if Xr is None:
             Xr = self.ranker_features(raw if raw is not None else X)
@@ -574,7 +581,7 @@ class Astec:
 
     def predict(self, texts, k: int = 10, batch: int | None = None):
         """(ids int64 [n, k], scores float32 [n, k]), best first; -1 pads when < k candidates."""
-        raw = None if sp.issparse(texts) else ([texts] if isinstance(texts, str) else list(texts))
+        raw = _raw_texts(texts)
         X = self.transform(texts if raw is None else raw)
         Xr = self.ranker_features(raw if raw is not None else X)
         batch = batch or self.config.predict_batch
