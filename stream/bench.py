@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -346,9 +347,15 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
         pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
         res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds,
                         users, batch_max, pids, trace, load_client)
-    finally:
+    except BaseException:
         if tmp:
             stop_services(tmp)
+            click.echo(f"bench stream failed; the services' logs are kept in {tmp}", err=True)
+        raise
+    if tmp:
+        # the run's own broker and Redis data (~90 MB a run): nothing in it outlives the figures
+        stop_services(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
     text = json.dumps(res, indent=1)
     click.echo(text)
     if out:
