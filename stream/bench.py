@@ -312,7 +312,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
 @click.option("--batch-max", default=256, show_default=True)
 @click.option("--use-running", is_flag=True,
               help="Use the configured services (env/config/`astec infra up`) instead of fresh "
-                   "temporary ones.")
+                   "temporary ones (those are removed after a successful run).")
 @click.option("--load-client", type=click.Choice(CLIENTS), default=None,
               help="Client of the page-view load generator and the ad-queries reader (they stand "
                    "in for off-box front ends and ad servers): confluent (librdkafka, ~1/4 of the "
