@@ -205,20 +205,31 @@ def test_ensemble_scores_mean_and_max_over_the_union():
         AstecConfig(ensemble="median")
 
 
-def test_sparse_ranker_negatives_by_chunks_are_the_same(tmp_path, monkeypatch):
-    """The ranker's training shortlists are computed by chunks of rows (memory); any chunk size
-    gives the same ranker."""
+def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
+    """Module II's negatives, the re-ranker's mispredictions and the sparse ranker's shortlists
+    are computed by chunks of rows (memory); any chunk size gives the same result."""
     import scipy.sparse as sp
     from engine.astec import model as astec_model
+    from engine.astec.network import dense_bag
     from test_engine_predictor import _corpus, _train
     texts, labels, names = _corpus()
     model = _train(tmp_path / "model")
     rows = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
     Y = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
-                      shape=(len(texts), len(names)))[:480]
-    X, Xr = model.transform(texts[:480]), model.ranker_features(texts[:480])
-    lr = model.learners[0]
-    whole = astec_model._fit_ranker(lr, X, Y, Xr, model.config, 0).W
-    monkeypatch.setattr(astec_model, "_RANKER_CHUNK", 37)
-    chunked = astec_model._fit_ranker(lr, X, Y, Xr, model.config, 0).W
-    assert whole.nnz > 0 and (whole != chunked).nnz == 0
+                      shape=(len(texts), len(names)))
+    X, Xr = model.transform(texts), model.ranker_features(texts)
+    lr, cfg = model.learners[0], model.config
+    V = dense_bag(lr.encoder, X)    # the final index holds every training point, in order
+
+    def three():
+        return (astec_model._module2_negatives(lr.index, V, Y, cfg, 0),
+                astec_model._reranker_negatives(lr, X, Y, cfg),
+                astec_model._fit_ranker(lr, X[:480], Y[:480], Xr[:480], cfg, 0).W)
+    whole = three()
+    monkeypatch.setattr(astec_model, "_ROW_CHUNK", 37)
+    chunked = three()
+    for w, c in zip(whole, chunked):
+        assert w.shape == c.shape and w.nnz > 0 and (w != c).nnz == 0
+    m2, rr = whole[:2]
+    assert m2.multiply(Y).nnz == 0 and rr.multiply(Y).nnz == 0   # never a positive
+    assert np.diff(rr.indptr).max() <= cfg.reranker_negatives

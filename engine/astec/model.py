@@ -30,7 +30,7 @@ from .clustering import balanced_clusters, label_centroids, meta_labels
 from .config import AstecConfig
 from .network import Classifier, Encoder, SpectralResidual, bag_inputs, dense_bag, svd_embedding_init
 from .predict import classifier_logits, combine, ensemble_scores
-from .shortlist import ShortlistIndex, label_centres, recall_at, training_shortlist
+from .shortlist import ShortlistIndex, add_random_negatives, hard_negatives, label_centres, recall_at
 from .sparse import topk_dense_from_csr, topk_rows
 from .sparse_ranker import SparseRanker, ranker_features
 from .trainer import train_shortlisted, train_surrogate
@@ -241,27 +241,55 @@ def _label_text_weight(lt: LabelText, texts_v: list[str], Sv, Yv, inv_prop, cfg:
     return float(w)
 
 
+def _by_rows(n: int, part) -> sp.csr_matrix:
+    """vstack of part(a, b) over chunks of `_ROW_CHUNK` rows. Training shortlists of every point
+    query the indexes for hundreds of candidates per point; by chunks those arrays stay bounded
+    (N = 200k: 6.4 GB in one piece). Rows are independent: the result is that of one call."""
+    parts = [part(a, min(n, a + _ROW_CHUNK)) for a in range(0, n, _ROW_CHUNK)]
+    return sp.csr_matrix(sp.vstack(parts), dtype=np.float32) if parts else None
+
+
+_ROW_CHUNK = 8192
+
+
+def _module2_negatives(index: ShortlistIndex, V: np.ndarray, Y: sp.csr_matrix, cfg: AstecConfig,
+                       seed: int) -> sp.csr_matrix:
+    """Module II's shortlist for each indexed point (V: the index's own points, in order): its
+    hard negatives from both indexes, itself excluded, plus random negatives."""
+    def hard(a, b):
+        S = index.scores(V[a:b], cfg.knn_neighbours, cfg.centroid_neighbours, cfg.centroid_weight,
+                         cfg.num_threads, exclude_self=np.arange(a, b), knn_power=cfg.knn_power)
+        return hard_negatives(S, Y[a:b], cfg.shortlist_size)
+    H = _by_rows(V.shape[0], hard)
+    if H is None:
+        H = sp.csr_matrix(Y.shape, dtype=np.float32)
+    return add_random_negatives(H, Y, cfg.random_negatives, seed)
+
+
+def _reranker_negatives(learner: Learner, X, Y, cfg: AstecConfig) -> sp.csr_matrix:
+    """The base model's top mispredictions of each indexed point (X: the index's own points, in
+    order; itself excluded), `reranker_negatives` deep, as a 0/1 csr."""
+    def mispredicted(a, b):
+        C, Z = learner.shortlist(X[a:b], cfg, exclude_self=np.arange(a, b))
+        base, _ = learner.logits(X[a:b], C, Z)
+        return hard_negatives(combine(C, base, learner.alpha), Y[a:b], cfg.reranker_negatives)
+    H = _by_rows(X.shape[0], mispredicted)
+    return H if H is not None else sp.csr_matrix(Y.shape, dtype=np.float32)
+
+
 def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> SparseRanker:
     """The sparse ranker on (Xr, Y); negatives: the learner's full-search shortlist of each
     point (itself excluded), `sparse_negatives` labels deep."""
     pool = dataclasses.replace(cfg, predict_shortlist=cfg.sparse_negatives,
                                centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives))
     search, learner.search = learner.search, None
-    n, parts = X.shape[0], []
     try:
-        # by chunks of rows: the index queries' arrays (600 centres per point) stay small; the
-        # rows are independent, so the shortlists are the same as in one call
-        for a in range(0, n, _RANKER_CHUNK):
-            b = min(n, a + _RANKER_CHUNK)
-            parts.append(learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0])
+        C = _by_rows(X.shape[0], lambda a, b: learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0])
     finally:
         learner.search = search
-    C = sp.csr_matrix(sp.vstack(parts)) if parts else sp.csr_matrix((0, Y.shape[1]), dtype=np.float32)
-    del parts
+    if C is None:
+        C = sp.csr_matrix((0, Y.shape[1]), dtype=np.float32)
     return SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
-
-
-_RANKER_CHUNK = 8192
 
 
 def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True, Xr=None,
@@ -298,10 +326,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     t0 = time.time()
     Vf = dense_bag(encoder, Xf)
     index = _build_index(encoder, Xf, Yf, cfg, seed, Vf)
-    S = index.scores(Vf, cfg.knn_neighbours, cfg.centroid_neighbours, cfg.centroid_weight, cfg.num_threads,
-                     exclude_self=np.arange(Xf.shape[0]), knn_power=cfg.knn_power)
-    negatives = training_shortlist(S, Yf, cfg.shortlist_size, cfg.random_negatives, seed)
-    del S
+    negatives = _module2_negatives(index, Vf, Yf, cfg, seed)
     m2 = {"seconds": None, "index_kind": index.points.kind, "centres": int(index.centres.count)}
     if Xv.shape[0]:
         Sv = index.scores(dense_bag(encoder, Xv), cfg.knn_neighbours, cfg.centroid_neighbours,
@@ -342,13 +367,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     # Re-ranker: independent Z~, W~ on positives + the base model's top mispredictions
     if cfg.reranker and cfg.reranker_epochs > 0:
         t0 = time.time()
-        C, Z = learner.shortlist(Xf, cfg, exclude_self=np.arange(Xf.shape[0]))
-        base, _ = learner.logits(Xf, C, Z)
-        P = combine(C, base, learner.alpha)
-        from .sparse import remove_entries
-        hard = topk_rows(remove_entries(P, Yf), cfg.reranker_negatives)
-        hard.data[:] = 1.0
-        del C, Z, base, P
+        hard = _reranker_negatives(learner, Xf, Yf, cfg)
         rr = Encoder(X.shape[1], D, cfg.spectral_lambda, cfg.dropout)
         with torch.no_grad():
             rr.embed.weight.copy_(encoder.embed.weight)

@@ -124,12 +124,16 @@ def candidates(S: sp.csr_matrix, size: int, extra: sp.csr_matrix | None = None) 
     return sp.csr_matrix(T)
 
 
-def training_shortlist(S: sp.csr_matrix, Y: sp.csr_matrix, size: int, random_negatives: int,
-                       seed: int) -> sp.csr_matrix:
-    """Hard negatives (top `size` of S minus positives) + random negatives, as a 0/1 csr."""
-    n, L = Y.shape
-    H = topk_rows(remove_entries(S, Y), size)
+def hard_negatives(S: sp.csr_matrix, Y: sp.csr_matrix, size: int) -> sp.csr_matrix:
+    """The top `size` labels of S that are not positives, as a 0/1 csr."""
+    H = topk_rows(remove_entries(S, Y), size)   # a new matrix: remove_entries copies S
     H.data[:] = 1.0
+    return sp.csr_matrix(H, dtype=np.float32)
+
+
+def add_random_negatives(H: sp.csr_matrix, Y: sp.csr_matrix, random_negatives: int, seed: int) -> sp.csr_matrix:
+    """H plus `random_negatives` uniformly drawn non-positive labels per row, as a 0/1 csr."""
+    n, L = Y.shape
     if random_negatives > 0 and L > 0:
         rng = np.random.default_rng(seed)
         R = sp.csr_matrix((np.ones(n * random_negatives, np.float32),
@@ -141,6 +145,12 @@ def training_shortlist(S: sp.csr_matrix, Y: sp.csr_matrix, size: int, random_neg
         H = H + R
         H.data[:] = 1.0
     return sp.csr_matrix(H, dtype=np.float32)
+
+
+def training_shortlist(S: sp.csr_matrix, Y: sp.csr_matrix, size: int, random_negatives: int,
+                       seed: int) -> sp.csr_matrix:
+    """Hard negatives (top `size` of S minus positives) + random negatives, as a 0/1 csr."""
+    return add_random_negatives(hard_negatives(S, Y, size), Y, random_negatives, seed)
 
 
 def recall_at(S: sp.csr_matrix, Y: sp.csr_matrix, size: int) -> float:
