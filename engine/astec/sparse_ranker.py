@@ -137,16 +137,21 @@ class SparseRanker:
         a label the ranker never saw must not outscore the ones it learnt to reject (an empty
         row would score 0, above most of them)."""
         Yp = sp.csr_matrix(Y, dtype=np.float32, copy=True)
-        Yp.data[:] = 1.0
-        N = sp.csr_matrix(negatives, dtype=np.float32, copy=True)
-        N.data[:] = 1.0
-        # targets: +1 on positives, -1 on shortlisted non-positives
-        P = sp.csc_matrix(Yp - N + N.multiply(Yp))
+        Yp.data[:] = 2.0
+        C = sp.csr_matrix(negatives)
+        # a 0/1 view of the shortlist sharing its index arrays (hundreds of entries per point:
+        # every copy of the pattern costs GBs at N = 10^5)
+        N = sp.csr_matrix((np.ones(C.nnz, np.float32), C.indices, C.indptr), shape=C.shape)
+        # targets: +1 on positives, -1 on shortlisted non-positives (2 - 1, 2, -1 -> signs)
+        P = Yp - N
+        del N
+        np.sign(P.data, out=P.data)
+        P = P.tocsc()
         P.eliminate_zeros()
         P.sort_indices()
         F = Xr.shape[1]
-        ptr, idx, val = _train_labels(P.indptr.astype(np.int64), P.indices.astype(np.int64),
-                                      P.data.astype(np.float64), Xr.indptr.astype(np.int64),
+        ptr, idx, val = _train_labels(P.indptr.astype(np.int64), P.indices, P.data,
+                                      Xr.indptr.astype(np.int64),
                                       Xr.indices.astype(np.int64), Xr.data.astype(np.float64), F,
                                       float(cost), int(max_iters), 0.1, float(threshold), int(seed))
         return cls(sp.csr_matrix((val, idx, ptr), shape=(Y.shape[1], F)))
