@@ -4,7 +4,7 @@ import pytest
 import scipy.sparse as sp
 
 from engine.astec.clustering import balanced_clusters, meta_labels
-from engine.astec.shortlist import recall_at, training_shortlist
+from engine.astec.shortlist import add_random_negatives, hard_negatives, recall_at
 from engine.astec.sparse import topk_dense_from_csr, topk_rows
 
 
@@ -42,10 +42,10 @@ def test_topk_rows_and_dense():
 def test_training_shortlist_excludes_positives():
     S = sp.csr_matrix(np.array([[0.9, 0.8, 0.7, 0.1, 0.0, 0.0]], np.float32))
     Y = sp.csr_matrix(np.array([[1, 0, 0, 0, 0, 0]], np.float32))
-    N = training_shortlist(S, Y, 2, 0, seed=0).toarray()
-    assert N.tolist() == [[0, 1, 1, 0, 0, 0]]
-    N = training_shortlist(S, Y, 2, 3, seed=0).toarray()
-    assert N[0, 0] == 0 and N.sum() >= 2
+    H = hard_negatives(S, Y, 2)
+    assert H.toarray().tolist() == [[0, 1, 1, 0, 0, 0]]
+    N = add_random_negatives(H, Y, 3, seed=0).toarray()
+    assert N[0, 0] == 0 and N.sum() >= 2 and set(np.unique(N)) <= {0, 1}
 
 
 def test_recall_at_leaves_scores_untouched():

@@ -241,12 +241,13 @@ def _label_text_weight(lt: LabelText, texts_v: list[str], Sv, Yv, inv_prop, cfg:
     return float(w)
 
 
-def _by_rows(n: int, part) -> sp.csr_matrix:
-    """vstack of part(a, b) over chunks of `_ROW_CHUNK` rows. Training shortlists of every point
-    query the indexes for hundreds of candidates per point; by chunks those arrays stay bounded
-    (N = 200k: 6.4 GB in one piece). Rows are independent: the result is that of one call."""
+def _by_rows(n: int, L: int, part) -> sp.csr_matrix:
+    """vstack of part(a, b) (csr [b - a, L]) over chunks of `_ROW_CHUNK` of the n rows. Training
+    shortlists of every point query the indexes for hundreds of candidates per point; by chunks
+    those arrays stay bounded (N = 200k: 6.4 GB in one piece). Rows are independent: the result
+    is that of one call."""
     parts = [part(a, min(n, a + _ROW_CHUNK)) for a in range(0, n, _ROW_CHUNK)]
-    return sp.csr_matrix(sp.vstack(parts), dtype=np.float32) if parts else None
+    return sp.csr_matrix(sp.vstack(parts), dtype=np.float32) if parts else sp.csr_matrix((0, L), dtype=np.float32)
 
 
 _ROW_CHUNK = 8192
@@ -260,10 +261,7 @@ def _module2_negatives(index: ShortlistIndex, V: np.ndarray, Y: sp.csr_matrix, c
         S = index.scores(V[a:b], cfg.knn_neighbours, cfg.centroid_neighbours, cfg.centroid_weight,
                          cfg.num_threads, exclude_self=np.arange(a, b), knn_power=cfg.knn_power)
         return hard_negatives(S, Y[a:b], cfg.shortlist_size)
-    H = _by_rows(V.shape[0], hard)
-    if H is None:
-        H = sp.csr_matrix(Y.shape, dtype=np.float32)
-    return add_random_negatives(H, Y, cfg.random_negatives, seed)
+    return add_random_negatives(_by_rows(V.shape[0], Y.shape[1], hard), Y, cfg.random_negatives, seed)
 
 
 def _reranker_negatives(learner: Learner, X, Y, cfg: AstecConfig) -> sp.csr_matrix:
@@ -273,8 +271,7 @@ def _reranker_negatives(learner: Learner, X, Y, cfg: AstecConfig) -> sp.csr_matr
         C, Z = learner.shortlist(X[a:b], cfg, exclude_self=np.arange(a, b))
         base, _ = learner.logits(X[a:b], C, Z)
         return hard_negatives(combine(C, base, learner.alpha), Y[a:b], cfg.reranker_negatives)
-    H = _by_rows(X.shape[0], mispredicted)
-    return H if H is not None else sp.csr_matrix(Y.shape, dtype=np.float32)
+    return _by_rows(X.shape[0], Y.shape[1], mispredicted)
 
 
 def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> SparseRanker:
@@ -284,11 +281,10 @@ def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> Spar
                                centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives))
     search, learner.search = learner.search, None
     try:
-        C = _by_rows(X.shape[0], lambda a, b: learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0])
+        C = _by_rows(X.shape[0], Y.shape[1],
+                     lambda a, b: learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0])
     finally:
         learner.search = search
-    if C is None:
-        C = sp.csr_matrix((0, Y.shape[1]), dtype=np.float32)
     return SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
 
 

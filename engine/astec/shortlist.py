@@ -147,12 +147,6 @@ def add_random_negatives(H: sp.csr_matrix, Y: sp.csr_matrix, random_negatives: i
     return sp.csr_matrix(H, dtype=np.float32)
 
 
-def training_shortlist(S: sp.csr_matrix, Y: sp.csr_matrix, size: int, random_negatives: int,
-                       seed: int) -> sp.csr_matrix:
-    """Hard negatives (top `size` of S minus positives) + random negatives, as a 0/1 csr."""
-    return add_random_negatives(hard_negatives(S, Y, size), Y, random_negatives, seed)
-
-
 def recall_at(S: sp.csr_matrix, Y: sp.csr_matrix, size: int) -> float:
     """Fraction of all positive (point, label) pairs found in the top `size` of S (percent)."""
     T = topk_rows(S, size).copy()   # topk_rows may return S itself: never overwrite the caller's scores
