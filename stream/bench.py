@@ -343,19 +343,19 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
         # the service addresses are this run's own
         settings = load_settings(services_dir=tmp, kafka_bootstrap=info.kafka_bootstrap,
                                  redis_url=info.redis_url)
+    res = None
     try:
         pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
         res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds,
                         users, batch_max, pids, trace, load_client)
-    except BaseException:
+    finally:
         if tmp:
             stop_services(tmp)
-            click.echo(f"bench stream failed; the services' logs are kept in {tmp}", err=True)
-        raise
-    if tmp:
-        # the run's own broker and Redis data (~90 MB a run): nothing in it outlives the figures
-        stop_services(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
+            if res is None:
+                click.echo(f"bench stream failed; the services' logs are kept in {tmp}", err=True)
+            else:
+                # the run's own broker and Redis data (~90 MB a run): nothing outlives the figures
+                shutil.rmtree(tmp, ignore_errors=True)
     text = json.dumps(res, indent=1)
     click.echo(text)
     if out:
