@@ -328,7 +328,13 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
     """End-to-end events/s and event->ad latency p50/p99 of `astec stream run`, with a breakdown."""
     import logging
 
+    from engine.manifest import ManifestError
     from infra.services import read_info, start_services, stop_services
+    from stream.model import check_model
+    try:
+        check_model(model)     # before any service starts
+    except (ManifestError, OSError) as e:
+        raise click.ClickException(str(e)) from None
     # kafka-python warns when this 2-core box starves its I/O thread; the figures say it anyway
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     titles_list = _read_titles(titles)

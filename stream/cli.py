@@ -50,12 +50,14 @@ def stream() -> None:
 @click.option("--threads", type=int, default=1, show_default=True, help="Math threads per worker.")
 def run(settings, model_path, workers, policy, policy_model, batch_max, metrics_port, threads):
     """Consume page views, predict, update user state, produce one ad query per event."""
+    from engine.manifest import ManifestError
+    from stream.model import check_model
     from stream.runner import run_workers
     from stream.topics import ensure_topics
-    from pathlib import Path
-    root = Path(model_path)
-    if (root / "versions").is_dir() and not (root / "CURRENT").is_file():
-        raise click.ClickException(f"{root / 'CURRENT'}: no promoted model version yet")
+    try:
+        check_model(model_path)
+    except (ManifestError, OSError) as e:
+        raise click.ClickException(str(e)) from None
     if batch_max:
         settings = settings.replace(batch_max=batch_max)
     ensure_topics(settings)

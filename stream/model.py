@@ -26,6 +26,22 @@ def _is_registry(path: Path) -> bool:
     return (path / "CURRENT").is_file() or (path / "versions").is_dir()
 
 
+def check_model(path: str | Path) -> None:
+    """Raise (naming the file) unless `path` is an exported predictor or a registry whose promoted
+    version holds one: the supervisor checks once, so a wrong --model is one clear error rather
+    than workers restarting on it until they give up. Files are checked for presence and size;
+    each worker verifies their hashes when it loads them."""
+    from engine.manifest import verify_manifest
+    p = Path(path)
+    if _is_registry(p):
+        from engine.registry import Registry
+        version = Registry(p).current()
+        if version is None:
+            raise FileNotFoundError(f"{p / 'CURRENT'}: no promoted model version yet")
+        p = Registry(p).path(version) / "predictor"
+    verify_manifest(p, check_hashes=False)
+
+
 @dataclass
 class ModelHandle:
     path: Path

@@ -39,3 +39,15 @@ def test_bench_stream_answers_every_event_and_removes_its_services(astec_predict
     assert r["duplicates_on_output"] == 0
     assert not list(tmp.glob("astec-bench-services-*"))
     assert Path(r["worker_log"]).exists()   # the workers' log stays: the JSON points at it
+
+
+@pytest.mark.parametrize("command", [["stream", "run"], ["bench", "stream", "--events", "10"]])
+def test_a_directory_that_is_no_predictor_is_refused_before_anything_starts(command, tmp_path):
+    """One clear error naming the missing manifest, not workers restarting on it for minutes."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    res = subprocess.run([sys.executable, "-m", "infra.cli", *command, "--model", str(tmp_path)],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert res.returncode != 0
+    assert f"{tmp_path / 'manifest.json'}: missing" in res.stderr
+    assert not list((tmp_path / "tmp").iterdir())   # no services, no workers' log
