@@ -48,7 +48,8 @@ def _worker(L: int, ppl: float, cfg_path: str | None, out: str, seed: int) -> No
 @click.option("--sizes", default="10000,100000", show_default=True,
               help="Comma-separated label counts L (the paper's scale: 10000,100000,500000).")
 @click.option("--points-per-label", default=2.0, show_default=True, type=float,
-              help="N = points_per_label * L training points.")
+              help="N = points_per_label * L training points (AmazonTitles-670K has 0.72: fewer points "
+                   "than labels; memory grows with N, ~11 GB at L=500000 with 0.72).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="AstecConfig JSON (e.g. fewer epochs for a quick look).")
 @click.option("--seed", default=0, show_default=True)
