@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 
-def _worker(L: int, ppl: float, cfg_path: str | None, out: str, seed: int) -> None:
+def _worker(L: int, ppl: float, cfg_path: str | None, out: str, seed: int, progress: bool = False) -> None:
     from engine.astec import Astec, AstecConfig
     from engine.metrics import evaluate
     from engine.synthetic import zipf_dataset
@@ -28,7 +28,7 @@ def _worker(L: int, ppl: float, cfg_path: str | None, out: str, seed: int) -> No
     texts, Y = zipf_dataset(n + 2000, L, seed=seed)
     gen_s = time.time() - t0
     t0 = time.time()
-    m = Astec.train(texts[:n], Y[:n], cfg, progress=False)
+    m = Astec.train(texts[:n], Y[:n], cfg, progress=progress)
     train_s = time.time() - t0
     t0 = time.time()
     ids, sc = m.predict(texts[n:], k=5)
@@ -44,6 +44,14 @@ def _worker(L: int, ppl: float, cfg_path: str | None, out: str, seed: int) -> No
         "predict_ms_per_point": round(pred_ms, 2), "P@1": round(met["P@1"], 2), "P@5": round(met["P@5"], 2)}))
 
 
+def _stderr_fd():
+    """The worker's stdout (its progress lines) goes to our stderr: stdout carries the table."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return subprocess.DEVNULL
+
+
 @click.command("scale")
 @click.option("--sizes", default="10000,100000", show_default=True,
               help="Comma-separated label counts L (the paper's scale: 10000,100000,500000).")
@@ -54,16 +62,21 @@ def _worker(L: int, ppl: float, cfg_path: str | None, out: str, seed: int) -> No
               help="AstecConfig JSON (e.g. fewer epochs for a quick look).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None)
-def scale(sizes, points_per_label, config_path, seed, json_out):
+@click.option("--progress/--no-progress", default=None,
+              help="Per-module progress bars of each size's training on stderr (default: when "
+                   "stderr is a terminal; L=500000 trains for over an hour on 2 cores).")
+def scale(sizes, points_per_label, config_path, seed, json_out, progress):
     """Train on synthetic data at growing L; print time and peak memory per module."""
+    if progress is None:
+        progress = sys.stderr.isatty()
     rows = []
     for L in [int(s) for s in sizes.split(",") if s.strip()]:
         click.echo(f"L={L} ...", err=True)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "r.json")
             proc = subprocess.Popen([sys.executable, "-m", "engine.bench_scale", str(L), str(points_per_label),
-                                     config_path or "", out, str(seed)],
-                                    cwd=str(Path(__file__).resolve().parents[1]))
+                                     config_path or "", out, str(seed), str(int(progress))],
+                                    cwd=str(Path(__file__).resolve().parents[1]), stdout=_stderr_fd())
             _, status, ru = os.wait4(proc.pid, 0)
             if status != 0 or not os.path.exists(out):
                 rows.append({"L": L, "error": f"exit status {status}"})
@@ -91,5 +104,5 @@ def scale(sizes, points_per_label, config_path, seed, json_out):
 
 
 if __name__ == "__main__":
-    _L, _ppl, _cfg, _out, _seed = sys.argv[1:6]
-    _worker(int(_L), float(_ppl), _cfg or None, _out, int(_seed))
+    _L, _ppl, _cfg, _out, _seed, _progress = sys.argv[1:7]
+    _worker(int(_L), float(_ppl), _cfg or None, _out, int(_seed), _progress == "1")

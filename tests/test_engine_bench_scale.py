@@ -1,22 +1,35 @@
 """`astec bench scale` at a tiny size: every module's time and peak memory reach the JSON and a
-well-formed table (one column per header cell), the sparse ranker included."""
+well-formed table (one column per header cell), the sparse ranker included; progress bars when
+asked for (an hour-long size must not run silently), none in captured output by default."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
-
-from conftest import astec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def test_bench_scale_reports_every_module(tmp_path):
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _scale(tmp_path, *extra: str) -> subprocess.CompletedProcess:
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({"surrogate_epochs": 1, "extreme_epochs": 1, "reranker_epochs": 1,
                                "embedding_dim": 32, "num_threads": 1}))
-    out = tmp_path / "scale.json"
-    table = astec("bench", "scale", "--sizes", "300", "--config", str(cfg), "--json-out", str(out))
+    res = subprocess.run([sys.executable, "-m", "infra.cli", "bench", "scale", "--sizes", "300",
+                          "--config", str(cfg), "--json-out", str(tmp_path / "scale.json"), *extra],
+                         capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def test_bench_scale_reports_every_module(tmp_path):
+    res = _scale(tmp_path)
+    out, table = tmp_path / "scale.json", res.stdout
     (row,) = json.loads(out.read_text())
     assert row["L"] == 300 and row["N"] == 600
     for m in ("I", "II", "IV", "reranker", "sparse"):
@@ -27,3 +40,12 @@ def test_bench_scale_reports_every_module(tmp_path):
     widths = {ln.count("|") for ln in lines}
     assert len(widths) == 1, lines
     assert "sparse s" in lines[0] and lines[2].startswith("| 300 | 600 |")
+    # stderr is not a terminal here: no progress bars unless asked for
+    assert "Module IV" not in res.stderr
+
+
+def test_bench_scale_progress_shows_each_module(tmp_path):
+    res = _scale(tmp_path, "--progress")
+    for stage in ("Module I", "Module II", "Module IV", "Re-ranker", "Sparse ranker: refit"):
+        assert stage in res.stderr, res.stderr[-2000:]
+    assert "Module" not in res.stdout   # the table alone on stdout

@@ -320,6 +320,8 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
 
     # Module II: frozen E -> indexes -> hard-negative shortlists
     t0 = time.time()
+    if progress:   # no bar inside the index builds and searches: say what runs (minutes at L=500k)
+        tqdm.write(f"  Module II: indexes and hard negatives for {Xf.shape[0]} points ...")
     Vf = dense_bag(encoder, Xf)
     index = _build_index(encoder, Xf, Yf, cfg, seed, Vf)
     negatives = _module2_negatives(index, Vf, Yf, cfg, seed)
@@ -391,6 +393,8 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     Xrv = None
     if Xr is not None and cfg.sparse_ranker:
         t0 = time.time()
+        if progress:
+            tqdm.write(f"  Sparse ranker: shortlists and fit on {Xf.shape[0]} points ...")
         Xrv = Xr[valid]
         learner.sparse = _fit_ranker(learner, Xf, Yf, Xr[fit], cfg, seed)
         ms = {"weights": int(learner.sparse.W.nnz)}
@@ -424,6 +428,8 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         # the ranker, too, learns from every training point once gamma is chosen (negatives from
         # the final indexes; else labels seen only in the validation split would have no model)
         t0 = time.time()
+        if progress:
+            tqdm.write(f"  Sparse ranker: refit on all {X.shape[0]} points ...")
         learner.sparse = _fit_ranker(learner, X, Y, Xr, cfg, seed)
         log["modules"]["sparse"]["refit_seconds"] = round(time.time() - t0, 1)
         log["modules"]["sparse"]["weights"] = int(learner.sparse.W.nnz)
