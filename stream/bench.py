@@ -34,6 +34,7 @@ from stream.metrics import STAGES, read_all
 from stream.schemas import decode, encode
 from stream.state import connect
 from stream.bench_load import CLIENTS, AdReader, default_client, make_load_producer
+from stream.cli import checked_model
 from stream.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -298,7 +299,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
 
 @click.command("stream")
 @click.option("--model", required=True, type=click.Path(exists=True, file_okay=False),
-              help="Exported predictor dir (or model registry root).")
+              callback=checked_model, help="Exported predictor dir (or model registry root).")
 @click.option("--events", default=50000, show_default=True, help="Page views in the saturation phase.")
 @click.option("--workers", default=2, show_default=True)
 @click.option("--rate", "rates", type=float, multiple=True,
@@ -328,13 +329,7 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
     """End-to-end events/s and event->ad latency p50/p99 of `astec stream run`, with a breakdown."""
     import logging
 
-    from engine.manifest import ManifestError
     from infra.services import read_info, start_services, stop_services
-    from stream.model import check_model
-    try:
-        check_model(model)     # before any service starts
-    except (ManifestError, OSError) as e:
-        raise click.ClickException(str(e)) from None
     # kafka-python warns when this 2-core box starves its I/O thread; the figures say it anyway
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     titles_list = _read_titles(titles)

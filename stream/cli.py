@@ -29,6 +29,18 @@ def settings_options(f):
     return wrapper
 
 
+def checked_model(ctx, param, value):
+    """`--model` callback: one clear error naming the file while parsing, before any service or
+    worker starts (stream.model.check_model), for every command that serves a model."""
+    from engine.manifest import ManifestError
+    from stream.model import check_model
+    try:
+        check_model(value)
+    except (ManifestError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    return value
+
+
 @click.group()
 def stream() -> None:
     """Consumers, producers and the click logger of the streaming ads pipeline."""
@@ -37,6 +49,7 @@ def stream() -> None:
 @stream.command()
 @settings_options
 @click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False),
+              callback=checked_model,
               help="Exported predictor dir, or a model registry root (CURRENT + versions/): "
                    "the latter is hot-reloaded when a new version is promoted.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
@@ -50,14 +63,8 @@ def stream() -> None:
 @click.option("--threads", type=int, default=1, show_default=True, help="Math threads per worker.")
 def run(settings, model_path, workers, policy, policy_model, batch_max, metrics_port, threads):
     """Consume page views, predict, update user state, produce one ad query per event."""
-    from engine.manifest import ManifestError
-    from stream.model import check_model
     from stream.runner import run_workers
     from stream.topics import ensure_topics
-    try:
-        check_model(model_path)
-    except (ManifestError, OSError) as e:
-        raise click.ClickException(str(e)) from None
     if batch_max:
         settings = settings.replace(batch_max=batch_max)
     ensure_topics(settings)

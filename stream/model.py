@@ -35,10 +35,11 @@ def check_model(path: str | Path) -> None:
     p = Path(path)
     if _is_registry(p):
         from engine.registry import Registry
-        version = Registry(p).current()
+        registry = Registry(p)
+        version = registry.current()
         if version is None:
             raise FileNotFoundError(f"{p / 'CURRENT'}: no promoted model version yet")
-        p = Registry(p).path(version) / "predictor"
+        p = registry.path(version) / "predictor"
     verify_manifest(p, check_hashes=False)
 
 
