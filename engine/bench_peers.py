@@ -48,6 +48,27 @@ def _load(train, test, labels, cfg):
     return Xtr, Xte, Xtr, Xte, Ytr, Yte, tr.label_names
 
 
+def _module_seconds(learner_log: dict) -> dict:
+    """{module: seconds} of one learner, the sparse ranker's refit on all points apart."""
+    out = {}
+    for m, v in learner_log["modules"].items():
+        out[m] = v.get("seconds")
+        if v.get("refit_seconds") is not None:
+            out[f"{m}_refit"] = v["refit_seconds"]
+    return out
+
+
+def train_ratios(rows: list[dict]) -> dict:
+    """Each method's training time over the fastest peer's (peers: the non-Astec methods; with
+    none of them in the run, the fastest method's). Failed rows are left out."""
+    ok = [r for r in rows if "error" not in r]
+    peers = [r["train_s"] for r in ok if not r["method"].startswith("astec")] or [r["train_s"] for r in ok]
+    if not peers:
+        return {}
+    base = max(min(peers), 1e-9)
+    return {r["method"]: round(r["train_s"] / base, 1) for r in ok}
+
+
 def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngrams=2):
     """Train + predict one method in this process; write timings and top-k ids to out_json."""
     import numpy as np
@@ -69,8 +90,7 @@ def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngra
             model.save(Path(os.environ["ASTEC_BENCH_SAVE_DIR"]) / method)
         t1 = time.time()
         ids, _ = model.predict(te_in, k=k)
-        extra = {"train_log": {j: {m: v.get("seconds") for m, v in lg["modules"].items()}
-                               for j, lg in enumerate(model.train_log["learners"])}}
+        extra = {"train_log": {j: _module_seconds(lg) for j, lg in enumerate(model.train_log["learners"])}}
     elif method in ("parabel", "bonsai"):
         import omikuji
 
@@ -141,7 +161,11 @@ def _run(method, args, k, threads, peer_ngrams, save_dir: str | None = None) -> 
               help="AstecConfig JSON for Astec (its n-gram settings also shape the peers' features).")
 @click.option("--methods", default="astec,parabel,bonsai,napkinxc-plt", show_default=True,
               help=f"Comma-separated subset of {','.join(METHODS)}.")
-@click.option("--threads", type=int, default=2, show_default=True, help="Threads for the peers (omikuji, napkinXC).")
+@click.option("--threads", type=click.IntRange(0, 256), default=0, show_default=True,
+              help="Threads for the peers (omikuji, napkinXC) and for Astec unless its config sets "
+                   "num_threads; 0 = every core this process may use.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
+              help="Where Astec's Modules I-IV and re-ranker train (default: the config's, cpu).")
 @click.option("--peer-ngrams", type=click.IntRange(1, 2), default=2, show_default=True,
               help="Word n-grams of the peers' TF-IDF features (2 = words + word pairs).")
 @click.option("--propensity", default="0.55,1.5", show_default=True, help="A,B of the propensity model.")
@@ -149,10 +173,11 @@ def _run(method, args, k, threads, peer_ngrams, save_dir: str | None = None) -> 
 @click.option("--save-models", type=click.Path(file_okay=False), default=None,
               help="Save the trained Astec models as DIR/astec, DIR/astec-3 (saving is not timed), "
                    "e.g. to export and `astec bench predict` the very model measured here.")
-def peers(train_path, test_path, labels_path, config_path, methods, threads, peer_ngrams, propensity, json_out,
-          save_models):
+def peers(train_path, test_path, labels_path, config_path, methods, threads, device, peer_ngrams, propensity,
+          json_out, save_models):
     """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k, time, RSS."""
     from engine.astec import AstecConfig
+    from engine.astec.config import resolve_threads
     from engine.formats import load_dataset
     from engine.metrics import evaluate, inv_propensity
 
@@ -167,12 +192,20 @@ def peers(train_path, test_path, labels_path, config_path, methods, threads, pee
     import scipy.sparse as sp
     Yte = sp.csr_matrix((te.Y.data, te.Y.indices, te.Y.indptr), shape=(te.Y.shape[0], L))
     ip = inv_propensity(tr.Y, A=A, B=B, num_labels=L)
-    args = [str(train_path), str(test_path), str(labels_path or ""), str(config_path or "")]
     cfg = AstecConfig.load(config_path) if config_path else AstecConfig()
+    threads = resolve_threads(threads)
+    astec_threads = cfg.num_threads if cfg.num_threads > 0 else threads
+    if device is not None:   # the worker reads the config file: write one with the device
+        cfg.device = device
+        tmp_cfg = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        tmp_cfg.close()
+        cfg.save(tmp_cfg.name)
+        config_path = tmp_cfg.name
+    args = [str(train_path), str(test_path), str(labels_path or ""), str(config_path or "")]
     rows = []
     for m in wanted:
         click.echo(f"running {m} ...", err=True)
-        r = _run(m, args, 5, cfg.num_threads if m.startswith("astec") else threads, peer_ngrams, save_models)
+        r = _run(m, args, 5, astec_threads if m.startswith("astec") else threads, peer_ngrams, save_models)
         if "error" in r:
             click.echo(f"  {m}: failed ({r['error']})", err=True)
             rows.append({"method": m, "error": r["error"]})
@@ -186,16 +219,24 @@ def peers(train_path, test_path, labels_path, config_path, methods, threads, pee
             row["modules_s"] = r["train_log"]
         rows.append(row)
         click.echo(f"  {json.dumps(row)}", err=True)
-    cols = ["P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5", "train_s", "peak_rss_mb"]
-    head = "| method | " + " | ".join(c.replace("peak_rss_mb", "peak RSS MB").replace("train_s", "train s")
-                                    for c in cols) + " |"
+    ratios = train_ratios(rows)
+    for r in rows:
+        if r["method"] in ratios:
+            r["train_ratio"] = ratios[r["method"]]
+    cols = ["P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5", "train_s", "train_ratio", "peak_rss_mb"]
+    head = "| method | " + " | ".join(c.replace("peak_rss_mb", "peak RSS MB").replace("train_ratio", "train / fastest peer")
+                                    .replace("train_s", "train s") for c in cols) + " |"
     click.echo(head)
     click.echo("|" + "---|" * (len(cols) + 1))
     for r in rows:
         if "error" in r:
             click.echo(f"| {r['method']} | failed: {r['error']} |")
         else:
-            click.echo(f"| {r['method']} | " + " | ".join(str(r[c]) for c in cols) + " |")
+            click.echo(f"| {r['method']} | " + " | ".join(str(r.get(c, "-")) for c in cols) + " |")
+    for r in rows:
+        for j, mods in (r.get("modules_s") or {}).items():
+            click.echo(f"{r['method']} learner {j} seconds per module: "
+                       + ", ".join(f"{k} {v}" for k, v in mods.items()))
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
 

@@ -26,10 +26,15 @@ import click
               help="JSON object of AstecConfig fields overriding the defaults.")
 @click.option("--learners", type=click.IntRange(1, 16), default=None, help="Ensemble size (Astec-3: 3).")
 @click.option("--seed", type=int, default=None, help="Random seed (learner j uses seed + 1000 j).")
-@click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch/hnswlib threads (default 2).")
+@click.option("--threads", type=click.IntRange(0, 256), default=None,
+              help="torch/numba/hnswlib threads (default: the config's num_threads, whose default 0 means "
+                   "every core this process may use).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
+              help="Where Modules I-IV and the re-ranker train (default: the config's, cpu); cuda needs a "
+                   "GPU, auto takes one when present. The model and its CPU predictor are the same kind.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def train(train_path, clicks_dir, min_clicks, test_fraction, labels_path, out_dir, config_path, learners,
-          seed, threads, quiet):
+          seed, threads, device, quiet):
     """Train Astec (Modules I-IV, re-ranker, optional ensemble) and save MODEL_DIR.
 
     Give either --train (a data set file) or --clicks (search click logs). Writes config.json, the
@@ -59,8 +64,10 @@ def train(train_path, clicks_dir, min_clicks, test_fraction, labels_path, out_di
         ds = load_dataset(train_path, labels_path)
     except (FormatError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    if threads:
+    if threads is not None:
         cfg.num_threads = threads
+    if device is not None:
+        cfg.device = device
     inputs = ds.texts if ds.texts is not None else ds.X
     t0 = time.time()
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +12,29 @@ from pathlib import Path
 # fields that models saved by earlier versions may carry, with the one value that still means
 # today's behaviour (such a config loads; any other value is refused as unknown)
 _RETIRED = {"classifier_init": "xavier"}
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_threads(n: int | None) -> int:
+    """The one home of the thread default: n > 0 as given, else every available core."""
+    return int(n) if n and n > 0 else available_cores()
+
+
+def resolve_device(device: str) -> str:
+    """"auto" -> "cuda" when torch sees a GPU, else "cpu"; "cuda" without one is an error."""
+    import torch
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU")
+    return device
 
 
 @dataclass
@@ -114,7 +138,14 @@ class AstecConfig:
     # run
     learners: int = 1
     seed: int = 0
-    num_threads: int = 1             # torch threads (1 avoids oversubscription on a shared 2-core box)
+    num_threads: int = 0             # torch / numba / hnswlib threads; 0 = the cores this process may use
+    # where Modules I-IV and the re-ranker train: "cpu", "cuda" (a GPU; same model directory and
+    # CPU predictor) or "auto" (cuda when torch sees one). Module II's indexes, the sparse ranker
+    # and prediction always run on the CPU.
+    device: str = "cpu"
+    # on the CPU, the classifier of Modules III/IV and the re-ranker is scored and updated by
+    # compiled kernels (fused.py); false runs the torch path a GPU runs (same loss and optimiser)
+    fused_kernels: bool = True
     predict_batch: int = 2048
 
     def __post_init__(self):
@@ -122,6 +153,8 @@ class AstecConfig:
             raise ValueError(f"embedding_init must be 'random' or 'svd', got {self.embedding_init!r}")
         if self.ensemble not in ("auto", "mean", "max"):
             raise ValueError(f"ensemble must be 'auto', 'mean' or 'max', got {self.ensemble!r}")
+        if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {self.device!r}")
         if self.sparse_word_ngrams not in (1, 2):
             raise ValueError(f"sparse_word_ngrams must be 1 or 2, got {self.sparse_word_ngrams}")
 
@@ -140,6 +173,7 @@ class AstecConfig:
         c.random_negatives = int(min(c.random_negatives, L))
         c.reranker_negatives = int(min(c.reranker_negatives, L))
         c.sparse_negatives = int(min(c.sparse_negatives, L))
+        c.num_threads = resolve_threads(c.num_threads)
         return c
 
     def to_dict(self) -> dict:

@@ -27,13 +27,20 @@ from engine.text import TfidfVectorizer
 from . import io as mio
 from .ann import AnnIndex
 from .clustering import balanced_clusters, label_centroids, meta_labels
-from .config import AstecConfig
+from .config import AstecConfig, resolve_device, resolve_threads
 from .network import Classifier, Encoder, SpectralResidual, bag_inputs, dense_bag, svd_embedding_init
 from .predict import classifier_logits, combine, ensemble_scores
 from .shortlist import ShortlistIndex, add_random_negatives, hard_negatives, label_centres, recall_at
 from .sparse import topk_dense_from_csr, topk_rows
 from .sparse_ranker import SparseRanker, ranker_features
 from .trainer import train_shortlisted, train_surrogate
+
+
+def _set_threads(n: int) -> None:
+    """torch's and numba's thread pools (the fused classifier kernels run in numba's)."""
+    torch.set_num_threads(max(1, n))
+    import numba
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
 def _peak_rss_mb() -> float:
@@ -285,7 +292,8 @@ def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> Spar
                      lambda a, b: learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0])
     finally:
         learner.search = search
-    return SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed)
+    return SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed,
+                            threads=resolve_threads(cfg.num_threads))
 
 
 def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True, Xr=None,
@@ -297,6 +305,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     candidates `valid_extra` in the shortlists or None), or None when not asked or without a
     validation split."""
     log: dict = {"seed": seed, "modules": {}}
+    device = resolve_device(cfg.device)
     torch.manual_seed(seed)
     Xf, Yf = X[fit], Y[fit]
     Xv, Yv = X[valid], Y[valid]
@@ -314,7 +323,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
             encoder.embed.weight.copy_(torch.from_numpy(svd_embedding_init(Xf, Yf, D, seed)))
     epochs_log = train_surrogate(encoder, Xf, Ym, cfg.surrogate_epochs, cfg.surrogate_lr, cfg.batch_size, seed,
                                  progress, valid=(Xv, meta_labels(Yv, assign, cfg.num_clusters)),
-                                 decay_epoch=int(round(cfg.surrogate_decay * cfg.surrogate_epochs)))
+                                 decay_epoch=int(round(cfg.surrogate_decay * cfg.surrogate_epochs)), device=device)
     log["modules"]["I"] = {"seconds": round(time.time() - t0, 1), "peak_rss_mb": _peak_rss_mb(),
                            "clusters": int(cfg.num_clusters), "epochs": epochs_log}
 
@@ -345,7 +354,8 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     encoder.residual = SpectralResidual(D, cfg.spectral_lambda)
     clf = Classifier(L, D)
     ep = train_shortlisted(encoder, clf, Xf, Yf, negatives, cfg.extreme_epochs, cfg.extreme_lr, cfg.batch_size,
-                           seed, cfg.finetune_embeddings, cfg.finetune_lr, "Module IV", progress)
+                           seed, cfg.finetune_embeddings, cfg.finetune_lr, "Module IV", progress, device,
+                           cfg.fused_kernels)
     del negatives
     # E may have been fine-tuned: rebuild the indexes on the final v
     index = _build_index(encoder, Xf, Yf, cfg, seed)
@@ -374,7 +384,8 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
             rr_clf.weight.weight.copy_(clf.weight.weight)
             rr_clf.bias.weight.copy_(clf.bias.weight)
         ep = train_shortlisted(rr, rr_clf, Xf, Yf, hard, cfg.reranker_epochs, cfg.extreme_lr, cfg.batch_size,
-                               seed + 1, True, cfg.finetune_lr, "Re-ranker", progress)
+                               seed + 1, True, cfg.finetune_lr, "Re-ranker", progress, device,
+                               cfg.fused_kernels)
         learner.reranker, learner.rr_clf = rr, rr_clf
         mr = {"epochs": ep}
         if Xv.shape[0]:
@@ -480,7 +491,7 @@ class Astec:
         if n == 0:
             raise ValueError("Astec.train: no training points")
         cfg = cfg.resolve(L)
-        torch.set_num_threads(max(1, cfg.num_threads))
+        _set_threads(cfg.num_threads)
         t_start = time.time()
         vectorizer = None
         if sp.issparse(texts):
@@ -608,7 +619,7 @@ class Astec:
         batch = batch or self.config.predict_batch
         ids = np.full((X.shape[0], k), -1, np.int64)
         scores = np.zeros((X.shape[0], k), np.float32)
-        torch.set_num_threads(max(1, self.config.num_threads))
+        _set_threads(resolve_threads(self.config.num_threads))
         for s in range(0, X.shape[0], batch):
             i, sc = topk_dense_from_csr(self._scores(X[s:s + batch], None if Xr is None else Xr[s:s + batch],
                                                      None if raw is None else raw[s:s + batch]), k)

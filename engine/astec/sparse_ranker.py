@@ -118,6 +118,9 @@ def _train_labels(pptr, pidx, py, xptr, xidx, xval, num_features, cost, max_iter
     return out_ptr, out_idx[:n_out].copy(), out_val[:n_out].copy()
 
 
+_LABEL_CHUNK = 1024   # labels per task of the fit (fixed: the result must not depend on threads)
+
+
 @dataclass
 class SparseRanker:
     """W [L, F+1]: per-label weights over the ranker features (last column: bias)."""
@@ -131,7 +134,8 @@ class SparseRanker:
 
     @classmethod
     def fit(cls, Xr: sp.csr_matrix, Y: sp.csr_matrix, negatives: sp.csr_matrix, cost: float = 1.0,
-            threshold: float = 0.1, max_iters: int = 10, seed: int = 0) -> "SparseRanker":
+            threshold: float = 0.1, max_iters: int = 10, seed: int = 0,
+            threads: int = 1) -> "SparseRanker":
         """Xr: ranker_features of the training points; negatives: candidate labels per point
         (positives among them are ignored). A label with no example at all gets bias -1 only:
         a label the ranker never saw must not outscore the ones it learnt to reject (an empty
@@ -150,10 +154,32 @@ class SparseRanker:
         P.eliminate_zeros()
         P.sort_indices()
         F = Xr.shape[1]
-        ptr, idx, val = _train_labels(P.indptr.astype(np.int64), P.indices, P.data,
-                                      Xr.indptr.astype(np.int64),
-                                      Xr.indices.astype(np.int64), Xr.data.astype(np.float64), F,
-                                      float(cost), int(max_iters), 0.1, float(threshold), int(seed))
+        xptr, xidx, xval = Xr.indptr.astype(np.int64), Xr.indices.astype(np.int64), Xr.data.astype(np.float64)
+        pp = P.indptr.astype(np.int64)
+        L = Y.shape[1]
+
+        def chunk(a):
+            """Labels [a, a + _LABEL_CHUNK): independent problems, own seed, so the weights do not
+            depend on how many threads share the chunks (the kernel releases the GIL)."""
+            b = min(L, a + _LABEL_CHUNK)
+            s0, s1 = pp[a], pp[b]
+            return _train_labels(pp[a:b + 1] - s0, P.indices[s0:s1], P.data[s0:s1], xptr, xidx, xval, F,
+                                 float(cost), int(max_iters), 0.1, float(threshold), int(seed) + a)
+
+        starts = list(range(0, L, _LABEL_CHUNK))
+        if threads > 1 and len(starts) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(threads) as ex:
+                parts = list(ex.map(chunk, starts))
+        else:
+            parts = [chunk(a) for a in starts]
+        ptr = np.zeros(L + 1, np.int64)
+        off = 0
+        for a, (cp, _, _) in zip(starts, parts):
+            ptr[a + 1:a + cp.size] = cp[1:] + off
+            off += int(cp[-1])
+        idx = np.concatenate([q[1] for q in parts]) if parts else np.zeros(0, np.int32)
+        val = np.concatenate([q[2] for q in parts]) if parts else np.zeros(0, np.float32)
         return cls(sp.csr_matrix((val, idx, ptr), shape=(Y.shape[1], F)))
 
     def scores(self, Xr: sp.csr_matrix, C: sp.csr_matrix) -> np.ndarray:

@@ -50,15 +50,16 @@ class RowAdam:
         self.table.data.index_add_(0, rows, upd, alpha=-self.lr)
 
 
-def gathered_v(opt: RowAdam, X: sp.csr_matrix):
+def gathered_v(opt: RowAdam, X: sp.csr_matrix, device: torch.device | None = None):
     """v = ReLU(sum_t x_t e_t) for a batch, over a gathered copy of the touched embedding rows."""
     X = sp.csr_matrix(X)
+    dev = device or opt.table.device
     uniq, inv = np.unique(X.indices, return_inverse=True)
-    rows = torch.from_numpy(uniq.astype(np.int64))
+    rows = torch.from_numpy(uniq.astype(np.int64)).to(dev)
     Eu = opt.gather(rows)
-    v = F.relu(F.embedding_bag(torch.from_numpy(inv.astype(np.int64).ravel()), Eu,
-                               torch.from_numpy(X.indptr[:-1].astype(np.int64)), mode="sum",
-                               per_sample_weights=torch.from_numpy(X.data.astype(np.float32))))
+    v = F.relu(F.embedding_bag(torch.from_numpy(inv.astype(np.int64).ravel()).to(dev), Eu,
+                               torch.from_numpy(X.indptr[:-1].astype(np.int64)).to(dev), mode="sum",
+                               per_sample_weights=torch.from_numpy(X.data.astype(np.float32)).to(dev)))
     return v, rows, Eu
 
 
@@ -69,22 +70,29 @@ def _batches(n: int, size: int, rng) -> list[np.ndarray]:
 
 def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, epochs: int, lr: float,
                     batch_size: int, seed: int, progress: bool = True, valid=None,
-                    decay_epoch: int = 0, decay_factor: float = 0.5) -> list[dict]:
+                    decay_epoch: int = 0, decay_factor: float = 0.5, device: str = "cpu") -> list[dict]:
     """Module I: train E, R0 and a dense meta-label classifier with BCE; returns per-epoch logs.
 
     valid: optional (X_valid, Ymeta_valid) on which meta-label P@1 is logged each epoch.
     decay_epoch > 0: learning rates are multiplied by decay_factor from that epoch on (step decay).
+    device: where the batches run (the encoder comes back to the CPU).
     """
+    dev = torch.device(device)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     D = encoder.embed.embedding_dim
     Lm = Ymeta.shape[1]
     head = nn.Linear(D, Lm)
+    if dev.type != "cpu":
+        encoder.to(dev)
+        head.to(dev)
     residual = encoder.residual
     opt_s = RowAdam(encoder.embed.weight, lr=lr)
     opt_d = torch.optim.Adam(list(residual.parameters()) + list(head.parameters()), lr=lr)
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
     logs = []
+    nb = -(-X.shape[0] // max(batch_size, 1))
+    bar = tqdm(total=epochs * nb, desc="Module I", disable=not progress, leave=False, unit="batch")
     for ep in range(epochs):
         if decay_epoch > 0 and ep == decay_epoch:
             opt_s.lr *= decay_factor
@@ -93,11 +101,11 @@ def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, ep
         encoder.train()
         t0 = time.time()
         tot = 0.0
-        batches = _batches(X.shape[0], batch_size, rng)
-        for idx in tqdm(batches, desc=f"Module I  epoch {ep + 1}/{epochs}", disable=not progress, leave=False):
-            v, rows, Eu = gathered_v(opt_s, X[idx])
+        for idx in _batches(X.shape[0], batch_size, rng):
+            bar.update(1)
+            v, rows, Eu = gathered_v(opt_s, X[idx], dev)
             logits = head(encoder.z_from_v(encoder.drop(v)))
-            target = torch.from_numpy(Ymeta[idx].toarray())
+            target = torch.from_numpy(Ymeta[idx].toarray()).to(dev)
             loss = F.binary_cross_entropy_with_logits(logits, target)
             opt_d.zero_grad()
             loss.backward()
@@ -109,82 +117,117 @@ def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, ep
             Xv, Yv = valid
             encoder.eval()
             with torch.no_grad():
-                top = head(encoder(*bag_inputs(Xv))).argmax(dim=1).numpy().copy()
+                top = head(encoder(*(t.to(dev) for t in bag_inputs(Xv)))).argmax(dim=1).cpu().numpy().copy()
             Yv = sp.csr_matrix(Yv)
             entry["valid_meta_P@1"] = round(100.0 * float(np.asarray(Yv[np.arange(Yv.shape[0]), top]).mean()), 2)
         logs.append(entry)
         if progress:
             tqdm.write(f"  Module I epoch {ep + 1}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                                  for k, v in entry.items() if k != "epoch"))
+    bar.close()
+    if dev.type != "cpu":
+        encoder.to("cpu")
     encoder.eval()
     return logs
+
+
+def _candidates(Y: sp.csr_matrix, negatives: sp.csr_matrix) -> sp.csr_matrix:
+    """Each point's positives (data 2) and shortlisted negatives (data 1), positives winning."""
+    Y = sp.csr_matrix(Y, dtype=np.float32)
+    cand = sp.csr_matrix(2.0 * Y + sp.csr_matrix(negatives, dtype=np.float32) - 2.0 * Y.multiply(negatives != 0),
+                         dtype=np.float32)
+    cand.eliminate_zeros()
+    return cand
 
 
 def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp.csr_matrix,
                       negatives: sp.csr_matrix, epochs: int, lr: float, batch_size: int, seed: int,
                       finetune_embeddings: bool, finetune_lr: float, name: str = "Module IV",
-                      progress: bool = True) -> list[dict]:
+                      progress: bool = True, device: str = "cpu", fused: bool = True) -> list[dict]:
     """Modules III/IV (and the re-ranker): 1-vs-all BCE over positives + shortlisted negatives.
 
-    Each point is scored only on its own positives and shortlisted negatives (the paper's loss);
-    the batch gathers the union of those classifier rows once and updates only them.
+    Each point is scored only on its own positives and shortlisted negatives (the paper's loss).
+    On CPU (fused=True) the classifier rows are scored and updated by compiled kernels
+    (`fused.py`) straight in W; otherwise (a GPU, or fused=False) the batch gathers the union of
+    its rows as torch tensors on `device` and autograd + RowAdam update them: the same loss and
+    optimiser, so both give the same kind of model.
     """
+    dev = torch.device(device)
+    if dev.type != "cpu":
+        fused = False
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     n, L = Y.shape
-    Y = sp.csr_matrix(Y, dtype=np.float32)
-    # 2 = positive, 1 = shortlisted negative
-    cand = sp.csr_matrix(2.0 * Y + sp.csr_matrix(negatives, dtype=np.float32) - 2.0 * Y.multiply(negatives != 0),
-                         dtype=np.float32)
-    cand.eliminate_zeros()
-    opt_w = RowAdam(clf.weight.weight, lr=lr)
-    opt_b = RowAdam(clf.bias.weight, lr=lr)
+    cand = _candidates(Y, negatives)
+    if dev.type != "cpu":
+        encoder.to(dev)
+        clf.to(dev)
     opt_r = torch.optim.Adam(list(encoder.residual.parameters()), lr=lr)
     opt_e = RowAdam(encoder.embed.weight, lr=finetune_lr)
+    if fused:
+        from .fused import FusedClassifierAdam
+        fc = FusedClassifierAdam(clf.weight.weight.detach().numpy(), clf.bias.weight.detach().numpy().reshape(-1),
+                                 lr=lr)
+    else:
+        opt_w = RowAdam(clf.weight.weight, lr=lr)
+        opt_b = RowAdam(clf.bias.weight, lr=lr)
     logs = []
+    nb = -(-n // max(batch_size, 1))
+    bar = tqdm(total=epochs * nb, desc=name, disable=not progress, leave=False, unit="batch")
     for ep in range(epochs):
         encoder.train()
         t0 = time.time()
         tot = 0.0
-        for idx in tqdm(_batches(n, batch_size, rng), desc=f"{name} epoch {ep + 1}/{epochs}",
-                        disable=not progress, leave=False):
+        for idx in _batches(n, batch_size, rng):
+            bar.update(1)
             Cb = cand[idx]
             if Cb.nnz == 0:
                 continue
-            counts = np.diff(Cb.indptr)
-            B, K = len(idx), int(counts.max())
-            U, inv = np.unique(Cb.indices, return_inverse=True)
-            r = np.repeat(np.arange(B), counts)
-            p = np.arange(Cb.nnz) - Cb.indptr[r]
-            slot = np.zeros((B, K), np.int64)
-            slot[r, p] = inv.ravel()
-            target = np.zeros((B, K), np.float32)
-            target[r, p] = Cb.data >= 2
-            mask = np.zeros((B, K), np.float32)
-            mask[r, p] = 1.0
-            v, rows, Eu = gathered_v(opt_e, X[idx])
+            v, rows, Eu = gathered_v(opt_e, X[idx], dev)
             if not finetune_embeddings:
                 v = v.detach()
             z = encoder.z_from_v(encoder.drop(v))
-            Ut = torch.from_numpy(U.astype(np.int64))
-            Wu, bu = opt_w.gather(Ut), opt_b.gather(Ut)
-            st = torch.from_numpy(slot)
-            # each point is scored only on its own positives + shortlist: [B, K] gathered rows
-            logits = torch.bmm(Wu[st], z.unsqueeze(2)).squeeze(2) + bu[st].squeeze(2)
-            m = torch.from_numpy(mask)
-            loss = (F.binary_cross_entropy_with_logits(logits, torch.from_numpy(target), reduction="none")
-                    * m).sum() / m.sum()
-            opt_r.zero_grad()
-            loss.backward()
-            opt_w.step(Ut, Wu.grad)
-            opt_b.step(Ut, bu.grad)
+            if fused:
+                loss, dz = fc.step(z.detach().numpy(), Cb.indptr.astype(np.int64), Cb.indices.astype(np.int64),
+                                   (Cb.data >= 2).astype(np.float32))
+                opt_r.zero_grad()
+                z.backward(torch.from_numpy(dz))
+            else:
+                counts = np.diff(Cb.indptr)
+                B, K = len(idx), int(counts.max())
+                U, inv = np.unique(Cb.indices, return_inverse=True)
+                r = np.repeat(np.arange(B), counts)
+                p = np.arange(Cb.nnz) - Cb.indptr[r]
+                slot = np.zeros((B, K), np.int64)
+                slot[r, p] = inv.ravel()
+                target = np.zeros((B, K), np.float32)
+                target[r, p] = Cb.data >= 2
+                mask = np.zeros((B, K), np.float32)
+                mask[r, p] = 1.0
+                Ut = torch.from_numpy(U.astype(np.int64)).to(dev)
+                Wu, bu = opt_w.gather(Ut), opt_b.gather(Ut)
+                st = torch.from_numpy(slot).to(dev)
+                # each point is scored only on its own positives + shortlist: [B, K] gathered rows
+                logits = torch.bmm(Wu[st], z.unsqueeze(2)).squeeze(2) + bu[st].squeeze(2)
+                m = torch.from_numpy(mask).to(dev)
+                lossT = (F.binary_cross_entropy_with_logits(logits, torch.from_numpy(target).to(dev),
+                                                            reduction="none") * m).sum() / m.sum()
+                opt_r.zero_grad()
+                lossT.backward()
+                opt_w.step(Ut, Wu.grad)
+                opt_b.step(Ut, bu.grad)
+                loss = float(lossT.item())
             opt_r.step()
             if finetune_embeddings:
                 opt_e.step(rows, Eu.grad)
-            tot += loss.item() * len(idx)
+            tot += loss * len(idx)
         entry = {"epoch": ep + 1, "loss": tot / max(n, 1), "seconds": round(time.time() - t0, 2)}
         logs.append(entry)
         if progress:
             tqdm.write(f"  {name} epoch {ep + 1}: loss={entry['loss']:.4g} ({entry['seconds']} s)")
+    bar.close()
+    if dev.type != "cpu":
+        encoder.to("cpu")
+        clf.to("cpu")
     encoder.eval()
     return logs

@@ -1,0 +1,110 @@
+"""The fast training paths stay the same model: the fused CPU classifier kernels against the
+torch path that a GPU runs (exercised here on the CPU so it cannot rot), thread-count
+independence of the sparse ranker's fit, one home for the thread default, and the bench's
+training-time ratios."""
+import copy
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from engine.astec import Astec, AstecConfig
+from engine.astec.config import available_cores, resolve_device, resolve_threads
+from engine.astec.network import Classifier, Encoder
+from engine.astec.sparse_ranker import SparseRanker, ranker_features
+from engine.astec.trainer import train_shortlisted, train_surrogate
+from engine.bench_peers import train_ratios
+from engine.synthetic import zipf_dataset
+
+
+def _toy(n=500, V=300, L=150, seed=0):
+    X = sp.random(n, V, density=0.02, format="csr", random_state=seed + 1, dtype=np.float32)
+    Y = sp.random(n, L, density=0.02, format="csr", random_state=seed + 2, dtype=np.float32)
+    Y.data[:] = 1
+    N = sp.random(n, L, density=0.1, format="csr", random_state=seed + 3, dtype=np.float32)
+    N.data[:] = 1
+    return X, Y, N
+
+
+def test_fused_classifier_matches_torch_path():
+    """Same loss, same lazy Adam: after 3 epochs every parameter agrees to float32 rounding."""
+    X, Y, N = _toy()
+    torch.manual_seed(0)
+    enc, clf = Encoder(X.shape[1], 16, 1.0, 0.0), Classifier(Y.shape[1], 16)
+    enc2, clf2 = copy.deepcopy(enc), copy.deepcopy(clf)
+    a = train_shortlisted(enc, clf, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, fused=True)
+    b = train_shortlisted(enc2, clf2, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, device="cpu",
+                          fused=False)
+    for ea, eb in zip(a, b):
+        assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
+    pairs = [(clf.weight.weight, clf2.weight.weight), (clf.bias.weight, clf2.bias.weight),
+             (enc.embed.weight, enc2.embed.weight), (enc.residual.weight, enc2.residual.weight)]
+    for p, q in pairs:
+        assert torch.allclose(p.detach(), q.detach(), atol=1e-4), float((p - q).abs().max())
+
+
+def test_surrogate_device_argument_runs_on_cpu():
+    """The device path of Module I (what a GPU runs), on the CPU."""
+    X, Y, _ = _toy()
+    enc = Encoder(X.shape[1], 16, 1.0, 0.5)
+    logs = train_surrogate(enc, X, Y, 2, 0.02, 64, 0, progress=False, valid=(X[:50], Y[:50]), device="cpu")
+    assert len(logs) == 2 and logs[1]["loss"] < logs[0]["loss"] and "valid_meta_P@1" in logs[1]
+    assert enc.embed.weight.device.type == "cpu"
+
+
+def test_device_option_validated_and_resolved():
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError):
+        AstecConfig(device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA"):
+            resolve_device("cuda")
+
+
+def test_thread_default_has_one_home():
+    assert AstecConfig().num_threads == 0
+    assert resolve_threads(0) == available_cores() >= 1
+    assert resolve_threads(3) == 3
+    assert AstecConfig().resolve(100).num_threads == available_cores()
+
+
+def test_sparse_ranker_fit_does_not_depend_on_threads():
+    texts, Y = zipf_dataset(1200, 2500, labels_per_point=2, words_per_point=5, words_per_label=2,
+                            vocab_size=800, noise=0.1, seed=3)
+    from engine.text import TfidfVectorizer
+    Xr = ranker_features(TfidfVectorizer(word_ngrams=2).fit_transform(texts))
+    Y = sp.csr_matrix(Y, dtype=np.float32)
+    rng = np.random.default_rng(0)
+    n, L = Y.shape
+    negs = sp.csr_matrix((np.ones(n * 20, np.float32), rng.integers(0, L, n * 20), np.arange(0, n * 20 + 1, 20)),
+                         shape=(n, L))
+    negs.sum_duplicates()
+    a = SparseRanker.fit(Xr, Y, negs, threads=1).W
+    b = SparseRanker.fit(Xr, Y, negs, threads=2).W
+    assert a.shape == b.shape == (L, Xr.shape[1]) and L > 2048   # several label chunks
+    assert (a != b).nnz == 0
+
+
+def test_train_ratios_to_fastest_peer():
+    rows = [{"method": "astec", "train_s": 80.0}, {"method": "bonsai", "train_s": 16.0},
+            {"method": "parabel", "train_s": 8.0}, {"method": "napkinxc-plt", "error": "x"}]
+    assert train_ratios(rows) == {"astec": 10.0, "bonsai": 2.0, "parabel": 1.0}
+    assert train_ratios([{"method": "astec", "train_s": 5.0}]) == {"astec": 1.0}
+
+
+def test_model_trained_by_the_torch_path_predicts_like_a_cpu_model(tmp_path):
+    """fused=False (the GPU path, here on the CPU) gives a model of the same kind: it saves,
+    loads and predicts with the same accuracy as the fused default."""
+    texts, Y = zipf_dataset(900, 40, labels_per_point=2, words_per_point=4, words_per_label=2,
+                            vocab_size=300, noise=0.1, seed=1)
+    cfg = dict(embedding_dim=16, surrogate_epochs=2, extreme_epochs=2, reranker_epochs=1, batch_size=64,
+               num_threads=1, shortlist_size=20, predict_shortlist=20, knn_neighbours=5, centroid_neighbours=10,
+               sparse_ranker=False, label_text=False, fused_kernels=False)
+    m = Astec.train(texts[:700], Y[:700], AstecConfig.from_dict(cfg), progress=False)
+    assert m.config.fused_kernels is False
+    m.save(tmp_path / "m")
+    ids, _ = Astec.load(tmp_path / "m").predict(texts[700:], k=3)
+    ids2, _ = m.predict(texts[700:], k=3)
+    assert np.array_equal(ids, ids2)
