@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import health, models, users
+from dashboard import health, models, offline, predict, users
 from dashboard.sources import SourceError, Sources, load_sources, ping, redis_client
 
 TITLE = "Astec ads dashboard"
@@ -27,7 +27,7 @@ PAGES = ("Predict", "Users", "Offline metrics", "Stream health")
 
 
 # ---- cached resources (keyed by path + version, so a newly promoted model is picked up) --------
-@st.cache_resource(max_entries=2, show_spinner="Loading the predictor ...")
+@st.cache_resource(max_entries=3, show_spinner="Loading the predictor ...")
 def _predictor(path: str, version: str):
     return models.load_predictor(models.PredictorRef(Path(path), version, ""))
 
@@ -67,6 +67,62 @@ def _redis(src: Sources):
 
 
 # ---- pages ------------------------------------------------------------------------------------
+def _chips(ws) -> str:
+    """The title's words as markdown: known ones bold green (with their vocabularies), unknown
+    ones grey and struck through."""
+    out = []
+    for w in ws:
+        if w.known:
+            where = "/".join(n for n, f in (("words", w.encoder), ("ranker", w.ranker),
+                                             ("names", w.names)) if f)
+            out.append(f":green[**{w.word}**] :gray[({where})]")
+        else:
+            out.append(f":gray[~~{w.word}~~]")
+    return " · ".join(out) or ":gray[(no words)]"
+
+
+def _explain(pred, version: str, text: str, k: int, key: str, timing: bool = True) -> list[dict]:
+    """Known words, then either the queries with who proposed them, or the no-evidence state.
+    Returns the rows shown (empty on no evidence)."""
+    ws = predict.title_words(pred, text)
+    known = sum(w.known for w in ws)
+    st.markdown(f"**Known words: {known} of {len(ws)}** — " + _chips(ws))
+    if not predict.has_evidence(pred, text):
+        st.error(f"**No evidence.** No word of this title is known to model version {version}: "
+                 "it has nothing to go on, so no query is proposed (an unrelated ad is worse "
+                 "than none). The stream counts such visits as `no_query`.")
+        with st.expander("What the model would return anyway (its popular prior queries: "
+                         "NOT evidence, never shown as predictions)"):
+            ids, scores = pred.predict_one(text, k)
+            st.dataframe(pd.DataFrame(
+                [{"query": pred.label_names[i], "score": round(float(s), 4),
+                  "evidence": "none (prior)"}
+                 for i, s in zip(ids.tolist(), scores.tolist()) if i >= 0]),
+                hide_index=True, key=f"prior-{key}")
+        return []
+    t0 = time.perf_counter()
+    pred.predict_one(text, k)
+    first_ms = (time.perf_counter() - t0) * 1000
+    reps = []
+    for _ in range(5):   # warm repeats: one title's latency without first-call effects
+        t0 = time.perf_counter()
+        pred.predict_one(text, k)
+        reps.append((time.perf_counter() - t0) * 1000)
+    rows = predict.prediction_rows(pred, text, k)
+    if timing:
+        c1, c2, c3 = st.columns(3)
+        c1.metric("Latency (median of 5, warm)", f"{float(np.median(reps)):.2f} ms")
+        c2.metric("First call", f"{first_ms:.2f} ms")
+        c3.metric("Queries returned", len(rows))
+    if not rows:
+        st.warning("The model returned no queries for this text.")
+        return []
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key=f"pred-{key}",
+                 column_config={"query": st.column_config.TextColumn(width="medium"),
+                                "proposed by": st.column_config.TextColumn(width="large")})
+    return rows
+
+
 def page_predict(src: Sources) -> None:
     st.header("Predict: page title → queries")
     ref, pred = _current_predictor(src)
@@ -77,33 +133,59 @@ def page_predict(src: Sources) -> None:
     text = st.text_input("Page title", key="title",
                          placeholder="e.g. Debian -- Details of package openssh-server in bookworm")
     k = st.slider("k (queries shown)", 1, 50, 10, key="k")
+    versions = models.version_predictors(src.models_dir)
+    compare = len(versions) >= 2 and st.toggle(
+        f"Compare two model versions side by side ({len(versions)} in the registry)",
+        key="compare")
     if not text.strip():
-        st.info("Type a page title to see the queries the model predicts for it.")
+        st.info("Type a page title to see the queries the model predicts for it, the title's "
+                "known words and which index proposed each query.")
         return
-    t0 = time.perf_counter()
-    ids, scores = pred.predict_one(text, k)
-    first_ms = (time.perf_counter() - t0) * 1000
-    reps = []
-    for _ in range(5):   # warm repeats: one title's latency without first-call effects
-        t0 = time.perf_counter()
-        pred.predict_one(text, k)
-        reps.append((time.perf_counter() - t0) * 1000)
-    names = pred.label_names
-    rows = [{"rank": r + 1, "query": names[i] if 0 <= i < len(names) else f"#{i}",
-             "score": round(float(s), 4), "id": int(i)}
-            for r, (i, s) in enumerate(zip(ids.tolist(), scores.tolist())) if i >= 0]
-    c1, c2, c3 = st.columns(3)
-    c1.metric("Latency (median of 5, warm)", f"{float(np.median(reps)):.2f} ms")
-    c2.metric("First call", f"{first_ms:.2f} ms")
-    c3.metric("Queries returned", len(rows))
-    if not rows:
-        st.warning("The model returned no queries for this text (no known tokens).")
+    if not compare:
+        st.caption("'proposed by': the shortlist source that put the query up for scoring — "
+                   "similar training pages (ANNS^x), label centres (ANNS^mu), the label-name "
+                   "match, or the always-scored popular prior.")
+        _explain(pred, ref.version, text, k, "main")
         return
-    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    names = [v.version for v in versions]
+    cols = st.columns(2)
+    shown = []
+    for c, (label, default) in zip(cols, (("Version A", 0), ("Version B", 1))):
+        with c:
+            v = st.selectbox(label, names, index=default, key=f"ver-{label[-1]}")
+            vref = versions[names.index(v)]
+            try:
+                p = _predictor(str(vref.path), vref.version)
+            except Exception as e:   # noqa: BLE001 - a refused version is shown, not raised
+                st.error(f"{vref.path}: not loadable ({type(e).__name__}: {e})")
+                shown.append([])
+                continue
+            st.caption(f"**{v}**{' (current)' if v == ref.version else ''} · "
+                       f"{p.num_labels} labels")
+            shown.append(_explain(p, v, text, k, label[-1], timing=False))
+    if all(shown):
+        d = predict.compare(*shown)
+        st.markdown(f"**A vs B:** {d['shared']} of {k} queries shared; top query "
+                    f"{'the same' if d['same_top1'] else 'differs'}.")
+
+
+def _user_log(src: Sources, uid: str):
+    """(impressions by event id, clicks) of a user from the click log, cached on the log's
+    newest part files' sizes (a growing log is re-read, an unchanged one is not)."""
+    if src.logs_dir is None:
+        return {}, []
+    stamp = tuple((str(p), p.stat().st_size) for p in
+                  sorted(Path(src.logs_dir).glob("*/*/part-*.jsonl"))[-12:])
+    return _read_user_log(str(src.logs_dir), uid, stamp)
+
+
+@st.cache_data(max_entries=32, show_spinner="Reading the click log ...")
+def _read_user_log(logs: str, uid: str, _stamp):
+    return users.read_user_log(Path(logs), uid)
 
 
 def page_users(src: Sources) -> None:
-    st.header("Users: last K states")
+    st.header("Users: last K visits and the ad query chosen")
     client = _redis(src)
     if client is None:
         return
@@ -127,59 +209,203 @@ def page_users(src: Sources) -> None:
         return
     ref, pred = _current_predictor(src)
     names = pred.label_names if pred is not None else None
-    policy, how = None, "top1 (the page's best query)"
+    policy, how = None, "the top1 rule (the page's best query): no GRU policy found"
     if src.policy_dir is not None:
         try:
             policy = _policy(str(src.policy_dir))
         except Exception as e:   # noqa: BLE001 - fall back to top1, say so
             st.warning(f"{src.policy_dir}: GRU policy not loaded ({e}); showing top1 choices.")
         if policy is not None:
-            how = f"GRU policy {policy.version}"
-    vs = users.visits(states, names, policy)
-    st.write(f"**{len(states)}** stored state(s) for `{uid}`; chosen ad query by **{how}**, "
-             "recomputed from the states before each visit.")
-    st.caption("Query names from model version "
-               f"{ref.version if pred is not None else '(none: ids shown as #id)'}; states "
-               "written under an older version with another label set show that version's ids.")
-    st.dataframe(pd.DataFrame(users.visit_rows(vs)), hide_index=True)
+            how = f"the GRU policy {policy.version}"
+    try:
+        imps, clicks = _user_log(src, uid)
+    except Exception as e:   # noqa: BLE001 - an unreadable log must not hide the states
+        imps, clicks = {}, []
+        st.warning(f"{src.logs_dir}: click log not readable ({e})")
+    vs = users.visits(states, names, policy, logged=imps)
+    st.markdown(f"**{len(states)}** stored visit(s) of `{uid}`. *Chosen now*: the query "
+                f"**{how}** picks at each visit from the visits before it (recomputed now).")
+    if src.logs_dir is None:
+        st.info("Titles: the Redis state keeps only url/title hashes. Start the dashboard with "
+                "`--logs DIR` (the `astec stream log-clicks --out` directory) to see each "
+                "visit's title, the ad query shown then and the user's clicks.")
+    else:
+        found = sum(v.logged is not None for v in vs)
+        st.caption(f"Titles, the query shown then and clicks from the click log "
+                   f"`{src.logs_dir}` ({found} of {len(vs)} visits found in its newest "
+                   "partitions).")
+    st.dataframe(pd.DataFrame(users.visit_rows(vs)), hide_index=True, key="visits",
+                 column_order=("time (UTC)", "title", "shown then", "clicked", "chosen now",
+                               "score", "why (GRU probabilities)"),
+                 column_config={"title": st.column_config.TextColumn(width="large"),
+                                "why (GRU probabilities)": st.column_config.TextColumn(
+                                    width="medium")})
+    st.caption("Columns hidden to fit the page: each visit's candidates, event id and URL "
+               "(in the details below).")
+    st.subheader("Scores behind each choice")
+    for i, v in enumerate(reversed(vs)):
+        lg = v.logged or {}
+        title = lg.get("title") or f"title hash {v.title_hash}"
+        with st.expander(f"{users._when(v.ts)} · {title[:90]} → {v.chosen or '(none)'}",
+                         expanded=(i == 0)):
+            if v.ranking:
+                rk = pd.DataFrame([{"query": n, "GRU probability": round(p, 4),
+                                    "Astec score": round(a, 4),
+                                    "chosen": "◀ chosen" if n == v.chosen else ""}
+                                   for n, p, a in v.ranking])
+                st.dataframe(rk, hide_index=True, key=f"rank-{i}")
+                if i == 0:
+                    st.bar_chart(rk.set_index("query")["GRU probability"], horizontal=True,
+                                 height=220)
+            else:
+                st.caption("No usable history before this visit: the cold-start rule takes "
+                           "the page's top Astec query.")
+            st.dataframe(pd.DataFrame([{"candidate (this page)": n, "Astec score": round(s, 4)}
+                                       for n, s in v.top_queries]),
+                         hide_index=True, key=f"cand-{i}")
+            st.caption(f"event `{v.event_id}` · url {lg.get('url') or v.url_hash}"
+                       + (f" · shown then: **{lg['query']}** by {lg.get('policy', '?')}"
+                          f"{' · clicked' if lg.get('clicked') else ''}" if lg else ""))
+    st.subheader("Clicks")
+    if src.logs_dir is None:
+        st.caption("No click log given (--logs).")
+        return
+    n_imp = len(imps)
+    c = st.columns(3)
+    c[0].metric("Ad impressions (log)", n_imp)
+    c[1].metric("Clicks", len(clicks))
+    c[2].metric("CTR", f"{100 * len(clicks) / n_imp:.1f}%" if n_imp else "–")
+    if clicks:
+        st.dataframe(pd.DataFrame([{"time (UTC)": users._when(r["ts"]), "query": r["query"],
+                                    "on page": (imps.get(r["event_id"]) or {}).get("title", "")}
+                                   for r in clicks]), hide_index=True, key="clicks")
+    else:
+        st.caption("No clicks by this user in the log's newest partitions.")
+
+
+@st.cache_data(max_entries=16, show_spinner="Computing label-frequency bins ...")
+def _bins(path: str, _mtime: float):
+    from dashboard.models import _read_json
+    return offline.frequency_bins(_read_json(Path(path)) or {})
+
+
+def _wide_table(df: pd.DataFrame, keep: list[str], key: str) -> None:
+    """A table showing `keep` columns unless 'all columns' is on; says what is hidden."""
+    hidden = [c for c in df.columns if c not in keep]
+    show_all = bool(hidden) and st.toggle("Show all columns", key=f"all-{key}")
+    st.dataframe(df if show_all else df[[c for c in keep if c in df.columns]],
+                 hide_index=True, key=key)
+    if hidden and not show_all:
+        st.caption("Hidden to fit the page: " + ", ".join(hidden) + " ('Show all columns').")
 
 
 def page_offline(src: Sources) -> None:
+    import altair as alt
     st.header("Offline metrics")
     try:
         runs = models.collect_runs(src.models_dir)
     except models.ModelsError as e:
         st.warning(f"No model yet. {e}")
-        return
-    if not runs:
-        st.warning(f"{src.models_dir}: no train_log.json (from `astec train`) or evaluation "
-                   "JSON (from `astec evaluate --json FILE`) found.")
+        runs = []
+    # -- Astec vs peers ------------------------------------------------------------------------
+    st.subheader("Astec against its peers (benchmark JSON)")
+    bench_files = offline.find_bench(src.models_dir, src.bench_files)
+    brows, problems = offline.bench_rows(bench_files)
+    for p in problems:
+        st.warning(p)
+    if not brows:
+        st.info("No benchmark JSON: run `astec bench peers --train T --test T2 --json-out "
+                "peers.json` and start the dashboard with `--bench peers.json` (or put it in "
+                "the models directory).")
     else:
-        st.subheader("Metrics per run")
-        st.dataframe(pd.DataFrame(models.summary_rows(runs)), hide_index=True)
-        versions = models.version_rows(runs)
-        if versions:
-            st.subheader("Registry versions")
-            st.dataframe(pd.DataFrame(versions), hide_index=True)
-        logged = [r for r in runs if r.train_log]
-        if logged:
-            st.subheader("Training time per module")
-            name = st.selectbox("Run", [r.name for r in logged], key="run")
-            run = next(r for r in logged if r.name == name)
-            mods = pd.DataFrame(models.module_rows(run))
-            if not mods.empty:
-                mods["step"] = mods["learner"] + ":" + mods["module"]
-                st.bar_chart(mods.set_index("step")["seconds"])
-                st.dataframe(mods.drop(columns="step"), hide_index=True)
-            with st.expander(f"train_log.json ({run.train_log_path})"):
-                st.json(run.train_log)
-            for path, ev in run.evaluations:
-                with st.expander(f"evaluation {path}"):
-                    st.json(ev)
+        bdf = pd.DataFrame(brows)
+        ok = bdf[bdf.get("error").isna()] if "error" in bdf else bdf
+        long = ok.melt(id_vars=["benchmark", "method"], value_vars=list(offline.BENCH_METRICS),
+                       var_name="metric", value_name="value").dropna()
+        chart = alt.Chart(long).mark_bar().encode(
+            x=alt.X("metric:N", sort=list(offline.BENCH_METRICS), title=None),
+            xOffset="method:N", y=alt.Y("value:Q", title="%"),
+            color=alt.Color("method:N"), tooltip=["benchmark", "method", "metric", "value"])
+        st.altair_chart(chart, use_container_width=True)
+        _wide_table(bdf, ["benchmark", "method", "P@1", "P@5", "PSP@1", "PSP@5", "train_s",
+                          "peak_rss_mb"], "bench")
+    # -- P@k against k -------------------------------------------------------------------------
+    st.subheader("P@k against k")
+    pts = offline.run_pk_points(runs)
+    for r in brows:
+        if not r.get("error"):
+            pts += offline.pk_points(f"peer {r['method']} · {r['benchmark']}", r)
+    if pts:
+        chart = alt.Chart(pd.DataFrame(pts)).mark_line(point=True).encode(
+            x=alt.X("k:O"), y=alt.Y("P@k:Q", title="P@k (%)"), color=alt.Color(
+                "series:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=400)),
+            tooltip=["series", "k", "P@k"])
+        st.altair_chart(chart, use_container_width=True)
+    else:
+        st.info("No P@k values: train logs, `astec evaluate --json` files or retrain "
+                "held-out metrics give them.")
+    # -- label-frequency bins ------------------------------------------------------------------
+    st.subheader("Each label-frequency bin's share of P@5")
+    bins, why_not = [], []
+    for r in runs:
+        for path, ev in r.evaluations:
+            try:
+                res = _bins(str(path), path.stat().st_mtime)
+            except Exception as e:   # noqa: BLE001 - say which file, keep the page
+                why_not.append(f"{r.name} · {path.name}: {e}")
+                continue
+            for b in res["bins"]:
+                bins.append({"version": f"{r.name} · {path.name}", **b,
+                             "bin label": f"{b['bin']} ({b['mean_freq']:g})"})
+    if bins:
+        chart = alt.Chart(pd.DataFrame(bins)).mark_bar().encode(
+            x=alt.X("bin label:N", title="label bin, rarest first (mean training frequency)",
+                    sort=None), xOffset="version:N",
+            y=alt.Y("share:Q", title="share of P@5 (%)"), color="version:N",
+            tooltip=["version", "bin", "labels", "mean_freq", "share"])
+        st.altair_chart(chart, use_container_width=True)
+        st.caption("Labels sorted by training frequency and cut into five equal-sized bins (as "
+                   "in the DeepXML paper's supplementary figure); the bins of a version add up "
+                   "to its P@5.")
+    else:
+        st.info("No evaluation with readable test, prediction and training files: run "
+                "`astec evaluate --test T --pred P --train TR --json MODELS/versions/V/eval.json`.")
+    for w in why_not:
+        st.caption(f"bins not computed for {w}")
+    if not runs:
+        return
+    # -- per-run tables ------------------------------------------------------------------------
+    st.subheader("Metrics per run")
+    _wide_table(pd.DataFrame(models.summary_rows(runs)),
+                ["run", "current", "source", "P@1", "P@3", "P@5", "PSP@1", "PSP@5"], "summary")
+    versions = models.version_rows(runs)
+    if versions:
+        st.subheader("Registry versions")
+        _wide_table(pd.DataFrame(versions), ["version", "current", "created (UTC)", "promoted",
+                                             "decision"], "versions")
+    logged = [r for r in runs if r.train_log]
+    if logged:
+        st.subheader("Training time per module")
+        name = st.selectbox("Run", [r.name for r in logged], key="run")
+        run = next(r for r in logged if r.name == name)
+        mods = pd.DataFrame(models.module_rows(run))
+        if not mods.empty:
+            mods["step"] = mods["learner"] + ":" + mods["module"]
+            st.bar_chart(mods.set_index("step")["seconds"])
+            st.dataframe(mods.drop(columns="step"), hide_index=True)
+        with st.expander(f"train_log.json ({run.train_log_path})"):
+            st.json(run.train_log)
+        for path, ev in run.evaluations:
+            with st.expander(f"evaluation {path}"):
+                st.json(ev)
     gru = models.gru_rows(src.policy_dir)
     if gru:
         st.subheader("GRU policy versions")
-        st.dataframe(pd.DataFrame(gru), hide_index=True)
+        gdf = pd.DataFrame(gru)
+        _wide_table(gdf, list(gdf.columns[:8]), "gru")
+
+
+WINDOWS = {"5 min": 300, "10 min": 600, "1 hour": 3600}
 
 
 def page_health(src: Sources) -> None:
@@ -187,27 +413,66 @@ def page_health(src: Sources) -> None:
     client = _redis(src)
     if client is None:
         return
-    auto = st.toggle("Auto-refresh every 2 s", key="auto", value=False)
+    c = st.columns([1, 1, 3])
+    auto = c[0].toggle("Auto-refresh every 2 s", key="auto", value=False)
+    window = c[1].selectbox("Window", list(WINDOWS), index=1, key="window")
 
     @st.fragment(run_every=2.0 if auto else None)
     def body():
         h = health.consumer_health(client, src.prefix, src.metrics_interval_s)
-        if not h.rows:
+        series = health.series_frame(client, src.prefix, WINDOWS[window])
+        if not h.rows and series.empty:
             st.info(f"No consumer has published metrics under `{src.prefix}:metrics:` in the "
-                    "last 2 minutes. Start one with `astec stream run`.")
+                    "last hour. Start one with `astec stream run`.")
             return
-        c = st.columns(5)
+        c = st.columns(6)
         c[0].metric("Consumers (live/stale)", f"{len(h.rows) - h.stale}/{h.stale}")
         c[1].metric("Events", f"{h.events:,}")
         c[2].metric("Events/s (live)", f"{h.events_per_s:,.1f}")
         c[3].metric("Dead letters", f"{h.dead_letters:,}")
-        c[4].metric("Model versions", len(h.versions))
+        c[4].metric("No query (no evidence)", f"{sum(r.get('no_query') or 0 for r in h.rows):,}")
+        c[5].metric("Model versions", len(h.versions))
+        if not h.rows:
+            st.warning("No live consumer: the charts show the last hour of the consumers that "
+                       "stopped.")
         if len(h.versions) > 1:
             st.warning("Consumers serve different model versions: " +
                        ", ".join(f"{v} ({n})" for v, n in sorted(h.versions.items())))
-        st.dataframe(pd.DataFrame(h.rows), hide_index=True)
-        st.subheader("Where the time goes (cumulative seconds per stage)")
-        st.bar_chart(pd.DataFrame(h.stages).set_index("consumer"))
+        if series.empty:
+            st.info("No time series yet (workers publish one point per second).")
+        else:
+            g = st.columns(2)
+            with g[0]:
+                st.markdown("**Events/s** (per consumer and all)")
+                st.line_chart(health.pivot(series, "events_per_s"), height=220)
+            with g[1]:
+                st.markdown("**Event → ad latency, ms** (p50 and p99 of each interval, "
+                            "worst consumer)")
+                lat = pd.DataFrame({q: health.fleet(series, f"e2a_ms_{q}", how="max")
+                                    for q in ("p50", "p99")})
+                if lat.dropna(how="all").empty:
+                    st.caption("No events in this window.")
+                else:
+                    st.line_chart(lat, height=220)
+            g = st.columns(2)
+            with g[0]:
+                st.markdown("**Dead letters** (cumulative)")
+                st.line_chart(health.pivot(series, "dead_letters"), height=200)
+            with g[1]:
+                st.markdown("**Consumer lag** (messages behind the partitions' ends)")
+                lag = health.pivot(series, "lag")
+                if lag.empty:
+                    st.caption("The workers do not publish their lag yet (stream.metrics "
+                               "ConsumerMetrics.lag is unset).")
+                else:
+                    st.line_chart(lag, height=200)
+        if h.rows:
+            st.subheader("Consumers now")
+            _wide_table(pd.DataFrame(h.rows), ["consumer", "status", "model_version", "events",
+                                               "events_per_s", "dead_letters", "no_query",
+                                               "e2a_ms_p50", "e2a_ms_p99", "age_s"], "consumers")
+            st.subheader("Where the time goes (cumulative seconds per stage)")
+            st.bar_chart(pd.DataFrame(h.stages).set_index("consumer"), height=220)
         st.caption(f"Read at {time.strftime('%H:%M:%S')}")
 
     body()
@@ -218,8 +483,12 @@ def main() -> None:
     src = load_sources()
     st.sidebar.title(TITLE)
     page = st.sidebar.radio("Page", PAGES, key="page")
-    st.sidebar.caption(f"Models: `{src.models_dir}`  \nRedis: `{src.redis_display}` "
-                       f"(prefix `{src.prefix}`)  \nGRU policy: `{src.policy_dir or 'none'}`")
+    st.sidebar.caption(
+        f"Models: `{src.models_dir}`  \nRedis: `{src.redis_display}` (prefix `{src.prefix}`)"
+        f"  \nGRU policy: `{src.policy_dir or 'none (top1 rule; --policy)'}`"
+        + (f" ({src.policy_how})" if src.policy_how else "")
+        + f"  \nClick logs: `{src.logs_dir or 'none (--logs)'}`"
+        + (f" ({src.logs_how})" if src.logs_how else ""))
     {"Predict": page_predict, "Users": page_users, "Offline metrics": page_offline,
      "Stream health": page_health}[page](src)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import redis
 
-from stream.metrics import STAGES, read_all
+from stream.metrics import STAGES, read_all, read_series
 
 TEXT = ("consumer", "model_version", "policy")
 COLUMNS = ("consumer", "status", "model_version", "policy", "partitions", "events", "events_per_s",
@@ -76,3 +76,67 @@ def consumer_health(client: redis.Redis, prefix: str, interval_s: float = 1.0,
         versions=versions, stale=len(rows) - len(live),
         stages=[{"consumer": r.get("consumer"), **{s: r.get(f"{s}_s") for s in STAGES}}
                 for r in rows])
+
+
+def series_frame(client: redis.Redis, prefix: str, window_s: float | None = None,
+                 now: float | None = None):
+    """The consumers' time series as one long DataFrame, oldest first.
+
+    Columns: consumer, time (UTC datetime), events_per_s (from the cumulative counter's
+    difference to the previous point, so a missed publish does not hide events),
+    dead_letters (cumulative), dead_per_s, no_query_per_s, e2a_ms_p50 / e2a_ms_p99 (of the
+    events since the previous point), lag (when the workers publish it), model_version. A
+    counter that goes down (the consumer restarted under the same id) restarts its rate.
+    """
+    import pandas as pd
+    now = time.time() if now is None else now
+    frames = []
+    for cid, pts in read_series(client, prefix).items():
+        df = pd.DataFrame(pts)
+        if window_s is not None:
+            df = df[df["t"] >= now - window_s]
+        if df.empty:
+            continue
+        df = df.sort_values("t").reset_index(drop=True)
+        dt_s = df["t"].diff()
+        for col, out in (("events", "events_per_s_calc"), ("dead_letters", "dead_per_s"),
+                         ("no_query", "no_query_per_s")):
+            if col in df:
+                d = df[col].diff()
+                df[out] = (d / dt_s).where((d >= 0) & (dt_s > 0))
+        if "events_per_s_calc" in df:
+            df["events_per_s"] = df["events_per_s_calc"].fillna(df.get("events_per_s"))
+            df = df.drop(columns="events_per_s_calc")
+        df["consumer"] = cid
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=["consumer", "time", "events_per_s", "dead_letters",
+                                     "e2a_ms_p50", "e2a_ms_p99"])
+    out = pd.concat(frames, ignore_index=True)
+    out["time"] = pd.to_datetime(out["t"], unit="s", utc=True)
+    return out
+
+
+def pivot(frame, column: str, resample: str = "2s", how: str = "sum"):
+    """A wide frame (time x consumer) of one column, plus a fleet column ("all"), for charts.
+
+    Points are bucketed to `resample` so that consumers publishing a few ms apart line up."""
+    import pandas as pd
+    if frame.empty or column not in frame or frame[column].isna().all():
+        return pd.DataFrame()
+    wide = (frame.dropna(subset=[column])
+            .pivot_table(index=pd.Grouper(key="time", freq=resample), columns="consumer",
+                         values=column, aggfunc="mean"))
+    if wide.shape[1] > 1:
+        wide["all"] = wide.sum(axis=1, min_count=1) if how == "sum" else wide.max(axis=1)
+    wide.index = wide.index.tz_convert(None)
+    return wide
+
+
+def fleet(frame, column: str, how: str = "sum"):
+    """One series for the whole fleet (sum, or max for latencies), or an empty Series."""
+    import pandas as pd
+    w = pivot(frame, column, how=how)
+    if w.empty:
+        return pd.Series(dtype=float)
+    return w["all"] if "all" in w else w.iloc[:, 0]

@@ -277,3 +277,26 @@ def gru_rows(policy_root: Path | None) -> list[dict]:
             row.update({k: val for k, val in metrics.items() if isinstance(val, (int, float, str))})
         rows.append(row)
     return rows
+
+
+def version_predictors(models: Path) -> list[PredictorRef]:
+    """Every registry version with an exported predictor, newest first (current included), for
+    side-by-side comparison; a plain predictor or run directory gives what resolve_predictor
+    finds plus its sibling predictor directories."""
+    models = Path(models)
+    if not models.is_dir():
+        return []
+    if (models / "CURRENT").is_file() or (models / "versions").is_dir():
+        reg = _registry(models)
+        out = []
+        for v in reversed(reg.versions()):
+            vdir = reg.path(v)
+            pdir = vdir / "predictor" if is_predictor_dir(vdir / "predictor") else vdir
+            if is_predictor_dir(pdir):
+                out.append(PredictorRef(pdir, v, "registry"))
+        return out
+    if is_predictor_dir(models):
+        return [PredictorRef(models, _manifest_version(models) or models.name, "predictor")]
+    found = sorted((d for d in models.iterdir() if d.is_dir() and is_predictor_dir(d)),
+                   key=lambda d: (d / "manifest.json").stat().st_mtime, reverse=True)
+    return [PredictorRef(d, _manifest_version(d) or d.name, "directory") for d in found]

@@ -17,6 +17,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 POLICY_ENV = "ASTEC_DASHBOARD_POLICY"
+LOGS_ENV = "ASTEC_DASHBOARD_LOGS"
+BENCH_ENV = "ASTEC_DASHBOARD_BENCH"
 
 
 class SourceError(RuntimeError):
@@ -30,6 +32,10 @@ class Sources:
     prefix: str
     policy_dir: Path | None
     metrics_interval_s: float = 1.0
+    logs_dir: Path | None = None
+    bench_files: tuple[Path, ...] = ()
+    policy_how: str = ""          # "given", "found next to the models" or ""
+    logs_how: str = ""
 
     @property
     def redis_display(self) -> str:
@@ -41,17 +47,45 @@ def mask_url(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
+def find_policy(models: Path) -> Path | None:
+    """MODELS/gru, else MODELS/../gru (a GRU registry or version directory), else None."""
+    models = Path(models).absolute()
+    for cand in (models / "gru", models.parent / "gru"):
+        if cand.is_dir() and cand != models:
+            return cand
+    return None
+
+
+def is_click_log(path: Path) -> bool:
+    return (Path(path) / "ad_impressions").is_dir() or (Path(path) / "ad_clicks").is_dir()
+
+
+def find_logs(models: Path) -> Path | None:
+    """A `live-logs` click-log directory beside MODELS or up to two levels above it."""
+    models = Path(models).absolute()
+    for base in (models, models.parent, models.parent.parent):
+        cand = base / "live-logs"
+        if is_click_log(cand):
+            return cand
+    return None
+
+
 def load_sources(env: dict | None = None) -> Sources:
     """Resolve the dashboard's sources from the environment (as `astec dashboard` sets it)."""
     from infra.config import load_settings
     env = dict(os.environ if env is None else env)
     s = load_settings(env=env)
     models = Path(s.models_dir).expanduser()
-    policy = env.get(POLICY_ENV)
-    policy_dir = Path(policy).expanduser() if policy else (models / "gru" if (models / "gru").is_dir()
-                                                             else None)
+    policy, logs = env.get(POLICY_ENV), env.get(LOGS_ENV)
+    policy_dir = Path(policy).expanduser() if policy else find_policy(models)
+    logs_dir = Path(logs).expanduser() if logs else find_logs(models)
+    bench = tuple(Path(b).expanduser() for b in env.get(BENCH_ENV, "").split(os.pathsep) if b)
     return Sources(models_dir=models, redis_url=s.redis_url, prefix=s.redis_key_prefix,
-                   policy_dir=policy_dir, metrics_interval_s=s.metrics_interval_s)
+                   policy_dir=policy_dir, metrics_interval_s=s.metrics_interval_s,
+                   logs_dir=logs_dir, bench_files=bench,
+                   policy_how="given" if policy else ("found next to the models" if policy_dir
+                                                      else ""),
+                   logs_how="given" if logs else ("found next to the models" if logs_dir else ""))
 
 
 def redis_client(url: str) -> redis.Redis:

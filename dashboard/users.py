@@ -1,11 +1,17 @@
-"""A user's last K visit states from Redis, made readable (query names, times, chosen query).
+"""A user's last K visit states from Redis, made readable (titles, query names, the choice).
 
-The stream stores per visit the page's url/title hashes, the Astec features z and the top-k
-query ids with scores (stream.state, personalization.state.UserState); it does not store the ad
-query it emitted. The dashboard therefore shows the query the *current* policy chooses at each
-visit from the states before it: the GRU policy (MODELS_DIR/gru or ASTEC_DASHBOARD_POLICY) when
-one is available, otherwise the page's top query (the `top1` policy, which is deterministic, so
-for top1 streams this is exactly what was emitted).
+The stream stores per visit only the page's url/title *hashes*, the Astec features z and the
+top-k query ids with scores (stream.state, personalization.state.UserState); it does not store
+the title or the ad query it emitted. Two sources fill that in:
+  * the click log (`astec stream log-clicks --out DIR`): each ad impression carries the
+    visit's url, title, the query shown, its candidates and the policy, joined here by event id
+    with the user's ad clicks. Only the newest few date partitions are read (a user's K states
+    are recent), so a big log costs no more than a few days of it;
+  * the *current* policy, recomputed from the states before each visit: the GRU policy's
+    probability for every candidate (the scores behind its choice), or the page's top query
+    (the `top1` rule, deterministic, so for top1 streams it is exactly what was emitted).
+A visit the log does not hold (no logger ran, or older than the partitions read) shows its
+title hash and says so.
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ class Visit:
     top_queries: list[tuple[str, float]]
     chosen: str | None
     chosen_score: float | None
+    ranking: list[tuple[str, float, float]] | None = None   # GRU: (query, probability, Astec score)
+    logged: dict | None = None       # the click log's impression for this event (+ "clicked")
 
 
 def _name(names: list[str] | None, i: int) -> str:
@@ -93,28 +101,88 @@ def chosen_queries(states: list[UserState], policy=None) -> list[tuple[int, floa
             policy.choose_batch([states[:i] for i in range(len(states))], states)]
 
 
-def visits(states: list[UserState], names: list[str] | None, policy=None,
-           top: int = 5) -> list[Visit]:
-    """Display rows for `states` (oldest first)."""
-    chosen = chosen_queries(states, policy)
+def rankings(states: list[UserState], policy, names: list[str] | None, top: int = 5
+             ) -> list[list[tuple[str, float, float]] | None]:
+    """Per visit, the GRU's top candidates as (query, probability, the query's best Astec score
+    in the window), or None where the policy used its cold-start rule (the page's top query)."""
+    if policy is None or not states:
+        return [None] * len(states)
+    ranked = policy.rank_batch([states[:i] for i in range(len(states))], states)
     out = []
-    for s, (q, qs) in zip(states, chosen):
+    for i, r in enumerate(ranked):
+        if r is None or r[0].size == 0:
+            out.append(None)
+            continue
+        best: dict[int, float] = {}
+        for s in states[max(0, i - policy.K + 1):i + 1]:
+            for q, sc in zip(s.query_ids.tolist(), s.scores.tolist()):
+                best[q] = max(best.get(q, 0.0), float(sc))
+        out.append([(_name(names, int(q)), float(p), best.get(int(q), 0.0))
+                    for q, p in zip(r[0][:top].tolist(), r[1][:top].tolist())])
+    return out
+
+
+def visits(states: list[UserState], names: list[str] | None, policy=None,
+           top: int = 5, logged: dict[str, dict] | None = None) -> list[Visit]:
+    """Display rows for `states` (oldest first); `logged`: event id -> click-log impression."""
+    chosen = chosen_queries(states, policy)
+    ranks = rankings(states, policy, names, top)
+    logged = logged or {}
+    out = []
+    for s, (q, qs), rk in zip(states, chosen, ranks):
         tq = [(_name(names, int(i)), float(sc)) for i, sc in zip(s.query_ids[:top], s.scores[:top])]
         out.append(Visit(ts=s.ts, event_id=s.event_id, url_hash=f"{s.url_hash:016x}",
                          title_hash=f"{s.title_hash:016x}", top_queries=tq,
                          chosen=_name(names, q) if q >= 0 else None,
-                         chosen_score=qs if q >= 0 else None))
+                         chosen_score=qs if q >= 0 else None, ranking=rk,
+                         logged=logged.get(s.event_id)))
     return out
 
 
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def visit_rows(vs: list[Visit]) -> list[dict]:
-    """Visits as table rows, newest first."""
+    """Visits as table rows, newest first: the title (from the click log, else its hash), the
+    query shown then and whether it was clicked, and the current policy's choice with its score."""
     rows = []
     for v in reversed(vs):
+        lg = v.logged or {}
+        why = ("cold start: the page's top query" if v.ranking is None else
+               " > ".join(f"{n} {p:.2f}" for n, p, _ in v.ranking[:3]))
         rows.append({
-            "time (UTC)": dt.datetime.fromtimestamp(v.ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-            "event": v.event_id, "chosen ad query": v.chosen or "(none)",
+            "time (UTC)": _when(v.ts),
+            "title": lg.get("title") or f"(not in the click log; title hash {v.title_hash})",
+            "shown then": lg.get("query", "(not logged)"),
+            "clicked": ("yes" if lg.get("clicked") else "no") if lg else "",
+            "chosen now": v.chosen or "(none)",
             "score": None if v.chosen_score is None else round(v.chosen_score, 4),
-            "top queries": " | ".join(f"{n} ({s:.3f})" for n, s in v.top_queries),
-            "url hash": v.url_hash, "title hash": v.title_hash})
+            "why (GRU probabilities)": why,
+            "candidates (Astec)": " | ".join(f"{n} ({s:.3f})" for n, s in v.top_queries),
+            "event": v.event_id, "url": lg.get("url") or f"hash {v.url_hash}"})
     return rows
+
+
+def read_user_log(logs_dir: Path | None, user_id: str, max_partitions: int = 3) -> tuple[dict[str, dict], list[dict]]:
+    """(event id -> impression with "clicked", the user's ad clicks newest first) from the newest
+    `max_partitions` date partitions of the click log; empty when there is no log."""
+    if logs_dir is None or not Path(logs_dir).is_dir():
+        return {}, []
+    from engine.clicklog import partitions, read_log
+    imps: dict[str, dict] = {}
+    clicks: list[dict] = []
+    dates = sorted(set(partitions(logs_dir, "ad_impressions")) |
+                   set(partitions(logs_dir, "ad_clicks")))[-max_partitions:]
+    if not dates:
+        return {}, []
+    for rec in read_log(logs_dir, "ad_impressions", since=dates[0]):
+        if rec.get("user_id") == user_id:
+            imps[rec["event_id"]] = {**rec, "clicked": False}
+    for rec in read_log(logs_dir, "ad_clicks", since=dates[0]):
+        if rec.get("user_id") == user_id and rec.get("clicked"):
+            clicks.append(rec)
+            if rec["event_id"] in imps:
+                imps[rec["event_id"]]["clicked"] = True
+    clicks.sort(key=lambda r: r["ts"], reverse=True)
+    return imps, clicks

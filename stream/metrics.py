@@ -7,9 +7,18 @@ Redis layout, read by the dashboard:
         model_version, policy, pid,
         batch_ms_p50/p99, e2a_ms_p50/p95/p99 (event ts -> ad query acked), time shares
         predict_s/redis_s/policy_s/kafka_s/decode_s (cumulative seconds), updated_at
+        (and lag, messages behind the partitions' ends, once the worker sets metrics.lag)
+    <prefix>:metrics:series:<id>            list of JSON points, newest first, one per publish:
+        capped at SERIES_LEN points (LTRIM) and expiring SERIES_TTL_S after the last publish,
+        so its memory is bounded by design (~200 bytes x 600 points per consumer) and a
+        consumer that stopped keeps its history for an hour. A point holds the cumulative
+        counters (rates come from differences, robust to a missed point), the rate over the
+        last 10 s, and the event->ad p50/p99 of the events since the previous point only
+        (the snapshot's percentiles cover the last 20,000 events, too slow to show a spike).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -17,6 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 STAGES = ("decode", "predict", "redis", "policy", "kafka")
+SERIES_LEN = 600          # points kept per consumer: 10 minutes at the default 1 s interval
+SERIES_TTL_S = 3600       # a silent consumer's series disappears an hour after its last point
+SERIES_FIELDS = ("events", "events_per_s", "dead_letters", "no_query", "duplicates", "lag")
 
 
 class Ring:
@@ -53,11 +65,13 @@ class ConsumerMetrics:
     batches: int = 0
     partitions: int = 0
     no_query: int = 0   # events whose page got no predicted query (no ad query sent)
+    lag: int | None = None   # messages behind the assigned partitions' ends (set by the worker)
     stage_s: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     e2a_ms: Ring = field(default_factory=Ring)
     batch_ms: Ring = field(default_factory=lambda: Ring(4000))
     started: float = field(default_factory=time.monotonic)
     _window: list = field(default_factory=list)   # (monotonic time, events) of recent publishes
+    _since: Ring = field(default_factory=Ring)     # event->ad samples since the last series point
 
     def record_batch(self, n_events: int, n_dead: int, n_dup: int, batch_s: float,
                      e2a_ms: np.ndarray, stages: dict[str, float]) -> None:
@@ -68,6 +82,7 @@ class ConsumerMetrics:
         self.batch_ms.extend(np.array([batch_s * 1000.0]))
         if len(e2a_ms):
             self.e2a_ms.extend(e2a_ms)
+            self._since.extend(e2a_ms)
         for k, v in stages.items():
             self.stage_s[k] = self.stage_s.get(k, 0.0) + v
 
@@ -87,22 +102,76 @@ class ConsumerMetrics:
                 "batch_ms_p50": b50, "batch_ms_p99": b99,
                 "e2a_ms_p50": l50, "e2a_ms_p95": l95, "e2a_ms_p99": l99,
                 "uptime_s": round(now - self.started, 1), "updated_at": time.time()}
+        if self.lag is not None:
+            snap["lag"] = int(self.lag)
         snap.update({f"{k}_s": round(v, 4) for k, v in self.stage_s.items()})
         return {k: (round(float(v), 3) if isinstance(v, (float, np.floating)) else v)
                 for k, v in snap.items()}
 
+    def series_point(self, snap: dict) -> dict:
+        """One time-series point from `snap`: its counters and the event->ad p50/p99 of the
+        events since the previous point (None when none arrived), then starts a new interval."""
+        p50, p99 = self._since.pct([50, 99])
+        n = int(min(self._since.n, self._since.buf.size))
+        self._since.n = 0
+        point = {"t": snap["updated_at"], "n_e2a": n,
+                 "e2a_ms_p50": None if n == 0 else round(float(p50), 3),
+                 "e2a_ms_p99": None if n == 0 else round(float(p99), 3),
+                 "model_version": snap.get("model_version", "")}
+        point.update({k: snap[k] for k in SERIES_FIELDS if snap.get(k) is not None})
+        return point
 
-def publish(client, prefix: str, metrics: ConsumerMetrics, ttl_s: int = 120) -> dict:
-    """Write the snapshot to Redis (one pipelined round trip)."""
+
+def series_key(prefix: str, consumer_id: str) -> str:
+    return f"{prefix}:metrics:series:{consumer_id}"
+
+
+def publish(client, prefix: str, metrics: ConsumerMetrics, ttl_s: int = 120,
+            series_len: int = SERIES_LEN, series_ttl_s: int = SERIES_TTL_S) -> dict:
+    """Write the snapshot and append a series point (one pipelined round trip).
+
+    The consumers set expires with the series, so ids of consumers gone for an hour do not
+    accumulate across restarts."""
     snap = metrics.snapshot()
+    point = metrics.series_point(snap)
     key = f"{prefix}:metrics:consumer:{metrics.consumer_id}"
+    skey = series_key(prefix, metrics.consumer_id)
+    ids = f"{prefix}:metrics:consumers"
     pipe = client.pipeline(transaction=False)
     pipe.hset(key, mapping={k: ("nan" if isinstance(v, float) and v != v else v)
                             for k, v in snap.items()})
     pipe.expire(key, ttl_s)
-    pipe.sadd(f"{prefix}:metrics:consumers", metrics.consumer_id)
+    pipe.sadd(ids, metrics.consumer_id)
+    pipe.expire(ids, max(ttl_s, series_ttl_s))
+    pipe.lpush(skey, json.dumps(point, separators=(",", ":")))
+    pipe.ltrim(skey, 0, series_len - 1)
+    pipe.expire(skey, series_ttl_s)
     pipe.execute()
     return snap
+
+
+def read_series(client, prefix: str, max_points: int = SERIES_LEN) -> dict[str, list[dict]]:
+    """Every consumer's recent series points, oldest first (consumers gone < an hour included).
+
+    A point that is not a JSON object (written by something else) is skipped."""
+    ids = sorted(x.decode() if isinstance(x, bytes) else x
+                 for x in client.smembers(f"{prefix}:metrics:consumers"))
+    pipe = client.pipeline(transaction=False)
+    for cid in ids:
+        pipe.lrange(series_key(prefix, cid), 0, max_points - 1)
+    out = {}
+    for cid, raw in zip(ids, pipe.execute()):
+        pts = []
+        for r in reversed(raw):
+            try:
+                p = json.loads(r)
+            except ValueError:
+                continue
+            if isinstance(p, dict) and isinstance(p.get("t"), (int, float)):
+                pts.append(p)
+        if pts:
+            out[cid] = pts
+    return out
 
 
 def read_all(client, prefix: str) -> list[dict]:
