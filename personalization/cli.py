@@ -58,16 +58,17 @@ def _fmt_table(metrics: dict, cols: list[str]) -> str:
 
 
 def run_evaluation(policy, v, val_frac: float, truth, n_boot: int, progress: bool,
-                   oracle=None) -> dict:
+                   oracle=None, judge=None) -> dict:
     """Evaluate on the held-out sessions; returns the JSON-able report. Raises
     personalization.evaluate.OverlapError if the policy read any of those sessions."""
-    from personalization.evaluate import check_held_out, evaluate_policies, summarize
+    from personalization.evaluate import (check_held_out, evaluate_policies, summarize,
+                                          value_summary)
     from personalization.train import split_rows
     _, rows, t_split = split_rows(v, val_frac)
     check_held_out(policy.manifest, policy.version, t_split, val_frac)
     ttl = float(policy.manifest.get("train", {}).get("config", {}).get("ttl_s", 30 * 86400.0))
     res = evaluate_policies(policy, v, rows, policy.weights["log_pop"], policy.K, ttl, truth,
-                            progress=progress, oracle=oracle)
+                            progress=progress, oracle=oracle, judge=judge)
     out = {"held_out_visits": res.n_visits, "cold_start_visits": res.n_cold,
            "split_ts": t_split, "policy_version": policy.version, "K": policy.K,
            "metrics": res.metrics, "lift": {}}
@@ -75,7 +76,42 @@ def run_evaluation(policy, v, val_frac: float, truth, n_boot: int, progress: boo
         s = summarize(res, metric) if metric in res.per_visit["gru"] else {}
         if s:
             out["lift"][metric] = s
+    out["value"] = value_summary(res, v, n_boot)
     return out
+
+
+def print_value(val: dict) -> None:
+    """The table that decides: actual CTR (simulator), SNIPS / DR (logs), support, ESS."""
+    pol = val["policies"]
+    judged = "actual_ctr" in pol["gru"]
+    head = (f"{'policy':<15}{'intent_hit':>11}" + (f"{'actual_ctr':>11}{'95% CI':>18}"
+                                                   if judged else "")
+            + f"{'SNIPS':>8}{'DR':>8}{'DR 95% CI':>18}{'support':>9}{'ESS':>8}")
+    click.echo(head)
+    click.echo("-" * len(head))
+    order = sorted(pol, key=lambda p: -pol[p].get("actual_ctr", pol[p].get("dr", 0.0)))
+    for p in order:
+        r = pol[p]
+        line = f"{p:<15}{r['intent_hit']:>11.4f}"
+        if judged:
+            line += (f"{r['actual_ctr']:>11.4f}"
+                     f"{'%.4f..%.4f' % tuple(r['actual_ctr_ci95']):>18}")
+        if "dr" in r:
+            line += (f"{r['snips']:>8.4f}{r['dr']:>8.4f}{'%.4f..%.4f' % tuple(r['dr_ci95']):>18}"
+                     f"{r['in_support']:>9.2f}{r['ess']:>8.0f}")
+        click.echo(line)
+    for b, s in val.get("vs_baselines", {}).items():
+        click.echo(f"gru vs {b:<14} actual CTR {100 * s['lift']:+.1f}% "
+                   f"(95% CI {100 * s['lift_ci95'][0]:+.1f}% .. {100 * s['lift_ci95'][1]:+.1f}%), "
+                   f"difference {s['diff']:+.4f} ({s['diff_ci95'][0]:+.4f} .. "
+                   f"{s['diff_ci95'][1]:+.4f}), paired over {s['users']} users")
+    if "targets" in val:
+        t = val["targets"]
+        click.echo(f"targets: gru / best baseline ({val['best_baseline']}) = "
+                   f"{t['ctr_ratio_vs_best']:.3f} (>= 1.05), paired lower bound "
+                   f"{t['paired_lo_vs_best']:+.4f} (> 0), gap to bayes_window closed "
+                   f"{val.get('gap_closed', float('nan')):.2f} (>= 0.5), intent hit - sim_rank "
+                   f"{t['intent_hit_minus_sim_rank']:+.4f} (>= -0.01)")
 
 
 def print_report(rep: dict) -> None:
@@ -138,16 +174,24 @@ def personalize() -> None:
               show_default=True,
               help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
                    "residual; the start competes in the best-epoch selection. random: torch init.")
+@click.option("--objective", type=click.Choice(["dr", "losses"]), default="dr", show_default=True,
+              help="dr: reward model on every logged impression, then the policy trained "
+                   "listwise for doubly-robust CTR, settings chosen by validation DR value. "
+                   "losses: the weighted --w-* losses (the earlier trainer).")
+@click.option("--reward-epochs", type=click.IntRange(0, 100), default=2, show_default=True,
+              help="Epochs of the reward model (objective dr).")
 @click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--promote/--no-promote", default=True, show_default=True,
-              help="Point the GRU registry's CURRENT at the new version.")
+              help="Point the GRU registry's CURRENT at the new version when it earns it "
+                   "(objective dr: the validation DR lower bound of its gain over the best "
+                   "baseline and over the current policy is above zero).")
 @click.option("--keep", type=click.IntRange(1, 100), default=5, show_default=True,
               help="Versions kept in the GRU registry.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim, val_frac,
-          holdout, w_future, w_ips, w_click, w_later_click, horizon, sim_dim, init, threads, seed, promote,
-          keep, quiet):
+          holdout, w_future, w_ips, w_click, w_later_click, horizon, sim_dim, init, objective,
+          reward_epochs, threads, seed, promote, keep, quiet):
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
     from personalization.train import TrainConfig, publish, train_policy
@@ -157,23 +201,46 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
                       w_future=w_future,
                       w_ips=w_ips, w_click=w_click, w_later_click=w_later_click,
                       future_horizon=horizon, sim_dim=sim_dim, init=init, threads=threads,
-                      seed=seed)
+                      seed=seed, objective=objective, reward_epochs=reward_epochs)
     rows = predictor.classifier_rows(np.arange(predictor.num_labels))
+    root = out or (models / "gru")
+    incumbent = None
+    if objective == "dr" and (root / "CURRENT").is_file():
+        from personalization.artifact import PolicyFileError
+        from personalization.policy import GruPolicy
+        try:
+            incumbent = GruPolicy.load(root)
+        except PolicyFileError as e:
+            click.echo(f"current policy not comparable ({e}); judged against the baselines only",
+                       err=True)
     try:
-        weights, report = train_policy(v, rows, cfg, progress=not quiet)
+        weights, report = train_policy(v, rows, cfg, progress=not quiet, incumbent=incumbent)
     except ValueError as e:
         raise click.ClickException(f"{logs}: {e}") from e
-    root = out or (models / "gru")
     meta = {"engine_version": v.engine_version, "train": report,
             "logs": str(logs), "label_count": predictor.num_labels}
+    why = ""
+    if promote and objective == "dr":
+        from personalization.train import promotion_check
+        promote, why = promotion_check(report)
     version, path = publish(root, weights, cfg, meta, promote=promote, keep=keep)
-    best = next(e for e in report["epochs"] if e["epoch"] == report["best_epoch"])
-    click.echo(f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}); "
-               f"{report['train_visits']} train / {report['val_visits']} validation visits, "
-               f"best epoch {report['best_epoch']}: val click log-loss "
-               f"{best['val_click_logloss']:.4f}, later-click log-loss "
-               f"{best['val_later_click_logloss']:.4f}, next-pages CE {best['val_future_ce']:.4f}, "
-               f"{report['train_s']}s")
+    if objective == "dr":
+        vs = report["val_vs_best_baseline"]
+        click.echo(f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}"
+                   f"{': ' + why if why else ''}); {report['train_visits']} train / "
+                   f"{report['val_visits']} validation visits; chosen {report['chosen']}: "
+                   f"validation DR CTR {report['val_dr'][report['chosen']]:.4f} vs "
+                   f"{report['val_best_baseline']} {report['val_dr'][report['val_best_baseline']]:.4f}"
+                   f" (difference {vs['diff']:+.4f}, 95% CI {vs['diff_ci95'][0]:+.4f} .. "
+                   f"{vs['diff_ci95'][1]:+.4f}); {report['train_s']}s")
+    else:
+        best = next(e for e in report["epochs"] if e["epoch"] == report["best_epoch"])
+        click.echo(f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}); "
+                   f"{report['train_visits']} train / {report['val_visits']} validation visits, "
+                   f"best epoch {report['best_epoch']}: val click log-loss "
+                   f"{best['val_click_logloss']:.4f}, later-click log-loss "
+                   f"{best['val_later_click_logloss']:.4f}, next-pages CE {best['val_future_ce']:.4f}, "
+                   f"{report['train_s']}s")
     from personalization.evaluate import iso_time
     cut = report["holdout_split_ts"]
     click.echo(f"data read: sessions starting {iso_time(report['data_start_ts'])} .. "
@@ -236,12 +303,21 @@ def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, oracle
             raise click.UsageError("--oracle needs LOG_DIR/truth/intents.jsonl and the world "
                                    "(--world WORLD_DIR or LOG_DIR/simulation.json)")
         oracle_model = load_oracle(wdir, logs, v.titles, v.user_ids, truth.label_subtopic)
+    judge = None
+    if truth is not None:
+        from personalization.evaluate import simulation_world
+        from personalization.value import load_judge
+        wdir = world or simulation_world(logs)
+        if wdir and (Path(wdir) / "pages.jsonl").is_file():
+            judge = load_judge(wdir, logs, v, predictor.label_names)
     try:
         rep = run_evaluation(policy, v, val_frac, truth, n_boot, progress=not quiet,
-                             oracle=oracle_model)
+                             oracle=oracle_model, judge=judge)
     except OverlapError as e:
         raise click.ClickException(str(e)) from e
     print_report(rep)
+    click.echo("")
+    print_value(rep["value"])
     if json_out:
         json_out.write_text(json.dumps(rep, indent=1) + "\n")
 

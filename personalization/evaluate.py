@@ -34,9 +34,13 @@ from personalization.logs import VisitLog
 log = logging.getLogger(__name__)
 
 POLICIES = ("gru", "top1", "most_frequent", "popularity")
-BASELINES = POLICIES[1:]
-REFERENCES = ("sim_rank",)                  # reference rows; not baselines
+BASELINES = POLICIES[1:]                     # intent-hit baselines (the old protocol)
+REFERENCES = ("sim_rank",)                  # a fixed ranking: a baseline for CTR (VALUE_BASELINES)
+VALUE_BASELINES = ("top1", "most_frequent", "popularity", "sim_rank")
 ORACLES = ("oracle", "oracle_no_user")       # --oracle rows (personalization.oracle)
+# with a click judge (simulated logs): the best CTR on the same candidates knowing the visit's
+# intent, and the Bayes-optimal CTR given the window's true page sub-topics (uniform prior)
+VALUE_ORACLES = ("knows_intent", "bayes_window")
 
 
 @dataclass
@@ -151,21 +155,27 @@ class EvalResult:
     n_cold: int
     cold: np.ndarray         # bool per evaluated visit: no history (answered by the top-1 rule)
     chosen: dict             # policy -> chosen query id per evaluated visit
+    rows: np.ndarray | None = None   # the evaluated VisitLog rows
+    x_chosen: dict | None = None     # policy -> [N, F+1] reward-model features of its choice
+    x_shown: np.ndarray | None = None  # [N, F+1] those of the logged (shown) query
 
 
 def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray, K: int,
                       ttl_s: float, truth: Truth | None, batch: int = 2048,
-                      progress: bool = True, oracle=None) -> EvalResult:
+                      progress: bool = True, oracle=None, judge=None) -> EvalResult:
     """Score every policy on the visits `rows` (see the module docstring for the metrics);
     plus the REFERENCES rows and, with `oracle` (personalization.oracle.OracleModel), the
     ORACLES rows."""
     from personalization.oracle import oracle_keys
     from personalization.scoring import softmax_masked
     from personalization.train import make_batch
-    names = POLICIES + REFERENCES + (ORACLES if oracle is not None else ())
+    names = POLICIES + REFERENCES + (ORACLES if oracle is not None else ()) + \
+        (VALUE_ORACLES if judge is not None else ())
     per = {p: {m: [] for m in ("intent_hit", "intent_R@5", "intent_MRR", "click_hit",
                                "click_R@5", "click_MRR", "ips_ctr", "has_click",
-                               "has_intent_cand")} for p in names}
+                               "has_intent_cand", "actual_ctr", "in_support")} for p in names}
+    xs_all = {p: [] for p in names}
+    x_shown_all = []
     n_cold = 0
     colds, chosen_all = [], {p: [] for p in names}
     sess_intent = None
@@ -191,8 +201,17 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
         if oracle is not None:
             for name, key in oracle_keys(oracle, v, r, b.cand_ids, K, ttl_s).items():
                 orders[name] = ranked_or_top1(key + 1e-6 * b.feats[..., F["mean_score_window"]])
+        if judge is not None:
+            p_true = judge.p_click(r, b.cand_ids)
+            orders["knows_intent"] = ranked_or_top1(
+                np.where(b.cand_mask, p_true, -1.0) + 1e-6 * b.feats[..., F["mean_score_window"]])
+            post = judge.window_posterior(v, r, K, ttl_s)
+            orders["bayes_window"] = ranked_or_top1(
+                np.where(b.cand_mask, judge.p_click(r, b.cand_ids, intent=post), -1.0)
+                + 1e-6 * b.feats[..., F["mean_score_window"]])
         ranked = {name: np.take_along_axis(b.cand_ids, o, 1) for name, o in orders.items()}
         shown, clicked = v.shown[r], v.clicked[r]
+        x_shown_all.append(_reward_features(b, shown))
         prop = v.propensity[r]
         if sess_intent is not None:
             intent = sess_intent[v.session[r]]
@@ -201,6 +220,10 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
             d = per[name]
             chosen = ids[:, 0]
             chosen_all[name].append(chosen)
+            xs_all[name].append(_reward_features(b, chosen))
+            d["in_support"].append(v.in_logged(r, chosen))
+            if judge is not None:
+                d["actual_ctr"].append(judge.p_click(r, chosen))
             d["click_hit"].append((chosen == shown) & clicked)
             d["has_click"].append(clicked)
             d["ips_ctr"].append(((chosen == shown) & clicked) / prop)
@@ -222,7 +245,8 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
     for p, d in per_visit.items():
         m = {}
         hc = d["has_click"].astype(bool)
-        for k in ("intent_hit", "intent_R@5", "intent_MRR", "ips_ctr"):
+        for k in ("intent_hit", "intent_R@5", "intent_MRR", "ips_ctr", "actual_ctr",
+                  "in_support"):
             if k in d:
                 m[k] = float(d[k].mean())
         for k in ("click_hit", "click_R@5", "click_MRR"):
@@ -233,7 +257,62 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
     return EvalResult(metrics, per_visit, v.user[rows], len(rows), n_cold,
                       np.concatenate(colds) if colds else np.zeros(0, bool),
                       {p: np.concatenate(c) if c else np.zeros(0, np.int64)
-                       for p, c in chosen_all.items()})
+                       for p, c in chosen_all.items()}, rows=np.asarray(rows),
+                      x_chosen={p: np.concatenate(x) for p, x in xs_all.items() if x},
+                      x_shown=np.concatenate(x_shown_all) if x_shown_all else None)
+
+
+def _reward_features(b: EventBatch, q: np.ndarray) -> np.ndarray:
+    """[B, F+1] hand features of query q[b] among the visit's candidates (zeros and a 0
+    indicator when it is not one): the inputs of the evaluation's DR reward model."""
+    eq = (b.cand_ids == q[:, None]) & (q[:, None] >= 0)
+    has = eq.any(1)
+    x = b.feats[np.arange(len(q)), eq.argmax(1)] * has[:, None]
+    return np.concatenate([x, has[:, None].astype(np.float32)], 1)
+
+
+def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Per policy: actual CTR (when judged), SNIPS and DR with intervals, support share and
+    ESS; the GRU against each value baseline (paired, user-clustered)."""
+    from personalization.value import crossfit_reward, mean_ci, off_policy, paired_bootstrap
+    rows = res.rows
+    users = res.users
+    names = list(res.chosen)
+    shown, clicked, prop = v.shown[rows], v.clicked[rows], v.propensity[rows]
+    has = shown >= 0
+    out: dict = {"policies": {}, "vs_baselines": {}}
+    r_shown, r_ch = crossfit_reward(res.x_shown, clicked, has, users,
+                                    [res.x_chosen[p] for p in names])
+    judged = "actual_ctr" in res.per_visit["gru"]
+    for p, rc in zip(names, r_ch):
+        d = res.per_visit[p]
+        rec = {"intent_hit": res.metrics[p].get("intent_hit", float("nan"))}
+        if judged:
+            est, lo, hi = mean_ci(d["actual_ctr"], users, n_boot, seed)
+            rec.update(actual_ctr=est, actual_ctr_ci95=[lo, hi])
+        if has.any():
+            rec.update(off_policy(res.chosen[p][has], shown[has], clicked[has], prop[has],
+                                  d["in_support"][has].astype(bool), rc[has], r_shown[has],
+                                  users[has], n_boot, seed))
+        out["policies"][p] = rec
+    if judged:
+        for bname in VALUE_BASELINES:
+            out["vs_baselines"][bname] = paired_bootstrap(
+                res.per_visit["gru"]["actual_ctr"], res.per_visit[bname]["actual_ctr"], users,
+                n_boot, seed)
+        pol = out["policies"]
+        best = max(VALUE_BASELINES, key=lambda n: pol[n]["actual_ctr"])
+        out["best_baseline"] = best
+        if "bayes_window" in pol:
+            gap = pol["bayes_window"]["actual_ctr"] - pol[best]["actual_ctr"]
+            out["gap_closed"] = ((pol["gru"]["actual_ctr"] - pol[best]["actual_ctr"]) / gap
+                                 if gap > 0 else float("nan"))
+        out["targets"] = {
+            "ctr_ratio_vs_best": pol["gru"]["actual_ctr"] / max(pol[best]["actual_ctr"], 1e-12),
+            "paired_lo_vs_best": out["vs_baselines"][best]["diff_ci95"][0],
+            "intent_hit_minus_sim_rank": pol["gru"]["intent_hit"] - pol["sim_rank"]["intent_hit"],
+        }
+    return out
 
 
 def bootstrap_lift(num: np.ndarray, den: np.ndarray, users: np.ndarray, n_boot: int = 1000,

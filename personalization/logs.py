@@ -53,6 +53,9 @@ class VisitLog:
     titles: list[str] = field(default_factory=list)   # [P] the distinct page titles
     reports: dict = field(default_factory=dict)
     engine_version: str = ""
+    logged_indptr: np.ndarray | None = None  # int64 [N+1] CSR: candidates the logger chose among
+    logged_ids: np.ndarray | None = None     # int64 label ids (-1: a name the engine lacks)
+    logged_prob: np.ndarray | None = None    # float64: logger's probability of each (NaN: unlogged)
 
     @property
     def n(self) -> int:
@@ -78,6 +81,20 @@ class VisitLog:
         ids = np.where(mask[..., None], self.IDS[pg], -1)
         sc = np.where(mask[..., None], self.SC[pg], 0.0).astype(np.float32)
         return z * mask[..., None], ids, sc, mask
+
+    def in_logged(self, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """bool [B]: query q[b] was among the logger's candidates at visit rows[b] (inside its
+        support: an exploring logger could have shown it)."""
+        rows = np.asarray(rows, np.int64)
+        if self.logged_indptr is None:
+            return np.zeros(len(rows), bool)
+        cnt = self.logged_indptr[rows + 1] - self.logged_indptr[rows]
+        b = np.repeat(np.arange(len(rows)), cnt)
+        start = np.repeat(self.logged_indptr[rows] - np.r_[0, np.cumsum(cnt)[:-1]], cnt)
+        ids = self.logged_ids[start + np.arange(cnt.sum())]
+        hit = np.zeros(len(rows), bool)
+        hit[b[ids == np.asarray(q)[b]]] = True
+        return hit & (np.asarray(q) >= 0)
 
     def popularity(self, before_ts: float = np.inf) -> np.ndarray:
         """Per query id: search clicks + ad clicks logged before `before_ts`."""
@@ -156,6 +173,7 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
                               for j, c in zip(miss, cand)], bool)
         vi[miss] = np.where(ok & titles_ok, cand, -1)
     unknown_q = 0
+    cand_of: dict[int, tuple[list, list]] = {}
     for r, i in zip(imps, vi.tolist()):
         if i < 0:
             continue
@@ -164,6 +182,20 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
         shown[i] = q
         clicked[i] = r["clicked"] and q >= 0
         propensity[i] = r.get("propensity") or 1.0
+        names = r.get("candidates") or []
+        probs = r.get("candidate_propensities")
+        cand_of[i] = ([name_to_id.get(n, -1) for n in names],
+                      probs if isinstance(probs, list) and len(probs) == len(names) else
+                      [np.nan] * len(names))
+    cnt = np.zeros(len(views), np.int64)
+    for i, (c, _) in cand_of.items():
+        cnt[i] = len(c)
+    logged_indptr = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    logged_ids = np.full(logged_indptr[-1], -1, np.int64)
+    logged_prob = np.full(logged_indptr[-1], np.nan)
+    for i, (c, pr) in cand_of.items():   # one slice assignment per impression
+        logged_ids[logged_indptr[i]:logged_indptr[i + 1]] = c
+        logged_prob[logged_indptr[i]:logged_indptr[i + 1]] = pr
     # --- searches by the same user: each visit gets the ones in [ts, ts + horizon] and session
     s_user, s_ts, s_q, p_q, p_ts = [], [], [], [], []
     for rec in read_log(log_dir, "search_clicks", reports["search_clicks"], since, until):
@@ -201,7 +233,9 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
                     unknown_q)
     return VisitLog(user=user, user_ids=uids, ts=ts, session=session, session_ids=session_ids,
                     event_ids=event_ids, page=page.astype(np.int64), Z=Z, IDS=IDS, SC=SC,
-                    shown=shown, clicked=clicked, propensity=propensity, search_indptr=search_indptr,
+                    shown=shown, clicked=clicked, propensity=propensity,
+                    logged_indptr=logged_indptr, logged_ids=logged_ids, logged_prob=logged_prob,
+                    search_indptr=search_indptr,
                     search_ids=search_ids, pop_q=np.array(p_q, np.int64),
                     pop_ts=np.array(p_ts, np.float64), n_labels=len(predictor.label_names),
                     titles=uniq.tolist(),

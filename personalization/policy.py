@@ -25,6 +25,56 @@ from personalization.scoring import candidate_logits, softmax_masked
 log = logging.getLogger(__name__)
 
 NO_QUERY = -1   # returned (with score 0.0) when the current page has no predicted query
+# Exploration of the served policy (what makes its logs teach a successor): with probability
+# EPSILON the shown query is drawn from softmax(logits / TEMPERATURE) over the same candidates
+# the policy ranks, else the policy's top choice. Every candidate keeps a propensity >= EPSILON *
+# its softmax share, so DR / SNIPS can evaluate any later policy on these candidates; 0.1 costs
+# at most 10% of the traffic's greedy value.
+EPSILON = 0.1
+TEMPERATURE = 1.0
+
+
+@dataclass
+class Served:
+    """What was served for a batch of events, and everything a log needs to learn from it.
+
+    Candidates are padded to C columns with id -1, ordered by the policy's preference.
+    """
+
+    query: np.ndarray        # int64 [B] the shown query id (-1: nothing to show)
+    score: np.ndarray        # float32 [B] the policy's softmax probability of that query
+    propensity: np.ndarray   # float32 [B] P(the exploring policy shows that query)
+    greedy: np.ndarray       # bool [B] the shown query is the policy's top choice
+    cand_ids: np.ndarray     # int64 [B,C] every candidate the policy ranked (-1 padding)
+    cand_scores: np.ndarray  # float32 [B,C] the policy's softmax probability of each
+    cand_prop: np.ndarray    # float32 [B,C] P(shown) of each under the exploring policy
+
+    def fields(self, i: int) -> dict:
+        """The ad-query message fields of event i (query names are the caller's)."""
+        m = self.cand_ids[i] >= 0
+        return {"query_id": int(self.query[i]), "score": float(self.score[i]),
+                "propensity": float(self.propensity[i]),
+                "candidate_ids": self.cand_ids[i][m].tolist(),
+                "candidate_scores": np.round(self.cand_scores[i][m], 6).tolist(),
+                "candidate_propensities": np.round(self.cand_prop[i][m], 6).tolist(),
+                "explored": not bool(self.greedy[i])}
+
+
+def explore(logits: np.ndarray, mask: np.ndarray, epsilon: float, temperature: float,
+            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(choice column [B], propensities [B,C], softmax scores [B,C]) of the epsilon-mixture of
+    the greedy policy and softmax(logits / temperature); vectorised over the batch."""
+    B, C = logits.shape
+    lg = np.where(mask, logits, -np.inf)
+    probs = softmax_masked(lg)
+    soft = probs if temperature == 1.0 else softmax_masked(lg / max(temperature, 1e-6))
+    top = np.argmax(lg, axis=1)
+    prop = epsilon * soft
+    prop[np.arange(B), top] += 1.0 - epsilon
+    u = rng.random(B) * prop.sum(1)
+    col = np.minimum((np.cumsum(prop, 1) < u[:, None]).sum(1), C - 1)
+    col = np.where(mask[np.arange(B), col], col, top)
+    return col, prop.astype(np.float32), probs.astype(np.float32)
 
 
 def state_arrays(state) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -222,6 +272,66 @@ class GruPolicy:
             else:
                 res.append((int(r[0][0]), float(r[1][0])))
         return res
+
+    def serve_batch(self, histories: Sequence[Sequence], currents: Sequence,
+                    epsilon: float = EPSILON, temperature: float = TEMPERATURE,
+                    rng: np.random.Generator | None = None) -> Served:
+        """Serve one query per event with exploration over the candidates the policy ranks
+        (the window's union; the current page's queries for cold-start events, ranked by their
+        Astec score), returning what a log needs to learn from it (`Served`)."""
+        self.maybe_reload()
+        rng = rng if rng is not None else np.random.default_rng()
+        n = len(currents)
+        rows, seqs = [], []
+        cold_ids, cold_sc = [None] * n, [None] * n
+        for b, (hist, cur) in enumerate(zip(histories, currents)):
+            arr = self._clean(hist, cur) if hist else None
+            if hist and arr is None:
+                self.fallbacks += 1
+            if arr is not None and len(arr[0]) > 1 and (arr[1][-1] >= 0).any():
+                rows.append(b)
+                seqs.append(arr)
+                continue
+            try:
+                _, i, sc = state_arrays(cur)
+                ok = (i >= 0) & (i < self.n_labels) if sc.shape == i.shape else i < -1
+            except (AttributeError, TypeError, ValueError):
+                i, sc, ok = np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, bool)
+            cold_ids[b], cold_sc[b] = i[ok], sc[ok]
+        C = 1
+        if seqs:
+            z, ids, scores, mask, ts = pad_states(seqs, self.K)
+            batch = build_batch(z, ids, scores, mask, self.weights["log_pop"], ts,
+                                self.weights["sim_table"], self.weights["sim_norm"])
+            C = batch.cand_ids.shape[1]
+        k_cold = max((len(x) for x in cold_ids if x is not None), default=0)
+        C = max(C, k_cold, 1)
+        cand = np.full((n, C), -1, np.int64)
+        logit = np.full((n, C), -np.inf, np.float32)
+        if seqs:
+            r = np.asarray(rows)
+            cand[r, :batch.cand_ids.shape[1]] = batch.cand_ids
+            logit[r, :batch.cand_ids.shape[1]] = self.logits(batch)
+        for b in range(n):   # cold rows: at most top-k copies, no per-candidate work
+            if cold_ids[b] is not None and len(cold_ids[b]):
+                cand[b, :len(cold_ids[b])] = cold_ids[b]
+                logit[b, :len(cold_ids[b])] = cold_sc[b] * 8.0   # Astec scores as log-odds
+        mask = cand >= 0
+        none = ~mask.any(1)
+        mask[none, 0] = True              # keep the maths finite; these rows show nothing
+        logit[none, 0] = 0.0
+        col, prop, probs = explore(logit, mask, epsilon, temperature, rng)
+        order = np.argsort(-np.where(mask, probs, -1.0), axis=1, kind="stable")
+        cand_o = np.take_along_axis(np.where(mask, cand, -1), order, 1)
+        R = np.arange(n)
+        q = cand[R, col]
+        q[none] = NO_QUERY
+        return Served(query=q, score=np.where(none, 0.0, probs[R, col]).astype(np.float32),
+                      propensity=np.where(none, 1.0, prop[R, col]).astype(np.float32),
+                      greedy=col == np.argmax(np.where(mask, logit, -np.inf), 1),
+                      cand_ids=cand_o,
+                      cand_scores=np.take_along_axis(probs, order, 1) * (cand_o >= 0),
+                      cand_prop=np.take_along_axis(prop, order, 1) * (cand_o >= 0))
 
     def choose(self, history: Sequence, current) -> tuple[int, float]:
         """The query to send to the ads pipeline for this visit (history oldest first)."""

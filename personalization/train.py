@@ -70,6 +70,13 @@ class TrainConfig:
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
     # the start is also a candidate of the best-epoch selection. "random": torch's init.
     init: str = "sim_rank"
+    # "dr" (default): a reward model P(click | window, candidate) fitted on every logged
+    # impression, then the policy trained listwise to maximise the doubly-robust value of the
+    # window's candidates, epochs chosen by validation DR value (see _train_dr). "losses": the
+    # weighted losses above, epochs chosen by their validation sum (the pre-issue-20 trainer).
+    objective: str = "dr"
+    reward_epochs: int = 2
+    dr_temperature: float = 0.5   # softmax temperature of the listwise DR objective
     threads: int = 2
     seed: int = 0
 
@@ -222,7 +229,7 @@ def _later_click_loss(logits, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarra
 
 
 def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
-                 progress: bool = True) -> tuple[dict[str, np.ndarray], dict]:
+                 progress: bool = True, incumbent=None) -> tuple[dict[str, np.ndarray], dict]:
     """Train on the visits before the time split; returns (exported weights, training report)."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -242,6 +249,8 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         _, mask = v.window(rows, 2, cfg.ttl_s)
         return rows[mask[:, 0]]
     train_rows, val_rows = with_history(train_rows), with_history(val_rows)
+    if len(train_rows) == 0 or len(val_rows) == 0:
+        raise ValueError("no train or validation visit has history (a window of >= 2 states)")
     if cfg.val_rows and len(val_rows) > cfg.val_rows:
         val_rows = np.sort(rng.choice(val_rows, cfg.val_rows, replace=False))
     rows_n = classifier_rows / np.maximum(np.linalg.norm(classifier_rows, axis=1, keepdims=True),
@@ -254,6 +263,16 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         sim_table = np.zeros((classifier_rows.shape[0] + 1, 1), np.float32)
         sim_norm = np.array([0.0, 1.0], np.float32)
     sim = (sim_table, sim_norm)
+    if cfg.objective == "dr":
+        weights, rep = _train_dr(v, classifier_rows, rows_n, cfg, train_rows, val_rows, log_pop,
+                                 sim, rng, progress, incumbent)
+        report = {"config": asdict(cfg), "split_ts": t_split, "val_split_ts": t_split,
+                  **rng_info, **rep, "train_visits": int(len(train_rows)),
+                  "val_visits": int(len(val_rows))}
+        weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
+        return weights, report
+    if cfg.objective != "losses":
+        raise ValueError(f"objective must be 'dr' or 'losses', got {cfg.objective!r}")
     net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop)
     history, best, best_state = [], np.inf, None
     t0 = time.perf_counter()
@@ -358,3 +377,215 @@ def publish(root: str | Path, weights: dict[str, np.ndarray], cfg: TrainConfig, 
             reg.promote(st.version)
         reg.prune()
     return st.version, path
+
+
+# ------------------------------------------------------------------------------------------------
+# training for value: reward model + doubly-robust listwise policy
+
+def _shown_cols(v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, clip: float):
+    """(rows with the shown query among the candidates, its column, clicked, clipped 1/p)."""
+    shown = v.shown[rows]
+    eq = (cand_ids == shown[:, None]) & (shown[:, None] >= 0)
+    r = np.flatnonzero(eq.any(1))
+    col = eq[r].argmax(1)
+    w = np.minimum(1.0 / np.maximum(v.propensity[rows][r], 1e-9), clip)
+    return r, col, v.clicked[rows][r].astype(np.float32), w.astype(np.float32)
+
+
+def dr_pseudo_rewards(r_hat: np.ndarray, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray,
+                      clip: float) -> np.ndarray:
+    """[B,C] doubly-robust value of showing each candidate: the reward model's P(click), plus,
+    on the logged candidate, its importance-weighted residual (click - P). Averaged under a
+    policy's choice probabilities this is the DR estimate of its CTR."""
+    G = r_hat.astype(np.float32).copy()
+    r, col, y, w = _shown_cols(v, rows, cand_ids, clip)
+    G[r, col] += w * (y - r_hat[r, col])
+    return G
+
+
+class _RewardFn:
+    """Batched P(click | window, candidate) of a trained reward net (no gradients)."""
+
+    def __init__(self, net):
+        self.net = net.eval()
+
+    @torch.no_grad()
+    def __call__(self, b: EventBatch) -> np.ndarray:
+        lg = self.net(*_tensors(b))
+        return torch.sigmoid(lg).masked_fill(~torch.from_numpy(b.cand_mask), 0.0).numpy()
+
+
+@torch.no_grad()
+def dr_terms(v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop, sim, reward: _RewardFn,
+             keys: dict, batch: int = 2048) -> dict[str, np.ndarray]:
+    """Per visit and per ranking key fn(batch) -> [B,C] (higher = better): the DR term of its
+    argmax choice (mean = the DR estimate of that policy's CTR)."""
+    out = {k: [] for k in keys}
+    for a in range(0, len(rows), batch):
+        r = rows[a:a + batch]
+        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, *sim)
+        G = dr_pseudo_rewards(reward(b), v, r, b.cand_ids, cfg.ips_clip)
+        for k, fn in keys.items():
+            key = np.where(b.cand_mask, fn(b, r), -np.inf)
+            out[k].append(G[np.arange(len(r)), key.argmax(1)])
+    return {k: np.concatenate(x) for k, x in out.items()}
+
+
+def _baseline_keys(sim_norm):
+    """Ranking keys of the fixed baselines (the same as personalization.evaluate's)."""
+    from personalization.features import F
+    w0 = sim_rank_weights(sim_norm)
+    return {"top1": lambda b, r: b.feats[..., F["score_current"]] * 4
+            + b.feats[..., F["recency_score"]],
+            "most_frequent": lambda b, r: b.feats[..., F["frac_states"]] * 4
+            + b.feats[..., F["mean_score_window"]],
+            "popularity": lambda b, r: b.feats[..., F["log_popularity"]] * 4
+            + b.feats[..., F["mean_score_window"]],
+            "sim_rank": lambda b, r: b.feats @ w0}
+
+
+def _net_key(net):
+    @torch.no_grad()
+    def key(b, r):
+        net.eval()
+        return net(*_tensors(b)).numpy()
+    return key
+
+
+def _incumbent_key(pol, v: VisitLog, cfg: TrainConfig):
+    """Ranking key of an already-served GruPolicy on the same candidates (its own tables)."""
+    def key(b, r):
+        bi = make_batch(v, r, cfg.K, cfg.ttl_s, pol.weights["log_pop"], pol.weights["sim_table"],
+                        pol.weights["sim_norm"])
+        return pol.logits(bi)
+    return key
+
+
+def _train_dr(v, classifier_rows, rows_n, cfg: TrainConfig, train_rows, val_rows, log_pop, sim,
+              rng, progress, incumbent=None):
+    """Reward model, then the DR-listwise policy; every candidate (the fixed start, the
+    reward model's greedy ranking, each policy epoch) is scored by validation DR value and the
+    best kept. Returns (exported weights, report)."""
+    t0 = time.perf_counter()
+    D = classifier_rows.shape[1]
+    w0 = sim_rank_weights(sim[1])
+    scale, bias = calibrate_ranking(v, train_rows, cfg, log_pop, sim, w0, seed=cfg.seed)
+
+    def fresh():
+        net = GruPolicyNet(cfg.gru_config(), D, rows_n, log_pop)
+        net.start_at(scale * w0, bias)
+        return net
+
+    def batches(perm):
+        return tqdm(range(0, len(perm), cfg.batch_size), unit="batch", leave=False,
+                    disable=not progress)
+
+    def epoch_rows():
+        perm = rng.permutation(train_rows)
+        return perm[:cfg.rows_per_epoch] if cfg.rows_per_epoch else perm
+
+    # 1. reward model: click log-loss of every logged impression among the candidates
+    rnet = fresh()
+    opt = torch.optim.Adam(rnet.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    rcfg = TrainConfig(**{**asdict(cfg), "w_click": 1.0, "w_later_click": 0.0, "w_ips": 0.0,
+                          "w_future": 0.0})
+    history = []
+    best_ll, best_r = evaluate_loss(rnet, v, val_rows, rcfg, log_pop, sim)["val_click_logloss"], \
+        {k: t.clone() for k, t in rnet.state_dict().items()}
+    history.append({"stage": "reward", "epoch": 0, "val_click_logloss": best_ll})
+    for epoch in range(cfg.reward_epochs):
+        rnet.train()
+        perm = epoch_rows()
+        for a in batches(perm):
+            rows = np.sort(perm[a:a + cfg.batch_size])
+            b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop, *sim)
+            cs, nc = _losses(rnet, v, rows, b, rcfg)[:2]
+            opt.zero_grad()
+            (cs / max(nc, 1)).backward()
+            torch.nn.utils.clip_grad_norm_(rnet.parameters(), 5.0)
+            opt.step()
+        ll = evaluate_loss(rnet, v, val_rows, rcfg, log_pop, sim)["val_click_logloss"]
+        history.append({"stage": "reward", "epoch": epoch + 1, "val_click_logloss": ll,
+                        "elapsed_s": round(time.perf_counter() - t0, 1)})
+        log.info("reward model epoch %d: val click log-loss %.5f", epoch + 1, ll)
+        if ll < best_ll:
+            best_ll, best_r = ll, {k: t.clone() for k, t in rnet.state_dict().items()}
+    rnet.load_state_dict(best_r)
+    reward = _RewardFn(rnet)
+    # the DR value on validation uses a reward model fitted on the training period only
+    base_keys = _baseline_keys(sim[1])
+    extra = {}
+    if incumbent is not None and incumbent.K == cfg.K and incumbent.n_labels == len(log_pop):
+        extra["current_policy"] = _incumbent_key(incumbent, v, cfg)
+    val_terms = dr_terms(v, val_rows, cfg, log_pop, sim, reward,
+                         {**base_keys, "reward_greedy": _net_key(rnet), **extra})
+    users = v.user[val_rows]
+    # 2. policy: listwise, maximise the DR value of softmax(logits / T) over the candidates,
+    # starting from the better (validation DR) of the fixed ranking and the reward model
+    net = fresh()
+    if val_terms["reward_greedy"].mean() > val_terms["sim_rank"].mean():
+        net.load_state_dict(rnet.state_dict())
+    cands = {"sim_rank": (float(val_terms["sim_rank"].mean()), None),
+             "reward_greedy": (float(val_terms["reward_greedy"].mean()),
+                               {k: t.clone() for k, t in rnet.state_dict().items()})}
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    term_of = dict(val_terms)
+    for epoch in range(cfg.epochs):
+        net.train()
+        perm = epoch_rows()
+        tot, n = 0.0, 0
+        for a in batches(perm):
+            rows = np.sort(perm[a:a + cfg.batch_size])
+            b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop, *sim)
+            G = torch.from_numpy(dr_pseudo_rewards(reward(b), v, rows, b.cand_ids, cfg.ips_clip))
+            logits = net(*_tensors(b))
+            pi = torch.softmax(logits / cfg.dr_temperature, dim=1)
+            loss = -(pi * G).sum(1).mean()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
+            opt.step()
+            tot += float(-loss.detach()) * len(rows)
+            n += len(rows)
+        t = dr_terms(v, val_rows, cfg, log_pop, sim, reward, {"p": _net_key(net)})["p"]
+        name = f"dr_epoch{epoch + 1}"
+        term_of[name] = t
+        cands[name] = (float(t.mean()), {k: x.clone() for k, x in net.state_dict().items()})
+        history.append({"stage": "policy", "epoch": epoch + 1, "train_soft_dr": tot / max(n, 1),
+                        "val_dr": float(t.mean()),
+                        "elapsed_s": round(time.perf_counter() - t0, 1)})
+        log.info("policy epoch %d: val DR %.5f", epoch + 1, t.mean())
+    best = max(cands, key=lambda k: cands[k][0])
+    if cands[best][1] is None:
+        net = fresh()
+    else:
+        net.load_state_dict(cands[best][1])
+    from personalization.value import paired_bootstrap
+    bb = max(base_keys, key=lambda k: float(val_terms[k].mean()))
+    vs = paired_bootstrap(term_of[best], val_terms[bb], users, 500, cfg.seed)
+    vs_cur = (paired_bootstrap(term_of[best], val_terms["current_policy"], users, 500, cfg.seed)
+              if "current_policy" in val_terms else None)
+    report = {"val_vs_current_policy": vs_cur,
+              "current_policy": getattr(incumbent, "version", None) if vs_cur else None,"objective": "dr", "init": "sim_rank", "init_scale": scale, "init_bias": bias,
+              "epochs": history, "chosen": best,
+              "val_dr": {k: float(x.mean()) for k, x in term_of.items()},
+              "val_best_baseline": bb, "val_vs_best_baseline": vs,
+              "best_epoch": int(best.removeprefix("dr_epoch")) if best.startswith("dr_") else 0,
+              "train_s": round(time.perf_counter() - t0, 1)}
+    weights = net.export_weights()
+    return weights, report
+
+
+def promotion_check(report: dict) -> tuple[bool, str]:
+    """Promote only what earns it: the validation DR gain over the best baseline, and over the
+    policy currently served (when there is one), must have a 95% lower bound above zero."""
+    vs = report.get("val_vs_best_baseline")
+    if not vs or vs["diff_ci95"][0] <= 0:
+        return False, (f"validation DR gain over {report.get('val_best_baseline')} has lower "
+                       f"bound {vs['diff_ci95'][0]:+.4f} <= 0" if vs else "no DR comparison")
+    cur = report.get("val_vs_current_policy")
+    if cur and cur["diff_ci95"][0] <= 0:
+        return False, (f"validation DR gain over the current policy "
+                       f"{report.get('current_policy')} has lower bound "
+                       f"{cur['diff_ci95'][0]:+.4f} <= 0")
+    return True, ""

@@ -75,7 +75,7 @@ def synthetic_visits(n_users=150, sessions=4, topics=6, per_topic=10, D=16, k=5,
 
 
 CFG = TrainConfig(K=4, topk=5, hidden=16, query_dim=8, mlp_hidden=16, epochs=4, batch_size=128,
-                  lr=1e-2, threads=1, val_frac=0.25)
+                  lr=1e-2, threads=1, val_frac=0.25, objective="losses")
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +278,40 @@ def test_time_split_holds_out_later_sessions(world):
     first = np.r_[True, v.session[1:] != v.session[:-1]]
     start = v.ts[first][v.session]
     assert start[tr].max() < t <= start[te].min()
+
+
+def test_serving_explores_over_exactly_the_ranked_candidates(registry, world):
+    """The served policy logs every candidate it ranked, with propensities that sum to 1 and
+    match how often each query is really shown; epsilon 0 is the greedy choice."""
+    v = world[0]
+    pol = GruPolicy.load(registry[2])
+    win = window_states(v, 45, 4)
+    ids, probs = pol.rank_batch([win[:-1]], [win[-1]])[0]
+    n = 4000
+    sv = pol.serve_batch([win[:-1]] * n, [win[-1]] * n, epsilon=0.3, temperature=1.0,
+                         rng=np.random.default_rng(0))
+    m = sv.cand_ids[0] >= 0
+    assert sv.cand_ids[0][m].tolist() == ids.tolist()          # same candidates, best first
+    np.testing.assert_allclose(sv.cand_scores[0][m], probs, atol=1e-5)
+    assert np.isclose(sv.cand_prop[0].sum(), 1.0, atol=1e-5) and (sv.cand_prop[0][m] > 0).all()
+    freq = (sv.query[:, None] == ids[None, :]).mean(0)
+    np.testing.assert_allclose(freq, sv.cand_prop[0][m], atol=0.03)
+    col = np.argmax(sv.cand_ids == sv.query[:, None], 1)
+    np.testing.assert_allclose(sv.propensity, sv.cand_prop[np.arange(n), col], atol=1e-6)
+    assert 0.6 < sv.greedy.mean() < 0.85
+    g = pol.serve_batch([win[:-1]], [win[-1]], epsilon=0.0)
+    assert g.query[0] == ids[0] and g.propensity[0] == pytest.approx(1.0) and g.greedy[0]
+    rec = g.fields(0)
+    assert rec["candidate_ids"] == ids.tolist() and rec["explored"] is False
+    assert len(rec["candidate_scores"]) == len(rec["candidate_propensities"]) == len(ids)
+
+
+def test_serving_cold_start_and_empty_pages_with_exploration(registry, world):
+    pol = GruPolicy.load(registry[0])
+    cur = state(0, world[0].Z[3], [7, 2, 9], [0.2, 0.9, 0.5])
+    empty = state(1, world[0].Z[3], [], [])
+    sv = pol.serve_batch([[], []], [cur, empty], epsilon=0.0)
+    assert sv.query.tolist() == [2, NO_QUERY] and sv.propensity[0] == pytest.approx(1.0)
+    assert sorted(sv.cand_ids[0][sv.cand_ids[0] >= 0].tolist()) == [2, 7, 9]
+    sv = pol.serve_batch([[]] * 2000, [cur] * 2000, epsilon=0.5, rng=np.random.default_rng(1))
+    assert set(sv.query.tolist()) == {2, 7, 9} and np.isclose(sv.cand_prop[0].sum(), 1.0)
