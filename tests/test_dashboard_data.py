@@ -6,14 +6,23 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 
 from conftest import STREAM_DATA, astec
-from dashboard import health, models, users
-from dashboard.sources import SourceError, mask_url, ping, redis_client
+from dashboard import health, models, offline, predict, users
+from dashboard.sources import SourceError, find_logs, find_policy, mask_url, ping, redis_client
+
+
+@pytest.fixture
+def redis_settings(services):
+    """The session's services with a Redis key prefix of this test's own (the dashboard needs
+    Redis only, not the Kafka topics `redis_settings` creates)."""
+    return services.replace(redis_key_prefix=f"astec-dash-{uuid.uuid4().hex[:8]}")
 
 
 HOLDOUT = {"P@1": 41.5, "P@3": 30.25, "P@5": 22.0, "nDCG@5": 44.0, "PSP@1": 20.0, "PSP@5": 25.5}
@@ -137,10 +146,10 @@ def _store_visits(settings, predictor, titles, user, k=4):
     return ids, scores
 
 
-def test_user_states_read_back_with_names_and_choice(stream_settings, astec_predictor,
+def test_user_states_read_back_with_names_and_choice(redis_settings, astec_predictor,
                                                      stream_corpus):
     from engine.predictor import Predictor
-    s = stream_settings
+    s = redis_settings
     pred = Predictor.load(astec_predictor)
     titles = stream_corpus[0][:6]
     ids, scores = _store_visits(s, pred, titles, "u1", k=4)
@@ -175,8 +184,8 @@ def _publish(settings, cid, version, events, dead):
     publish(connect(settings.redis_url), settings.redis_key_prefix, m)
 
 
-def test_consumer_health_totals_versions_and_staleness(stream_settings):
-    s = stream_settings
+def test_consumer_health_totals_versions_and_staleness(redis_settings):
+    s = redis_settings
     client = redis_client(s.redis_url)
     assert health.consumer_health(client, s.redis_key_prefix).rows == []
     _publish(s, "w-a", "v1", 100, 3)
@@ -208,7 +217,7 @@ def test_unreachable_redis_is_a_clear_error_without_the_password():
     assert "s3cret" not in str(e.value)
 
 
-def test_users_chosen_query_by_a_trained_gru_policy(stream_settings, tmp_path):
+def test_users_chosen_query_by_a_trained_gru_policy(redis_settings, tmp_path):
     """With a GRU policy, visit i's chosen query is the policy's choice given visits 0..i-1
     (the first visit: cold start, the page's top query), as the stream would have chosen it."""
     from test_personalization_policy import CFG, synthetic_visits, window_states
@@ -218,7 +227,7 @@ def test_users_chosen_query_by_a_trained_gru_policy(stream_settings, tmp_path):
     v, rows_w, _, _ = synthetic_visits()
     weights, report = train_policy(v, rows_w, CFG, progress=False)
     publish(tmp_path / "gru", weights, CFG, {"engine_version": "synthetic", "train": report})
-    s = stream_settings
+    s = redis_settings
     states = window_states(v, 40, 6)
     StateStore(connect(s.redis_url), s.redis_key_prefix, k=16).append_batch(["g"] * 6, states)
     back, _ = users.read_states(redis_client(s.redis_url), s.redis_key_prefix, "g")
@@ -232,3 +241,192 @@ def test_users_chosen_query_by_a_trained_gru_policy(stream_settings, tmp_path):
         assert visit.chosen == names[q] and visit.chosen_score == pytest.approx(sc, rel=1e-5)
     top = int(back[0].query_ids[int(np.argmax(back[0].scores))])
     assert vs[0].chosen == names[top]
+
+
+# ---- time series of the stream metrics ----------------------------------------------------------
+class FakeClock:
+    """Stands in for the `time` module inside stream.metrics: publishes at chosen instants."""
+
+    def __init__(self, t0: float):
+        self.t = t0
+
+    def time(self):
+        return self.t
+
+    def monotonic(self):
+        return self.t
+
+
+def publish_series(settings, cid, points, t0, step=2.0, version="v1", series_len=None):
+    """Publish one snapshot per (events, dead, latencies) tuple, `step` seconds apart, through
+    stream.metrics.publish as a worker does; returns the ConsumerMetrics."""
+    from stream import metrics as sm
+    from stream.state import connect
+    clock = FakeClock(t0)
+    client = connect(settings.redis_url)
+    with mock.patch.object(sm, "time", clock):
+        m = sm.ConsumerMetrics(cid, policy="gru", model_version=version)
+        for events, dead, lat in points:
+            m.record_batch(events, dead, 0, 0.01, np.asarray(lat, float), {"predict": 0.01})
+            kw = {} if series_len is None else {"series_len": series_len}
+            sm.publish(client, settings.redis_key_prefix, m, **kw)
+            clock.t += step
+    return m
+
+
+def test_metrics_series_is_capped_expiring_and_per_interval(redis_settings):
+    from stream.metrics import SERIES_TTL_S, read_all, read_series, series_key
+    s = redis_settings
+    client = redis_client(s.redis_url)
+    t0 = time.time() - 100
+    pts = [(10, 0, [5.0] * 10)] * 5 + [(10, 1, [100.0] * 9 + [400.0])] + [(0, 0, [])]
+    publish_series(s, "w-1", pts, t0, series_len=4)
+    key = series_key(s.redis_key_prefix, "w-1")
+    assert client.llen(key) == 4                       # capped: the 7 publishes keep 4 points
+    assert 0 < client.ttl(key) <= SERIES_TTL_S         # and it expires
+    assert 0 < client.ttl(f"{s.redis_key_prefix}:metrics:consumers") <= SERIES_TTL_S
+    series = read_series(client, s.redis_key_prefix)["w-1"]
+    assert [p["t"] for p in series] == pytest.approx([t0 + 2 * i for i in range(3, 7)], abs=0.01)
+    assert [p["events"] for p in series] == [40, 50, 60, 60]
+    assert series[-3]["e2a_ms_p50"] == 5.0             # percentiles of that interval only
+    assert series[-2]["e2a_ms_p50"] == 100.0 and series[-2]["e2a_ms_p99"] > 300
+    assert series[-1]["e2a_ms_p50"] is None and series[-1]["n_e2a"] == 0
+    assert series[-1]["dead_letters"] == 1 and "lag" not in series[-1]
+    # the snapshot `astec stream metrics` prints keeps its fields and cumulative percentiles
+    snap = read_all(client, s.redis_key_prefix)[0]
+    for k in ("events", "events_per_s", "dead_letters", "e2a_ms_p50", "e2a_ms_p95",
+              "e2a_ms_p99", "batch_ms_p50", "model_version", "updated_at", "predict_s"):
+        assert k in snap
+    assert snap["events"] == "60" and float(snap["e2a_ms_p50"]) == 5.0
+    # a point that is not JSON (written by something else) is skipped, not fatal
+    client.lpush(key, b"not json")
+    assert len(read_series(client, s.redis_key_prefix)["w-1"]) == 4
+
+
+def test_series_frame_rates_and_lag(redis_settings):
+    s = redis_settings
+    now = time.time()
+    m = publish_series(s, "w-a", [(20, 0, [10.0] * 20)] * 10, now - 30, step=2.0)
+    m.lag = 7
+    from stream.metrics import publish
+    from stream.state import connect
+    publish(connect(s.redis_url), s.redis_key_prefix, m)
+    publish_series(s, "w-b", [(10, 0, [30.0] * 10)] * 10, now - 30, step=2.0)
+    client = redis_client(s.redis_url)
+    f = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now)
+    a = f[f["consumer"] == "w-a"]
+    assert a["events_per_s"].iloc[1:10].tolist() == [10.0] * 9      # 20 events per 2 s
+    assert a["lag"].dropna().tolist() == [7]
+    wide = health.pivot(f, "events_per_s")
+    assert {"w-a", "w-b", "all"} <= set(wide.columns)
+    assert wide["all"].dropna().max() == pytest.approx(15.0)
+    assert health.fleet(f, "e2a_ms_p99", how="max").max() == pytest.approx(30.0)
+    old = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now + 3600)
+    assert old.empty
+
+
+# ---- predict: evidence and sources -----------------------------------------------------------
+def test_predict_known_words_no_evidence_and_sources(astec_predictor):
+    from engine.predictor import Predictor
+    pred = Predictor.load(astec_predictor)
+    ws = predict.title_words(pred, "Debian openssh server zzqxv")
+    assert [w.word for w in ws] == ["debian", "openssh", "server", "zzqxv"]
+    assert [w.known for w in ws] == [True, True, True, False]
+    for nothing in ("zzqxv blorfx", "", "   "):
+        assert not predict.has_evidence(pred, nothing)
+    assert predict.has_evidence(pred, "openssh server")
+    # without evidence the predictor still answers with its prior labels: shown as such
+    rows = predict.prediction_rows(pred, "zzqxv blorfx", 5)
+    assert rows and all(r["proposed by"] == predict.PRIOR for r in rows)
+    rows = predict.prediction_rows(pred, "Debian -- Details of package openssh-server", 10)
+    ids, _ = pred.predict_one("Debian -- Details of package openssh-server", 10)
+    assert [r["id"] for r in rows] == ids.tolist()
+    assert all(r["proposed by"] != "(re-scored only)" for r in rows)
+    assert any(predict.KNN in r["proposed by"] for r in rows)
+    d = predict.compare(rows, rows[1:] + rows[:1])
+    assert d["shared"] == 10 and not d["same_top1"]
+
+
+# ---- sources: what `astec demo` writes is found ----------------------------------------------
+def test_demo_layout_policy_and_logs_found_beside_the_models(tmp_path):
+    demo = tmp_path / "var/demo"
+    (demo / "models/engine").mkdir(parents=True)
+    assert find_policy(demo / "models/engine") is None and find_logs(demo / "models/engine") is None
+    (demo / "models/gru/versions").mkdir(parents=True)
+    (demo / "live-logs/ad_impressions").mkdir(parents=True)
+    assert find_policy(demo / "models/engine") == (demo / "models/gru").absolute()
+    assert find_logs(demo / "models/engine") == (demo / "live-logs").absolute()
+    (demo / "models/engine/gru").mkdir()           # MODELS/gru wins over the sibling
+    assert find_policy(demo / "models/engine") == (demo / "models/engine/gru").absolute()
+
+
+# ---- users: titles and clicks from the click log ---------------------------------------------
+def write_click_log(log_dir, user, titles, t0, clicked=(0,)):
+    """Impressions (as `astec stream log-clicks` writes them) for events <user>-e<i>, and clicks."""
+    from engine.clicklog import ClickLogWriter
+    with ClickLogWriter(log_dir, "ad_impressions", writer_id="t") as w:
+        w.write_many([{"event_id": f"{user}-e{i}", "user_id": user, "ts": t0 + i,
+                       "query": f"shown-{i}", "candidates": [f"shown-{i}", "other"],
+                       "url": f"https://x/{i}", "title": t, "policy": "gru"}
+                      for i, t in enumerate(titles)])
+    with ClickLogWriter(log_dir, "ad_clicks", writer_id="t") as w:
+        w.write_many([{"event_id": f"{user}-e{i}", "user_id": user, "query": f"shown-{i}",
+                       "clicked": True, "ts": t0 + i + 0.5} for i in clicked])
+
+
+def test_user_visits_show_titles_shown_query_and_clicks(redis_settings, astec_predictor,
+                                                        stream_corpus, tmp_path):
+    from engine.predictor import Predictor
+    s = redis_settings
+    pred = Predictor.load(astec_predictor)
+    titles = stream_corpus[0][20:24]
+    _store_visits(s, pred, titles, "carol", k=8)
+    write_click_log(tmp_path / "logs", "carol", titles[:3], 1.7e9, clicked=(1,))
+    write_click_log(tmp_path / "logs", "dave", titles[:1], 1.7e9)
+    imps, clicks = users.read_user_log(tmp_path / "logs", "carol")
+    assert sorted(imps) == ["carol-e0", "carol-e1", "carol-e2"]
+    assert imps["carol-e1"]["clicked"] and not imps["carol-e0"]["clicked"]
+    assert [c["query"] for c in clicks] == ["shown-1"]
+    states, _ = users.read_states(redis_client(s.redis_url), s.redis_key_prefix, "carol")
+    rows = users.visit_rows(users.visits(states, pred.label_names, None, logged=imps))
+    assert [r["title"] for r in rows[1:]] == titles[:3][::-1]        # newest first
+    assert rows[0]["title"].startswith("(not in the click log; title hash ")
+    assert [r["clicked"] for r in rows] == ["", "no", "yes", "no"]
+    assert rows[2]["shown then"] == "shown-1"
+    assert users.read_user_log(None, "carol") == ({}, [])
+
+
+# ---- offline: peers, P@k against k, label-frequency bins ---------------------------------------
+BENCH = [{"method": "astec", "P@1": 60.0, "P@3": 40.0, "P@5": 30.0, "nDCG@5": 55.0, "PSP@1": 30.0,
+          "PSP@3": 33.0, "PSP@5": 36.0, "train_s": 100.0, "predict_s": 2.0, "peak_rss_mb": 900},
+         {"method": "parabel", "P@1": 58.0, "P@3": 38.0, "P@5": 29.0, "nDCG@5": 53.0,
+          "PSP@1": 25.0, "PSP@3": 28.0, "PSP@5": 31.0, "train_s": 20.0, "predict_s": 1.0,
+          "peak_rss_mb": 400},
+         {"method": "napkinxc-plt", "error": "exit status 1: boom"}]
+
+
+def test_bench_rows_and_pk_points(tmp_path):
+    (tmp_path / "peers.json").write_text(json.dumps(BENCH))
+    (tmp_path / "other.json").write_text(json.dumps({"metrics": {}}))
+    assert offline.find_bench(tmp_path) == [tmp_path / "peers.json"]
+    rows, problems = offline.bench_rows([tmp_path / "peers.json", tmp_path / "other.json"])
+    assert [r["method"] for r in rows] == ["astec", "parabel", "napkinxc-plt"]
+    assert rows[1]["PSP@5"] == 31.0 and rows[2]["error"].startswith("exit status 1")
+    assert len(problems) == 1 and "other.json" in problems[0]
+    pts = offline.pk_points("astec", BENCH[0])
+    assert [(p["k"], p["P@k"]) for p in pts] == [(1, 60.0), (3, 40.0), (5, 30.0)]
+
+
+def test_label_frequency_bins_add_up_to_p_at_5(evaluation_json):
+    ev = json.loads(evaluation_json.read_text())
+    res = offline.frequency_bins(ev)
+    assert [b["bin"] for b in res["bins"]] == [1, 2, 3, 4, 5]
+    assert sum(b["labels"] for b in res["bins"]) == ev["num_labels"]
+    means = [b["mean_freq"] for b in res["bins"]]
+    assert means == sorted(means) and means[0] < means[-1]          # rarest bin first
+    assert res["P@5"] == pytest.approx(ev["metrics"]["P@5"], abs=1e-3)
+    assert sum(b["share"] for b in res["bins"]) == pytest.approx(res["P@5"], abs=0.01)
+    with pytest.raises(ValueError, match="no longer readable"):
+        offline.frequency_bins({**ev, "pred": str(evaluation_json.parent / "gone.txt")})
+    with pytest.raises(ValueError, match="--train"):
+        offline.frequency_bins({**ev, "train": None})
