@@ -3,13 +3,16 @@ what a user sees (tables, figures, messages) and that missing sources give messa
 tracebacks."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from test_dashboard_data import _publish, _store_visits, make_registry
+from test_dashboard_data import (BENCH, _publish, _store_visits, evaluation_json,  # noqa: F401
+                                 make_registry, publish_series, redis_settings, write_click_log)
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 DEAD_REDIS = "redis://:pw@127.0.0.1:1/0"
@@ -70,6 +73,33 @@ def test_predict_page_shows_top_queries_of_current_version(app_env, astec_predic
     assert v1 in at.caption[0].value and f"versions/{v1}/predictor" in at.caption[0].value
 
 
+def test_predict_page_no_evidence_known_words_and_two_versions(app_env, astec_predictor,
+                                                                 tmp_path):
+    v1, v2 = make_registry(tmp_path / "models", astec_predictor)
+    app_env(tmp_path / "models")
+    at = run_page("Predict")
+    at.text_input(key="title").input("zzqxv blorfx").run()
+    assert not at.exception, at.exception
+    errs = texts(at.error)
+    assert len(errs) == 1 and errs[0].startswith("**No evidence.**") and v2 in errs[0]
+    assert any("Known words: 0 of 2" in m for m in texts(at.markdown))
+    # the prior's answer sits only in a labelled expander, marked as no evidence
+    assert len(at.dataframe) == 1
+    assert set(at.dataframe[0].value["evidence"]) == {"none (prior)"}
+    assert "NOT evidence" in at.expander[0].label
+    assert not [m for m in at.metric if m.label == "Queries returned"]
+    at.text_input(key="title").input("Debian openssh server zzqxv").run()
+    assert any("Known words: 3 of 4" in m and "~~zzqxv~~" in m for m in texts(at.markdown))
+    df = at.dataframe[0].value
+    assert "proposed by" in df.columns and df["proposed by"].str.len().min() > 0
+    # two versions side by side
+    at.toggle(key="compare").set_value(True).run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="ver-A").value == v2 and at.selectbox(key="ver-B").value == v1
+    assert len(at.dataframe) == 2
+    assert any("A vs B:" in m and "queries shared" in m for m in texts(at.markdown))
+
+
 def test_predict_page_without_a_model_says_so(app_env, tmp_path):
     (tmp_path / "empty").mkdir()
     app_env(tmp_path / "empty")
@@ -81,10 +111,10 @@ def test_predict_page_without_a_model_says_so(app_env, tmp_path):
     assert any("no such directory" in w for w in texts(at.warning))
 
 
-def test_users_page_lists_states_with_names(app_env, astec_predictor, stream_settings,
+def test_users_page_lists_states_with_names(app_env, astec_predictor, redis_settings,
                                             stream_corpus, tmp_path):
     from engine.predictor import Predictor
-    s = stream_settings
+    s = redis_settings
     make_registry(tmp_path / "models", astec_predictor)
     pred = Predictor.load(astec_predictor)
     ids, scores = _store_visits(s, pred, stream_corpus[0][10:13], "alice", k=16)
@@ -96,9 +126,12 @@ def test_users_page_lists_states_with_names(app_env, astec_predictor, stream_set
     df = at.dataframe[0].value
     assert df["event"].tolist() == ["alice-e2", "alice-e1", "alice-e0"]
     top = [pred.label_names[ids[i][int(np.argmax(scores[i]))]] for i in (2, 1, 0)]
-    assert df["chosen ad query"].tolist() == top
-    assert df["top queries"].iloc[0].startswith(pred.label_names[ids[2][0]] + " (")
-    assert any("top1" in m for m in texts(at.markdown))
+    assert df["chosen now"].tolist() == top
+    assert df["candidates (Astec)"].iloc[0].startswith(pred.label_names[ids[2][0]] + " (")
+    assert any("top1 rule" in m for m in texts(at.markdown))
+    # no click log: the page says titles are hashes and how to get them
+    assert df["title"].str.startswith("(not in the click log; title hash").all()
+    assert any("--logs DIR" in m for m in texts(at.info))
     at.text_input(key="user_id").input("bob").run()
     assert any("No stored states for user 'bob'" in w for w in texts(at.warning))
 
@@ -120,16 +153,39 @@ def test_offline_metrics_page_tables_and_module_timing(app_env, astec_predictor,
     assert set(summary["run"]) == {v1, v2}
     assert set(summary["source"]) == {"train_log (validation)", "retrain holdout",
                                       f"retrain holdout: parent {v1}"}
-    assert texts(at.subheader)[:3] == ["Metrics per run", "Registry versions",
-                                       "Training time per module"]
+    assert texts(at.subheader)[:6] == [
+        "Astec against its peers (benchmark JSON)", "P@k against k",
+        "Each label-frequency bin's share of P@5", "Metrics per run", "Registry versions",
+        "Training time per module"]
+    assert any("astec bench peers" in t for t in texts(at.info))      # no benchmark yet
     assert at.selectbox(key="run").value == v2
     mods = at.dataframe[2].value
     assert {"I", "II", "IV", "reranker"} <= set(mods["module"])
-    assert len(at.get("vega_lite_chart")) == 1          # the per-module time bar chart
+    # P@k against k (validation + held-out) and the per-module time chart
+    assert len(at.get("vega_lite_chart")) == 2
+    # wide tables say what they hide, and show it on request
+    assert any("Hidden to fit the page: points, labels" in c for c in texts(at.caption))
+    at.toggle(key="all-summary").set_value(True).run()
+    assert "peak_rss_mb" in at.dataframe[0].value.columns
 
 
-def test_stream_health_page_totals(app_env, stream_settings, tmp_path):
-    s = stream_settings
+def test_offline_metrics_peers_pk_and_frequency_bins(app_env, astec_predictor, evaluation_json,
+                                                     tmp_path, monkeypatch):
+    v1, v2 = make_registry(tmp_path / "models", astec_predictor)
+    (tmp_path / "models/versions" / v2 / "eval_test.json").write_text(evaluation_json.read_text())
+    (tmp_path / "peers.json").write_text(json.dumps(BENCH))
+    monkeypatch.setenv("ASTEC_DASHBOARD_BENCH", str(tmp_path / "peers.json"))
+    app_env(tmp_path / "models")
+    at = run_page("Offline metrics")
+    bench = at.dataframe[0].value
+    assert bench["method"].tolist() == ["astec", "parabel", "napkinxc-plt"]
+    # peers bar chart, P@k vs k, label-frequency bins, module time
+    assert len(at.get("vega_lite_chart")) == 4
+    assert any("the bins of a version add up" in c for c in texts(at.caption))
+
+
+def test_stream_health_page_totals(app_env, redis_settings, tmp_path):
+    s = redis_settings
     app_env(tmp_path, s.redis_url, s.redis_key_prefix)
     at = run_page("Stream health")
     assert any("No consumer has published metrics" in t for t in texts(at.info))
@@ -144,3 +200,44 @@ def test_stream_health_page_totals(app_env, stream_settings, tmp_path):
     table = at.dataframe[0].value
     assert table["consumer"].tolist() == ["w-1", "w-2"]
     assert table["model_version"].tolist() == ["v7", "v8"]
+
+
+def test_stream_health_plots_the_series_over_time(app_env, redis_settings, tmp_path):
+    s = redis_settings
+    app_env(tmp_path, s.redis_url, s.redis_key_prefix)
+    now = time.time()
+    publish_series(s, "w-1", [(20, i % 7 == 0, [10.0 + i] * 20) for i in range(40)], now - 80)
+    publish_series(s, "w-2", [(10, 0, [12.0] * 10) for i in range(40)], now - 80)
+    at = run_page("Stream health")
+    m = {x.label: x.value for x in at.metric}
+    assert m["Events"] == "1,200" and m["Consumers (live/stale)"] == "2/0"
+    # events/s, latency p50/p99, dead letters; lag is named as not published
+    assert len(at.get("arrow_line_chart")) + len(at.get("vega_lite_chart")) >= 3
+    assert any("do not publish their lag" in c for c in texts(at.caption))
+    # a window with no points left says so instead of plotting nothing
+    at.selectbox(key="window").set_value("5 min").run()
+    assert not at.exception
+
+
+def test_users_page_titles_clicks_from_the_click_log(app_env, astec_predictor, redis_settings,
+                                                    stream_corpus, tmp_path, monkeypatch):
+    from engine.predictor import Predictor
+    s = redis_settings
+    make_registry(tmp_path / "demo/models/engine", astec_predictor)
+    pred = Predictor.load(astec_predictor)
+    titles = stream_corpus[0][30:34]
+    _store_visits(s, pred, titles, "erin", k=16)
+    write_click_log(tmp_path / "demo/live-logs", "erin", titles, 1.7e9, clicked=(2,))
+    app_env(tmp_path / "demo/models/engine", s.redis_url, s.redis_key_prefix)
+    at = run_page("Users")
+    sidebar = " ".join(c.value for c in at.sidebar.caption)
+    assert "live-logs" in sidebar and "found next to the models" in sidebar
+    at.text_input(key="user_id").input("erin").run()
+    assert not at.exception, at.exception
+    df = at.dataframe[0].value
+    assert df["title"].tolist() == titles[::-1]
+    assert df["clicked"].tolist() == ["no", "yes", "no", "no"]
+    m = {x.label: x.value for x in at.metric}
+    assert (m["Ad impressions (log)"], m["Clicks"], m["CTR"]) == ("4", "1", "25.0%")
+    clicks = at.dataframe[-1].value
+    assert clicks["query"].tolist() == ["shown-2"] and clicks["on page"].tolist() == [titles[2]]
