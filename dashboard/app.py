@@ -89,8 +89,8 @@ def _explain(pred, version: str, text: str, k: int, key: str, timing: bool = Tru
     st.markdown(f"**Known words: {known} of {len(ws)}** — " + _chips(ws))
     if not predict.has_evidence(pred, text):
         st.error(f"**No evidence.** No word of this title is known to model version {version}: "
-                 "it has nothing to go on, so no query is proposed (an unrelated ad is worse "
-                 "than none). The stream counts such visits as `no_query`.")
+                 "it has nothing to go on, so no query is shown (an unrelated ad is worse "
+                 "than none).")
         with st.expander("What the model would return anyway (its popular prior queries: "
                          "NOT evidence, never shown as predictions)"):
             ids, scores = pred.predict_one(text, k)
@@ -143,7 +143,7 @@ def page_predict(src: Sources) -> None:
         return
     if not compare:
         st.caption("'proposed by': the shortlist source that put the query up for scoring — "
-                   "similar training pages (ANNS^x), label centres (ANNS^mu), the label-name "
+                   "similar training pages (ANNS^x), label centres (ANNS^μ), the label-name "
                    "match, or the always-scored popular prior.")
         _explain(pred, ref.version, text, k, "main")
         return
@@ -236,12 +236,16 @@ def page_users(src: Sources) -> None:
                    "partitions).")
     st.dataframe(pd.DataFrame(users.visit_rows(vs)), hide_index=True, key="visits",
                  column_order=("time (UTC)", "title", "shown then", "clicked", "chosen now",
-                               "score", "why (GRU probabilities)"),
-                 column_config={"title": st.column_config.TextColumn(width="large"),
+                               "why (GRU probabilities)"),
+                 column_config={"time (UTC)": st.column_config.TextColumn(width=135),
+                                "title": st.column_config.TextColumn(width="large"),
+                                "shown then": st.column_config.TextColumn(width="small"),
+                                "clicked": st.column_config.TextColumn(width=60),
+                                "chosen now": st.column_config.TextColumn(width="small"),
                                 "why (GRU probabilities)": st.column_config.TextColumn(
                                     width="medium")})
-    st.caption("Columns hidden to fit the page: each visit's candidates, event id and URL "
-               "(in the details below).")
+    st.caption("Columns hidden to fit the page: each visit's candidates with their Astec "
+               "scores, the chosen query's score, event id and URL (in the details below).")
     st.subheader("Scores behind each choice")
     for i, v in enumerate(reversed(vs)):
         lg = v.logged or {}
@@ -250,13 +254,19 @@ def page_users(src: Sources) -> None:
                          expanded=(i == 0)):
             if v.ranking:
                 rk = pd.DataFrame([{"query": n, "GRU probability": round(p, 4),
-                                    "Astec score": round(a, 4),
+                                    "Astec score (best in window)": round(a, 4),
                                     "chosen": "◀ chosen" if n == v.chosen else ""}
                                    for n, p, a in v.ranking])
                 st.dataframe(rk, hide_index=True, key=f"rank-{i}")
                 if i == 0:
-                    st.bar_chart(rk.set_index("query")["GRU probability"], horizontal=True,
-                                 height=220)
+                    import altair as alt
+                    st.altair_chart(alt.Chart(rk).mark_bar().encode(
+                        x=alt.X("GRU probability:Q"), y=alt.Y("query:N", sort="-x", title=None,
+                                                              axis=alt.Axis(labelLimit=300)),
+                        color=alt.condition(alt.datum.chosen != "", alt.value("#d33"),
+                                            alt.value("#4a90d9")),
+                        tooltip=["query", "GRU probability", "Astec score (best in window)"]),
+                        use_container_width=True)
             else:
                 st.caption("No usable history before this visit: the cold-start rule takes "
                            "the page's top Astec query.")
@@ -323,12 +333,13 @@ def page_offline(src: Sources) -> None:
         long = ok.melt(id_vars=["benchmark", "method"], value_vars=list(offline.BENCH_METRICS),
                        var_name="metric", value_name="value").dropna()
         chart = alt.Chart(long).mark_bar().encode(
-            x=alt.X("metric:N", sort=list(offline.BENCH_METRICS), title=None),
+            x=alt.X("metric:N", sort=list(offline.BENCH_METRICS), title=None,
+                    axis=alt.Axis(labelAngle=0)),
             xOffset="method:N", y=alt.Y("value:Q", title="%"),
             color=alt.Color("method:N"), tooltip=["benchmark", "method", "metric", "value"])
         st.altair_chart(chart, use_container_width=True)
         _wide_table(bdf, ["benchmark", "method", "P@1", "P@5", "PSP@1", "PSP@5", "train_s",
-                          "peak_rss_mb"], "bench")
+                          "peak_rss_mb"] + (["error"] if "error" in bdf else []), "bench")
     # -- P@k against k -------------------------------------------------------------------------
     st.subheader("P@k against k")
     pts = offline.run_pk_points(runs)
@@ -337,7 +348,7 @@ def page_offline(src: Sources) -> None:
             pts += offline.pk_points(f"peer {r['method']} · {r['benchmark']}", r)
     if pts:
         chart = alt.Chart(pd.DataFrame(pts)).mark_line(point=True).encode(
-            x=alt.X("k:O"), y=alt.Y("P@k:Q", title="P@k (%)"), color=alt.Color(
+            x=alt.X("k:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("P@k:Q", title="P@k (%)"), color=alt.Color(
                 "series:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=400)),
             tooltip=["series", "k", "P@k"])
         st.altair_chart(chart, use_container_width=True)
@@ -360,8 +371,9 @@ def page_offline(src: Sources) -> None:
     if bins:
         chart = alt.Chart(pd.DataFrame(bins)).mark_bar().encode(
             x=alt.X("bin label:N", title="label bin, rarest first (mean training frequency)",
-                    sort=None), xOffset="version:N",
-            y=alt.Y("share:Q", title="share of P@5 (%)"), color="version:N",
+                    sort=None, axis=alt.Axis(labelAngle=0)), xOffset="version:N",
+            y=alt.Y("share:Q", title="share of P@5 (%)"),
+            color=alt.Color("version:N", legend=alt.Legend(orient="bottom", labelLimit=500)),
             tooltip=["version", "bin", "labels", "mean_freq", "share"])
         st.altair_chart(chart, use_container_width=True)
         st.caption("Labels sorted by training frequency and cut into five equal-sized bins (as "
@@ -430,7 +442,7 @@ def page_health(src: Sources) -> None:
         c[1].metric("Events", f"{h.events:,}")
         c[2].metric("Events/s (live)", f"{h.events_per_s:,.1f}")
         c[3].metric("Dead letters", f"{h.dead_letters:,}")
-        c[4].metric("No query (no evidence)", f"{sum(r.get('no_query') or 0 for r in h.rows):,}")
+        c[4].metric("Visits sent no query", f"{sum(r.get('no_query') or 0 for r in h.rows):,}")
         c[5].metric("Model versions", len(h.versions))
         if not h.rows:
             st.warning("No live consumer: the charts show the last hour of the consumers that "
@@ -453,7 +465,7 @@ def page_health(src: Sources) -> None:
                 if lat.dropna(how="all").empty:
                     st.caption("No events in this window.")
                 else:
-                    st.line_chart(lat, height=220)
+                    st.line_chart(lat, height=220, color=["#1f6fd1", "#e0463a"])
             g = st.columns(2)
             with g[0]:
                 st.markdown("**Dead letters** (cumulative)")

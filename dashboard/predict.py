@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.text import words
 
-KNN, CENTRES, PRIOR, NAME = "similar pages (ANNS^x)", "label centres (ANNS^mu)", "prior (popular)", \
+KNN, CENTRES, PRIOR, NAME = "similar pages (ANNS^x)", "label centres (ANNS^μ)", "prior (popular)", \
     "name in title"
 
 

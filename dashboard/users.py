@@ -150,7 +150,7 @@ def visit_rows(vs: list[Visit]) -> list[dict]:
     for v in reversed(vs):
         lg = v.logged or {}
         why = ("cold start: the page's top query" if v.ranking is None else
-               " > ".join(f"{n} {p:.2f}" for n, p, _ in v.ranking[:3]))
+               " > ".join(f"{n} {p:.2f}" for n, p, _ in v.ranking[:2]))
         rows.append({
             "time (UTC)": _when(v.ts),
             "title": lg.get("title") or f"(not in the click log; title hash {v.title_hash})",

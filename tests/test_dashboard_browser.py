@@ -1,9 +1,16 @@
-"""Smoke test in a real browser: `astec dashboard` on a free loopback port, loaded in headless
-Chromium, renders its title and the Predict page, and answers a typed title.
+"""Every dashboard page in a real browser: `astec dashboard` (the real CLI) over a directory laid
+out as `astec demo` writes it (models/engine, models/gru, live-logs), real Redis with a user's
+states and two consumers' metric series, driven in Debian's headless Chromium.
+
+What a person looks for is asserted on the rendered page (a typed title's known words and the
+index that proposed each query, the no-evidence state, a visit's title and the GRU named, the
+charts drawn), and each page's screenshot is kept as test output: the directory is printed
+(`screenshots: ...`) and is the test's tmp_path (pytest keeps the last three runs), or
+$ASTEC_SCREENSHOT_DIR when set.
 
 Chromium is driven over the DevTools protocol (websocket) with wall-clock waits: Streamlit
 renders over its own websocket, which `--dump-dom --virtual-time-budget` does not wait for (it
-returns the empty HTML shell). Needs Debian's `chromium` (`make system-deps` installs it).
+returns the empty HTML shell). Needs Debian's `chromium` (`make install` installs it).
 """
 from __future__ import annotations
 
@@ -21,16 +28,22 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from test_dashboard_data import make_registry
+from test_dashboard_data import (BENCH, _store_visits, evaluation_json,  # noqa: F401
+                                 make_registry, publish_series, write_click_log)
 
 REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else shutil.which("chromium")
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-extensions", "--hide-scrollbars", "--mute-audio"]
+WIDTH, HEIGHT = 1400, 2000
+TITLE = "Debian -- Details of package openssh-server in bookworm"
 
-pytestmark = pytest.mark.skipif(shutil.which("chromium") is None,
-                                reason="Debian's chromium is not installed (make system-deps)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None,
+                                reason="Debian's chromium is not installed (make install)")
 
 
 def free_port() -> int:
@@ -51,13 +64,13 @@ def wait_until(pred, timeout: float, what: str, log=None):
 
 
 class Chrome:
-    """Headless Chromium with one page, driven through the DevTools protocol."""
+    """Headless Chromium with one page and a fresh profile, driven through DevTools."""
 
     def __init__(self, profile: str):
         from websockets.sync.client import connect
         self.proc = subprocess.Popen(
-            ["chromium", *CHROME_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
-             "--window-size=1280,900", "about:blank"],
+            [CHROMIUM, *CHROME_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
+             f"--window-size={WIDTH},{HEIGHT}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         port_file = Path(profile) / "DevToolsActivePort"
         wait_until(lambda: port_file.is_file() and port_file.read_text().strip(), 30,
@@ -67,6 +80,8 @@ class Chrome:
         ws_url = next(p["webSocketDebuggerUrl"] for p in pages if p["type"] == "page")
         self.ws = connect(ws_url, max_size=None, open_timeout=10)
         self.n = 0
+        self.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT,
+                  deviceScaleFactor=1, mobile=False)
 
     def call(self, method: str, **params):
         self.n += 1
@@ -84,6 +99,44 @@ class Chrome:
     def text(self) -> str:
         return self.eval("document.body ? document.body.innerText : ''") or ""
 
+    def type_into(self, label: str, text: str) -> None:
+        """Replace the value of the text input labelled `label` and press Enter."""
+        js = f"""(() => {{
+            const w = [...document.querySelectorAll('[data-testid=stTextInput]')].find(
+                e => (e.querySelector('label') || {{innerText: ''}}).innerText.trim()
+                     === {json.dumps(label)});
+            const i = w && w.querySelector('input');
+            if (!i) return false; i.focus(); i.select(); return true; }})()"""
+        wait_until(lambda: self.eval(js), 30, f"a text input labelled {label!r}", self.text)
+        self.call("Input.insertText", text=text)
+        for kind in ("keyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
+                      windowsVirtualKeyCode=13, nativeVirtualKeyCode=13)
+
+    def goto_page(self, name: str) -> None:
+        """Click the sidebar's page radio labelled `name`."""
+        ok = self.eval(f"""(() => {{
+            const l = [...document.querySelectorAll('section[data-testid=stSidebar] label')]
+                .find(e => e.innerText.trim() === {json.dumps(name)});
+            if (!l) return false; l.click(); return true; }})()""")
+        assert ok, f"no sidebar page {name!r}"
+
+    def charts(self) -> int:
+        """Charts drawn: vega-embed canvases/SVGs with a non-zero size."""
+        return self.eval("""[...document.querySelectorAll('.vega-embed canvas, .vega-embed svg')]
+            .filter(e => e.getBoundingClientRect().width > 50 &&
+                         e.getBoundingClientRect().height > 50).length""") or 0
+
+    def settled(self) -> bool:
+        """Streamlit is not running a script (its status widget is gone)."""
+        return not self.eval("!!document.querySelector('[data-testid=stStatusWidget]')")
+
+    def screenshot(self, path: Path) -> bytes:
+        time.sleep(1.0)   # let tables' canvases and charts paint
+        png = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+        path.write_bytes(png)
+        return png
+
     def close(self):
         try:
             self.ws.close()
@@ -92,18 +145,77 @@ class Chrome:
             self.proc.wait(10)
 
 
+def not_blank(png: bytes, where: Path) -> None:
+    from PIL import Image
+    img = Image.open(io.BytesIO(png)).convert("L")
+    assert img.size == (WIDTH, HEIGHT), (where, img.size)
+    hist = img.histogram()
+    dark = sum(hist[:128]) / (img.size[0] * img.size[1])
+    assert 0.002 < dark < 0.5, f"{where}: {dark:.4f} of the pixels are dark (blank page?)"
+    assert len([h for h in hist if h]) > 20, f"{where}: almost no distinct grey levels"
+
+
+@pytest.fixture(scope="module")
+def gru_root(astec_predictor, tmp_path_factory):
+    """A GRU policy registry trained (1 epoch) on simulator logs over the stream corpus, as
+    `astec personalize train` publishes it."""
+    from conftest import STREAM_DATA
+    from engine.predictor import Predictor
+    from personalization.logs import load_visits
+    from personalization.train import TrainConfig, publish, train_policy
+    from stream.simulator.logs import LogSettings, simulate_logs
+    from stream.simulator.world import world_from_dataset
+    d = tmp_path_factory.mktemp("gru-dash")
+    world = world_from_dataset(STREAM_DATA, n_users=60, seed=5)
+    simulate_logs(world, d / "logs", LogSettings(days=1, seed=5))
+    pred = Predictor.load(astec_predictor)
+    cfg = TrainConfig(epochs=1, threads=1)
+    w, report = train_policy(load_visits(d / "logs", pred, k=10),
+                             pred.classifier_rows(np.arange(pred.num_labels)), cfg,
+                             progress=False)
+    root = d / "gru"
+    publish(root, w, cfg, {"train": report, "engine_version": pred.version})
+    return root
+
+
 @pytest.fixture
-def dashboard_url(astec_predictor, tmp_path):
-    """`astec dashboard` (the real CLI) on a free loopback port over a two-version registry."""
-    v1, v2 = make_registry(tmp_path / "models", astec_predictor)
+def demo_dashboard(astec_predictor, gru_root, evaluation_json, services, stream_corpus,
+                   tmp_path):
+    """`astec dashboard --models DEMO/models/engine --bench peers.json` on a free port, over a
+    directory laid out like the demo's, with Redis holding alice's visits and two consumers'
+    metric series. Yields (url, info)."""
+    import uuid
+
+    from engine.predictor import Predictor
+    demo = tmp_path / "demo"
+    engine = demo / "models" / "engine"
+    v1, v2 = make_registry(engine, astec_predictor)
+    (engine / "versions" / v2 / "eval_test.json").write_text(evaluation_json.read_text())
+    shutil.copytree(gru_root, demo / "models" / "gru", symlinks=True)
+    titles = stream_corpus[0][100:106]
+    s = services.replace(redis_key_prefix=f"astec-dash-{uuid.uuid4().hex[:8]}")
+    pred = Predictor.load(astec_predictor)
+    _store_visits(s, pred, titles, "alice", k=16)
+    write_click_log(demo / "live-logs", "alice", titles, 1.7e9, clicked=(3,))
+    now = time.time()
+    ms = {}
+    ms["worker-0"] = publish_series(s, "worker-0", [(40 + (i % 5), int(i % 9 == 0), [15.0 + i % 4] * 40)
+                                   for i in range(60)], now - 120, version=v2)
+    ms["worker-1"] = publish_series(s, "worker-1", [(35, 0, [18.0 + (i % 10 == 0) * 60] * 35)
+                                   for i in range(60)], now - 120, version=v2)
+    (tmp_path / "peers.json").write_text(json.dumps(BENCH))
     port = free_port()
     log = tmp_path / "dashboard.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("ASTEC_CONFIG", "ASTEC_DASHBOARD_POLICY")}
-    env["ASTEC_SERVICES_DIR"] = str(tmp_path / "no-services")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ASTEC_CONFIG", "ASTEC_DASHBOARD_POLICY", "ASTEC_DASHBOARD_LOGS",
+                        "ASTEC_DASHBOARD_BENCH")}
+    env.update(ASTEC_SERVICES_DIR=str(tmp_path / "no-services"),
+               ASTEC_REDIS_KEY_PREFIX=s.redis_key_prefix)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.cli", "dashboard", "--models", str(tmp_path / "models"),
-             "--port", str(port), "--redis-url", "redis://127.0.0.1:1/0"],
+            [sys.executable, "-m", "infra.cli", "dashboard", "--models", str(engine),
+             "--port", str(port), "--redis-url", s.redis_url,
+             "--bench", str(tmp_path / "peers.json")],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
 
@@ -116,7 +228,12 @@ def dashboard_url(astec_predictor, tmp_path):
             return False
     try:
         wait_until(healthy, 60, "the dashboard's health endpoint", log.read_text)
-        yield url, v2
+        def live():
+            """One publish by each consumer now, as running workers do every second."""
+            for cid in ("worker-0", "worker-1"):
+                publish_series(s, cid, [(5, 0, [20.0] * 5)], time.time(), m=ms[cid])
+        yield url, {"v1": v1, "v2": v2, "titles": titles, "log": log.read_text(),
+                    "demo": demo, "live": live}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -126,36 +243,78 @@ def dashboard_url(astec_predictor, tmp_path):
             proc.wait(5)
 
 
-def test_dashboard_renders_in_chromium_and_predicts(dashboard_url, tmp_path):
-    from PIL import Image
-    url, version = dashboard_url
+def test_every_page_in_chromium(demo_dashboard, tmp_path, capsys):
+    url, info = demo_dashboard
+    shots = Path(os.environ.get("ASTEC_SCREENSHOT_DIR") or tmp_path / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    with capsys.disabled():
+        print(f"\nscreenshots: {shots}")
+    # the CLI found the demo's GRU policy and click log beside the models
+    demo = info["demo"]
+    assert f"GRU policy: {demo / 'models/gru'}" in info["log"], info["log"]
+    assert f"click logs: {demo / 'live-logs'}" in info["log"], info["log"]
     chrome = Chrome(tempfile.mkdtemp(prefix="chrome-", dir=tmp_path))
     try:
         chrome.call("Page.navigate", url=url)
-        wait_until(lambda: "Type a page title" in chrome.text() and
-                   chrome.eval("document.querySelectorAll('input[type=text]').length") == 1,
-                   60, "the Predict page", chrome.text)
-        body = chrome.text()
+        # ---- Predict: known words, who proposed each query --------------------------------
+        wait_until(lambda: "Type a page title" in chrome.text(), 60, "the Predict page",
+                   chrome.text)
         assert chrome.eval("document.title") == "Astec ads dashboard"
-        for expected in ("Astec ads dashboard", "Predict: page title → queries", version,
-                         "1880 labels", "Offline metrics", "Stream health"):
-            assert expected in body
-        chrome.eval("document.querySelector('input[type=text]').focus()")
-        chrome.call("Input.insertText", text="Debian -- Details of package openssh-server")
-        for kind in ("keyDown", "keyUp"):
-            chrome.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
-                        windowsVirtualKeyCode=13, nativeVirtualKeyCode=13)
-        wait_until(lambda: "Latency (median of 5, warm)" in chrome.text(), 60,
-                   "the prediction result", chrome.text)
-        time.sleep(1.0)   # let the table's canvas paint before the screenshot
-        png = base64.b64decode(chrome.call("Page.captureScreenshot", format="png")["data"])
+        body = chrome.text()
+        for expected in ("Predict: page title → queries", info["v2"], "1880 labels",
+                         "models/gru", "found next to the models", "live-logs"):
+            assert expected in body, expected
+        chrome.type_into("Page title", TITLE)
+        wait_until(lambda: "Latency (median of 5, warm)" in chrome.text() and chrome.settled(),
+                   60, "the prediction", chrome.text)
+        body = chrome.text()
+        assert "Known words: 6 of 8" in body and "openssh" in body
+        # the table is a canvas grid: its cells are not in innerText, so check its header row
+        png = chrome.screenshot(shots / "1-predict.png")
+        not_blank(png, shots / "1-predict.png")
+        # ---- Predict: a title with no known word ------------------------------------------
+        chrome.type_into("Page title", "zzqxv blorfx")
+        wait_until(lambda: "No evidence." in chrome.text() and chrome.settled(), 60,
+                   "the no-evidence state", chrome.text)
+        body = chrome.text()
+        assert "Known words: 0 of 2" in body and "NOT evidence" in body
+        assert "Latency (median of 5, warm)" not in body
+        chrome.screenshot(shots / "2-predict-no-evidence.png")
+        # ---- Users: titles, the GRU named, clicks ----------------------------------------
+        chrome.goto_page("Users")
+        wait_until(lambda: "Enter a user id" in chrome.text(), 60, "the Users page",
+                   chrome.text)
+        assert "alice" in chrome.text()
+        chrome.type_into("User id", "alice")
+        wait_until(lambda: "Scores behind each choice" in chrome.text() and "CTR" in chrome.text()
+                   and chrome.settled(), 60, "alice's visits and clicks", chrome.text)
+        body = chrome.text()
+        assert "the GRU policy" in body
+        # the newest visit's title heads its expander; the clicked visit's title is listed
+        assert info["titles"][-1][:60] in body
+        assert info["titles"][3][:60] in body and "CTR" in body
+        wait_until(lambda: chrome.charts() >= 1, 30, "the GRU probability chart")
+        png = chrome.screenshot(shots / "3-users.png")
+        not_blank(png, shots / "3-users.png")
+        # ---- Offline metrics: peers, P@k vs k, frequency bins ----------------------------
+        chrome.goto_page("Offline metrics")
+        wait_until(lambda: "Astec against its peers" in chrome.text() and chrome.charts() >= 4
+                   and chrome.settled(), 60, "the offline charts", chrome.text)
+        body = chrome.text()
+        for expected in ("P@k against k", "Each label-frequency bin's share of P@5",
+                         "Hidden to fit the page", "GRU policy versions"):
+            assert expected in body, expected
+        png = chrome.screenshot(shots / "4-offline.png")
+        not_blank(png, shots / "4-offline.png")
+        # ---- Stream health: rates, latency, dead letters over time -----------------------
+        info["live"]()
+        chrome.goto_page("Stream health")
+        wait_until(lambda: "Event → ad latency" in chrome.text() and chrome.charts() >= 4
+                   and chrome.settled(), 60, "the stream health charts", chrome.text)
+        body = chrome.text()
+        assert "Consumers (live/stale)" in body and "2/0" in body
+        assert "worker-0" in body and "Dead letters" in body
+        png = chrome.screenshot(shots / "5-stream-health.png")
+        not_blank(png, shots / "5-stream-health.png")
     finally:
         chrome.close()
-    shot = tmp_path / "dashboard.png"
-    shot.write_bytes(png)
-    img = Image.open(io.BytesIO(png)).convert("L")
-    assert img.size[0] == 1280 and img.size[1] > 500
-    hist = img.histogram()
-    dark = sum(hist[:128]) / (img.size[0] * img.size[1])
-    assert 0.002 < dark < 0.5, f"{shot}: {dark:.4f} of the pixels are dark (blank page?)"
-    assert len([h for h in hist if h]) > 20, f"{shot}: almost no distinct grey levels"

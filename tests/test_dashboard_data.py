@@ -257,15 +257,16 @@ class FakeClock:
         return self.t
 
 
-def publish_series(settings, cid, points, t0, step=2.0, version="v1", series_len=None):
+def publish_series(settings, cid, points, t0, step=2.0, version="v1", series_len=None, m=None):
     """Publish one snapshot per (events, dead, latencies) tuple, `step` seconds apart, through
-    stream.metrics.publish as a worker does; returns the ConsumerMetrics."""
+    stream.metrics.publish as a worker does (continuing `m` when given); returns the
+    ConsumerMetrics."""
     from stream import metrics as sm
     from stream.state import connect
     clock = FakeClock(t0)
     client = connect(settings.redis_url)
     with mock.patch.object(sm, "time", clock):
-        m = sm.ConsumerMetrics(cid, policy="gru", model_version=version)
+        m = m or sm.ConsumerMetrics(cid, policy="gru", model_version=version)
         for events, dead, lat in points:
             m.record_batch(events, dead, 0, 0.01, np.asarray(lat, float), {"predict": 0.01})
             kw = {} if series_len is None else {"series_len": series_len}
