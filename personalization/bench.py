@@ -72,4 +72,16 @@ def run_bench(policy_dir, events: int = 5000, topk: int = 10, batches=(1, 64, 25
                 res["results"].append({"backend": backend, "batch": B,
                                        "mean_us": round(dt / events * 1e6, 1),
                                        "cpu_us": round(cpu / events * 1e6, 1)})
+            # the same events served with exploration (serve_batch: the greedy choice plus
+            # the epsilon-softmax draw, propensities and the logged candidate arrays)
+            rng = np.random.default_rng(seed)
+            c0 = time.process_time()
+            t = time.perf_counter()
+            for a in range(0, events, B):
+                pol.serve_batch(hist[a:a + B], cur[a:a + B], rng=rng)
+            dt = time.perf_counter() - t
+            cpu = time.process_time() - c0
+            res["results"].append({"backend": backend, "batch": B, "explore": True,
+                                   "mean_us": round(dt / events * 1e6, 1),
+                                   "cpu_us": round(cpu / events * 1e6, 1)})
     return res

@@ -6,6 +6,7 @@ directory; GRU versions live in their own registry, by default MODELS_DIR/gru (t
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -181,7 +182,9 @@ def personalize() -> None:
 @click.option("--reward-epochs", type=click.IntRange(0, 100), default=2, show_default=True,
               help="Epochs of the reward model (objective dr).")
 @click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", "seeds", type=int, multiple=True, default=(0,), show_default=True,
+              help="Training seed; repeat it to train one version per seed on one read of the "
+                   "logs (each published, each judged for promotion on its own).")
 @click.option("--promote/--no-promote", default=True, show_default=True,
               help="Point the GRU registry's CURRENT at the new version when it earns it "
                    "(objective dr: the validation DR lower bound of its gain over the best "
@@ -191,19 +194,35 @@ def personalize() -> None:
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim, val_frac,
           holdout, w_future, w_ips, w_click, w_later_click, horizon, sim_dim, init, objective,
-          reward_epochs, threads, seed, promote, keep, quiet):
+          reward_epochs, threads, seeds, promote, keep, quiet):
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
-    from personalization.train import TrainConfig, publish, train_policy
+    from personalization.train import TrainConfig
     predictor, v = _load_visits(logs, models, topk, progress=not quiet)
     cfg = TrainConfig(K=K, topk=topk, epochs=epochs, rows_per_epoch=rows_per_epoch,
                       hidden=hidden, query_dim=query_dim, val_frac=val_frac, holdout=holdout,
                       w_future=w_future,
                       w_ips=w_ips, w_click=w_click, w_later_click=w_later_click,
                       future_horizon=horizon, sim_dim=sim_dim, init=init, threads=threads,
-                      seed=seed, objective=objective, reward_epochs=reward_epochs)
+                      seed=seeds[0], objective=objective, reward_epochs=reward_epochs)
     rows = predictor.classifier_rows(np.arange(predictor.num_labels))
     root = out or (models / "gru")
+    for seed in seeds:
+        report = _train_one(v, rows, dataclasses.replace(cfg, seed=seed), root, logs, predictor,
+                            objective, promote, keep, quiet)
+    from personalization.evaluate import iso_time
+    cut = report["holdout_split_ts"]
+    click.echo(f"data read: sessions starting {iso_time(report['data_start_ts'])} .. "
+               f"{iso_time(report['last_session_start_ts'])} (last visit "
+               f"{iso_time(report['data_end_ts'])}); validation from "
+               f"{iso_time(report['val_split_ts'])}; "
+               + (f"sessions from {iso_time(cut)} not read ({report['unread_visits']} visits, "
+                  f"--holdout {holdout:g})" if cut is not None else "no holdout"))
+
+
+def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, quiet) -> dict:
+    """Train, publish (promoted only when it earns it) and report one version."""
+    from personalization.train import publish, train_policy
     incumbent = None
     if objective == "dr" and (root / "CURRENT").is_file():
         from personalization.artifact import PolicyFileError
@@ -241,14 +260,7 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
                    f"{best['val_click_logloss']:.4f}, later-click log-loss "
                    f"{best['val_later_click_logloss']:.4f}, next-pages CE {best['val_future_ce']:.4f}, "
                    f"{report['train_s']}s")
-    from personalization.evaluate import iso_time
-    cut = report["holdout_split_ts"]
-    click.echo(f"data read: sessions starting {iso_time(report['data_start_ts'])} .. "
-               f"{iso_time(report['last_session_start_ts'])} (last visit "
-               f"{iso_time(report['data_end_ts'])}); validation from "
-               f"{iso_time(report['val_split_ts'])}; "
-               + (f"sessions from {iso_time(cut)} not read ({report['unread_visits']} visits, "
-                  f"--holdout {holdout:g})" if cut is not None else "no holdout"))
+    return report
 
 
 @personalize.command()
@@ -256,9 +268,11 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
               required=True, help="Click-log directory (the same logs, split by time).")
 @click.option("--models", type=click.Path(exists=True, file_okay=False, path_type=Path),
               required=True, help="Engine model registry root or predictor directory.")
-@click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False,
-                                                        path_type=Path), default=None,
-              help="GRU policy version dir or registry root (default: MODELS_DIR/gru).")
+@click.option("--policy", "policy_dirs", type=click.Path(exists=True, file_okay=False,
+                                                         path_type=Path), multiple=True,
+              help="GRU policy version dir or registry root (default: MODELS_DIR/gru); "
+                   "repeat it to score several (e.g. training seeds) on one read of the logs, "
+                   "with a summary of the targets across them.")
 @click.option("--world", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Simulator world (default: from LOG_DIR/simulation.json).")
 @click.option("--val-frac", type=click.FloatRange(0.01, 0.9), default=0.2, show_default=True,
@@ -272,25 +286,29 @@ def train(logs, models, out, K, topk, epochs, rows_per_epoch, hidden, query_dim,
               help="Add reference rows from the simulator's true world (the Bayes-optimal "
                    "intent hit on the same candidates); needs the world and truth files.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, oracle, quiet):
+def evaluate(logs, models, policy_dirs, world, val_frac, n_boot, json_out, oracle, quiet):
     """Hit rate, Recall@5, MRR and IPS CTR of the GRU vs top1 / most-frequent / popularity."""
     from personalization.artifact import PolicyFileError
     from personalization.evaluate import OverlapError, check_held_out, load_truth
     from personalization.policy import GruPolicy
-    try:
-        policy = GruPolicy.load(policy_dir or (models / "gru"))
-    except PolicyFileError as e:   # corrupt, or of an older format: retrain
-        raise click.ClickException(f"{e}; retrain with `astec personalize train --holdout "
-                                   f"{val_frac:g}` to evaluate") from e
-    try:   # fail before reading the logs if the policy records no data range at all
-        check_held_out(policy.manifest, policy.version, None, val_frac)
-    except OverlapError as e:
-        raise click.ClickException(str(e)) from e
-    k = int(policy.manifest.get("train", {}).get("config", {}).get("topk", 10))
+    policies = []
+    for policy_dir in policy_dirs or (models / "gru",):
+        try:
+            policy = GruPolicy.load(policy_dir)
+        except PolicyFileError as e:   # corrupt, or of an older format: retrain
+            raise click.ClickException(f"{e}; retrain with `astec personalize train --holdout "
+                                       f"{val_frac:g}` to evaluate") from e
+        try:   # fail before reading the logs if the policy records no data range at all
+            check_held_out(policy.manifest, policy.version, None, val_frac)
+        except OverlapError as e:
+            raise click.ClickException(str(e)) from e
+        policies.append(policy)
+    k = int(policies[0].manifest.get("train", {}).get("config", {}).get("topk", 10))
     predictor, v = _load_visits(logs, models, k, progress=not quiet)
-    if policy.n_labels != predictor.num_labels:
-        raise click.ClickException(f"policy {policy.path} was trained on {policy.n_labels} "
-                                   f"labels, the engine has {predictor.num_labels}")
+    for policy in policies:
+        if policy.n_labels != predictor.num_labels:
+            raise click.ClickException(f"policy {policy.path} was trained on {policy.n_labels} "
+                                       f"labels, the engine has {predictor.num_labels}")
     truth = load_truth(logs, predictor.label_names, world)
     if truth is None:
         click.echo("no truth/intents.jsonl: click-based metrics only", err=True)
@@ -310,16 +328,29 @@ def evaluate(logs, models, policy_dir, world, val_frac, n_boot, json_out, oracle
         wdir = world or simulation_world(logs)
         if wdir and (Path(wdir) / "pages.jsonl").is_file():
             judge = load_judge(wdir, logs, v, predictor.label_names)
-    try:
-        rep = run_evaluation(policy, v, val_frac, truth, n_boot, progress=not quiet,
-                             oracle=oracle_model, judge=judge)
-    except OverlapError as e:
-        raise click.ClickException(str(e)) from e
-    print_report(rep)
-    click.echo("")
-    print_value(rep["value"])
+    reps = []
+    for policy in policies:
+        try:
+            rep = run_evaluation(policy, v, val_frac, truth, n_boot, progress=not quiet,
+                                 oracle=oracle_model, judge=judge)
+        except OverlapError as e:
+            raise click.ClickException(str(e)) from e
+        if len(policies) > 1:
+            click.echo(f"\n=== policy {policy.path}")
+        print_report(rep)
+        click.echo("")
+        print_value(rep["value"])
+        reps.append(rep)
+    if len(reps) > 1 and all("targets" in r["value"] for r in reps):
+        click.echo("\ntargets per policy: ratio to best baseline / paired lower bound / gap "
+                   "closed / intent hit - sim_rank")
+        for pol, r in zip(policies, reps):
+            t, val = r["value"]["targets"], r["value"]
+            click.echo(f"  {pol.version}: {t['ctr_ratio_vs_best']:.3f} ({val['best_baseline']}) "
+                       f"/ {t['paired_lo_vs_best']:+.4f} / {val.get('gap_closed', float('nan')):.2f}"
+                       f" / {t['intent_hit_minus_sim_rank']:+.4f}")
     if json_out:
-        json_out.write_text(json.dumps(rep, indent=1) + "\n")
+        json_out.write_text(json.dumps(reps[0] if len(reps) == 1 else reps, indent=1) + "\n")
 
 
 @click.command("gru")

@@ -35,25 +35,37 @@ class OracleModel:
 def load_oracle(world_dir: str | Path, log_dir: str | Path, titles: list[str],
                 user_ids: list[str], label_subtopic: np.ndarray) -> OracleModel:
     """The oracle's model from the world files and LOG_DIR/simulation.json (its on_intent)."""
-    from stream.simulator.world import load_world
-    w = load_world(world_dir)
+    # the world's files are read as data: personalization never imports the simulator
+    wdir = Path(world_dir)
+    by_title = {t: i for i, t in enumerate(titles)}
+    psub = np.full(len(titles), -1, np.int64)
+    spop: dict[int, float] = {}
+    with open(wdir / "pages.jsonl", encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            s_ = int(rec["subtopic"])
+            spop[s_] = spop.get(s_, 0.0) + float(rec.get("popularity", 0.0))
+            j = by_title.get(rec["title"])
+            if j is not None and psub[j] < 0:
+                psub[j] = s_
+    S = max(max(spop, default=-1), int(np.max(label_subtopic, initial=-1))) + 1
+    pop = np.zeros(S)
+    pop[list(spop)] = list(spop.values())
     sim = Path(log_dir) / "simulation.json"
     a = float(json.loads(sim.read_text())["settings"]["on_intent"]) if sim.is_file() else 0.7
     a = min(max(a, 1e-6), 1 - 1e-6)
-    by_title = {t: i for i, t in enumerate(w.page_title)}
-    page = np.array([by_title.get(t, -1) for t in titles], np.int64)
-    psub = np.where(page >= 0, w.page_subtopic[np.maximum(page, 0)], -1).astype(np.int64)
-    pop = np.bincount(w.page_subtopic, weights=w.page_pop, minlength=w.n_subtopics)
     log_lr = np.log1p(a / (1 - a) / np.maximum(pop, 1e-300))
-    prior = np.full((len(user_ids), w.n_subtopics), 1e-12)
-    uid = {w.user_id(u): u for u in range(w.n_users)}
-    for j, name in enumerate(user_ids):
-        u = uid.get(name)
-        if u is not None:
-            lo, hi = w.interest_indptr[u], w.interest_indptr[u + 1]
-            prior[j, w.interest_subtopic[lo:hi]] += w.interest_weight[lo:hi]
-        else:
-            prior[j] = 1.0
+    prior = np.full((len(user_ids), S), 1e-12)
+    row = {name: j for j, name in enumerate(user_ids)}
+    seen = np.zeros(len(user_ids), bool)
+    with open(wdir / "truth" / "user_interests.jsonl", encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            j = row.get(rec["user_id"])
+            if j is not None:
+                prior[j, np.asarray(rec["subtopics"], np.int64)] += rec["weights"]
+                seen[j] = True
+    prior[~seen] = 1.0
     prior /= prior.sum(1, keepdims=True)
     return OracleModel(psub, log_lr, np.log(prior), np.asarray(label_subtopic, np.int64))
 

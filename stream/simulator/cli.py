@@ -61,3 +61,35 @@ def logs_cmd(world_dir, out, days, start, seed, search_clicks_per_day, epsilon, 
     summary = simulate_logs(w, out, s, world_dir=str(Path(world_dir).resolve()))
     click.echo(json.dumps({"counts": summary["counts"], "ctr": summary["ctr"],
                            "seconds": summary["seconds"]}))
+
+
+@simulate.command("loop")
+@click.option("--world", "world_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--models", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Engine model registry root or predictor directory.")
+@click.option("--policy", "policy_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The GRU policy served in the first round (version dir or registry root).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="New directory: the loop's logs (OUT/logs) and policies (OUT/gru).")
+@click.option("--rounds", default=3, show_default=True)
+@click.option("--days", default=3, show_default=True, help="Simulated days per round.")
+@click.option("--epsilon", default=None, type=float,
+              help="Exploration share (default: personalization.policy.EPSILON).")
+@click.option("--temperature", default=None, type=float,
+              help="Softmax temperature of the exploration (default: TEMPERATURE).")
+@click.option("--epochs", default=2, show_default=True, help="Policy epochs per retrain.")
+@click.option("--rows-per-epoch", default=30_000, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+def loop_cmd(world_dir, models, policy_dir, out, rounds, days, epsilon, temperature, epochs,
+             rows_per_epoch, seed):
+    """Closed loop: serve (exploring) -> log -> retrain, with the actual CTR of each round."""
+    from personalization.train import TrainConfig
+    from stream.simulator.loop import run_loop
+    cfg = TrainConfig(seed=seed, epochs=epochs, rows_per_epoch=rows_per_epoch)
+    res = run_loop(world_dir, models, policy_dir, out, rounds=rounds, days=days,
+                   epsilon=epsilon, temperature=temperature, seed=seed, train_cfg=cfg,
+                   echo=click.echo)
+    click.echo(f"{'round':>5} {'policy':<28} {'served CTR':>10} {'greedy CTR':>10} {'visits':>7}")
+    for r in res:
+        click.echo(f"{r['round']:>5} {r['policy']:<28} {r['served_ctr']:>10.4f} "
+                   f"{r['greedy_ctr']:>10.4f} {r['visits']:>7}")
