@@ -13,43 +13,50 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from concurrent.futures import ThreadPoolExecutor
+
+from numba import njit
+
+# reassociation lets the dot products and row updates use SIMD; no nnan/ninf (the BCE needs them)
+_FM = {"reassoc", "contract", "nsz", "arcp"}
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _scores_and_dz(z, ptr, lab, y, W, b, scale, g, dz, loss_rows):
-    """Per point: logits over its own candidates, g = (sigmoid - y) * scale, dz = sum g W[l]."""
-    B, D = z.shape
-    for i in prange(B):
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _scores_and_dz(lo, hi, z, ptr, lab, y, W, b, scale, g, dz, loss_rows):
+    """Points [lo, hi): logits over their own candidates, g = (sigmoid - y) * scale and
+    dz = sum_e g_e W[l_e], in one pass (each row is read once, while it is in cache)."""
+    D = z.shape[1]
+    for i in range(lo, hi):
         acc = 0.0
+        for d in range(D):
+            dz[i, d] = 0.0
         for e in range(ptr[i], ptr[i + 1]):
             row = W[lab[e]]
             s = np.float32(0.0)
             for d in range(D):
                 s += row[d] * z[i, d]
-            x = s + b[lab[e]]
+            x = np.float64(s + b[lab[e]])
             # stable BCE with logits and its gradient
             acc += max(x, 0.0) - x * y[e] + math.log1p(math.exp(-abs(x)))
             p = 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-            g[e] = np.float32((p - y[e]) * scale)
-        loss_rows[i] = acc
-        for d in range(D):
-            dz[i, d] = 0.0
-        for e in range(ptr[i], ptr[i + 1]):
-            row = W[lab[e]]
-            ge = g[e]
+            ge = np.float32((p - y[e]) * scale)
+            g[e] = ge
             for d in range(D):
                 dz[i, d] += ge * row[d]
+        loss_rows[i] = acc
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _adam_rows(z, order, seg, labels, owner, g, W, b, mW, vW, mb, vb, lr, b1, b2, eps, c1, c2):
-    """Each touched label once: its gradient sum_e g_e z_owner(e), then Adam on its row and bias."""
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _adam_rows(lo, hi, z, order, seg, labels, owner, g, W, b, mW, vW, mb, vb, step, b1, b2, eps, rc2):
+    """Touched labels [lo, hi) once each: gradient sum_e g_e z_owner(e), then Adam on the row
+    and the bias (float32 throughout; step = lr / (1 - b1^t), rc2 = 1 / sqrt(1 - b2^t))."""
     D = z.shape[1]
-    U = labels.size
-    for j in prange(U):
+    gw = np.zeros(D, np.float32)
+    one = np.float32(1.0)
+    a1, a2 = one - b1, one - b2
+    for j in range(lo, hi):
         l = labels[j]
-        gw = np.zeros(D, np.float32)
+        gw[:] = 0.0
         gb = np.float32(0.0)
         for q in range(seg[j], seg[j + 1]):
             e = order[q]
@@ -58,17 +65,23 @@ def _adam_rows(z, order, seg, labels, owner, g, W, b, mW, vW, mb, vb, lr, b1, b2
             zi = z[owner[e]]
             for d in range(D):
                 gw[d] += ge * zi[d]
+        mr, vr, wr = mW[l], vW[l], W[l]
         for d in range(D):
-            m = b1 * mW[l, d] + (1.0 - b1) * gw[d]
-            v = b2 * vW[l, d] + (1.0 - b2) * gw[d] * gw[d]
-            mW[l, d] = m
-            vW[l, d] = v
-            W[l, d] -= lr * (m / c1) / (math.sqrt(v / c2) + eps)
-        m = b1 * mb[l] + (1.0 - b1) * gb
-        v = b2 * vb[l] + (1.0 - b2) * gb * gb
+            m = b1 * mr[d] + a1 * gw[d]
+            v = b2 * vr[d] + a2 * gw[d] * gw[d]
+            mr[d] = m
+            vr[d] = v
+            wr[d] -= step * m / (np.sqrt(v) * rc2 + eps)
+        m = b1 * mb[l] + a1 * gb
+        v = b2 * vb[l] + a2 * gb * gb
         mb[l] = m
         vb[l] = v
-        b[l] -= lr * (m / c1) / (math.sqrt(v / c2) + eps)
+        b[l] -= step * m / (np.sqrt(v) * rc2 + eps)
+
+
+def _ranges(n: int, parts: int) -> list[tuple[int, int]]:
+    cuts = np.linspace(0, n, max(1, parts) + 1).astype(np.int64)
+    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
 class FusedClassifierAdam:
@@ -78,8 +91,12 @@ class FusedClassifierAdam:
     place and saved as before.
     """
 
-    def __init__(self, W: np.ndarray, b: np.ndarray, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+    def __init__(self, W: np.ndarray, b: np.ndarray, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                 threads: int = 1):
         self.W, self.b = W, b
+        # plain threads over GIL-free kernels: no second OpenMP pool spinning beside torch's
+        self.threads = max(1, int(threads))
+        self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
         self.lr, self.betas, self.eps = float(lr), betas, float(eps)
         self.mW = np.zeros_like(W)
         self.vW = np.zeros_like(W)
@@ -95,7 +112,8 @@ class FusedClassifierAdam:
         g = np.empty(n, np.float32)
         dz = np.empty((B, D), np.float32)
         loss_rows = np.empty(B, np.float64)
-        _scores_and_dz(z, ptr, lab, y, self.W, self.b, 1.0 / max(n, 1), g, dz, loss_rows)
+        scale = np.float64(1.0 / max(n, 1))
+        self._run(_scores_and_dz, B, z, ptr, lab, y, self.W, self.b, scale, g, dz, loss_rows)
         order = np.argsort(lab, kind="stable")
         sl = lab[order]
         starts = np.flatnonzero(np.r_[True, sl[1:] != sl[:-1]]) if n else np.zeros(0, np.int64)
@@ -103,7 +121,20 @@ class FusedClassifierAdam:
         owner = np.repeat(np.arange(B, dtype=np.int64), np.diff(ptr))
         self.t += 1
         b1, b2 = self.betas
-        _adam_rows(z, order, seg, sl[starts], owner, g, self.W, self.b, self.mW, self.vW, self.mb, self.vb,
-                   np.float32(self.lr), np.float32(b1), np.float32(b2), np.float32(self.eps),
-                   np.float32(1 - b1 ** self.t), np.float32(1 - b2 ** self.t))
+        self._run(_adam_rows, starts.size, z, order, seg, sl[starts], owner, g, self.W, self.b, self.mW, self.vW,
+                  self.mb, self.vb, np.float32(self.lr / (1 - b1 ** self.t)), np.float32(b1), np.float32(b2),
+                  np.float32(self.eps), np.float32(1 / math.sqrt(1 - b2 ** self.t)))
         return float(loss_rows.sum()) / max(n, 1), dz
+
+    def _run(self, kernel, n, *args):
+        """kernel(lo, hi, *args) over [0, n), split between the threads (disjoint outputs)."""
+        if self.pool is None or n < 64:
+            kernel(0, n, *args)
+            return
+        for f in [self.pool.submit(kernel, lo, hi, *args) for lo, hi in _ranges(n, self.threads)]:
+            f.result()
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None

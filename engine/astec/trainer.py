@@ -167,7 +167,7 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
     if fused:
         from .fused import FusedClassifierAdam
         fc = FusedClassifierAdam(clf.weight.weight.detach().numpy(), clf.bias.weight.detach().numpy().reshape(-1),
-                                 lr=lr)
+                                 lr=lr, threads=torch.get_num_threads())
     else:
         opt_w = RowAdam(clf.weight.weight, lr=lr)
         opt_b = RowAdam(clf.bias.weight, lr=lr)
@@ -226,6 +226,8 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
         if progress:
             tqdm.write(f"  {name} epoch {ep + 1}: loss={entry['loss']:.4g} ({entry['seconds']} s)")
     bar.close()
+    if fused:
+        fc.close()
     if dev.type != "cpu":
         encoder.to("cpu")
         clf.to("cpu")
