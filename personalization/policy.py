@@ -52,11 +52,14 @@ class Served:
     def fields(self, i: int) -> dict:
         """The ad-query message fields of event i (query names are the caller's)."""
         m = self.cand_ids[i] >= 0
+
+        def r6(x):   # float64 before rounding: float32 would print as 0.12345699965953827
+            return np.round(x.astype(np.float64), 6).tolist()
         return {"query_id": int(self.query[i]), "score": float(self.score[i]),
                 "propensity": float(self.propensity[i]),
                 "candidate_ids": self.cand_ids[i][m].tolist(),
-                "candidate_scores": np.round(self.cand_scores[i][m], 6).tolist(),
-                "candidate_propensities": np.round(self.cand_prop[i][m], 6).tolist(),
+                "candidate_scores": r6(self.cand_scores[i][m]),
+                "candidate_propensities": r6(self.cand_prop[i][m]),
                 "explored": not bool(self.greedy[i])}
 
 

@@ -566,7 +566,8 @@ def _train_dr(v, classifier_rows, rows_n, cfg: TrainConfig, train_rows, val_rows
     vs_cur = (paired_bootstrap(term_of[best], val_terms["current_policy"], users, 500, cfg.seed)
               if "current_policy" in val_terms else None)
     report = {"val_vs_current_policy": vs_cur,
-              "current_policy": getattr(incumbent, "version", None) if vs_cur else None,"objective": "dr", "init": "sim_rank", "init_scale": scale, "init_bias": bias,
+              "current_policy": getattr(incumbent, "version", None) if vs_cur else None,
+              "objective": "dr", "init": "sim_rank", "init_scale": scale, "init_bias": bias,
               "epochs": history, "chosen": best,
               "val_dr": {k: float(x.mean()) for k, x in term_of.items()},
               "val_best_baseline": bb, "val_vs_best_baseline": vs,

@@ -119,9 +119,10 @@ def _write_round(out: Path, world, names, ss, shown, prop, cands, clicked, rng, 
                          "title": titles[vpage[i]], "query": qt[shown[i]],
                          "candidates": [names[j] for j in ci.tolist()],
                          "candidate_ids": ci.tolist(),
-                         "candidate_scores": np.round(cs, 6).tolist(),
-                         "candidate_propensities": np.round(cp, 6).tolist(),
-                         "propensity": round(float(prop[i]), 6), "policy": policy_name,
+                         "candidate_scores": np.round(cs.astype(np.float64), 6).tolist(),
+                         "candidate_propensities": np.round(cp.astype(np.float64), 6).tolist(),
+                         "propensity": float(np.round(np.float64(prop[i]), 6)),
+                         "policy": policy_name,
                          "model_version": version})
         wr.write_many(recs)
     c_idx = order[clicked[order]]
