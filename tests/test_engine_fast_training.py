@@ -108,3 +108,20 @@ def test_model_trained_by_the_torch_path_predicts_like_a_cpu_model(tmp_path):
     ids, _ = Astec.load(tmp_path / "m").predict(texts[700:], k=3)
     ids2, _ = m.predict(texts[700:], k=3)
     assert np.array_equal(ids, ids2)
+
+
+def test_row_adam_kernel_matches_torch_ops():
+    """RowAdam on a float32 CPU table runs the compiled kernel; on float64 (like a GPU table)
+    it runs the torch ops: the same lazy Adam."""
+    from engine.astec.trainer import RowAdam
+    torch.manual_seed(0)
+    T32 = torch.randn(50, 8)
+    T64 = T32.double()
+    a, b = RowAdam(T32, 0.01), RowAdam(T64, 0.01)
+    for it in range(6):
+        rows = torch.from_numpy(np.unique(np.random.default_rng(it).integers(0, 50, 20)))
+        g = torch.randn(rows.numel(), 8)
+        a.step(rows, g)
+        b.step(rows, g.double())
+    assert torch.allclose(T32.double(), T64, atol=1e-5)
+    assert not torch.equal(T32, torch.zeros_like(T32))

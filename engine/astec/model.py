@@ -43,6 +43,12 @@ def _set_threads(n: int) -> None:
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process, all threads: on a shared machine a steadier cost than wall time."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
 
@@ -313,7 +319,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     D = cfg.embedding_dim
 
     # Module I: clusters -> surrogate task
-    t0 = time.time()
+    t0, c0 = time.time(), _cpu_s()
     cents = label_centroids(Xf, Yf)
     assign = balanced_clusters(cents, cfg.num_clusters, seed, progress)
     Ym = meta_labels(Yf, assign, cfg.num_clusters)
@@ -324,11 +330,12 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     epochs_log = train_surrogate(encoder, Xf, Ym, cfg.surrogate_epochs, cfg.surrogate_lr, cfg.batch_size, seed,
                                  progress, valid=(Xv, meta_labels(Yv, assign, cfg.num_clusters)),
                                  decay_epoch=int(round(cfg.surrogate_decay * cfg.surrogate_epochs)), device=device)
-    log["modules"]["I"] = {"seconds": round(time.time() - t0, 1), "peak_rss_mb": _peak_rss_mb(),
+    log["modules"]["I"] = {"seconds": round(time.time() - t0, 1), "cpu_seconds": round(_cpu_s() - c0, 1),
+                           "peak_rss_mb": _peak_rss_mb(),
                            "clusters": int(cfg.num_clusters), "epochs": epochs_log}
 
     # Module II: frozen E -> indexes -> hard-negative shortlists
-    t0 = time.time()
+    t0, c0 = time.time(), _cpu_s()
     if progress:   # no bar inside the index builds and searches: say what runs (minutes at L=500k)
         tqdm.write(f"  Module II: indexes and hard negatives for {Xf.shape[0]} points ...")
     Vf = dense_bag(encoder, Xf)
@@ -344,13 +351,14 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
                                       evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
         del Sv
     m2["seconds"] = round(time.time() - t0, 1)
+    m2["cpu_seconds"] = round(_cpu_s() - c0, 1)
     m2["peak_rss_mb"] = _peak_rss_mb()
     log["modules"]["II"] = m2
     if progress:
         tqdm.write(f"  Module II: {json.dumps({k: v for k, v in m2.items() if k != 'valid_shortlist_only'})}")
 
     # Modules III/IV: new residual R (identity), classifier on positives + shortlist
-    t0 = time.time()
+    t0, c0 = time.time(), _cpu_s()
     encoder.residual = SpectralResidual(D, cfg.spectral_lambda)
     clf = Classifier(L, D)
     ep = train_shortlisted(encoder, clf, Xf, Yf, negatives, cfg.extreme_epochs, cfg.extreme_lr, cfg.batch_size,
@@ -367,6 +375,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     learner.alpha = _combination_weight("alpha", cfg.alpha, cfg.alpha_grid, lambda a: combine(C, base, a),
                                         Yv, inv_prop, cfg, m4, learner.alpha)
     m4["seconds"] = round(time.time() - t0, 1)
+    m4["cpu_seconds"] = round(_cpu_s() - c0, 1)
     m4["peak_rss_mb"] = _peak_rss_mb()
     log["modules"]["IV"] = m4
     if progress and "valid" in m4:
@@ -374,7 +383,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
 
     # Re-ranker: independent Z~, W~ on positives + the base model's top mispredictions
     if cfg.reranker and cfg.reranker_epochs > 0:
-        t0 = time.time()
+        t0, c0 = time.time(), _cpu_s()
         hard = _reranker_negatives(learner, Xf, Yf, cfg)
         rr = Encoder(X.shape[1], D, cfg.spectral_lambda, cfg.dropout)
         with torch.no_grad():
@@ -395,6 +404,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
                                            lambda b: combine(C, base, learner.alpha, rrl, b),
                                            Yv, inv_prop, cfg, mr, learner.beta)
         mr["seconds"] = round(time.time() - t0, 1)
+        mr["cpu_seconds"] = round(_cpu_s() - c0, 1)
         mr["peak_rss_mb"] = _peak_rss_mb()
         log["modules"]["reranker"] = mr
         if progress and "valid" in mr:
@@ -403,7 +413,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     # sparse ranker on the fit points; gamma on the validation points
     Xrv = None
     if Xr is not None and cfg.sparse_ranker:
-        t0 = time.time()
+        t0, c0 = time.time(), _cpu_s()
         if progress:
             tqdm.write(f"  Sparse ranker: shortlists and fit on {Xf.shape[0]} points ...")
         Xrv = Xr[valid]
@@ -418,6 +428,7 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
                                             lambda g: combine(C, base, learner.alpha, rrl, learner.beta, us, g),
                                             Yv, inv_prop, cfg, ms, 0.5)
         ms["seconds"] = round(time.time() - t0, 1)
+        ms["cpu_seconds"] = round(_cpu_s() - c0, 1)
         ms["peak_rss_mb"] = _peak_rss_mb()
         log["modules"]["sparse"] = ms
         if progress and "valid" in ms:
@@ -438,11 +449,12 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     if learner.sparse is not None and Xv.shape[0]:
         # the ranker, too, learns from every training point once gamma is chosen (negatives from
         # the final indexes; else labels seen only in the validation split would have no model)
-        t0 = time.time()
+        t0, c0 = time.time(), _cpu_s()
         if progress:
             tqdm.write(f"  Sparse ranker: refit on all {X.shape[0]} points ...")
         learner.sparse = _fit_ranker(learner, X, Y, Xr, cfg, seed)
         log["modules"]["sparse"]["refit_seconds"] = round(time.time() - t0, 1)
+        log["modules"]["sparse"]["refit_cpu_seconds"] = round(_cpu_s() - c0, 1)
         log["modules"]["sparse"]["weights"] = int(learner.sparse.W.nnz)
     return learner, log, Sv
 

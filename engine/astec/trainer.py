@@ -42,6 +42,12 @@ class RowAdam:
             self.m, self.v = torch.zeros_like(self.table), torch.zeros_like(self.table)
         self.t += 1
         b1, b2 = self.betas
+        if self.table.device.type == "cpu" and self.table.dtype == torch.float32:
+            from .fused import adam_on_rows
+            adam_on_rows(rows.numpy(), grad.contiguous().numpy(), self.table.detach().numpy(), self.m.numpy(),
+                         self.v.numpy(), np.float32(self.lr / (1 - b1 ** self.t)), np.float32(b1), np.float32(b2),
+                         np.float32(self.eps), np.float32((1 - b2 ** self.t) ** -0.5))
+            return
         m = self.m.index_select(0, rows).mul_(b1).add_(grad, alpha=1 - b1)
         v = self.v.index_select(0, rows).mul_(b2).addcmul_(grad, grad, value=1 - b2)
         self.m.index_copy_(0, rows, m)
@@ -88,7 +94,8 @@ def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, ep
         head.to(dev)
     residual = encoder.residual
     opt_s = RowAdam(encoder.embed.weight, lr=lr)
-    opt_d = torch.optim.Adam(list(residual.parameters()) + list(head.parameters()), lr=lr)
+    # fused: one kernel per step instead of a loop of small ops per parameter (the same Adam)
+    opt_d = torch.optim.Adam(list(residual.parameters()) + list(head.parameters()), lr=lr, fused=True)
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
     logs = []
     nb = -(-X.shape[0] // max(batch_size, 1))
@@ -162,7 +169,7 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
     if dev.type != "cpu":
         encoder.to(dev)
         clf.to(dev)
-    opt_r = torch.optim.Adam(list(encoder.residual.parameters()), lr=lr)
+    opt_r = torch.optim.Adam(list(encoder.residual.parameters()), lr=lr, fused=True)
     opt_e = RowAdam(encoder.embed.weight, lr=finetune_lr)
     if fused:
         from .fused import FusedClassifierAdam
