@@ -81,7 +81,8 @@ def _chips(ws) -> str:
     return " · ".join(out) or ":gray[(no words)]"
 
 
-def _explain(pred, version: str, text: str, k: int, key: str, timing: bool = True) -> list[dict]:
+def _explain(pred, version: str, text: str, k: int, key: str, timing: bool = True,
+             narrow: bool = False) -> list[dict]:
     """Known words, then either the queries with who proposed them, or the no-evidence state.
     Returns the rows shown (empty on no evidence)."""
     ws = predict.title_words(pred, text)
@@ -108,7 +109,7 @@ def _explain(pred, version: str, text: str, k: int, key: str, timing: bool = Tru
         t0 = time.perf_counter()
         pred.predict_one(text, k)
         reps.append((time.perf_counter() - t0) * 1000)
-    rows = predict.prediction_rows(pred, text, k)
+    rows = predict.prediction_rows(pred, text, k, short=narrow)
     if timing:
         c1, c2, c3 = st.columns(3)
         c1.metric("Latency (median of 5, warm)", f"{float(np.median(reps)):.2f} ms")
@@ -118,8 +119,10 @@ def _explain(pred, version: str, text: str, k: int, key: str, timing: bool = Tru
         st.warning("The model returned no queries for this text.")
         return []
     st.dataframe(pd.DataFrame(rows), hide_index=True, key=f"pred-{key}",
+                 column_order=("rank", "query", "score", "proposed by") if narrow else None,
                  column_config={"query": st.column_config.TextColumn(width="medium"),
-                                "proposed by": st.column_config.TextColumn(width="large")})
+                                "proposed by": st.column_config.TextColumn(
+                                    width="medium" if narrow else "large")})
     return rows
 
 
@@ -162,11 +165,16 @@ def page_predict(src: Sources) -> None:
                 continue
             st.caption(f"**{v}**{' (current)' if v == ref.version else ''} · "
                        f"{p.num_labels} labels")
-            shown.append(_explain(p, v, text, k, label[-1], timing=False))
+            shown.append(_explain(p, v, text, k, label[-1], timing=False, narrow=True))
+    st.caption("proposed by: pages = similar training pages (ANNS^x), centres = label centres "
+               "(ANNS^μ), name = label-name match, prior = popular prior. Hidden to fit: the "
+               "label ids and the latency (shown with the toggle off).")
     if all(shown):
         d = predict.compare(*shown)
-        st.markdown(f"**A vs B:** {d['shared']} of {k} queries shared; top query "
-                    f"{'the same' if d['same_top1'] else 'differs'}.")
+        diff = "".join(f"  \nonly in {w}: " + ", ".join(f"`{q}`" for q in qs)
+                       for w, qs in (("A", d["only_a"]), ("B", d["only_b"])) if qs)
+        st.markdown(f"**A vs B:** {d['shared']} of {len(shown[0])} queries shared; top query "
+                    f"{'the same' if d['same_top1'] else 'differs'}.{diff}")
 
 
 def _user_log(src: Sources, uid: str):
@@ -417,7 +425,7 @@ def page_offline(src: Sources) -> None:
         _wide_table(gdf, list(gdf.columns[:8]), "gru")
 
 
-WINDOWS = {"5 min": 300, "10 min": 600, "1 hour": 3600}
+WINDOWS = {"2 min": 120, "5 min": 300, "10 min": 600}   # the series keeps 600 points (10 min at 1 s)
 
 
 def page_health(src: Sources) -> None:
@@ -427,12 +435,13 @@ def page_health(src: Sources) -> None:
         return
     c = st.columns([1, 1, 3])
     auto = c[0].toggle("Auto-refresh every 2 s", key="auto", value=False)
-    window = c[1].selectbox("Window", list(WINDOWS), index=1, key="window")
+    window = c[1].selectbox("Window", list(WINDOWS), index=2, key="window")
 
     @st.fragment(run_every=2.0 if auto else None)
     def body():
         h = health.consumer_health(client, src.prefix, src.metrics_interval_s)
-        series = health.series_frame(client, src.prefix, WINDOWS[window])
+        live = len(h.rows) > h.stale
+        series = health.series_frame(client, src.prefix, WINDOWS[window], anchor_last=not live)
         if not h.rows and series.empty:
             st.info(f"No consumer has published metrics under `{src.prefix}:metrics:` in the "
                     "last hour. Start one with `astec stream run`.")
@@ -444,9 +453,10 @@ def page_health(src: Sources) -> None:
         c[3].metric("Dead letters", f"{h.dead_letters:,}")
         c[4].metric("Visits sent no query", f"{sum(r.get('no_query') or 0 for r in h.rows):,}")
         c[5].metric("Model versions", len(h.versions))
-        if not h.rows:
-            st.warning("No live consumer: the charts show the last hour of the consumers that "
-                       "stopped.")
+        if not live and not series.empty:
+            st.warning(f"No live consumer: the charts show the {window} before the last point "
+                       f"published ({series['time'].max():%H:%M:%S} UTC); series are kept for "
+                       "an hour after a consumer stops.")
         if len(h.versions) > 1:
             st.warning("Consumers serve different model versions: " +
                        ", ".join(f"{v} ({n})" for v, n in sorted(h.versions.items())))

@@ -79,7 +79,7 @@ def consumer_health(client: redis.Redis, prefix: str, interval_s: float = 1.0,
 
 
 def series_frame(client: redis.Redis, prefix: str, window_s: float | None = None,
-                 now: float | None = None):
+                 now: float | None = None, anchor_last: bool = False):
     """The consumers' time series as one long DataFrame, oldest first.
 
     Columns: consumer, time (UTC datetime), events_per_s (from the cumulative counter's
@@ -87,11 +87,16 @@ def series_frame(client: redis.Redis, prefix: str, window_s: float | None = None
     dead_letters (cumulative), dead_per_s, no_query_per_s, e2a_ms_p50 / e2a_ms_p99 (of the
     events since the previous point), lag (when the workers publish it), model_version. A
     counter that goes down (the consumer restarted under the same id) restarts its rate.
+    anchor_last: the window ends at the newest point instead of now (no consumer is live, so
+    show the last minutes they ran rather than an empty window).
     """
     import pandas as pd
     now = time.time() if now is None else now
     frames = []
-    for cid, pts in read_series(client, prefix).items():
+    series = read_series(client, prefix)
+    if anchor_last and series:
+        now = max(p["t"] for pts in series.values() for p in pts)
+    for cid, pts in series.items():
         df = pd.DataFrame(pts)
         if window_s is not None:
             df = df[df["t"] >= now - window_s]

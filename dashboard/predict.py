@@ -102,14 +102,20 @@ def proposers(pred, text: str, ids) -> list[list[str]]:
     return [[s for s in order if s in found[i]] for i in ids]
 
 
-def prediction_rows(pred, text: str, k: int) -> list[dict]:
-    """The top-k queries of `text` with their scores and proposers, best first."""
+SHORT = {KNN: "pages", CENTRES: "centres", NAME: "name", PRIOR: "prior"}
+
+
+def prediction_rows(pred, text: str, k: int, short: bool = False) -> list[dict]:
+    """The top-k queries of `text` with their scores and proposers, best first (`short`: the
+    proposers' one-word names, for narrow side-by-side tables)."""
     ids, scores = pred.predict_one(text, k)
     keep = [(int(i), float(s)) for i, s in zip(ids.tolist(), scores.tolist()) if i >= 0]
     who = proposers(pred, text, [i for i, _ in keep])
     names = pred.label_names
     return [{"rank": r + 1, "query": names[i] if i < len(names) else f"#{i}",
-             "score": round(s, 4), "proposed by": ", ".join(w) or "(re-scored only)", "id": i}
+             "score": round(s, 4),
+             "proposed by": ", ".join(SHORT[x] if short else x for x in w) or "(re-scored only)",
+             "id": i}
             for r, ((i, s), w) in enumerate(zip(keep, who))]
 
 

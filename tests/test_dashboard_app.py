@@ -241,3 +241,19 @@ def test_users_page_titles_clicks_from_the_click_log(app_env, astec_predictor, r
     assert (m["Ad impressions (log)"], m["Clicks"], m["CTR"]) == ("4", "1", "25.0%")
     clicks = at.dataframe[-1].value
     assert clicks["query"].tolist() == ["shown-2"] and clicks["on page"].tolist() == [titles[2]]
+
+
+def test_stream_health_after_the_workers_stopped(app_env, redis_settings, tmp_path):
+    """`astec demo --keep-services` stops the workers: their last minutes stay on the page."""
+    s = redis_settings
+    app_env(tmp_path, s.redis_url, s.redis_key_prefix)
+    publish_series(s, "w-old", [(30, 0, [12.0] * 30) for _ in range(30)], time.time() - 1500)
+    at = run_page("Stream health")
+    assert m_value(at, "Consumers (live/stale)") == "0/1"
+    assert any(w.startswith("No live consumer: the charts show the 10 min before the last point")
+               for w in texts(at.warning))
+    assert len(at.get("arrow_line_chart")) + len(at.get("vega_lite_chart")) >= 3
+
+
+def m_value(at, label):
+    return next(m.value for m in at.metric if m.label == label)

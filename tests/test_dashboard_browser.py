@@ -78,7 +78,8 @@ class Chrome:
         port = int(port_file.read_text().split()[0])
         pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
         ws_url = next(p["webSocketDebuggerUrl"] for p in pages if p["type"] == "page")
-        self.ws = connect(ws_url, max_size=None, open_timeout=10)
+        self._conn = connect(ws_url, max_size=None, open_timeout=10)
+        self.ws = self._conn.__enter__()
         self.n = 0
         self.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT,
                   deviceScaleFactor=1, mobile=False)
@@ -121,6 +122,19 @@ class Chrome:
             if (!l) return false; l.click(); return true; }})()""")
         assert ok, f"no sidebar page {name!r}"
 
+    def click_toggle(self, label: str) -> None:
+        """A real mouse click on the toggle whose label starts with `label` (React ignores a
+        scripted click on it)."""
+        js = f"""(() => {{
+            const w = [...document.querySelectorAll('[data-testid=stCheckbox]')].find(
+                e => e.innerText.trim().startsWith({json.dumps(label)}));
+            if (!w) return null; const r = w.getBoundingClientRect();
+            return [r.left + 12, r.top + r.height / 2]; }})()"""
+        x, y = wait_until(lambda: self.eval(js), 30, f"a toggle labelled {label!r}", self.text)
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left",
+                      clickCount=1)
+
     def charts(self) -> int:
         """Charts drawn: vega-embed canvases/SVGs with a non-zero size."""
         return self.eval("""[...document.querySelectorAll('.vega-embed canvas, .vega-embed svg')]
@@ -132,14 +146,14 @@ class Chrome:
         return not self.eval("!!document.querySelector('[data-testid=stStatusWidget]')")
 
     def screenshot(self, path: Path) -> bytes:
-        time.sleep(1.0)   # let tables' canvases and charts paint
+        time.sleep(0.5)   # let tables' canvases and charts paint
         png = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
         path.write_bytes(png)
         return png
 
     def close(self):
         try:
-            self.ws.close()
+            self._conn.__exit__(None, None, None)
         finally:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(10)
@@ -166,7 +180,7 @@ def gru_root(astec_predictor, tmp_path_factory):
     from stream.simulator.logs import LogSettings, simulate_logs
     from stream.simulator.world import world_from_dataset
     d = tmp_path_factory.mktemp("gru-dash")
-    world = world_from_dataset(STREAM_DATA, n_users=60, seed=5)
+    world = world_from_dataset(STREAM_DATA, n_users=40, seed=5)
     simulate_logs(world, d / "logs", LogSettings(days=1, seed=5))
     pred = Predictor.load(astec_predictor)
     cfg = TrainConfig(epochs=1, threads=1)
@@ -255,66 +269,84 @@ def test_every_page_in_chromium(demo_dashboard, tmp_path, capsys):
     assert f"click logs: {demo / 'live-logs'}" in info["log"], info["log"]
     chrome = Chrome(tempfile.mkdtemp(prefix="chrome-", dir=tmp_path))
     try:
-        chrome.call("Page.navigate", url=url)
-        # ---- Predict: known words, who proposed each query --------------------------------
-        wait_until(lambda: "Type a page title" in chrome.text(), 60, "the Predict page",
-                   chrome.text)
-        assert chrome.eval("document.title") == "Astec ads dashboard"
-        body = chrome.text()
-        for expected in ("Predict: page title → queries", info["v2"], "1880 labels",
-                         "models/gru", "found next to the models", "live-logs"):
-            assert expected in body, expected
-        chrome.type_into("Page title", TITLE)
-        wait_until(lambda: "Latency (median of 5, warm)" in chrome.text() and chrome.settled(),
-                   60, "the prediction", chrome.text)
-        body = chrome.text()
-        assert "Known words: 6 of 8" in body and "openssh" in body
-        # the table is a canvas grid: its cells are not in innerText, so check its header row
-        png = chrome.screenshot(shots / "1-predict.png")
-        not_blank(png, shots / "1-predict.png")
-        # ---- Predict: a title with no known word ------------------------------------------
-        chrome.type_into("Page title", "zzqxv blorfx")
-        wait_until(lambda: "No evidence." in chrome.text() and chrome.settled(), 60,
-                   "the no-evidence state", chrome.text)
-        body = chrome.text()
-        assert "Known words: 0 of 2" in body and "NOT evidence" in body
-        assert "Latency (median of 5, warm)" not in body
-        chrome.screenshot(shots / "2-predict-no-evidence.png")
-        # ---- Users: titles, the GRU named, clicks ----------------------------------------
-        chrome.goto_page("Users")
-        wait_until(lambda: "Enter a user id" in chrome.text(), 60, "the Users page",
-                   chrome.text)
-        assert "alice" in chrome.text()
-        chrome.type_into("User id", "alice")
-        wait_until(lambda: "Scores behind each choice" in chrome.text() and "CTR" in chrome.text()
-                   and chrome.settled(), 60, "alice's visits and clicks", chrome.text)
-        body = chrome.text()
-        assert "the GRU policy" in body
-        # the newest visit's title heads its expander; the clicked visit's title is listed
-        assert info["titles"][-1][:60] in body
-        assert info["titles"][3][:60] in body and "CTR" in body
-        wait_until(lambda: chrome.charts() >= 1, 30, "the GRU probability chart")
-        png = chrome.screenshot(shots / "3-users.png")
-        not_blank(png, shots / "3-users.png")
-        # ---- Offline metrics: peers, P@k vs k, frequency bins ----------------------------
-        chrome.goto_page("Offline metrics")
-        wait_until(lambda: "Astec against its peers" in chrome.text() and chrome.charts() >= 4
-                   and chrome.settled(), 60, "the offline charts", chrome.text)
-        body = chrome.text()
-        for expected in ("P@k against k", "Each label-frequency bin's share of P@5",
-                         "Hidden to fit the page", "GRU policy versions"):
-            assert expected in body, expected
-        png = chrome.screenshot(shots / "4-offline.png")
-        not_blank(png, shots / "4-offline.png")
-        # ---- Stream health: rates, latency, dead letters over time -----------------------
-        info["live"]()
-        chrome.goto_page("Stream health")
-        wait_until(lambda: "Event → ad latency" in chrome.text() and chrome.charts() >= 4
-                   and chrome.settled(), 60, "the stream health charts", chrome.text)
-        body = chrome.text()
-        assert "Consumers (live/stale)" in body and "2/0" in body
-        assert "worker-0" in body and "Dead letters" in body
-        png = chrome.screenshot(shots / "5-stream-health.png")
-        not_blank(png, shots / "5-stream-health.png")
+        drive_every_page(chrome, url, info, shots)
+    except BaseException:
+        chrome.screenshot(shots / "failure.png")   # what the page showed when it failed
+        raise
     finally:
         chrome.close()
+
+
+def drive_every_page(chrome: Chrome, url: str, info: dict, shots: Path) -> None:
+    chrome.call("Page.navigate", url=url)
+    # ---- Predict: known words, who proposed each query --------------------------------
+    wait_until(lambda: "Type a page title" in chrome.text(), 60, "the Predict page",
+               chrome.text)
+    assert chrome.eval("document.title") == "Astec ads dashboard"
+    body = chrome.text()
+    for expected in ("Predict: page title → queries", info["v2"], "1880 labels",
+                     "models/gru", "found next to the models", "live-logs"):
+        assert expected in body, expected
+    chrome.type_into("Page title", TITLE)
+    wait_until(lambda: "Latency (median of 5, warm)" in chrome.text() and chrome.settled(),
+               60, "the prediction", chrome.text)
+    body = chrome.text()
+    assert "Known words: 6 of 8" in body and "openssh" in body
+    # the table is a canvas grid: its cells are not in innerText, so check its header row
+    png = chrome.screenshot(shots / "1-predict.png")
+    not_blank(png, shots / "1-predict.png")
+    # ---- Predict: a title with no known word ------------------------------------------
+    chrome.type_into("Page title", "zzqxv blorfx")
+    wait_until(lambda: "No evidence." in chrome.text() and chrome.settled(), 60,
+               "the no-evidence state", chrome.text)
+    body = chrome.text()
+    assert "Known words: 0 of 2" in body and "NOT evidence" in body
+    assert "Latency (median of 5, warm)" not in body
+    chrome.screenshot(shots / "2-predict-no-evidence.png")
+    # ---- Predict: two versions side by side -------------------------------------------
+    chrome.type_into("Page title", TITLE)
+    wait_until(lambda: "Latency (median of 5, warm)" in chrome.text() and chrome.settled(),
+               60, "the prediction again", chrome.text)
+    chrome.click_toggle("Compare two model versions")
+    wait_until(lambda: "A vs B:" in chrome.text() and chrome.settled(), 60,
+               "the side-by-side comparison", chrome.text)
+    body = chrome.text()
+    assert "Version A" in body and "Version B" in body and info["v1"] in body
+    assert body.count("Known words: 6 of 8") == 2
+    chrome.screenshot(shots / "2b-predict-compare.png")
+    # ---- Users: titles, the GRU named, clicks ----------------------------------------
+    chrome.goto_page("Users")
+    wait_until(lambda: "Enter a user id" in chrome.text(), 60, "the Users page",
+               chrome.text)
+    assert "alice" in chrome.text()
+    chrome.type_into("User id", "alice")
+    wait_until(lambda: "Scores behind each choice" in chrome.text() and "CTR" in chrome.text()
+               and chrome.settled(), 60, "alice's visits and clicks", chrome.text)
+    body = chrome.text()
+    assert "the GRU policy" in body
+    # the newest visit's title heads its expander; the clicked visit's title is listed
+    assert info["titles"][-1][:60] in body
+    assert info["titles"][3][:60] in body and "CTR" in body
+    wait_until(lambda: chrome.charts() >= 1, 30, "the GRU probability chart")
+    png = chrome.screenshot(shots / "3-users.png")
+    not_blank(png, shots / "3-users.png")
+    # ---- Offline metrics: peers, P@k vs k, frequency bins ----------------------------
+    chrome.goto_page("Offline metrics")
+    wait_until(lambda: "Astec against its peers" in chrome.text() and chrome.charts() >= 4
+               and chrome.settled(), 60, "the offline charts", chrome.text)
+    body = chrome.text()
+    for expected in ("P@k against k", "Each label-frequency bin's share of P@5",
+                     "Hidden to fit the page", "GRU policy versions"):
+        assert expected in body, expected
+    png = chrome.screenshot(shots / "4-offline.png")
+    not_blank(png, shots / "4-offline.png")
+    # ---- Stream health: rates, latency, dead letters over time -----------------------
+    info["live"]()
+    chrome.goto_page("Stream health")
+    wait_until(lambda: "Event → ad latency" in chrome.text() and chrome.charts() >= 4
+               and chrome.settled(), 60, "the stream health charts", chrome.text)
+    body = chrome.text()
+    assert "Consumers (live/stale)" in body and "2/0" in body
+    assert "worker-0" in body and "Dead letters" in body
+    png = chrome.screenshot(shots / "5-stream-health.png")
+    not_blank(png, shots / "5-stream-health.png")

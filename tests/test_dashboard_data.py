@@ -46,15 +46,22 @@ def make_registry(root: Path, predictor_dir: str, n: int = 2) -> list[str]:
     return ids
 
 
+_EVALUATION: dict = {}
+
+
 @pytest.fixture(scope="module")
 def evaluation_json(astec_predictor, tmp_path_factory) -> Path:
-    """A real `astec evaluate --json` file for the fixture model on its own training lines."""
+    """A real `astec evaluate --json` file for the fixture model on its own training lines
+    (made once per session: the app and browser tests import this fixture too)."""
+    if astec_predictor in _EVALUATION:
+        return _EVALUATION[astec_predictor]
     d = tmp_path_factory.mktemp("eval")
     model = str(Path(astec_predictor).parent / "model")
     train, labels = os.path.join(STREAM_DATA, "train.tsv"), os.path.join(STREAM_DATA, "labels.txt")
     astec("predict", "--model", model, "--input", train, "--out", str(d / "pred.txt"), "--k", "5")
     astec("evaluate", "--test", train, "--labels", labels, "--pred", str(d / "pred.txt"),
           "--train", train, "--train-labels", labels, "--json", str(d / "eval.json"))
+    _EVALUATION[astec_predictor] = d / "eval.json"
     return d / "eval.json"
 
 
@@ -322,8 +329,12 @@ def test_series_frame_rates_and_lag(redis_settings):
     assert {"w-a", "w-b", "all"} <= set(wide.columns)
     assert wide["all"].dropna().max() == pytest.approx(15.0)
     assert health.fleet(f, "e2a_ms_p99", how="max").max() == pytest.approx(30.0)
-    old = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now + 3600)
+    old = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now + 3000)
     assert old.empty
+    # once the workers stopped, the window can end at their last point instead of now
+    last = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now + 3000,
+                               anchor_last=True)
+    assert set(last["consumer"]) == {"w-a", "w-b"} and len(last) == 21
 
 
 # ---- predict: evidence and sources -----------------------------------------------------------
