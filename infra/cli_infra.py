@@ -1,4 +1,4 @@
-"""`astec infra up|down|status|env`: the loopback Kafka-API broker and Redis for one machine."""
+"""`astec infra up|down|status|env`: the loopback Apache Kafka broker and Redis for one machine."""
 from __future__ import annotations
 
 import json
@@ -11,22 +11,28 @@ from infra.config import DEFAULT_SERVICES_DIR
 _DIR = click.option("--data-dir", default=lambda: os.environ.get("ASTEC_SERVICES_DIR",
                                                                   DEFAULT_SERVICES_DIR),
                     show_default=DEFAULT_SERVICES_DIR, type=click.Path(file_okay=False),
-                    help="Where services.json, logs and Redis' AOF live ($ASTEC_SERVICES_DIR).")
+                    help="Where services.json, the broker's data and logs and Redis' AOF live "
+                         "($ASTEC_SERVICES_DIR).")
 
 
 @click.group()
 def infra() -> None:
-    """Start/stop the local Tansu broker and redis-server (loopback, recorded PIDs and ports)."""
+    """Start/stop the local Apache Kafka broker (KRaft, SASL) and redis-server on loopback."""
 
 
 @infra.command()
 @_DIR
-@click.option("--kafka-port", type=int, default=None, help="Broker port (default: a free one).")
-@click.option("--redis-port", type=int, default=None, help="Redis port (default: a free one).")
+@click.option("--kafka-port", type=click.IntRange(1, 65535), default=None,
+              help="Broker port (default: the one of the last start if free, else a free one).")
+@click.option("--redis-port", type=click.IntRange(1, 65535), default=None,
+              help="Redis port (default: a free one).")
 @click.option("--create-topics/--no-create-topics", default=True, show_default=True,
-              help="Create the stream topics (memory storage loses them on a broker restart).")
+              help="Create the stream topics if they do not exist yet.")
 def up(data_dir: str, kafka_port: int | None, redis_port: int | None, create_topics: bool) -> None:
-    """Start both services, wait until they answer, record them in DATA_DIR/services.json."""
+    """Start both services, wait until they answer, record them in DATA_DIR/services.json.
+
+    The broker's storage (DATA_DIR/kafka/data) is formatted at the first start and kept: topics,
+    messages and committed offsets survive `down`/`up` and a crash."""
     from infra.services import ServiceError, start_services
     try:
         info = start_services(data_dir, kafka_port, redis_port)
@@ -34,9 +40,13 @@ def up(data_dir: str, kafka_port: int | None, redis_port: int | None, create_top
         raise click.ClickException(str(exc)) from None
     if create_topics:
         from infra.config import load_settings
-        from stream.topics import ensure_topics
-        ensure_topics(load_settings(services_dir=data_dir))
-    click.echo(f"kafka  pid {info.kafka.pid}  bootstrap {info.kafka_bootstrap}")
+        from stream.topics import KafkaUnavailable, ensure_topics
+        try:
+            ensure_topics(load_settings(services_dir=data_dir))
+        except KafkaUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"kafka  pid {info.kafka.pid}  bootstrap {info.kafka_bootstrap} (SASL/PLAIN, "
+               f"user astec; log {info.kafka.log})")
     click.echo(f"redis  pid {info.redis.pid}  port {info.redis.port} (password in "
                f"{os.path.join(info.data_dir, 'services.json')})")
     click.echo(f"other astec commands find them with --services-dir {info.data_dir} or "
@@ -67,10 +77,16 @@ def status(data_dir: str) -> None:
 @infra.command()
 @_DIR
 def env(data_dir: str) -> None:
-    """Print `export KAFKA_BOOTSTRAP=... REDIS_URL=...` for the recorded services."""
-    from infra.services import read_info
+    """Print `export KAFKA_BOOTSTRAP=... REDIS_URL=...` (and the SASL settings) for the recorded
+    services: the output holds passwords, so it is meant for `eval`, not for logs."""
+    import shlex
+
+    from infra.services import KAFKA_USER, read_info
     info = read_info(data_dir)
     if info is None:
         raise click.ClickException(f"no services recorded in {data_dir} (run `astec infra up`)")
     click.echo(f"export KAFKA_BOOTSTRAP={info.kafka_bootstrap}")
-    click.echo(f"export REDIS_URL={info.redis_url}")
+    click.echo("export KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT KAFKA_SASL_MECHANISM=PLAIN "
+               f"KAFKA_SASL_USERNAME={KAFKA_USER}")
+    click.echo(f"export KAFKA_SASL_PASSWORD={shlex.quote(info.kafka_password)}")
+    click.echo(f"export REDIS_URL={shlex.quote(info.redis_url)}")

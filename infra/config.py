@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,7 +26,20 @@ class Settings:
     """Everything a service, consumer or producer needs to find and use Kafka and Redis."""
 
     kafka_bootstrap: str = "127.0.0.1:9092"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Kafka client security, passed to every consumer, producer and admin client of both client
+    # libraries (never printed: the password and redis_url are left out of repr)
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = "PLAIN"
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: str = field(default="", repr=False)
+    kafka_ssl_cafile: str = ""
+    kafka_ssl_certfile: str = ""
+    kafka_ssl_keyfile: str = ""
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    # exactly-once: a worker's ad queries, dead letters and input offsets commit in one Kafka
+    # transaction (readers see committed data only); at-least-once: offsets are committed after
+    # the outputs are acknowledged, and a crash can repeat ad queries (never lose one)
+    delivery: str = "exactly-once"
     services_dir: str = DEFAULT_SERVICES_DIR
     # topics
     topic_page_views: str = "page-views"
@@ -35,7 +48,7 @@ class Settings:
     topic_dead_letters: str = "dead-letters"
     partitions: int = 4   # 16 / 32 measured: 500/s p99 50 -> 45 / 42 ms, 1000/s 70 -> 94 / 121 ms
     replication_factor: int = 1
-    # consumers (short timeouts: Tansu group joins take about half the session timeout)
+    # consumers (short timeouts: a killed worker's partitions move within the session timeout)
     consumer_group: str = "astec-stream"
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
@@ -75,6 +88,34 @@ class Settings:
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
 
+    def kafka_python_options(self) -> dict[str, Any]:
+        """Connection and security keyword arguments for kafka-python's clients."""
+        out: dict[str, Any] = {"bootstrap_servers": self.kafka_bootstrap,
+                               "security_protocol": self.kafka_security_protocol}
+        if self.kafka_security_protocol.startswith("SASL"):
+            out.update(sasl_mechanism=self.kafka_sasl_mechanism,
+                       sasl_plain_username=self.kafka_sasl_username,
+                       sasl_plain_password=self.kafka_sasl_password)
+        if self.kafka_security_protocol.endswith("SSL"):
+            out.update({k: v for k, v in (("ssl_cafile", self.kafka_ssl_cafile),
+                                          ("ssl_certfile", self.kafka_ssl_certfile),
+                                          ("ssl_keyfile", self.kafka_ssl_keyfile)) if v})
+        return out
+
+    def librdkafka_options(self) -> dict[str, Any]:
+        """The same connection and security settings in librdkafka's (confluent-kafka's) names."""
+        out: dict[str, Any] = {"bootstrap.servers": self.kafka_bootstrap,
+                               "security.protocol": self.kafka_security_protocol}
+        if self.kafka_security_protocol.startswith("SASL"):
+            out.update({"sasl.mechanism": self.kafka_sasl_mechanism,
+                        "sasl.username": self.kafka_sasl_username,
+                        "sasl.password": self.kafka_sasl_password})
+        if self.kafka_security_protocol.endswith("SSL"):
+            out.update({k: v for k, v in (("ssl.ca.location", self.kafka_ssl_cafile),
+                                          ("ssl.certificate.location", self.kafka_ssl_certfile),
+                                          ("ssl.key.location", self.kafka_ssl_keyfile)) if v})
+        return out
+
     def topics(self) -> list[str]:
         return [self.topic_page_views, self.topic_ad_queries, self.topic_ad_clicks,
                 self.topic_dead_letters]
@@ -82,8 +123,15 @@ class Settings:
 
 _FIELDS = {f.name: f for f in fields(Settings)}
 _CHOICES = {"producer_client": ("confluent", "kafka-python"),
-            "consumer_client": ("confluent", "kafka-python")}
-_ENV_ALIASES = {"KAFKA_BOOTSTRAP": "kafka_bootstrap", "REDIS_URL": "redis_url"}
+            "consumer_client": ("confluent", "kafka-python"),
+            "delivery": ("exactly-once", "at-least-once"),
+            "kafka_security_protocol": ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"),
+            "kafka_sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")}
+_ENV_ALIASES = {"KAFKA_BOOTSTRAP": "kafka_bootstrap", "REDIS_URL": "redis_url",
+                "KAFKA_SECURITY_PROTOCOL": "kafka_security_protocol",
+                "KAFKA_SASL_MECHANISM": "kafka_sasl_mechanism",
+                "KAFKA_SASL_USERNAME": "kafka_sasl_username",
+                "KAFKA_SASL_PASSWORD": "kafka_sasl_password"}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
@@ -131,13 +179,18 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def services_overrides(services_dir: str | os.PathLike) -> dict[str, Any]:
-    """Bootstrap and Redis URL of services started by `astec infra up` in that directory."""
+    """Bootstrap, SASL credentials and Redis URL of services started by `astec infra up` there."""
     path = Path(services_dir) / "services.json"
     if not path.is_file():
         return {}
     try:
         info = json.loads(path.read_text())
-        return {"kafka_bootstrap": info["kafka"]["bootstrap"], "redis_url": info["redis"]["url"]}
+        out = {"kafka_bootstrap": info["kafka"]["bootstrap"], "redis_url": info["redis"]["url"]}
+        if info["kafka"].get("sasl_username"):
+            out.update(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_mechanism="PLAIN",
+                       kafka_sasl_username=info["kafka"]["sasl_username"],
+                       kafka_sasl_password=info["kafka"]["sasl_password"])
+        return out
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: malformed services record: {exc}") from None
 
@@ -184,5 +237,6 @@ def load_settings(config_file: str | os.PathLike | None = None,
 def settings_env(settings: Settings) -> dict[str, str]:
     """Environment variables that make a child process resolve exactly these settings."""
     env = {f"ASTEC_{f.name.upper()}": str(getattr(settings, f.name)) for f in fields(Settings)}
-    env["KAFKA_BOOTSTRAP"], env["REDIS_URL"] = settings.kafka_bootstrap, settings.redis_url
+    for var, name in _ENV_ALIASES.items():
+        env[var] = str(getattr(settings, name))
     return env

@@ -1,7 +1,7 @@
 """`astec demo`: the whole product on one machine, end to end, on real local services.
 
 It runs the same commands a user would (each step is printed as a command line so it can be
-replayed by hand): start Tansu + Redis, simulate a world and its click logs, train Astec from
+replayed by hand): start Apache Kafka + Redis, simulate a world and its click logs, train Astec from
 the search clicks and promote it, train the GRU from the logged ad clicks, then run consumers
 over live simulated traffic while the click logger writes the new logs.
 """
@@ -84,12 +84,12 @@ def _stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
 @click.option("--retrain/--no-retrain", default=False, show_default=True,
               help="Train again even when models from an earlier demo run exist.")
 @click.option("--keep-services", is_flag=True,
-              help="Leave Tansu and Redis running afterwards (for `astec dashboard`).")
+              help="Leave Kafka and Redis running afterwards (for `astec dashboard`).")
 def demo(workdir: Path, queries: int, pages: int, users: int, days: int, rate: float,
          duration: float, workers: int, retrain: bool, keep_services: bool) -> None:
     """Run the whole pipeline on the embedded local services, in a few minutes.
 
-    Starts a Tansu broker and redis-server on loopback, simulates a world and three kinds of
+    Starts an Apache Kafka broker (KRaft, SASL) and redis-server on loopback, simulates a world and three kinds of
     logs, trains and promotes the Astec engine and the GRU policy, streams live page views
     through WORKERS consumers with the GRU policy, logs the ad clicks, and prints the stream's
     metrics. Everything lands under WORKDIR; nothing listens beyond 127.0.0.1.

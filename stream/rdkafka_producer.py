@@ -19,6 +19,16 @@ class DeliveryError(RuntimeError):
     """The broker refused a message (or librdkafka gave up on it)."""
 
 
+class TransactionAborted(RuntimeError):
+    """The transaction could not commit and was aborted: its messages are never visible to
+    read-committed readers and its input offsets were not committed, so the batch is replayed."""
+
+
+class TransactionFatal(RuntimeError):
+    """The producer cannot go on (fenced by a newer incarnation of the same transactional id,
+    or a fatal broker error): the process must restart and re-initialise its transactions."""
+
+
 class Delivery:
     """One message's acknowledgement; delivery reports are served by polling the producer."""
 
@@ -59,11 +69,14 @@ class RdProducer:
                  **librdkafka: object):
         from confluent_kafka import Producer
         self._p = Producer({
-            "bootstrap.servers": settings.kafka_bootstrap, "client.id": client_id, "acks": "all",
+            **settings.librdkafka_options(), "client.id": client_id, "acks": "all",
             "linger.ms": linger_ms, "batch.size": 65536, "retries": 5,
             "max.in.flight.requests.per.connection": 5,
             "message.max.bytes": max(1048576, 4 * settings.max_message_bytes),
             "partitioner": "murmur2_random",
+            # small requests must not wait out Nagle + delayed ACK (~40 ms on loopback): measured
+            # 15 -> 7 ms per transaction commit, and the plain produce's tail with it
+            "socket.nagle.disable": True,
             # librdkafka's own log lines go through logging (the worker's format), not raw stderr
             "logger": logging.getLogger("stream.librdkafka"), **librdkafka})
 
@@ -77,6 +90,66 @@ class RdProducer:
                 self._p.poll(0.01)
         self._p.poll(0)
         return d
+
+    # ---- transactions (exactly-once output) -------------------------------------------------
+    def init_transactions(self, timeout: float = 60.0) -> None:
+        """Register the transactional id; aborts what an earlier incarnation left open."""
+        self._call(self._p.init_transactions, timeout)
+
+    def begin_transaction(self) -> None:
+        self._call(self._p.begin_transaction)
+
+    def commit_transaction(self, offsets: dict, consumer, timeout: float = 120.0) -> None:
+        """Commit the produced messages together with the consumer's input offsets
+        ({TopicPartition: next offset}). Retriable errors (a broker restarting) are retried for
+        up to `timeout` seconds; a transaction the broker can no longer commit (its messages
+        timed out, the group moved on) is aborted and TransactionAborted raised."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as CkTopicPartition
+        parts = [CkTopicPartition(tp.topic, tp.partition, int(getattr(o, "offset", o)))
+                 for tp, o in offsets.items()]
+        deadline = time.monotonic() + timeout
+        step = "offsets" if parts else "commit"
+        while True:
+            try:
+                if step == "offsets":
+                    self._p.send_offsets_to_transaction(parts, consumer.group_metadata(), 10.0)
+                    step = "commit"
+                self._p.commit_transaction(10.0)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.fatal():
+                    raise TransactionFatal(f"transactional producer: {err.str()}") from exc
+                if err.retriable() and not err.txn_requires_abort() \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                self.abort_transaction()
+                raise TransactionAborted(f"transaction aborted: {err.str()}") from exc
+
+    def abort_transaction(self, timeout: float = 120.0) -> None:
+        """Abort the open transaction (its messages are purged or marked aborted); retried
+        while the broker is unreachable, for up to `timeout` seconds."""
+        from confluent_kafka import KafkaException
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._p.abort_transaction(10.0)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.fatal() or not err.retriable() or time.monotonic() > deadline:
+                    raise TransactionFatal(f"cannot abort the transaction: {err.str()}") from exc
+                time.sleep(0.2)
+
+    @staticmethod
+    def _call(fn, *args) -> None:
+        from confluent_kafka import KafkaException
+        try:
+            fn(*args)
+        except KafkaException as exc:
+            raise TransactionFatal(f"transactional producer: {exc.args[0].str()}") from exc
 
     def flush(self, timeout: float | None = None) -> None:
         left = self._p.flush(-1 if timeout is None else timeout)

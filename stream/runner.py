@@ -35,8 +35,13 @@ def run_workers(settings: Settings, model_path: str, policy: str, policy_model: 
     def start(i: int) -> mp.Process:
         cid = f"{host}-w{i}-{int(time.time() * 1000) % 10**8}"
         port = metrics_port + i if metrics_port else 0
+        # the slot's transactional id outlives a worker's crash, so its restarted successor
+        # fences it and aborts the transaction it left open; the supervisor's pid keeps two
+        # supervisors of one group on one host apart
+        txn_id = f"{settings.consumer_group}-{host}-{os.getpid()}-w{i}"
         p = ctx.Process(target=worker_main, name=cid, daemon=False,
-                        args=(settings, model_path, policy, policy_model, cid, port, threads))
+                        args=(settings, model_path, policy, policy_model, cid, port, threads,
+                              txn_id))
         p.start()
         log.info("started worker %s pid %s", cid, p.pid)
         return p

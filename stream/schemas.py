@@ -8,6 +8,7 @@ letter topic with the reason and its raw bytes.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import time
@@ -106,13 +107,22 @@ def encode(kind: str, msg: dict, check: bool = False) -> bytes:
     return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+DEAD_LETTER_RAW_MAX = 256 * 1024
+
+
 def dead_letter(raw: bytes | None, reason: str, topic: str, partition: int, offset: int,
                 consumer: str = "") -> bytes:
-    """The dead-letter message for a rejected record (raw bytes kept, base64)."""
-    return encode("dead_letter", {
-        "reason": reason[:4096], "source_topic": topic, "partition": partition, "offset": offset,
-        "raw_b64": base64.b64encode(raw or b"").decode("ascii"), "ts": time.time(),
-        "consumer": consumer})
+    """The dead-letter message for a rejected record: its raw bytes (base64), cut to the first
+    DEAD_LETTER_RAW_MAX with their length and sha256 beside them, so the dead letter always fits
+    the producer's message limit; the whole record stays at topic/partition/offset."""
+    raw = raw or b""
+    msg = {"reason": reason[:4096], "source_topic": topic, "partition": partition,
+           "offset": offset, "raw_b64": base64.b64encode(raw[:DEAD_LETTER_RAW_MAX]).decode("ascii"),
+           "ts": time.time(), "consumer": consumer}
+    if len(raw) > DEAD_LETTER_RAW_MAX:
+        msg.update(raw_truncated=True, raw_bytes=len(raw),
+                   raw_sha256=hashlib.sha256(raw).hexdigest())
+    return encode("dead_letter", msg)
 
 
 def dead_letter_raw(msg: dict) -> bytes:

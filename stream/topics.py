@@ -1,13 +1,46 @@
-"""Kafka clients built from Settings, and idempotent topic creation.
+"""Kafka clients built from Settings (with its security options), and idempotent topic creation.
 
-Tansu's memory storage loses topics when the broker restarts, so every stream command calls
-`ensure_topics` first; on a managed cluster the call is a no-op when the topics exist.
+Every stream command calls `ensure_topics` first, so a fresh broker (or a cluster without
+auto-creation) has the topics with the configured partitions; it is a no-op when they exist.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from infra.config import Settings
+
+
+class KafkaUnavailable(RuntimeError):
+    """No broker answered, or it refused the credentials: one line saying what to do."""
+
+
+def check_kafka(settings: Settings, timeout_s: float = 5.0) -> None:
+    """One metadata round trip, bounded in time: a missing broker or refused credentials is one
+    clear error within timeout_s, instead of a client that keeps reconnecting."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    errors: list = []
+    admin = AdminClient({**settings.librdkafka_options(), "error_cb": errors.append,
+                         "log_level": 0, "logger": logging.getLogger("stream.librdkafka.check")})
+    deadline = time.monotonic() + timeout_s
+    refused = False
+    while time.monotonic() < deadline and not refused:
+        try:
+            admin.list_topics(timeout=min(0.5, max(0.05, deadline - time.monotonic())))
+            return
+        except KafkaException:
+            admin.poll(0)   # error callbacks are served here
+            refused = any(e.code() == KafkaError._AUTHENTICATION for e in errors)
+    where = settings.kafka_bootstrap
+    if refused:
+        raise KafkaUnavailable(
+            f"the Kafka broker at {where} refused the credentials of user "
+            f"{settings.kafka_sasl_username!r} ({settings.kafka_security_protocol}, "
+            f"{settings.kafka_sasl_mechanism}): check KAFKA_SASL_USERNAME / KAFKA_SASL_PASSWORD "
+            f"or the services directory (`astec infra env`)")
+    raise KafkaUnavailable(f"no Kafka broker answers at {where} within {timeout_s:.0f}s: start one "
+                           f"with `astec infra up` or set KAFKA_BOOTSTRAP (or --services-dir)")
 
 
 def ensure_topics(settings: Settings, topics: list[str] | None = None,
@@ -17,8 +50,9 @@ def ensure_topics(settings: Settings, topics: list[str] | None = None,
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
+    check_kafka(settings, min(timeout_s, 5.0))
     wanted = topics or settings.topics()
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
+    admin = KafkaAdminClient(**settings.kafka_python_options(),
                              request_timeout_ms=int(timeout_s * 1000))
     try:
         missing = [t for t in wanted if t not in set(admin.list_topics())]
@@ -41,26 +75,35 @@ def ensure_topics(settings: Settings, topics: list[str] | None = None,
 def make_producer(settings: Settings, **overrides):
     """An acks=all producer; batching via linger keeps produce cheap per event."""
     from kafka import KafkaProducer
-    cfg = dict(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=2,
+    cfg = dict(**settings.kafka_python_options(), acks="all", linger_ms=2,
                retries=5, max_in_flight_requests_per_connection=5, batch_size=65536,
                max_request_size=max(1048576, 4 * settings.max_message_bytes))
     cfg.update(overrides)
     return KafkaProducer(**cfg)
 
 
-def make_stream_producer(settings: Settings, client_id: str):
+def make_stream_producer(settings: Settings, client_id: str, transactional_id: str | None = None):
     """The workers' producer: librdkafka unless settings.producer_client is "kafka-python"
-    (both with kafka-python's send / flush / close and futures)."""
+    (both with kafka-python's send / flush / close and futures); transactional (exactly-once)
+    when given a transactional id (librdkafka only)."""
     if settings.producer_client == "kafka-python":
         return make_producer(settings, client_id=client_id, linger_ms=settings.producer_linger_ms)
     from stream.rdkafka_producer import RdProducer
-    return RdProducer(settings, client_id, settings.producer_linger_ms)
+    txn = {} if transactional_id is None else {
+        "transactional.id": transactional_id, "enable.idempotence": True,
+        # also the produce timeout of its messages: a broker restart shorter than this is
+        # waited out; a transaction left open by a supervisor that vanished for good holds
+        # back read-committed readers of the partitions it wrote for at most this long
+        "transaction.timeout.ms": 60000}
+    return RdProducer(settings, client_id, settings.producer_linger_ms, **txn)
 
 
 def make_consumer(settings: Settings, topics: list[str], group_id: str | None, **overrides):
-    """A manually committing consumer with Tansu-friendly group timeouts."""
+    """A manually committing consumer that reads committed data only (outputs of exactly-once
+    workers: an aborted transaction's messages are never seen)."""
     from kafka import KafkaConsumer
-    cfg = dict(bootstrap_servers=settings.kafka_bootstrap, group_id=group_id,
+    cfg = dict(**settings.kafka_python_options(), group_id=group_id,
+               isolation_level="read_committed",
                enable_auto_commit=False, auto_offset_reset="earliest",
                session_timeout_ms=settings.session_timeout_ms,
                heartbeat_interval_ms=settings.heartbeat_interval_ms,

@@ -1,7 +1,8 @@
-"""Shared fixtures: the real Kafka-API broker and Redis, started once per test session.
+"""Shared fixtures: the real Apache Kafka broker and Redis, started once per test session.
 
-Unless both KAFKA_BOOTSTRAP and REDIS_URL are set (then those services are used as they are),
-the `services` fixture starts a Tansu broker and redis-server on free loopback ports in a temp
+Unless both KAFKA_BOOTSTRAP and REDIS_URL are set (then those services are used as they are,
+with KAFKA_SASL_* / ASTEC_* settings from the environment), the `services` fixture starts an
+Apache Kafka broker (KRaft, SASL) and redis-server on free loopback ports in a temp
 directory through infra.services, and stops exactly those processes at the end, also on failure.
 Tests that use the stream should take `stream_settings`: same services, but topic names and a
 consumer group of their own so tests never read each other's messages.
@@ -24,10 +25,9 @@ def services(tmp_path_factory) -> Settings:
         return
     from infra.services import start_services, stop_services
     data_dir = tmp_path_factory.mktemp("services")
-    info = start_services(data_dir)
+    start_services(data_dir)
     try:
-        yield Settings(kafka_bootstrap=info.kafka_bootstrap, redis_url=info.redis_url,
-                       services_dir=str(data_dir))
+        yield load_settings(services_dir=str(data_dir), env={})
     finally:
         stop_services(data_dir)
 

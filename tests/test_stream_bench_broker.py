@@ -15,7 +15,7 @@ def test_probe_spreads_the_log_over_partitions_and_counts_batches(services):
     info = read_info(services.services_dir)
     if info is None:
         pytest.skip("services given by the environment: no broker PID to read CPU from")
-    rows = probe(info.kafka_bootstrap, info.kafka.pid, [0, 300], messages=20, rate=400.0,
+    rows = probe(services.kafka_python_options(), info.kafka.pid, [0, 300], messages=20, rate=400.0,
                  partitions=3, fill_batch=50, idle_messages=60, log=lambda *_: None)
     assert [r["topic_messages"] for r in rows] == [0, 300]
     # partition 0 held the 20 timed messages of the first row, then was filled to 300 / 3

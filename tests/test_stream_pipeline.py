@@ -111,7 +111,9 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
 def test_two_workers_split_partitions(stream_settings, astec_predictor, stream_corpus, client):
     # group membership, the partition split and delivery are what differs between the clients
-    s = stream_settings.replace(consumer_client=client)
+    # (exactly-once needs librdkafka's transactions: kafka-python's consumer runs at-least-once)
+    s = stream_settings.replace(consumer_client=client, delivery="exactly-once"
+                                if client == "confluent" else "at-least-once")
     workers = [start_worker(s, astec_predictor, f"w-split-{i}") for i in range(2)]
     try:
         deadline = time.monotonic() + 40
@@ -208,16 +210,16 @@ def test_hot_reload_switches_between_batches_and_refuses_broken(stream_settings,
 
 def test_offsets_committed_at_interval_and_on_graceful_stop(stream_settings, astec_predictor,
                                                             stream_corpus):
-    """Offsets are committed at most every commit_interval_ms (not per batch), and a graceful
-    stop commits everything settled: a restarted group resumes after the last event."""
+    """At-least-once: offsets are committed at most every commit_interval_ms (not per batch), and
+    a graceful stop commits everything settled: a restarted group resumes after the last event."""
     from kafka import KafkaConsumer, TopicPartition
-    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16)
+    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16, delivery="at-least-once")
     titles, _, _ = stream_corpus
     msgs = page_views(titles, 120)
     produce(s, msgs)
     w, t = start_worker(s, astec_predictor, "w-commit")
     tps = [TopicPartition(s.topic_page_views, p) for p in range(s.partitions)]
-    probe = KafkaConsumer(bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group,
+    probe = KafkaConsumer(**s.kafka_python_options(), group_id=s.consumer_group,
                           enable_auto_commit=False)
     try:
         read_topic(s, s.topic_ad_queries, len(msgs))
@@ -230,3 +232,31 @@ def test_offsets_committed_at_interval_and_on_graceful_stop(stream_settings, ast
         t.join(30)
     assert sum(probe.committed(tp) or 0 for tp in tps) == len(msgs)
     probe.close()
+
+
+def test_exactly_once_commits_offsets_with_each_transaction(stream_settings, astec_predictor,
+                                                            stream_corpus):
+    """Exactly-once: the input offsets are part of each batch's transaction, so once the ad
+    queries are visible to a read-committed reader, the offsets that produced them are committed
+    too (nothing waits for an interval), and a read-uncommitted reader sees no extra copies."""
+    from kafka import KafkaConsumer, TopicPartition
+    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16)
+    assert s.delivery == "exactly-once"   # the default
+    titles, _, _ = stream_corpus
+    msgs = page_views(titles, 120)
+    produce(s, msgs)
+    w, t = start_worker(s, astec_predictor, "w-eos")
+    tps = [TopicPartition(s.topic_page_views, p) for p in range(s.partitions)]
+    probe = KafkaConsumer(**s.kafka_python_options(), group_id=s.consumer_group,
+                          enable_auto_commit=False)
+    try:
+        got = read_topic(s, s.topic_ad_queries, len(msgs))
+        committed = sum(probe.committed(tp) or 0 for tp in tps)
+        assert not w.pending_offsets
+    finally:
+        w.stop()
+        t.join(30)
+    probe.close()
+    assert len(got) == len(msgs) and committed == len(msgs)
+    raw = read_topic(s.replace(), s.topic_ad_queries, len(msgs) + 1, timeout=3)
+    assert len(raw) == len(msgs)
