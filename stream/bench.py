@@ -1,13 +1,16 @@
 """`astec bench stream`: end-to-end events/s and event -> ad latency of `astec stream run`.
 
-Runs the real thing: the broker and Redis (fresh loopback ones by default), `astec stream run
---workers W` as a subprocess, a producer of page views and a reader of `ad-queries` in this
-process. Two phases, each on its own fresh topics, consumer group and workers:
+Runs the real thing: Apache Kafka and Redis (fresh loopback ones by default), `astec stream run
+--workers W` as a subprocess, a producer of page views and a read-committed reader of
+`ad-queries` in this process. For each --delivery mode (exactly-once and at-least-once can run
+side by side in one command), two phases, each on its own fresh topics, consumer group and
+workers:
   1. saturation: --events page views sent as fast as possible; throughput = events / (last ad
      query received - first view sent);
   2. paced: views at each --rate (default 50% of the saturation throughput) for --paced-seconds;
      latency = ad query received - page view ts (p50/p95/p99), plus the worker-side part
-     (ad query produced - page view ts).
+     (ad query produced - page view ts), and the p99 of the phase's first and last quarter
+     (a tail that grows within a phase shows there).
 Where the time goes comes from the workers' own stage timers (decode, predict, Redis, policy,
 Kafka produce+ack) published to Redis, per event and as shares of the workers' wall time.
 Everything shares the machine's cores, the load generator included.
@@ -63,8 +66,8 @@ class _CpuMeter:
     """CPU cores used during a phase by each party on the box: the broker and Redis (when their
     PIDs are known), the workers (the supervisor's process tree) and this load generator.
 
-    Sampled every `every_s` too, so a phase also reports its first and last quarter: a broker
-    whose cost grows with its log shows here (README: Tansu's memory storage)."""
+    Sampled every `every_s` too, so a phase also reports its first and last quarter (a broker
+    whose cost grows with its log shows there) and each service's peak RSS."""
 
     def __init__(self, service_pids: dict[str, int], supervisor_pid: int, every_s: float = 1.0):
         import psutil
@@ -86,6 +89,12 @@ class _CpuMeter:
         out["workers"] = sum(cpu(c) for c in [self.sup, *self.sup.children(recursive=True)])
         out["load_generator"] = cpu(self.me)
         out["t"] = time.monotonic()
+        for name, p in self.procs.items():
+            try:
+                rss = p.memory_info().rss / 2**20
+            except psutil.Error:
+                continue
+            self.rss_mb[name] = max(self.rss_mb.get(name, 0.0), rss)
         return out
 
     @staticmethod
@@ -96,6 +105,7 @@ class _CpuMeter:
         return out
 
     def start(self) -> None:
+        self.rss_mb: dict[str, float] = {}
         self.samples = [self._now()]
         self._stop = threading.Event()
 
@@ -116,6 +126,7 @@ class _CpuMeter:
             out["first_quarter"] = self._cores(self.samples[0], self.samples[q])
             out["last_quarter"] = self._cores(self.samples[n - 1 - q], self.samples[-1])
         self.per_second = [self._cores(a, b) for a, b in zip(self.samples, self.samples[1:])]
+        out["peak_rss_mb"] = {k: round(v, 1) for k, v in self.rss_mb.items()}
         return out
 
 
@@ -152,21 +163,19 @@ def _read_titles(path: str) -> list[str]:
 class _Pipeline:
     """`astec stream run` on fresh topics, group and Redis prefix, with its ad reader.
 
-    Every phase gets its own: every fetch that returns data from a Tansu memory-storage
-    partition lists all the batches stored in that partition (`astec bench broker`: 630 us of
-    broker CPU per message on an empty partition, 4,140 us at 10,000 one-message batches), so a
-    phase run on the previous phases' topics would measure the development broker's log size
-    rather than the pipeline.
+    Every phase gets its own, so no phase reads what an earlier one left (group offsets,
+    state, a consumer lag to catch up on).
     """
 
     def __init__(self, settings: Settings, model: str, workers: int, batch_max: int, wlog,
-                 titles: list[str], users: int, service_pids: dict[str, int], load_client: str):
+                 titles: list[str], users: int, service_pids: dict[str, int], load_client: str,
+                 delivery: str):
         tag = uuid.uuid4().hex[:8]
         self.s = settings.replace(
             topic_page_views=f"bench-pv-{tag}", topic_ad_queries=f"bench-aq-{tag}",
             topic_ad_clicks=f"bench-ac-{tag}", topic_dead_letters=f"bench-dl-{tag}",
             consumer_group=f"bench-{tag}", redis_key_prefix=f"bench-{tag}",
-            metrics_interval_s=0.5, batch_max=batch_max)
+            metrics_interval_s=0.5, batch_max=batch_max, delivery=delivery)
         self.model, self.workers, self.wlog = model, workers, wlog
         self.titles, self.users = titles, users
         self.service_pids = service_pids
@@ -218,24 +227,53 @@ class _Pipeline:
         return False
 
 
+def _quarters(arr: np.ndarray, e2a: np.ndarray) -> dict:
+    """p99 of the first and last quarter of a phase's events, in send order."""
+    if e2a.size < 8:
+        return {}
+    order = np.argsort(arr[:, 1])
+    q = e2a.size // 4
+    return {"first_quarter_p99": round(float(np.percentile(e2a[order[:q]], 99)), 2),
+            "last_quarter_p99": round(float(np.percentile(e2a[order[-q:]], 99)), 2)}
+
+
 def run_bench(settings: Settings, model: str, titles: list[str], events: int, workers: int,
               rates: list[float], paced_seconds: float, users: int, batch_max: int,
               service_pids: dict[str, int] | None = None, trace: str | None = None,
-              load_client: str | None = None, log=click.echo) -> dict:
+              load_client: str | None = None, deliveries: list[str] | None = None,
+              log=click.echo) -> dict:
     load0 = os.getloadavg()[0]   # the box is shared: say how busy it was
     load_client = load_client or default_client()
     wlog = tempfile.NamedTemporaryFile(prefix="astec-bench-workers-", suffix=".log", delete=False)
+    traces: list[dict] = []
+    runs = []
+    for delivery in deliveries or [settings.delivery]:
+        runs.append(_run_mode(settings, model, titles, events, workers, rates, paced_seconds,
+                              users, batch_max, service_pids or {}, load_client, delivery, wlog,
+                              traces, log))
+    if trace:
+        Path(trace).write_text(json.dumps({"paced": traces}) + "\n")
+    return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
+            "poll_timeout_ms": settings.poll_timeout_ms,
+            "consumer_retry_backoff_ms": settings.consumer_retry_backoff_ms,
+            "consumer_client": settings.consumer_client, "producer_client": settings.producer_client,
+            "model": model, "cpu_count": os.cpu_count(), "load_client": load_client,
+            "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
+            "runs": runs, "worker_log": wlog.name}
 
+
+def _run_mode(settings, model, titles, events, workers, rates, paced_seconds, users, batch_max,
+              service_pids, load_client, delivery, wlog, traces, log) -> dict:
+    """Saturation, then each paced rate, with the workers in one delivery mode."""
     def pipeline() -> _Pipeline:
         return _Pipeline(settings, model, workers, batch_max, wlog, titles, users,
-                         service_pids or {}, load_client)
+                         service_pids, load_client, delivery)
 
     duplicates = 0
-    traces: list[dict] = []
     # phase 1: saturation
     with pipeline() as p:
         s, reader = p.s, p.reader
-        log(f"{workers} workers joined; saturation with {events} events")
+        log(f"[{delivery}] {workers} workers joined; saturation with {events} events")
         ids = [f"sat-{i}" for i in range(events)]
         before = _stage_totals(s)
         p.cpu.start()
@@ -253,14 +291,15 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
                "where_time_goes": _breakdown(before, after, wall, workers), "cpu": cpu,
                "join_s": p.join_s}
         duplicates += reader.duplicates
-    log(f"saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
+    log(f"[{delivery}] saturation: {sat['events_per_s']} events/s ({got}/{events} in "
+        f"{wall:.1f}s)")
 
     # phase 2: paced below saturation, one run per rate, each on fresh topics
     paced = []
     for k, r in enumerate(rates or [round(0.5 * sat["events_per_s"])]):
         with pipeline() as p:
             s, reader = p.s, p.reader
-            n2 = max(100, int(min(events, r * paced_seconds)))
+            n2 = max(100, int(r * paced_seconds))
             ids2 = [f"paced{k}-{i}" for i in range(n2)]
             before = _stage_totals(s)
             p.cpu.start()
@@ -273,28 +312,22 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
             after = _stage_totals(s)
             arr = np.array([reader.arrivals[e] for e in ids2 if e in reader.arrivals])
             duplicates += reader.duplicates
-            traces.append({"rate": r, "columns": ["event_ts", "ad_ts", "received_ts"],
+            traces.append({"delivery": delivery, "rate": r,
+                           "columns": ["event_ts", "ad_ts", "received_ts"],
                            "events": arr[:, [1, 2, 0]].round(4).tolist() if arr.size else [],
                            "cores_per_second": p.cpu.per_second})
         e2a = (arr[:, 0] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
         worker_side = (arr[:, 2] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
         paced.append({"rate": r, "events": n2, "answered": int(len(arr)), "complete": ok2,
-                      "achieved_send_rate": round(n2 / send_s, 1),
-                      "e2a_ms": _pct(e2a), "worker_side_ms": _pct(worker_side),
+                      "seconds": round(send_s, 1), "achieved_send_rate": round(n2 / send_s, 1),
+                      "e2a_ms": {**_pct(e2a), **_quarters(arr, e2a)},
+                      "worker_side_ms": _pct(worker_side),
                       "where_time_goes": _breakdown(before, after, wall2, workers), "cpu": cpu,
                       "join_s": p.join_s})
-        log(f"paced at {r}/s: e2a p50 {paced[-1]['e2a_ms']['p50']} ms, "
-            f"p99 {paced[-1]['e2a_ms']['p99']} ms")
-    if trace:
-        Path(trace).write_text(json.dumps({"paced": traces}) + "\n")
-    return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
-            "poll_timeout_ms": settings.poll_timeout_ms,
-            "consumer_retry_backoff_ms": settings.consumer_retry_backoff_ms,
-            "consumer_client": settings.consumer_client, "producer_client": settings.producer_client,
-            "model": model, "cpu_count": os.cpu_count(), "load_client": load_client,
-            "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
-            "saturation": sat, "paced": paced,
-            "duplicates_on_output": duplicates, "worker_log": wlog.name}
+        log(f"[{delivery}] paced at {r}/s for {send_s:.0f}s: e2a p50 "
+            f"{paced[-1]['e2a_ms']['p50']} ms, p99 {paced[-1]['e2a_ms']['p99']} ms")
+    return {"delivery": delivery, "saturation": sat, "paced": paced,
+            "duplicates_on_output": duplicates}
 
 
 @click.command("stream")
@@ -305,7 +338,12 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
 @click.option("--rate", "rates", type=float, multiple=True,
               help="Paced phase rate; repeat for several runs (default: one run at 50% of the "
                    "measured saturation throughput).")
-@click.option("--paced-seconds", default=20.0, show_default=True)
+@click.option("--paced-seconds", default=60.0, show_default=True, type=click.FloatRange(1),
+              help="Length of each paced phase (its events: rate x seconds).")
+@click.option("--delivery", "deliveries", multiple=True,
+              type=click.Choice(["exactly-once", "at-least-once"]),
+              help="Workers' delivery mode; repeat to run both side by side (default: the "
+                   "`delivery` setting, exactly-once).")
 @click.option("--titles", type=click.Path(exists=True, dir_okay=False),
               default=str(ROOT / "tests" / "data" / "stream" / "train.tsv"), show_default=True,
               help="Page titles: first TSV column of this file.")
@@ -325,7 +363,7 @@ def run_bench(settings: Settings, model: str, titles: list[str], events: int, wo
               help="Also write every paced event's (event, ad, received) times and each party's "
                    "CPU cores per second here (JSON), to look at the tail.")
 def bench_stream(model, events, workers, rates, paced_seconds, titles, users, batch_max,
-                 use_running, load_client, out, trace):
+                 use_running, load_client, deliveries, out, trace):
     """End-to-end events/s and event->ad latency p50/p99 of `astec stream run`, with a breakdown."""
     import logging
 
@@ -348,7 +386,7 @@ def bench_stream(model, events, workers, rates, paced_seconds, titles, users, ba
     try:
         pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
         res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds,
-                        users, batch_max, pids, trace, load_client)
+                        users, batch_max, pids, trace, load_client, list(deliveries))
     finally:
         if tmp:
             stop_services(tmp)

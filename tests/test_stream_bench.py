@@ -1,6 +1,6 @@
 """`astec bench stream` end to end, as a user runs it: it starts its own broker and Redis, every
-event of both phases gets its ad exactly once, and the run leaves no service data behind (each
-run's broker and Redis data is ~90 MB; repeated benches used to fill /tmp)."""
+event of both phases gets its ad, exactly once in exactly-once mode, both delivery modes run side
+by side, and the run leaves no service data behind."""
 from __future__ import annotations
 
 import json
@@ -26,17 +26,22 @@ def test_bench_stream_answers_every_event_and_removes_its_services(astec_predict
     for k in ("KAFKA_BOOTSTRAP", "REDIS_URL"):   # the bench must start its own services
         env.pop(k, None)
     res = subprocess.run([sys.executable, "-m", "infra.cli", "bench", "stream", "--model", astec_predictor,
-                          "--events", "150", "--workers", "1", "--rate", "40", "--paced-seconds", "2",
+                          "--events", "150", "--workers", "1", "--rate", "40", "--paced-seconds", "3",
+                          "--delivery", "exactly-once", "--delivery", "at-least-once",
                           "--titles", os.path.join(STREAM_DATA, "train.tsv"), "--users", "20",
                           "--out", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=220)
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(out.read_text())
-    sat = r["saturation"]
-    assert sat["answered"] == sat["events"] == 150 and sat["complete"]
-    (paced,) = r["paced"]
-    assert paced["complete"] and paced["answered"] == paced["events"] > 0
-    assert 0 < paced["e2a_ms"]["p50"] <= paced["e2a_ms"]["p99"]
-    assert r["duplicates_on_output"] == 0
+    assert [run["delivery"] for run in r["runs"]] == ["exactly-once", "at-least-once"]
+    for run in r["runs"]:
+        sat = run["saturation"]
+        assert sat["answered"] == sat["events"] == 150 and sat["complete"]
+        (paced,) = run["paced"]
+        assert paced["complete"] and paced["answered"] == paced["events"] == 120
+        assert 0 < paced["e2a_ms"]["p50"] <= paced["e2a_ms"]["p99"]
+        assert paced["e2a_ms"]["first_quarter_p99"] > 0 and paced["e2a_ms"]["last_quarter_p99"] > 0
+        assert paced["cpu"]["peak_rss_mb"]["broker"] > 0
+    assert r["runs"][0]["duplicates_on_output"] == 0
     assert not list(tmp.glob("astec-bench-services-*"))
     assert Path(r["worker_log"]).exists()   # the workers' log stays: the JSON points at it
 
