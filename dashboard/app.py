@@ -274,7 +274,7 @@ def page_users(src: Sources) -> None:
                         color=alt.condition(alt.datum.chosen != "", alt.value("#d33"),
                                             alt.value("#4a90d9")),
                         tooltip=["query", "GRU probability", "Astec score (best in window)"]),
-                        use_container_width=True)
+                        width="stretch")
             else:
                 st.caption("No usable history before this visit: the cold-start rule takes "
                            "the page's top Astec query.")
@@ -345,7 +345,7 @@ def page_offline(src: Sources) -> None:
                     axis=alt.Axis(labelAngle=0)),
             xOffset="method:N", y=alt.Y("value:Q", title="%"),
             color=alt.Color("method:N"), tooltip=["benchmark", "method", "metric", "value"])
-        st.altair_chart(chart, use_container_width=True)
+        st.altair_chart(chart, width="stretch")
         _wide_table(bdf, ["benchmark", "method", "P@1", "P@5", "PSP@1", "PSP@5", "train_s",
                           "peak_rss_mb"] + (["error"] if "error" in bdf else []), "bench")
     # -- P@k against k -------------------------------------------------------------------------
@@ -359,7 +359,9 @@ def page_offline(src: Sources) -> None:
             x=alt.X("k:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("P@k:Q", title="P@k (%)"), color=alt.Color(
                 "series:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=400)),
             tooltip=["series", "k", "P@k"])
-        st.altair_chart(chart, use_container_width=True)
+        st.altair_chart(chart, width="stretch")
+        st.caption("Series come from different data (validation splits, evaluation files, "
+                   "held-out days, a benchmark's test set): compare lines of the same data.")
     else:
         st.info("No P@k values: train logs, `astec evaluate --json` files or retrain "
                 "held-out metrics give them.")
@@ -383,7 +385,7 @@ def page_offline(src: Sources) -> None:
             y=alt.Y("share:Q", title="share of P@5 (%)"),
             color=alt.Color("version:N", legend=alt.Legend(orient="bottom", labelLimit=500)),
             tooltip=["version", "bin", "labels", "mean_freq", "share"])
-        st.altair_chart(chart, use_container_width=True)
+        st.altair_chart(chart, width="stretch")
         st.caption("Labels sorted by training frequency and cut into five equal-sized bins (as "
                    "in the DeepXML paper's supplementary figure); the bins of a version add up "
                    "to its P@5.")

@@ -47,8 +47,9 @@ def _name(names: list[str] | None, i: int) -> str:
 
 
 def states_key(prefix: str, user_id: str) -> str:
-    """Same key as stream.state.StateStore.states_key (hash-tagged per user)."""
-    return f"{prefix}:{{user:{user_id}}}:states"
+    """Same key as stream.state.StateStore.states_key (hash-tagged per user, id encoded)."""
+    from stream.state import key_part
+    return f"{prefix}:{{user:{key_part(user_id)}}}:states"
 
 
 def read_states(client: redis.Redis, prefix: str, user_id: str) -> tuple[list[UserState], int]:
@@ -65,12 +66,13 @@ def read_states(client: redis.Redis, prefix: str, user_id: str) -> tuple[list[Us
 
 def recent_users(client: redis.Redis, prefix: str, limit: int = 50) -> list[str]:
     """Up to `limit` user ids that have stored states (SCAN, never KEYS: safe on a big Redis)."""
+    from urllib.parse import unquote
     pat = f"{prefix}:{{user:*}}:states"
     head, tail = f"{prefix}:{{user:", "}:states"
     out = []
     for key in client.scan_iter(match=pat, count=500):
         key = key.decode() if isinstance(key, bytes) else key
-        out.append(key[len(head):-len(tail)])
+        out.append(unquote(key[len(head):-len(tail)], errors="surrogatepass"))
         if len(out) >= limit:
             break
     return sorted(out)

@@ -311,7 +311,8 @@ def drive_every_page(chrome: Chrome, url: str, info: dict, shots: Path) -> None:
     wait_until(lambda: "A vs B:" in chrome.text() and chrome.settled(), 60,
                "the side-by-side comparison", chrome.text)
     body = chrome.text()
-    assert "Version A" in body and "Version B" in body and info["v1"] in body
+    assert chrome.eval("document.querySelectorAll('[data-testid=stSelectbox]').length") == 2
+    assert info["v1"] in body and info["v2"] in body
     assert body.count("Known words: 6 of 8") == 2
     chrome.screenshot(shots / "2b-predict-compare.png")
     # ---- Users: titles, the GRU named, clicks ----------------------------------------
