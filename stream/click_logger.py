@@ -18,7 +18,7 @@ import time
 from engine.clicklog import ClickLogWriter
 from infra.config import Settings
 from stream.schemas import SchemaError, dead_letter, decode
-from stream.state import connect
+from stream.state import connect, key_part
 from stream.topics import make_consumer, make_producer
 
 log = logging.getLogger(__name__)
@@ -65,15 +65,23 @@ def run_click_logger(settings: Settings, log_dir: str, max_seconds: float | None
                 schema, kind, convert = topics[rec.topic]
                 try:
                     batch[kind].append(convert(decode(schema, rec.value, 1 << 20)))
-                except SchemaError as exc:
+                except Exception as exc:   # noqa: BLE001 - no single record stops the logger
+                    reason = str(exc) if isinstance(exc, SchemaError) else \
+                        f"click log failed: {type(exc).__name__}: {exc}"
                     counts["dead_letters"] += 1
-                    futures.append(producer.send(settings.topic_dead_letters, key=rec.key, value=
-                                   dead_letter(rec.value, str(exc), rec.topic, rec.partition,
+                    futures.append(producer.send(settings.topic_dead_letters,
+                                                 key=rec.key[:1024] if rec.key else None, value=
+                                   dead_letter(rec.value, reason, rec.topic, rec.partition,
                                                rec.offset, f"click-log-{wid}")))
             for kind, recs in batch.items():
                 if not recs:
                     continue
-                keys = [f"{settings.redis_key_prefix}:clicklog:{kind}:{x['event_id']}" for x in recs]
+                # the same event twice in one poll (a replayed at-least-once output) is one record
+                unique = list({x["event_id"]: x for x in reversed(recs)}.values())[::-1]
+                counts["duplicates"] += len(recs) - len(unique)
+                recs = unique
+                keys = [f"{settings.redis_key_prefix}:clicklog:{kind}:{key_part(x['event_id'])}"
+                        for x in recs]
                 pipe = r.pipeline(transaction=False)
                 for k in keys:
                     pipe.exists(k)

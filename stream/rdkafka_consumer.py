@@ -118,6 +118,24 @@ class RdConsumer:
         except KafkaException as exc:
             raise CommitFailedError(f"librdkafka refused the commit: {exc.args[0]}") from exc
 
+    def lag(self) -> int | None:
+        """Messages between this member's positions and its partitions' ends (high watermarks
+        as last fetched: no broker round trip), or None before it owns anything."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as CkTopicPartition
+        if not self._assigned:
+            return None
+        try:
+            parts = [CkTopicPartition(tp.topic, tp.partition) for tp in self._assigned]
+            total = 0
+            for p in self._c.position(parts):
+                _low, high = self._c.get_watermark_offsets(p, cached=True)
+                if high >= 0 and p.offset >= 0:
+                    total += max(0, high - p.offset)
+            return total
+        except KafkaException:
+            return None
+
     def group_metadata(self):
         """The group generation a transactional producer commits offsets under (fencing)."""
         return self._c.consumer_group_metadata()

@@ -37,7 +37,8 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool, int]]] = {
                     "partition": (_N, True, 0), "offset": (_N, True, 0), "raw_b64": (_S, True, 0),
                     "ts": (_N, True, 0), "consumer": (_S, False, 256)},
 }
-_NON_EMPTY = {"event_id", "user_id", "title", "query"}
+_NON_EMPTY = {"event_id", "user_id", "title", "query", "url"}
+TS_MAX = 1e10   # seconds since the epoch: year 2286; beyond is a unit mistake (ms, us)
 
 
 class SchemaError(ValueError):
@@ -64,10 +65,15 @@ def validate(kind: str, msg: Any) -> dict:
                 raise SchemaError(f"field {name!r} is empty")
             if cap and len(val) > cap:
                 raise SchemaError(f"field {name!r} longer than {cap} characters ({len(val)})")
+            try:
+                val.encode("utf-8")
+            except UnicodeEncodeError as exc:   # a JSON "\ud800" escape: no text has it
+                raise SchemaError(f"field {name!r} holds a lone surrogate at character "
+                                  f"{exc.start}") from None
         elif typ == _N:
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
                 raise SchemaError(f"field {name!r} must be a finite number, got {val!r}")
-            if name in ("ts", "event_ts") and val <= 0:
+            if name in ("ts", "event_ts") and not 0 < val < TS_MAX:
                 raise SchemaError(f"field {name!r} must be seconds since the epoch, got {val!r}")
         elif typ == _B:
             if not isinstance(val, bool):
@@ -77,6 +83,11 @@ def validate(kind: str, msg: Any) -> dict:
             if not isinstance(val, list) or not all(isinstance(x, item) and not isinstance(x, bool)
                                                     for x in val):
                 raise SchemaError(f"field {name!r} must be a {typ}")
+            if item is str:
+                try:
+                    "".join(val).encode("utf-8")
+                except UnicodeEncodeError:
+                    raise SchemaError(f"field {name!r} holds a lone surrogate") from None
             if cap and len(val) > cap:
                 raise SchemaError(f"field {name!r} has more than {cap} items")
     return msg

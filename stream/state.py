@@ -3,6 +3,8 @@
 Keys (hash-tagged, so Redis Cluster keeps one user's keys in one slot):
     <prefix>:{user:<id>}:states          list of encoded UserState, newest first, capped at K, TTL
     <prefix>:{user:<id>}:seen:<event_id> idempotence key, TTL dedup_ttl_s
+User and event ids are percent-encoded in keys (`key_part`): an id holding `}`, `:` or `{`
+cannot close the hash tag or forge another user's key (plain ids stay readable as they are).
 
 One Lua script per event sets the idempotence key with NX and appends only when it was new, so a
 replay after a crash (at-least-once delivery) never appends the same visit twice. A batch is one
@@ -12,6 +14,7 @@ client retries connection errors with exponential backoff (Redis restarts).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -33,6 +36,17 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
 if fresh then return {1, hist} end
 return {0, hist}
 """
+
+
+class RedisOutOfMemory(redis.ConnectionError):
+    """Redis refused a write with OOM (maxmemory reached): retried like an outage, never
+    skipped, so idempotence is never silently given up."""
+
+
+def key_part(value: str) -> str:
+    """An id as it appears inside a key: percent-encoded, so it cannot contain the separators
+    (`:`) or the hash-tag braces; surrogates are escaped rather than failing the encode."""
+    return quote(value.encode("utf-8", "surrogatepass"), safe="")
 
 
 def connect(url: str, retries: int = 10) -> redis.Redis:
@@ -60,10 +74,10 @@ class StateStore:
         return self._append_sha
 
     def states_key(self, user_id: str) -> str:
-        return f"{self.prefix}:{{user:{user_id}}}:states"
+        return f"{self.prefix}:{{user:{key_part(user_id)}}}:states"
 
     def seen_key(self, user_id: str, event_id: str) -> str:
-        return f"{self.prefix}:{{user:{user_id}}}:seen:{event_id}"
+        return f"{self.prefix}:{{user:{key_part(user_id)}}}:seen:{key_part(event_id)}"
 
     def append_batch(self, user_ids: list[str], states: list[UserState], with_history: bool = False
                      ) -> tuple[list[bool], list[list[UserState]]]:
@@ -71,7 +85,20 @@ class StateStore:
 
         Returns per event whether it was appended (False = replayed duplicate) and, when asked,
         the user's earlier states oldest first (the current event excluded), for the policy.
+        An event Redis refused raises (append_batch_checked reports it per event instead).
         """
+        fresh, hists, errors = self.append_batch_checked(user_ids, states, with_history)
+        for e in errors:
+            if e is not None:
+                raise redis.ResponseError(e)
+        return fresh, hists
+
+    def append_batch_checked(self, user_ids: list[str], states: list[UserState],
+                             with_history: bool = False
+                             ) -> tuple[list[bool], list[list[UserState]], list[str | None]]:
+        """append_batch, with the events Redis refused reported one by one (their reason), so
+        one event's error never holds back the others of its batch. Connection errors and OOM
+        (RedisOutOfMemory) raise: they are not the event's fault, the caller retries."""
         want = "1" if with_history else "0"
         for attempt in (0, 1):
             pipe = self.client.pipeline(transaction=False)
@@ -79,22 +106,31 @@ class StateStore:
             for uid, st in zip(user_ids, states):
                 pipe.evalsha(sha, 2, self.states_key(uid), self.seen_key(uid, st.event_id),
                              st.encode(), self.k, self.ttl_s, self.dedup_ttl_s, want)
-            try:
-                results = pipe.execute()
-                break
-            except redis.exceptions.NoScriptError:
+            results = pipe.execute(raise_on_error=False)
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
                 # Redis restarted and forgot the script: nothing ran, so load it and run again
                 self._append_sha = None
                 if attempt:
-                    raise
-        fresh = [bool(r[0]) for r in results]
+                    raise next(r for r in results if isinstance(r, Exception))
+                continue
+            break
+        oom = next((r for r in results if isinstance(r, redis.ResponseError)
+                    and str(r).startswith("OOM")), None)
+        if oom is not None:
+            raise RedisOutOfMemory(f"Redis is out of memory (maxmemory): {oom}")
+        errors = [f"Redis: {type(r).__name__}: {r}" if isinstance(r, Exception) else None
+                  for r in results]
+        fresh = [e is None and bool(r[0]) for r, e in zip(results, errors)]
         if not with_history:
-            return fresh, [[] for _ in states]
+            return fresh, [[] for _ in states], errors
         hists = []
-        for r, st in zip(results, states):
+        for r, st, e in zip(results, states, errors):
+            if e is not None:
+                hists.append([])
+                continue
             h = [UserState.decode(raw) for raw in reversed(r[1])]
             hists.append([s for s in h if s.event_id != st.event_id])
-        return fresh, hists
+        return fresh, hists, errors
 
     def history(self, user_id: str) -> list[UserState]:
         """A user's stored states, oldest first."""

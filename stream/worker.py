@@ -40,6 +40,7 @@ from stream.rdkafka_producer import TransactionAborted
 from stream.topics import check_kafka, make_stream_consumer, make_stream_producer
 
 log = logging.getLogger(__name__)
+_DEAD = -(2**62)     # a policy choice slot whose event went to the dead letters
 TXN_STALL_S = 20.0   # a transaction commit blocked this long is stuck (_commit_or_replace)
 
 
@@ -277,6 +278,8 @@ class StreamWorker:
             self._last_publish = now
             self.metrics.model_version = self.model.version
             self.metrics.partitions = len(self.consumer.assignment())
+            lag = getattr(self.consumer, "lag", None)
+            self.metrics.lag = lag() if lag is not None else None
             try:
                 publish(self.redis, self.s.redis_key_prefix, self.metrics)
             except redis.RedisError as exc:
@@ -284,71 +287,166 @@ class StreamWorker:
 
     # ---- one batch ----------------------------------------------------------------------
     def process(self, records) -> InFlight:
-        """Everything of a batch up to handing the ad queries to the producer (no ack wait)."""
+        """Everything of a batch up to handing the ad queries to the producer (no ack wait).
+
+        No single event can stop the worker: whatever fails while handling one event (its
+        decoding, prediction, state, Redis write, policy or produce) sends that event to the
+        dead letters with the reason, and the rest of the batch goes on. Only what is not an
+        event's fault (Redis or the broker unreachable) raises or is retried."""
         t0 = time.perf_counter()
         stages = {}
         s = self.s
-        msgs, futures = [], []
-        dead = 0
+        futures: list = []
+        dead = [0]
+
+        def to_dead(r, reason: str) -> None:
+            dead[0] += 1
+            futures.append(self.producer.send(
+                s.topic_dead_letters, key=r.key[:1024] if r.key else None,
+                value=dead_letter(r.value, reason, r.topic, r.partition, r.offset, self.cid)))
+
+        kept = []   # (record, message) of the events still in the batch
         for r in records:
             try:
-                msgs.append(decode("page_view", r.value, s.max_message_bytes))
+                kept.append((r, decode("page_view", r.value, s.max_message_bytes)))
             except SchemaError as exc:
-                dead += 1
-                futures.append(self.producer.send(
-                    s.topic_dead_letters, key=r.key,
-                    value=dead_letter(r.value, str(exc), r.topic, r.partition, r.offset, self.cid)))
+                to_dead(r, str(exc))
+            except Exception as exc:   # noqa: BLE001 - per-event isolation
+                to_dead(r, _reason("decode", exc))
         t1 = time.perf_counter()
         stages["decode"] = t1 - t0
         if self.model.maybe_reload():
             self.metrics.model_version = self.model.version
         self.policy.maybe_reload()
-        event_ts = np.array([m["ts"] for m in msgs], np.float64)
-        res = InFlight(futures, _offsets(records), t0, event_ts, len(msgs), dead, 0, stages)
-        if msgs:
+        res = InFlight(futures, _offsets(records), t0, np.zeros(0), 0, 0, 0, stages)
+        if kept:
             pred = self.model.predictor
-            ids, scores, z = pred.predict_with_features([m["title"] for m in msgs], s.top_k)
-            ids = np.asarray(ids, np.int64)
-            scores = np.asarray(scores, np.float32)
+            kept, ids, scores, z = self._predict(pred, kept, to_dead)
             t2 = time.perf_counter()
             stages["predict"] = t2 - t1
-            states = [UserState.from_visit(m["event_id"], m["ts"], m["url"], m["title"], z[i],
-                                           ids[i][ids[i] >= 0], scores[i][ids[i] >= 0])
-                      for i, m in enumerate(msgs)]
-            fresh, hists = self._append_with_backoff([m["user_id"] for m in msgs], states)
+            kept, ids, scores, states = self._states(kept, ids, scores, z, to_dead)
+            fresh, hists, errors = self._append_with_backoff([m["user_id"] for _, m in kept],
+                                                             states)
+            ok = [i for i, e in enumerate(errors) if e is None]
+            for i, e in enumerate(errors):
+                if e is not None:
+                    to_dead(kept[i][0], e)
+            if len(ok) < len(kept):
+                kept, states = [kept[i] for i in ok], [states[i] for i in ok]
+                fresh, hists = [fresh[i] for i in ok], [hists[i] for i in ok]
+                ids, scores = ids[ok], scores[ok]
             res.duplicates = len(fresh) - int(sum(fresh))
             t3 = time.perf_counter()
             stages["redis"] = t3 - t2
-            q, qs, prop = self.policy.choose_batch(hists, states, ids, scores)
+            q, qs, prop = self._choose(hists, states, ids, scores, kept, to_dead)
             t4 = time.perf_counter()
             stages["policy"] = t4 - t3
             names = pred.label_names
             version = self.model.version
             now = time.time()
-            for i, m in enumerate(msgs):
+            answered_ts = []
+            for i, (r, m) in enumerate(kept):
+                if q[i] == _DEAD:
+                    continue
+                answered_ts.append(m["ts"])
                 if q[i] < 0:   # the predictor had no query for this page: nothing to advertise
                     self.metrics.no_query += 1
                     continue
-                cand = [int(j) for j in ids[i] if j >= 0]
-                out = {"event_id": m["event_id"], "user_id": m["user_id"], "ts": now,
-                       "event_ts": m["ts"], "query": names[int(q[i])], "query_id": int(q[i]),
-                       "score": float(qs[i]), "candidates": [names[j] for j in cand],
-                       "candidate_ids": cand, "propensity": float(prop[i]),
-                       "policy": self.policy.name, "model_version": version,
-                       "url": m["url"], "title": m["title"]}
-                if "session_id" in m:
-                    out["session_id"] = m["session_id"]
-                futures.append(self.producer.send(s.topic_ad_queries, key=m["user_id"].encode(),
-                                                  value=encode("ad_query", out)))
+                try:
+                    cand = [int(j) for j in ids[i] if j >= 0]
+                    out = {"event_id": m["event_id"], "user_id": m["user_id"], "ts": now,
+                           "event_ts": m["ts"], "query": names[int(q[i])], "query_id": int(q[i]),
+                           "score": float(qs[i]), "candidates": [names[j] for j in cand],
+                           "candidate_ids": cand, "propensity": float(prop[i]),
+                           "policy": self.policy.name, "model_version": version,
+                           "url": m["url"], "title": m["title"]}
+                    if "session_id" in m:
+                        out["session_id"] = m["session_id"]
+                    futures.append(self.producer.send(
+                        s.topic_ad_queries, key=m["user_id"].encode(), value=encode("ad_query", out)))
+                except Exception as exc:   # noqa: BLE001 - per-event isolation
+                    answered_ts.pop()
+                    to_dead(r, _reason("produce", exc))
+            res.event_ts = np.array(answered_ts, np.float64)
+            res.events = len(answered_ts)
             stages["kafka"] = time.perf_counter() - t4
+        res.dead = dead[0]
         return res
 
+    def _predict(self, pred, kept, to_dead):
+        """The batch's top-k and features in one call; if that call fails, event by event, so
+        only the events that fail on their own are dead-lettered."""
+        titles = [m["title"] for _, m in kept]
+        try:
+            ids, scores, z = pred.predict_with_features(titles, self.s.top_k)
+            return (kept, np.asarray(ids, np.int64), np.asarray(scores, np.float32),
+                    np.asarray(z, np.float32))
+        except Exception as exc:   # noqa: BLE001 - isolate the event(s) at fault
+            log.warning("%s: batch prediction failed (%s); predicting event by event",
+                        self.cid, exc)
+        rows, out = [], []
+        for item, title in zip(kept, titles):
+            try:
+                i, sc, zz = pred.predict_with_features([title], self.s.top_k)
+                rows.append((np.asarray(i, np.int64)[0], np.asarray(sc, np.float32)[0],
+                             np.asarray(zz, np.float32)[0]))
+                out.append(item)
+            except Exception as exc:   # noqa: BLE001 - per-event isolation
+                to_dead(item[0], _reason("predict", exc))
+        if not rows:
+            return [], np.zeros((0, self.s.top_k), np.int64), np.zeros((0, self.s.top_k),
+                                                                     np.float32), np.zeros((0, 1))
+        return (out, np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]),
+                np.stack([r[2] for r in rows]))
+
+    def _states(self, kept, ids, scores, z, to_dead):
+        """One UserState per event (what Redis stores); an event whose state cannot be built
+        or encoded is dead-lettered."""
+        states, ok = [], []
+        for i, (r, m) in enumerate(kept):
+            try:
+                st = UserState.from_visit(m["event_id"], m["ts"], m["url"], m["title"], z[i],
+                                          ids[i][ids[i] >= 0], scores[i][ids[i] >= 0])
+                st.encode()
+                states.append(st)
+                ok.append(i)
+            except Exception as exc:   # noqa: BLE001 - per-event isolation
+                to_dead(r, _reason("state", exc))
+        if len(ok) < len(kept):
+            return [kept[i] for i in ok], ids[ok], scores[ok], states
+        return kept, ids, scores, states
+
+    def _choose(self, hists, states, ids, scores, kept, to_dead):
+        """The policy's choice for the batch; if the batch call fails, event by event (an event
+        that fails alone is dead-lettered and marked _DEAD)."""
+        if not kept:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32)
+        try:
+            return self.policy.choose_batch(hists, states, ids, scores)
+        except Exception as exc:   # noqa: BLE001 - isolate the event(s) at fault
+            log.warning("%s: batch policy failed (%s); choosing event by event", self.cid, exc)
+        q = np.full(len(kept), _DEAD, np.int64)
+        qs = np.zeros(len(kept), np.float32)
+        prop = np.zeros(len(kept), np.float32)
+        for i in range(len(kept)):
+            try:
+                a, b, c = self.policy.choose_batch([hists[i]], [states[i]], ids[i:i + 1],
+                                                   scores[i:i + 1])
+                q[i], qs[i], prop[i] = a[0], b[0], c[0]
+            except Exception as exc:   # noqa: BLE001 - per-event isolation
+                to_dead(kept[i][0], _reason("policy", exc))
+        return q, qs, prop
+
     def _append_with_backoff(self, user_ids, states):
-        """Redis append, retried with backoff while Redis restarts (the batch stays uncommitted)."""
+        """Redis append, retried with backoff while Redis restarts or is out of memory (the
+        batch stays uncommitted); per-event refusals come back as reasons."""
+        if not states:
+            return [], [], []
         delay = 0.1
         while True:
             try:
-                return self.store.append_batch(user_ids, states, self.policy.needs_history)
+                return self.store.append_batch_checked(user_ids, states,
+                                                       self.policy.needs_history)
             except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError,
                     redis.exceptions.NoScriptError) as exc:
                 if self.stop_event.is_set():
@@ -356,6 +454,11 @@ class StreamWorker:
                 log.warning("%s: Redis unavailable (%s); retrying in %.1fs", self.cid, exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+def _reason(stage: str, exc: BaseException) -> str:
+    """A dead-letter reason naming the stage that failed on this event."""
+    return f"{stage} failed: {type(exc).__name__}: {exc}"[:4096]
 
 
 def worker_main(settings: Settings, model_path: str, policy_name: str, policy_model: str | None,

@@ -74,3 +74,31 @@ def test_schema_round_trip_and_unknown_fields_allowed():
     msg = {"event_id": "e", "user_id": "u", "ts": 1.7e9, "url": "https://x", "title": "t",
            "referrer": "new-field"}
     assert decode("page_view", encode("page_view", msg), 4096)["referrer"] == "new-field"
+
+
+@pytest.mark.services
+def test_hostile_ids_cannot_forge_another_users_keys(stream_settings):
+    """An id holding `}` or `:` used to close the hash tag: user "v}:seen:e1" owned the key of
+    user "v"'s dedupe entry for e1, and a WRONGTYPE error stopped the worker's partition."""
+    s = stream_settings
+    store = StateStore(connect(s.redis_url), s.redis_key_prefix, k=5, ttl_s=60, dedup_ttl_s=60)
+    forged = ["v}:seen:e1", "v}:states", "{user:v}", "v:", "%76"]   # %76 is "v" percent-encoded
+    keys = {store.states_key(u) for u in ["v", *forged]} | {store.seen_key("v", "e1")}
+    assert len(keys) == len(forged) + 2
+    fresh, _, errors = store.append_batch_checked(["v", *forged], [state(1)] * (1 + len(forged)))
+    assert errors == [None] * (1 + len(forged)) and all(fresh)
+    assert [st.event_id for st in store.history("v")] == ["e1"]
+    for u in forged:
+        assert [st.event_id for st in store.history(u)] == ["e1"]
+
+
+def test_schema_refuses_lone_surrogates_empty_urls_and_absurd_timestamps():
+    ok = {"event_id": "e", "user_id": "u", "ts": 1.7e9, "url": "https://x", "title": "t"}
+    decode("page_view", encode("page_view", ok), 4096)
+    raw = encode("page_view", ok).replace(b'"title":"t"', b'"title":"t\\ud800"')
+    with pytest.raises(SchemaError, match="'title' holds a lone surrogate"):
+        decode("page_view", raw, 4096)
+    with pytest.raises(SchemaError, match="'url' is empty"):
+        decode("page_view", encode("page_view", {**ok, "url": ""}), 4096)
+    with pytest.raises(SchemaError, match="'ts' must be seconds since the epoch"):
+        decode("page_view", encode("page_view", {**ok, "ts": 1e20}), 4096)
