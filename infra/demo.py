@@ -135,8 +135,10 @@ def demo(workdir: Path, queries: int, pages: int, users: int, days: int, rate: f
     click.secho("\nDone.", fg="green", bold=True)
     click.echo(f"Logged impressions and clicks: {live_logs}")
     click.echo("Inspect predictions, users and metrics with:")
+    dash = (f"ASTEC_SERVICES_DIR={services} astec dashboard --models {engine_models} "
+            f"--policy {gru_models} --logs {live_logs}")
     if keep_services:
-        click.echo(f"  ASTEC_SERVICES_DIR={services} astec dashboard --models {engine_models}")
+        click.echo(f"  {dash}")
+        click.echo("  (Stream health keeps the stopped workers' last 10 minutes for an hour)")
     else:
-        click.echo(f"  astec demo --keep-services && ASTEC_SERVICES_DIR={services} "
-                   f"astec dashboard --models {engine_models}")
+        click.echo(f"  astec demo --keep-services && {dash}")
