@@ -30,6 +30,9 @@ SERVICES_FILE = "services.json"
 KAFKA_USER = "astec"
 KAFKA_HEAP = os.environ.get("ASTEC_KAFKA_HEAP", "512m")
 KAFKA_LIB = Path(__file__).resolve().parent / "kafka" / "lib"
+# Redis fsyncs its AOF before answering ("always"), so a visit whose offset the worker committed
+# after Redis answered survives a Redis crash; "everysec" can lose the last second of them
+REDIS_APPENDFSYNC = os.environ.get("ASTEC_REDIS_APPENDFSYNC", "always")
 
 
 class ServiceError(RuntimeError):
@@ -356,7 +359,7 @@ def start_redis(data_dir: Path, password: str, port: int | None = None,
     rdir = _private_dir(data_dir / "redis")
     log = data_dir / "redis.log"
     proc = _spawn([binary, "--bind", "127.0.0.1", "--port", str(port), "--requirepass", password,
-                   "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(rdir),
+                   "--appendonly", "yes", "--appendfsync", REDIS_APPENDFSYNC, "--dir", str(rdir),
                    "--daemonize", "no", "--protected-mode", "yes", "--save", ""], log)
     url = f"redis://:{password}@127.0.0.1:{port}/0"
     try:

@@ -238,9 +238,12 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
     assert rcs == [0, 0]
 
 
-def test_redis_restart_mid_stream_keeps_state_and_consumers_reconnect(stream_settings,
-                                                                       stream_corpus, services,
-                                                                       astec_predictor):
+def test_redis_kill9_mid_stream_keeps_state_and_consumers_reconnect(stream_settings,
+                                                                     stream_corpus, services,
+                                                                     astec_predictor):
+    """Redis is killed (SIGKILL, no AOF flush on the way out) and restarted mid-stream: every
+    visit whose input offset was committed is in the state (the AOF is fsynced before Redis
+    answers), the workers reconnect by themselves."""
     from infra.services import read_info, restart_redis
     if read_info(services.services_dir) is None:
         pytest.skip("Redis not started by this test session (KAFKA_BOOTSTRAP/REDIS_URL given)")
@@ -258,7 +261,7 @@ def test_redis_restart_mid_stream_keeps_state_and_consumers_reconnect(stream_set
         prod.start()
         wait_for(lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 300, 60,
                  "events flowing")
-        restart_redis(services.services_dir)                 # SIGTERM: AOF flushed; same port
+        restart_redis(services.services_dir, kill=True)      # SIGKILL; same port and AOF
         after = store().histories([f"u{u}" for u in range(users)])
         assert sum(map(len, after)) >= 300                    # state survived the restart
         prod.join(60)
