@@ -278,12 +278,29 @@ class StreamWorker:
             self._last_publish = now
             self.metrics.model_version = self.model.version
             self.metrics.partitions = len(self.consumer.assignment())
+            self._warn_if_unassigned(now)
             lag = getattr(self.consumer, "lag", None)
             self.metrics.lag = lag() if lag is not None else None
             try:
                 publish(self.redis, self.s.redis_key_prefix, self.metrics)
             except redis.RedisError as exc:
                 log.warning("%s: metrics not published: %s", self.cid, exc)
+
+    def _warn_if_unassigned(self, now: float) -> None:
+        """A member that owns no partition for longer than a session timeout answers nothing:
+        say so (once a minute) instead of idling silently; `partitions` = 0 in its metrics."""
+        if self.metrics.partitions:
+            self._unassigned_since = None
+            return
+        since = getattr(self, "_unassigned_since", None) or now
+        self._unassigned_since = since
+        idle = now - since
+        if idle > self.s.session_timeout_ms / 1000.0 and \
+                now - getattr(self, "_last_unassigned_warning", 0.0) >= 60.0:
+            self._last_unassigned_warning = now
+            log.warning("%s: no partition of %s assigned for %.0fs (more workers in group %s "
+                        "than partitions, or the group cannot rebalance)", self.cid,
+                        self.s.topic_page_views, idle, self.s.consumer_group)
 
     # ---- one batch ----------------------------------------------------------------------
     def process(self, records) -> InFlight:
