@@ -87,7 +87,8 @@ def print_value(val: dict) -> None:
     judged = "actual_ctr" in pol["gru"]
     head = (f"{'policy':<15}{'intent_hit':>11}" + (f"{'actual_ctr':>11}{'95% CI':>18}"
                                                    if judged else "")
-            + f"{'SNIPS':>8}{'DR':>8}{'DR 95% CI':>18}{'support':>9}{'ESS':>8}")
+            + f"{'SNIPS':>8}{'DR':>8}{'DR 95% CI':>18}{'support':>9}{'ESS':>8}"
+            + (f"{'DR covers':>10}" if judged else ""))
     click.echo(head)
     click.echo("-" * len(head))
     order = sorted(pol, key=lambda p: -pol[p].get("actual_ctr", pol[p].get("dr", 0.0)))
@@ -100,6 +101,9 @@ def print_value(val: dict) -> None:
         if "dr" in r:
             line += (f"{r['snips']:>8.4f}{r['dr']:>8.4f}{'%.4f..%.4f' % tuple(r['dr_ci95']):>18}"
                      f"{r['in_support']:>9.2f}{r['ess']:>8.0f}")
+            if judged:   # does the logs-only estimate's interval hold the simulator's truth?
+                cov = r["dr_ci95"][0] <= r["actual_ctr"] <= r["dr_ci95"][1]
+                line += f"{'yes' if cov else 'NO':>10}"
         click.echo(line)
     for b, s in val.get("vs_baselines", {}).items():
         click.echo(f"gru vs {b:<14} actual CTR {100 * s['lift']:+.1f}% "
@@ -175,10 +179,14 @@ def personalize() -> None:
               show_default=True,
               help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
                    "residual; the start competes in the best-epoch selection. random: torch init.")
-@click.option("--objective", type=click.Choice(["dr", "losses"]), default="dr", show_default=True,
-              help="dr: reward model on every logged impression, then the policy trained "
-                   "listwise for doubly-robust CTR, settings chosen by validation DR value. "
-                   "losses: the weighted --w-* losses (the earlier trainer).")
+@click.option("--objective", type=click.Choice(["losses", "dr"]), default="losses",
+              show_default=True,
+              help="losses: the weighted --w-* losses, epochs by their validation sum (earns "
+                   "the most actual CTR on `astec simulate logs` logs). dr: reward model on "
+                   "every logged impression, then the policy trained listwise for "
+                   "doubly-robust CTR, kept by validation DR value and promoted only when its "
+                   "DR lower bound beats the baselines and the current policy; needs logs of "
+                   "a logger exploring the policy's own candidates (astec simulate loop).")
 @click.option("--reward-epochs", type=click.IntRange(0, 100), default=2, show_default=True,
               help="Epochs of the reward model (objective dr).")
 @click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)

@@ -294,6 +294,9 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
             rec.update(off_policy(res.chosen[p][has], shown[has], clicked[has], prop[has],
                                   d["in_support"][has].astype(bool), rc[has], r_shown[has],
                                   users[has], n_boot, seed))
+            if judged:
+                rec["dr_covers_actual"] = bool(rec["dr_ci95"][0] <= rec["actual_ctr"]
+                                               <= rec["dr_ci95"][1])
         out["policies"][p] = rec
     if judged:
         for bname in VALUE_BASELINES:

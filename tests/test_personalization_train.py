@@ -90,7 +90,7 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
                   world_dir=str(tmp_path / "world"))
     out = astec("personalize", "train", "--logs", str(tmp_path / "logs"), "--models",
                 astec_predictor, "--out", str(tmp_path / "gru"), "--epochs", "2", "--threads",
-                "1", "--holdout", "0.2", "--quiet")
+                "1", "--holdout", "0.2", "--objective", "dr", "--quiet")
     assert "promoted" in out and "not read" in out and "validation DR CTR" in out
     # promoted only when its validation DR gain has a lower bound above zero; either way the
     # version is published and named

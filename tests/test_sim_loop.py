@@ -22,7 +22,7 @@ def test_loop_serves_logs_and_retrains(astec_predictor, tmp_path):
                   world_dir=str(tmp_path / "world"))
     pred = Predictor.load(astec_predictor)
     v = load_visits(tmp_path / "logs", pred, progress=False)
-    cfg = TrainConfig(epochs=1, reward_epochs=1, rows_per_epoch=3000, threads=1)
+    cfg = TrainConfig(epochs=1, reward_epochs=1, rows_per_epoch=3000, threads=1, objective="dr")
     w, rep = train_policy(v, pred.classifier_rows(np.arange(pred.num_labels)), cfg,
                           progress=False)
     _, first = publish(tmp_path / "gru0", w, cfg, {"train": rep})

@@ -77,15 +77,19 @@ def logs_cmd(world_dir, out, days, start, seed, search_clicks_per_day, epsilon, 
               help="Exploration share (default: personalization.policy.EPSILON).")
 @click.option("--temperature", default=None, type=float,
               help="Softmax temperature of the exploration (default: TEMPERATURE).")
+@click.option("--objective", type=click.Choice(["dr", "losses"]), default="dr", show_default=True,
+              help="Trainer of each round (the loop's logs explore the policy's own candidates, "
+                   "which the dr objective needs).")
 @click.option("--epochs", default=2, show_default=True, help="Policy epochs per retrain.")
 @click.option("--rows-per-epoch", default=30_000, show_default=True)
 @click.option("--seed", default=0, show_default=True)
-def loop_cmd(world_dir, models, policy_dir, out, rounds, days, epsilon, temperature, epochs,
-             rows_per_epoch, seed):
+def loop_cmd(world_dir, models, policy_dir, out, rounds, days, epsilon, temperature, objective,
+             epochs, rows_per_epoch, seed):
     """Closed loop: serve (exploring) -> log -> retrain, with the actual CTR of each round."""
     from personalization.train import TrainConfig
     from stream.simulator.loop import run_loop
-    cfg = TrainConfig(seed=seed, epochs=epochs, rows_per_epoch=rows_per_epoch)
+    cfg = TrainConfig(seed=seed, epochs=epochs, rows_per_epoch=rows_per_epoch,
+                      objective=objective)
     res = run_loop(world_dir, models, policy_dir, out, rounds=rounds, days=days,
                    epsilon=epsilon, temperature=temperature, seed=seed, train_cfg=cfg,
                    echo=click.echo)

@@ -165,7 +165,8 @@ def run_loop(world_dir: str | Path, models: str | Path, policy_dir: str | Path,
     temp = P.TEMPERATURE if temperature is None else temperature
     policy = GruPolicy.load(policy_dir, backend="numpy")
     rng = np.random.default_rng(seed)
-    cfg = train_cfg or TrainConfig(K=policy.K, seed=seed, rows_per_epoch=30_000, epochs=2)
+    cfg = train_cfg or TrainConfig(K=policy.K, seed=seed, rows_per_epoch=30_000, epochs=2,
+                                   objective="dr")
     cfg = replace(cfg, K=policy.K)
     logs, registry = out / "logs", out / "gru"
     sim = {"world": str(Path(world_dir).resolve()),
