@@ -67,7 +67,7 @@ def wait_for(cond, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def produce_paced(settings, titles, n, users, rate, tag):
+def produce_paced(settings, titles, n, users, rate, tag, stop=None):
     """n page views at ~rate/s; returns the ids of those the broker acknowledged (librdkafka
     retries through a broker restart for up to two minutes; idempotent, as a front end should
     be, so a retried produce never stores a page view twice)."""
@@ -77,6 +77,8 @@ def produce_paced(settings, titles, n, users, rate, tag):
     sent = []
     t0 = time.monotonic()
     for i in range(n):
+        if stop is not None and stop.is_set():
+            break
         eid = f"{tag}-{i}"
         msg = {"event_id": eid, "user_id": f"u{i % users}", "ts": time.time(),
                "url": f"https://example.org/{i}", "title": titles[i % len(titles)]}
@@ -204,13 +206,14 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
         stream_settings, stream_corpus, astec_predictor):
     """A second `astec stream run` joins the group while the first has batches in flight: the
     partitions are split between them, nothing is lost and nothing is answered twice."""
-    s = stream_settings.replace(state_k=64, metrics_interval_s=0.2, batch_max=32)
-    users, n = 50, 2000
+    s = stream_settings.replace(state_k=256, metrics_interval_s=0.2, batch_max=32)
+    users, n = 50, 12000
     first = start_stream(s, astec_predictor, workers=1)
     tag = uuid.uuid4().hex[:6]
     result = {}
+    enough = threading.Event()   # traffic goes on until the added worker has taken some
     prod = threading.Thread(target=lambda: result.update(
-        ids=produce_paced(s, stream_corpus[0], n, users, rate=200, tag=tag)))
+        ids=produce_paced(s, stream_corpus[0], n, users, rate=200, tag=tag, stop=enough)))
     second = None
     try:
         wait_for(lambda: sum(int(m["partitions"]) for m in live_consumers(s)) == s.partitions,
@@ -221,6 +224,9 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
         second = start_stream(s, astec_predictor, workers=1)
         wait_for(lambda: len([m for m in live_consumers(s) if int(m["partitions"]) > 0]) == 2,
                  90, "both workers owning partitions")
+        wait_for(lambda: len([m for m in live_consumers(s) if int(m["events"]) > 0]) == 2,
+                 60, "the added worker answering")
+        enough.set()
         prod.join(120)
         seen = collect_ads(s, set(result["ids"]))
         busy = [m for m in live_consumers(s) if int(m["events"]) > 0]
@@ -230,7 +236,7 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
                 sup.send_signal(signal.SIGTERM)
         rcs = [sup.wait(60) for sup in (first, second) if sup is not None]
     ids = result["ids"]
-    assert len(ids) == n
+    assert 400 < len(ids) < n
     assert not set(ids) - set(seen), f"{len(set(ids) - set(seen))} events lost"
     assert sum(seen.values()) == len(seen), "an event answered twice across the rebalance"
     assert len(busy) == 2, "the added worker took no traffic"
