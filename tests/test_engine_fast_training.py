@@ -125,3 +125,17 @@ def test_row_adam_kernel_matches_torch_ops():
         b.step(rows, g.double())
     assert torch.allclose(T32.double(), T64, atol=1e-5)
     assert not torch.equal(T32, torch.zeros_like(T32))
+
+
+def test_openmp_waits_passively_unless_told_otherwise():
+    """engine.astec asks OpenMP for passive waits before torch starts it; a user's value wins."""
+    import os
+    import subprocess
+    import sys
+    code = "import engine.astec, os; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ACTIVE"
