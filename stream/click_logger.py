@@ -24,7 +24,8 @@ from stream.topics import make_consumer, make_producer
 log = logging.getLogger(__name__)
 
 _IMPRESSION_FIELDS = ("event_id", "user_id", "ts", "query", "candidates", "url", "title", "score",
-                      "propensity", "policy", "model_version", "session_id")
+                      "propensity", "policy", "model_version", "session_id", "query_id",
+                      "candidate_ids", "candidate_scores", "candidate_propensities", "explored")
 
 
 def _impression(m: dict) -> dict:

@@ -17,7 +17,7 @@ from typing import Any
 VERSION = 1
 SUPPORTED = {1}
 
-_S, _N, _B, _LS, _LI = "str", "number", "bool", "list[str]", "list[int]"
+_S, _N, _B, _LS, _LI, _LN = "str", "number", "bool", "list[str]", "list[int]", "list[number]"
 
 # topic kind -> field -> (type, required, max length for strings/lists)
 SCHEMAS: dict[str, dict[str, tuple[str, bool, int]]] = {
@@ -28,6 +28,8 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool, int]]] = {
                  "event_ts": (_N, True, 0), "query": (_S, True, 1024), "query_id": (_N, True, 0),
                  "score": (_N, True, 0), "candidates": (_LS, True, 1000),
                  "candidate_ids": (_LI, False, 1000), "propensity": (_N, False, 0),
+                 "candidate_scores": (_LN, False, 1000),
+                 "candidate_propensities": (_LN, False, 1000), "explored": (_B, False, 0),
                  "policy": (_S, False, 64), "model_version": (_S, True, 256),
                  "url": (_S, False, 2048), "title": (_S, False, 1024),
                  "session_id": (_S, False, 128)},
@@ -79,10 +81,12 @@ def validate(kind: str, msg: Any) -> dict:
             if not isinstance(val, bool):
                 raise SchemaError(f"field {name!r} must be true/false, got {val!r}")
         else:
-            item = str if typ == _LS else int
+            item = {_LS: str, _LI: int, _LN: (int, float)}[typ]
             if not isinstance(val, list) or not all(isinstance(x, item) and not isinstance(x, bool)
                                                     for x in val):
                 raise SchemaError(f"field {name!r} must be a {typ}")
+            if typ == _LN and not all(math.isfinite(x) for x in val):
+                raise SchemaError(f"field {name!r} must hold finite numbers")
             if item is str:
                 try:
                     "".join(val).encode("utf-8")

@@ -355,7 +355,7 @@ class StreamWorker:
             res.duplicates = len(fresh) - int(sum(fresh))
             t3 = time.perf_counter()
             stages["redis"] = t3 - t2
-            q, qs, prop = self._choose(hists, states, ids, scores, kept, to_dead)
+            q, served = self._serve(hists, states, ids, scores, kept, to_dead)
             t4 = time.perf_counter()
             stages["policy"] = t4 - t3
             names = pred.label_names
@@ -370,11 +370,10 @@ class StreamWorker:
                     self.metrics.no_query += 1
                     continue
                 try:
-                    cand = [int(j) for j in ids[i] if j >= 0]
+                    f = served[i]
                     out = {"event_id": m["event_id"], "user_id": m["user_id"], "ts": now,
-                           "event_ts": m["ts"], "query": names[int(q[i])], "query_id": int(q[i]),
-                           "score": float(qs[i]), "candidates": [names[j] for j in cand],
-                           "candidate_ids": cand, "propensity": float(prop[i]),
+                           "event_ts": m["ts"], "query": names[int(q[i])], **f,
+                           "candidates": [names[j] for j in f["candidate_ids"]],
                            "policy": self.policy.name, "model_version": version,
                            "url": m["url"], "title": m["title"]}
                     if "session_id" in m:
@@ -433,26 +432,30 @@ class StreamWorker:
             return [kept[i] for i in ok], ids[ok], scores[ok], states
         return kept, ids, scores, states
 
-    def _choose(self, hists, states, ids, scores, kept, to_dead):
-        """The policy's choice for the batch; if the batch call fails, event by event (an event
-        that fails alone is dead-lettered and marked _DEAD)."""
+    def _serve(self, hists, states, ids, scores, kept, to_dead):
+        """The policy's (exploring) choice per event and its log fields (Served.fields: query id,
+        score, propensity, every candidate it ranked with its score and propensity); the batch
+        in one call, or event by event if that fails (an event that fails alone is
+        dead-lettered and its query marked _DEAD)."""
+        q = np.full(len(kept), _DEAD, np.int64)
+        fields: list = [None] * len(kept)
         if not kept:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32)
+            return q, fields
+
+        def serve(h, st, i_, s_):
+            sv = self.policy.serve_batch(h, st, i_, s_)
+            return sv.query, [sv.fields(j) for j in range(len(sv.query))]
         try:
-            return self.policy.choose_batch(hists, states, ids, scores)
+            return serve(hists, states, ids, scores)
         except Exception as exc:   # noqa: BLE001 - isolate the event(s) at fault
             log.warning("%s: batch policy failed (%s); choosing event by event", self.cid, exc)
-        q = np.full(len(kept), _DEAD, np.int64)
-        qs = np.zeros(len(kept), np.float32)
-        prop = np.zeros(len(kept), np.float32)
         for i in range(len(kept)):
             try:
-                a, b, c = self.policy.choose_batch([hists[i]], [states[i]], ids[i:i + 1],
-                                                   scores[i:i + 1])
-                q[i], qs[i], prop[i] = a[0], b[0], c[0]
+                a, f = serve([hists[i]], [states[i]], ids[i:i + 1], scores[i:i + 1])
+                q[i], fields[i] = a[0], f[0]
             except Exception as exc:   # noqa: BLE001 - per-event isolation
                 to_dead(kept[i][0], _reason("policy", exc))
-        return q, qs, prop
+        return q, fields
 
     def _append_with_backoff(self, user_ids, states):
         """Redis append, retried with backoff while Redis restarts or is out of memory (the

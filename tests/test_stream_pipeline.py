@@ -116,10 +116,10 @@ def test_two_workers_split_partitions(stream_settings, astec_predictor, stream_c
                                 if client == "confluent" else "at-least-once")
     workers = [start_worker(s, astec_predictor, f"w-split-{i}") for i in range(2)]
     try:
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:   # wait until the group settled on both members
             a = [w.consumer.assignment() for w, _ in workers]
-            if all(a) and len(a[0] | a[1]) == s.partitions:
+            if all(a) and len(a[0] | a[1]) == s.partitions and not (a[0] & a[1]):
                 break
             time.sleep(0.2)
         a0, a1 = (w.consumer.assignment() for w, _ in workers)
