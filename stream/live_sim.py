@@ -61,7 +61,7 @@ class ClickResponder(threading.Thread):
         self.latency_ms: list[np.ndarray] = []
         self.ready = threading.Event()
 
-    def wait_assigned(self, timeout: float = 30.0) -> None:
+    def wait_assigned(self, timeout: float = 60.0) -> None:
         """Join the group before any event is produced (offset reset is 'latest')."""
         deadline = time.monotonic() + timeout
         while not self.consumer.assignment() and time.monotonic() < deadline:

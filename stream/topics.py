@@ -110,7 +110,11 @@ def make_consumer(settings: Settings, topics: list[str], group_id: str | None, *
                max_poll_interval_ms=settings.max_poll_interval_ms,
                max_poll_records=settings.batch_max,
                fetch_max_wait_ms=max(1, settings.poll_timeout_ms),
-               retry_backoff_ms=max(1, settings.consumer_retry_backoff_ms))
+               retry_backoff_ms=max(1, settings.consumer_retry_backoff_ms),
+               # a topic created just before the subscription may be missing from the first
+               # metadata: the group then assigns nothing until the next refresh (5 min by
+               # default), so refresh often
+               metadata_max_age_ms=5000)
     cfg.update(overrides)
     return KafkaConsumer(*topics, **cfg)
 
