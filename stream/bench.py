@@ -343,7 +343,7 @@ def _run_mode(settings, model, titles, events, workers, rates, paced_seconds, us
 @click.option("--delivery", "deliveries", multiple=True,
               type=click.Choice(["exactly-once", "at-least-once"]),
               help="Workers' delivery mode; repeat to run both side by side (default: the "
-                   "`delivery` setting, exactly-once).")
+                   "`delivery` setting, at-least-once).")
 @click.option("--titles", type=click.Path(exists=True, dir_okay=False),
               default=str(ROOT / "tests" / "data" / "stream" / "train.tsv"), show_default=True,
               help="Page titles: first TSV column of this file.")

@@ -72,8 +72,9 @@ def stream() -> None:
 @click.option("--threads", type=int, default=1, show_default=True, help="Math threads per worker.")
 @click.option("--delivery", type=click.Choice(["exactly-once", "at-least-once"]), default=None,
               help="exactly-once: each batch's ad queries, dead letters and input offsets commit "
-                   "in one Kafka transaction; at-least-once: a crash may repeat ad queries "
-                   "(default: the `delivery` setting, exactly-once).")
+                   "in one Kafka transaction (slower: see docs/benchmarks-stream.md); "
+                   "at-least-once: a crash may repeat ad queries (default: the `delivery` "
+                   "setting, at-least-once).")
 def run(settings, model_path, workers, policy, policy_model, batch_max, metrics_port, threads,
         delivery):
     """Consume page views, predict, update user state, produce one ad query per event."""

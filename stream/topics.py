@@ -94,7 +94,12 @@ def make_stream_producer(settings: Settings, client_id: str, transactional_id: s
         # also the produce timeout of its messages: a broker restart shorter than this is
         # waited out; a transaction left open by a supervisor that vanished for good holds
         # back read-committed readers of the partitions it wrote for at most this long
-        "transaction.timeout.ms": 60000}
+        "transaction.timeout.ms": 60000,
+        # back-to-back transactions: the next one's AddOffsetsToTxn / AddPartitionsToTxn is
+        # refused (CONCURRENT_TRANSACTIONS) until the broker has written the previous one's
+        # markers, and retried after retry.backoff.ms: librdkafka's 100 ms default made the
+        # commit's p90 137 ms, 5 ms makes it 18-28 ms (p50 8.6 -> 5.5 ms)
+        "retry.backoff.ms": 5, "retry.backoff.max.ms": 500}
     return RdProducer(settings, client_id, settings.producer_linger_ms, **txn)
 
 

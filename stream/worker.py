@@ -3,13 +3,14 @@
 Per batch: poll -> validate (bad -> dead-letter topic) -> reload model if promoted -> predict
 (batched) -> Redis (one pipelined, idempotent append per event) -> policy -> produce ad queries.
 
-Exactly-once (the default, `delivery = "exactly-once"`): each polled batch is one Kafka
+Exactly-once (`delivery = "exactly-once"`): each polled batch is one Kafka
 transaction holding its ad queries, its dead letters and its input offsets (Kafka's
 consume-transform-produce). A crash or a refused commit aborts it: read-committed readers never
 see its messages and the batch is processed again, so the output holds each answer once. Redis
 state is idempotent by event id, so the replay never appends a visit twice.
 
-At-least-once: the broker's acknowledgement wait overlaps the next batch (at most
+At-least-once (the default: exactly-once's per-batch commit costs more latency than the targets
+allow on 2 cores, docs/benchmarks-stream.md): the broker's acknowledgement wait overlaps the next batch (at most
 `max_in_flight` batches, settled strictly in order); settled offsets are committed every
 `commit_interval_ms`, on SIGTERM and before a rebalance. A crash replays the uncommitted batches:
 duplicates can appear on `ad-queries` (counted), never a lost event. SIGTERM/SIGINT: finish the

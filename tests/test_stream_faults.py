@@ -170,7 +170,7 @@ def test_broker_kill9_and_restart_mid_stream_loses_no_acknowledged_event(
     from infra.services import read_info, restart_kafka
     if read_info(services.services_dir) is None:
         pytest.skip("broker not started by this test session (KAFKA_BOOTSTRAP/REDIS_URL given)")
-    s = stream_settings.replace(state_k=64, metrics_interval_s=0.2)
+    s = stream_settings.replace(state_k=64, metrics_interval_s=0.2, delivery="exactly-once")
     users, n = 40, 2000
     sup = start_stream(s, astec_predictor)
     tag = uuid.uuid4().hex[:6]
@@ -206,7 +206,8 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
         stream_settings, stream_corpus, astec_predictor):
     """A second `astec stream run` joins the group while the first has batches in flight: the
     partitions are split between them, nothing is lost and nothing is answered twice."""
-    s = stream_settings.replace(state_k=256, metrics_interval_s=0.2, batch_max=32)
+    s = stream_settings.replace(state_k=256, metrics_interval_s=0.2, batch_max=32,
+                                delivery="exactly-once")
     users, n = 50, 12000
     first = start_stream(s, astec_predictor, workers=1)
     tag = uuid.uuid4().hex[:6]

@@ -240,8 +240,7 @@ def test_exactly_once_commits_offsets_with_each_transaction(stream_settings, ast
     queries are visible to a read-committed reader, the offsets that produced them are committed
     too (nothing waits for an interval), and a read-uncommitted reader sees no extra copies."""
     from kafka import KafkaConsumer, TopicPartition
-    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16)
-    assert s.delivery == "exactly-once"   # the default
+    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16, delivery="exactly-once")
     titles, _, _ = stream_corpus
     msgs = page_views(titles, 120)
     produce(s, msgs)
