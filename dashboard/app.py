@@ -4,13 +4,14 @@ Run with `astec dashboard --models DIR` (loopback by default). Reads the model d
 Redis only; it never trains or writes. Every missing source (no model, Redis down, no
 consumers) is reported on the page instead of a traceback.
 """
+
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):   # `streamlit run dashboard/app.py` puts dashboard/ on sys.path
+if __package__ in (None, ""):  # `streamlit run dashboard/app.py` puts dashboard/ on sys.path
     root = str(Path(__file__).resolve().parent.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import health, models, offline, predict, users
+from dashboard import health, models, offline, predictions, users
 from dashboard.sources import SourceError, Sources, load_sources, ping, redis_client
 
 TITLE = "Astec ads dashboard"
@@ -51,7 +52,7 @@ def _current_predictor(src: Sources):
         return None, None
     try:
         return ref, _predictor(str(ref.path), ref.version)
-    except Exception as e:   # noqa: BLE001 - a corrupt/partial predictor is shown, not raised
+    except Exception as e:  # noqa: BLE001 - a corrupt/partial predictor is shown, not raised
         st.error(f"{ref.path}: the predictor could not be loaded ({type(e).__name__}: {e})")
         return ref, None
 
@@ -73,43 +74,59 @@ def _chips(ws) -> str:
     out = []
     for w in ws:
         if w.known:
-            where = "/".join(n for n, f in (("words", w.encoder), ("ranker", w.ranker),
-                                             ("names", w.names)) if f)
+            where = "/".join(
+                n for n, f in (("words", w.encoder), ("ranker", w.ranker), ("names", w.names)) if f
+            )
             out.append(f":green[**{w.word}**] :gray[({where})]")
         else:
             out.append(f":gray[~~{w.word}~~]")
     return " · ".join(out) or ":gray[(no words)]"
 
 
-def _explain(pred, version: str, text: str, k: int, key: str, timing: bool = True,
-             narrow: bool = False) -> list[dict]:
+def _explain(
+    pred, version: str, text: str, k: int, key: str, timing: bool = True, narrow: bool = False
+) -> list[dict]:
     """Known words, then either the queries with who proposed them, or the no-evidence state.
     Returns the rows shown (empty on no evidence)."""
-    ws = predict.title_words(pred, text)
+    ws = predictions.title_words(pred, text)
     known = sum(w.known for w in ws)
     st.markdown(f"**Known words: {known} of {len(ws)}** — " + _chips(ws))
-    if not predict.has_evidence(pred, text):
-        st.error(f"**No evidence.** No word of this title is known to model version {version}: "
-                 "it has nothing to go on, so no query is shown (an unrelated ad is worse "
-                 "than none).")
-        with st.expander("What the model would return anyway (its popular prior queries: "
-                         "NOT evidence, never shown as predictions)"):
+    if not predictions.has_evidence(pred, text):
+        st.error(
+            f"**No evidence.** No word of this title is known to model version {version}: "
+            "it has nothing to go on, so no query is shown (an unrelated ad is worse "
+            "than none)."
+        )
+        with st.expander(
+            "What the model would return anyway (its popular prior queries: "
+            "NOT evidence, never shown as predictions)"
+        ):
             ids, scores = pred.predict_one(text, k)
-            st.dataframe(pd.DataFrame(
-                [{"query": pred.label_names[i], "score": round(float(s), 4),
-                  "evidence": "none (prior)"}
-                 for i, s in zip(ids.tolist(), scores.tolist()) if i >= 0]),
-                hide_index=True, key=f"prior-{key}")
+            st.dataframe(
+                pd.DataFrame(
+                    [
+                        {
+                            "query": pred.label_names[i],
+                            "score": round(float(s), 4),
+                            "evidence": "none (prior)",
+                        }
+                        for i, s in zip(ids.tolist(), scores.tolist())
+                        if i >= 0
+                    ]
+                ),
+                hide_index=True,
+                key=f"prior-{key}",
+            )
         return []
     t0 = time.perf_counter()
     pred.predict_one(text, k)
     first_ms = (time.perf_counter() - t0) * 1000
     reps = []
-    for _ in range(5):   # warm repeats: one title's latency without first-call effects
+    for _ in range(5):  # warm repeats: one title's latency without first-call effects
         t0 = time.perf_counter()
         pred.predict_one(text, k)
         reps.append((time.perf_counter() - t0) * 1000)
-    rows = predict.prediction_rows(pred, text, k, short=narrow)
+    rows = predictions.prediction_rows(pred, text, k, short=narrow)
     if timing:
         c1, c2, c3 = st.columns(3)
         c1.metric("Latency (median of 5, warm)", f"{float(np.median(reps)):.2f} ms")
@@ -118,11 +135,16 @@ def _explain(pred, version: str, text: str, k: int, key: str, timing: bool = Tru
     if not rows:
         st.warning("The model returned no queries for this text.")
         return []
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key=f"pred-{key}",
-                 column_order=("rank", "query", "score", "proposed by") if narrow else None,
-                 column_config={"query": st.column_config.TextColumn(width="medium"),
-                                "proposed by": st.column_config.TextColumn(
-                                    width="medium" if narrow else "large")})
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        key=f"pred-{key}",
+        column_order=("rank", "query", "score", "proposed by") if narrow else None,
+        column_config={
+            "query": st.column_config.TextColumn(width="medium"),
+            "proposed by": st.column_config.TextColumn(width="medium" if narrow else "large"),
+        },
+    )
     return rows
 
 
@@ -131,23 +153,32 @@ def page_predict(src: Sources) -> None:
     ref, pred = _current_predictor(src)
     if pred is None:
         return
-    st.caption(f"Model version **{ref.version}** · {pred.num_labels} labels · D={pred.dim} · "
-               f"{len(pred.learners)} learner(s) · `{ref.path}`")
-    text = st.text_input("Page title", key="title",
-                         placeholder="e.g. Debian -- Details of package openssh-server in bookworm")
+    st.caption(
+        f"Model version **{ref.version}** · {pred.num_labels} labels · D={pred.dim} · "
+        f"{len(pred.learners)} learner(s) · `{ref.path}`"
+    )
+    text = st.text_input(
+        "Page title",
+        key="title",
+        placeholder="e.g. Debian -- Details of package openssh-server in bookworm",
+    )
     k = st.slider("k (queries shown)", 1, 50, 10, key="k")
     versions = models.version_predictors(src.models_dir)
     compare = len(versions) >= 2 and st.toggle(
-        f"Compare two model versions side by side ({len(versions)} in the registry)",
-        key="compare")
+        f"Compare two model versions side by side ({len(versions)} in the registry)", key="compare"
+    )
     if not text.strip():
-        st.info("Type a page title to see the queries the model predicts for it, the title's "
-                "known words and which index proposed each query.")
+        st.info(
+            "Type a page title to see the queries the model predicts for it, the title's "
+            "known words and which index proposed each query."
+        )
         return
     if not compare:
-        st.caption("'proposed by': the shortlist source that put the query up for scoring — "
-                   "similar training pages (ANNS^x), label centres (ANNS^μ), the label-name "
-                   "match, or the always-scored popular prior.")
+        st.caption(
+            "'proposed by': the shortlist source that put the query up for scoring — "
+            "similar training pages (ANNS^x), label centres (ANNS^μ), the label-name "
+            "match, or the always-scored popular prior."
+        )
         _explain(pred, ref.version, text, k, "main")
         return
     names = [v.version for v in versions]
@@ -159,22 +190,28 @@ def page_predict(src: Sources) -> None:
             vref = versions[names.index(v)]
             try:
                 p = _predictor(str(vref.path), vref.version)
-            except Exception as e:   # noqa: BLE001 - a refused version is shown, not raised
+            except Exception as e:  # noqa: BLE001 - a refused version is shown, not raised
                 st.error(f"{vref.path}: not loadable ({type(e).__name__}: {e})")
                 shown.append([])
                 continue
-            st.caption(f"**{v}**{' (current)' if v == ref.version else ''} · "
-                       f"{p.num_labels} labels")
+            st.caption(f"**{v}**{' (current)' if v == ref.version else ''} · {p.num_labels} labels")
             shown.append(_explain(p, v, text, k, label[-1], timing=False, narrow=True))
-    st.caption("proposed by: pages = similar training pages (ANNS^x), centres = label centres "
-               "(ANNS^μ), name = label-name match, prior = popular prior. Hidden to fit: the "
-               "label ids and the latency (shown with the toggle off).")
+    st.caption(
+        "proposed by: pages = similar training pages (ANNS^x), centres = label centres "
+        "(ANNS^μ), name = label-name match, prior = popular prior. Hidden to fit: the "
+        "label ids and the latency (shown with the toggle off)."
+    )
     if all(shown):
-        d = predict.compare(*shown)
-        diff = "".join(f"  \nonly in {w}: " + ", ".join(f"`{q}`" for q in qs)
-                       for w, qs in (("A", d["only_a"]), ("B", d["only_b"])) if qs)
-        st.markdown(f"**A vs B:** {d['shared']} of {len(shown[0])} queries shared; top query "
-                    f"{'the same' if d['same_top1'] else 'differs'}.{diff}")
+        d = predictions.compare(*shown)
+        diff = "".join(
+            f"  \nonly in {w}: " + ", ".join(f"`{q}`" for q in qs)
+            for w, qs in (("A", d["only_a"]), ("B", d["only_b"]))
+            if qs
+        )
+        st.markdown(
+            f"**A vs B:** {d['shared']} of {len(shown[0])} queries shared; top query "
+            f"{'the same' if d['same_top1'] else 'differs'}.{diff}"
+        )
 
 
 def _user_log(src: Sources, uid: str):
@@ -182,8 +219,10 @@ def _user_log(src: Sources, uid: str):
     newest part files' sizes (a growing log is re-read, an unchanged one is not)."""
     if src.logs_dir is None:
         return {}, []
-    stamp = tuple((str(p), p.stat().st_size) for p in
-                  sorted(Path(src.logs_dir).glob("*/*/part-*.jsonl"))[-12:])
+    stamp = tuple(
+        (str(p), p.stat().st_size)
+        for p in sorted(Path(src.logs_dir).glob("*/*/part-*.jsonl"))[-12:]
+    )
     return _read_user_log(str(src.logs_dir), uid, stamp)
 
 
@@ -199,7 +238,7 @@ def page_users(src: Sources) -> None:
         return
     try:
         recent = users.recent_users(client, src.prefix, limit=20)
-    except Exception as e:   # noqa: BLE001 - a listing failure must not hide the lookup box
+    except Exception as e:  # noqa: BLE001 - a listing failure must not hide the lookup box
         recent = []
         st.caption(f"Could not list users: {e}")
     uid = st.text_input("User id", key="user_id").strip()
@@ -212,8 +251,10 @@ def page_users(src: Sources) -> None:
     if bad:
         st.warning(f"{bad} stored record(s) of {uid!r} could not be decoded and are skipped.")
     if not states:
-        st.warning(f"No stored states for user {uid!r} (key "
-                   f"`{users.states_key(src.prefix, uid)}`): unknown user, or the state expired.")
+        st.warning(
+            f"No stored states for user {uid!r} (key "
+            f"`{users.states_key(src.prefix, uid)}`): unknown user, or the state expired."
+        )
         return
     ref, pred = _current_predictor(src)
     names = pred.label_names if pred is not None else None
@@ -221,69 +262,120 @@ def page_users(src: Sources) -> None:
     if src.policy_dir is not None:
         try:
             policy = _policy(str(src.policy_dir))
-        except Exception as e:   # noqa: BLE001 - fall back to top1, say so
+        except Exception as e:  # noqa: BLE001 - fall back to top1, say so
             st.warning(f"{src.policy_dir}: GRU policy not loaded ({e}); showing top1 choices.")
         if policy is not None:
             how = f"the GRU policy {policy.version}"
     try:
         imps, clicks = _user_log(src, uid)
-    except Exception as e:   # noqa: BLE001 - an unreadable log must not hide the states
+    except Exception as e:  # noqa: BLE001 - an unreadable log must not hide the states
         imps, clicks = {}, []
         st.warning(f"{src.logs_dir}: click log not readable ({e})")
     vs = users.visits(states, names, policy, logged=imps)
-    st.markdown(f"**{len(states)}** stored visit(s) of `{uid}`. *Chosen now*: the query "
-                f"**{how}** picks at each visit from the visits before it (recomputed now).")
+    st.markdown(
+        f"**{len(states)}** stored visit(s) of `{uid}`. *Chosen now*: the query "
+        f"**{how}** picks at each visit from the visits before it (recomputed now)."
+    )
     if src.logs_dir is None:
-        st.info("Titles: the Redis state keeps only url/title hashes. Start the dashboard with "
-                "`--logs DIR` (the `astec stream log-clicks --out` directory) to see each "
-                "visit's title, the ad query shown then and the user's clicks.")
+        st.info(
+            "Titles: the Redis state keeps only url/title hashes. Start the dashboard with "
+            "`--logs DIR` (the `astec stream log-clicks --out` directory) to see each "
+            "visit's title, the ad query shown then and the user's clicks."
+        )
     else:
         found = sum(v.logged is not None for v in vs)
-        st.caption(f"Titles, the query shown then and clicks from the click log "
-                   f"`{src.logs_dir}` ({found} of {len(vs)} visits found in its newest "
-                   "partitions).")
-    st.dataframe(pd.DataFrame(users.visit_rows(vs)), hide_index=True, key="visits",
-                 column_order=("time (UTC)", "title", "shown then", "clicked", "chosen now",
-                               "why (GRU probabilities)"),
-                 column_config={"time (UTC)": st.column_config.TextColumn(width=135),
-                                "title": st.column_config.TextColumn(width="large"),
-                                "shown then": st.column_config.TextColumn(width="small"),
-                                "clicked": st.column_config.TextColumn(width=60),
-                                "chosen now": st.column_config.TextColumn(width="small"),
-                                "why (GRU probabilities)": st.column_config.TextColumn(
-                                    width="medium")})
-    st.caption("Columns hidden to fit the page: each visit's candidates with their Astec "
-               "scores, the chosen query's score, event id and URL (in the details below).")
+        st.caption(
+            f"Titles, the query shown then and clicks from the click log "
+            f"`{src.logs_dir}` ({found} of {len(vs)} visits found in its newest "
+            "partitions)."
+        )
+    st.dataframe(
+        pd.DataFrame(users.visit_rows(vs)),
+        hide_index=True,
+        key="visits",
+        column_order=(
+            "time (UTC)",
+            "title",
+            "shown then",
+            "clicked",
+            "chosen now",
+            "why (GRU probabilities)",
+        ),
+        column_config={
+            "time (UTC)": st.column_config.TextColumn(width=135),
+            "title": st.column_config.TextColumn(width="large"),
+            "shown then": st.column_config.TextColumn(width="small"),
+            "clicked": st.column_config.TextColumn(width=60),
+            "chosen now": st.column_config.TextColumn(width="small"),
+            "why (GRU probabilities)": st.column_config.TextColumn(width="medium"),
+        },
+    )
+    st.caption(
+        "Columns hidden to fit the page: each visit's candidates with their Astec "
+        "scores, the chosen query's score, event id and URL (in the details below)."
+    )
     st.subheader("Scores behind each choice")
     for i, v in enumerate(reversed(vs)):
         lg = v.logged or {}
         title = lg.get("title") or f"title hash {v.title_hash}"
-        with st.expander(f"{users._when(v.ts)} · {title[:90]} → {v.chosen or '(none)'}",
-                         expanded=(i == 0)):
+        with st.expander(
+            f"{users._when(v.ts)} · {title[:90]} → {v.chosen or '(none)'}", expanded=(i == 0)
+        ):
             if v.ranking:
-                rk = pd.DataFrame([{"query": n, "GRU probability": round(p, 4),
-                                    "Astec score (best in window)": round(a, 4),
-                                    "chosen": "◀ chosen" if n == v.chosen else ""}
-                                   for n, p, a in v.ranking])
+                rk = pd.DataFrame(
+                    [
+                        {
+                            "query": n,
+                            "GRU probability": round(p, 4),
+                            "Astec score (best in window)": round(a, 4),
+                            "chosen": "◀ chosen" if n == v.chosen else "",
+                        }
+                        for n, p, a in v.ranking
+                    ]
+                )
                 st.dataframe(rk, hide_index=True, key=f"rank-{i}")
                 if i == 0:
                     import altair as alt
-                    st.altair_chart(alt.Chart(rk).mark_bar().encode(
-                        x=alt.X("GRU probability:Q"), y=alt.Y("query:N", sort="-x", title=None,
-                                                              axis=alt.Axis(labelLimit=300)),
-                        color=alt.condition(alt.datum.chosen != "", alt.value("#d33"),
-                                            alt.value("#4a90d9")),
-                        tooltip=["query", "GRU probability", "Astec score (best in window)"]),
-                        width="stretch")
+
+                    st.altair_chart(
+                        alt.Chart(rk)
+                        .mark_bar()
+                        .encode(
+                            x=alt.X("GRU probability:Q"),
+                            y=alt.Y(
+                                "query:N", sort="-x", title=None, axis=alt.Axis(labelLimit=300)
+                            ),
+                            color=alt.condition(
+                                alt.datum.chosen != "", alt.value("#d33"), alt.value("#4a90d9")
+                            ),
+                            tooltip=["query", "GRU probability", "Astec score (best in window)"],
+                        ),
+                        width="stretch",
+                    )
             else:
-                st.caption("No usable history before this visit: the cold-start rule takes "
-                           "the page's top Astec query.")
-            st.dataframe(pd.DataFrame([{"candidate (this page)": n, "Astec score": round(s, 4)}
-                                       for n, s in v.top_queries]),
-                         hide_index=True, key=f"cand-{i}")
-            st.caption(f"event `{v.event_id}` · url {lg.get('url') or v.url_hash}"
-                       + (f" · shown then: **{lg['query']}** by {lg.get('policy', '?')}"
-                          f"{' · clicked' if lg.get('clicked') else ''}" if lg else ""))
+                st.caption(
+                    "No usable history before this visit: the cold-start rule takes "
+                    "the page's top Astec query."
+                )
+            st.dataframe(
+                pd.DataFrame(
+                    [
+                        {"candidate (this page)": n, "Astec score": round(s, 4)}
+                        for n, s in v.top_queries
+                    ]
+                ),
+                hide_index=True,
+                key=f"cand-{i}",
+            )
+            st.caption(
+                f"event `{v.event_id}` · url {lg.get('url') or v.url_hash}"
+                + (
+                    f" · shown then: **{lg['query']}** by {lg.get('policy', '?')}"
+                    f"{' · clicked' if lg.get('clicked') else ''}"
+                    if lg
+                    else ""
+                )
+            )
     st.subheader("Clicks")
     if src.logs_dir is None:
         st.caption("No click log given (--logs).")
@@ -294,9 +386,20 @@ def page_users(src: Sources) -> None:
     c[1].metric("Clicks", len(clicks))
     c[2].metric("CTR", f"{100 * len(clicks) / n_imp:.1f}%" if n_imp else "–")
     if clicks:
-        st.dataframe(pd.DataFrame([{"time (UTC)": users._when(r["ts"]), "query": r["query"],
-                                    "on page": (imps.get(r["event_id"]) or {}).get("title", "")}
-                                   for r in clicks]), hide_index=True, key="clicks")
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "time (UTC)": users._when(r["ts"]),
+                        "query": r["query"],
+                        "on page": (imps.get(r["event_id"]) or {}).get("title", ""),
+                    }
+                    for r in clicks
+                ]
+            ),
+            hide_index=True,
+            key="clicks",
+        )
     else:
         st.caption("No clicks by this user in the log's newest partitions.")
 
@@ -304,6 +407,7 @@ def page_users(src: Sources) -> None:
 @st.cache_data(max_entries=16, show_spinner="Computing label-frequency bins ...")
 def _bins(path: str, _mtime: float):
     from dashboard.models import _read_json
+
     return offline.frequency_bins(_read_json(Path(path)) or {})
 
 
@@ -311,14 +415,16 @@ def _wide_table(df: pd.DataFrame, keep: list[str], key: str) -> None:
     """A table showing `keep` columns unless 'all columns' is on; says what is hidden."""
     hidden = [c for c in df.columns if c not in keep]
     show_all = bool(hidden) and st.toggle("Show all columns", key=f"all-{key}")
-    st.dataframe(df if show_all else df[[c for c in keep if c in df.columns]],
-                 hide_index=True, key=key)
+    st.dataframe(
+        df if show_all else df[[c for c in keep if c in df.columns]], hide_index=True, key=key
+    )
     if hidden and not show_all:
         st.caption("Hidden to fit the page: " + ", ".join(hidden) + " ('Show all columns').")
 
 
 def page_offline(src: Sources) -> None:
     import altair as alt
+
     st.header("Offline metrics")
     try:
         runs = models.collect_runs(src.models_dir)
@@ -332,22 +438,43 @@ def page_offline(src: Sources) -> None:
     for p in problems:
         st.warning(p)
     if not brows:
-        st.info("No benchmark JSON: run `astec bench peers --train T --test T2 --json-out "
-                "peers.json` and start the dashboard with `--bench peers.json` (or put it in "
-                "the models directory).")
+        st.info(
+            "No benchmark JSON: run `astec bench peers --train T --test T2 --json-out "
+            "peers.json` and start the dashboard with `--bench peers.json` (or put it in "
+            "the models directory)."
+        )
     else:
         bdf = pd.DataFrame(brows)
         ok = bdf[bdf.get("error").isna()] if "error" in bdf else bdf
-        long = ok.melt(id_vars=["benchmark", "method"], value_vars=list(offline.BENCH_METRICS),
-                       var_name="metric", value_name="value").dropna()
-        chart = alt.Chart(long).mark_bar().encode(
-            x=alt.X("metric:N", sort=list(offline.BENCH_METRICS), title=None,
-                    axis=alt.Axis(labelAngle=0)),
-            xOffset="method:N", y=alt.Y("value:Q", title="%"),
-            color=alt.Color("method:N"), tooltip=["benchmark", "method", "metric", "value"])
+        long = ok.melt(
+            id_vars=["benchmark", "method"],
+            value_vars=list(offline.BENCH_METRICS),
+            var_name="metric",
+            value_name="value",
+        ).dropna()
+        chart = (
+            alt.Chart(long)
+            .mark_bar()
+            .encode(
+                x=alt.X(
+                    "metric:N",
+                    sort=list(offline.BENCH_METRICS),
+                    title=None,
+                    axis=alt.Axis(labelAngle=0),
+                ),
+                xOffset="method:N",
+                y=alt.Y("value:Q", title="%"),
+                color=alt.Color("method:N"),
+                tooltip=["benchmark", "method", "metric", "value"],
+            )
+        )
         st.altair_chart(chart, width="stretch")
-        _wide_table(bdf, ["benchmark", "method", "P@1", "P@5", "PSP@1", "PSP@5", "train_s",
-                          "peak_rss_mb"] + (["error"] if "error" in bdf else []), "bench")
+        _wide_table(
+            bdf,
+            ["benchmark", "method", "P@1", "P@5", "PSP@1", "PSP@5", "train_s", "peak_rss_mb"]
+            + (["error"] if "error" in bdf else []),
+            "bench",
+        )
     # -- P@k against k -------------------------------------------------------------------------
     st.subheader("P@k against k")
     pts = offline.run_pk_points(runs)
@@ -355,16 +482,28 @@ def page_offline(src: Sources) -> None:
         if not r.get("error"):
             pts += offline.pk_points(f"peer {r['method']} · {r['benchmark']}", r)
     if pts:
-        chart = alt.Chart(pd.DataFrame(pts)).mark_line(point=True).encode(
-            x=alt.X("k:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("P@k:Q", title="P@k (%)"), color=alt.Color(
-                "series:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=400)),
-            tooltip=["series", "k", "P@k"])
+        chart = (
+            alt.Chart(pd.DataFrame(pts))
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("k:O", axis=alt.Axis(labelAngle=0)),
+                y=alt.Y("P@k:Q", title="P@k (%)"),
+                color=alt.Color(
+                    "series:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=400)
+                ),
+                tooltip=["series", "k", "P@k"],
+            )
+        )
         st.altair_chart(chart, width="stretch")
-        st.caption("Series come from different data (validation splits, evaluation files, "
-                   "held-out days, a benchmark's test set): compare lines of the same data.")
+        st.caption(
+            "Series come from different data (validation splits, evaluation files, "
+            "held-out days, a benchmark's test set): compare lines of the same data."
+        )
     else:
-        st.info("No P@k values: train logs, `astec evaluate --json` files or retrain "
-                "held-out metrics give them.")
+        st.info(
+            "No P@k values: train logs, `astec evaluate --json` files or retrain "
+            "held-out metrics give them."
+        )
     # -- label-frequency bins ------------------------------------------------------------------
     st.subheader("Each label-frequency bin's share of P@5")
     bins, why_not = [], []
@@ -372,39 +511,64 @@ def page_offline(src: Sources) -> None:
         for path, ev in r.evaluations:
             try:
                 res = _bins(str(path), path.stat().st_mtime)
-            except Exception as e:   # noqa: BLE001 - say which file, keep the page
+            except Exception as e:  # noqa: BLE001 - say which file, keep the page
                 why_not.append(f"{r.name} · {path.name}: {e}")
                 continue
             for b in res["bins"]:
-                bins.append({"version": f"{r.name} · {path.name}", **b,
-                             "bin label": f"{b['bin']} ({b['mean_freq']:g})"})
+                bins.append(
+                    {
+                        "version": f"{r.name} · {path.name}",
+                        **b,
+                        "bin label": f"{b['bin']} ({b['mean_freq']:g})",
+                    }
+                )
     if bins:
-        chart = alt.Chart(pd.DataFrame(bins)).mark_bar().encode(
-            x=alt.X("bin label:N", title="label bin, rarest first (mean training frequency)",
-                    sort=None, axis=alt.Axis(labelAngle=0)), xOffset="version:N",
-            y=alt.Y("share:Q", title="share of P@5 (%)"),
-            color=alt.Color("version:N", legend=alt.Legend(orient="bottom", labelLimit=500)),
-            tooltip=["version", "bin", "labels", "mean_freq", "share"])
+        chart = (
+            alt.Chart(pd.DataFrame(bins))
+            .mark_bar()
+            .encode(
+                x=alt.X(
+                    "bin label:N",
+                    title="label bin, rarest first (mean training frequency)",
+                    sort=None,
+                    axis=alt.Axis(labelAngle=0),
+                ),
+                xOffset="version:N",
+                y=alt.Y("share:Q", title="share of P@5 (%)"),
+                color=alt.Color("version:N", legend=alt.Legend(orient="bottom", labelLimit=500)),
+                tooltip=["version", "bin", "labels", "mean_freq", "share"],
+            )
+        )
         st.altair_chart(chart, width="stretch")
-        st.caption("Labels sorted by training frequency and cut into five equal-sized bins (as "
-                   "in the DeepXML paper's supplementary figure); the bins of a version add up "
-                   "to its P@5.")
+        st.caption(
+            "Labels sorted by training frequency and cut into five equal-sized bins (as "
+            "in the DeepXML paper's supplementary figure); the bins of a version add up "
+            "to its P@5."
+        )
     else:
-        st.info("No evaluation with readable test, prediction and training files: run "
-                "`astec evaluate --test T --pred P --train TR --json MODELS/versions/V/eval.json`.")
+        st.info(
+            "No evaluation with readable test, prediction and training files: run "
+            "`astec evaluate --test T --pred P --train TR --json MODELS/versions/V/eval.json`."
+        )
     for w in why_not:
         st.caption(f"bins not computed for {w}")
     if not runs:
         return
     # -- per-run tables ------------------------------------------------------------------------
     st.subheader("Metrics per run")
-    _wide_table(pd.DataFrame(models.summary_rows(runs)),
-                ["run", "current", "source", "P@1", "P@3", "P@5", "PSP@1", "PSP@5"], "summary")
+    _wide_table(
+        pd.DataFrame(models.summary_rows(runs)),
+        ["run", "current", "source", "P@1", "P@3", "P@5", "PSP@1", "PSP@5"],
+        "summary",
+    )
     versions = models.version_rows(runs)
     if versions:
         st.subheader("Registry versions")
-        _wide_table(pd.DataFrame(versions), ["version", "current", "created (UTC)", "promoted",
-                                             "decision"], "versions")
+        _wide_table(
+            pd.DataFrame(versions),
+            ["version", "current", "created (UTC)", "promoted", "decision"],
+            "versions",
+        )
     logged = [r for r in runs if r.train_log]
     if logged:
         st.subheader("Training time per module")
@@ -427,7 +591,7 @@ def page_offline(src: Sources) -> None:
         _wide_table(gdf, list(gdf.columns[:8]), "gru")
 
 
-WINDOWS = {"2 min": 120, "5 min": 300, "10 min": 600}   # the series keeps 600 points (10 min at 1 s)
+WINDOWS = {"2 min": 120, "5 min": 300, "10 min": 600}  # the series keeps 600 points (10 min at 1 s)
 
 
 def page_health(src: Sources) -> None:
@@ -445,8 +609,10 @@ def page_health(src: Sources) -> None:
         live = len(h.rows) > h.stale
         series = health.series_frame(client, src.prefix, WINDOWS[window], anchor_last=not live)
         if not h.rows and series.empty:
-            st.info(f"No consumer has published metrics under `{src.prefix}:metrics:` in the "
-                    "last hour. Start one with `astec stream run`.")
+            st.info(
+                f"No consumer has published metrics under `{src.prefix}:metrics:` in the "
+                "last hour. Start one with `astec stream run`."
+            )
             return
         c = st.columns(6)
         c[0].metric("Consumers (live/stale)", f"{len(h.rows) - h.stale}/{h.stale}")
@@ -456,12 +622,16 @@ def page_health(src: Sources) -> None:
         c[4].metric("Visits sent no query", f"{sum(r.get('no_query') or 0 for r in h.rows):,}")
         c[5].metric("Model versions", len(h.versions))
         if not live and not series.empty:
-            st.warning(f"No live consumer: the charts show the {window} before the last point "
-                       f"published ({series['time'].max():%H:%M:%S} UTC); series are kept for "
-                       "an hour after a consumer stops.")
+            st.warning(
+                f"No live consumer: the charts show the {window} before the last point "
+                f"published ({series['time'].max():%H:%M:%S} UTC); series are kept for "
+                "an hour after a consumer stops."
+            )
         if len(h.versions) > 1:
-            st.warning("Consumers serve different model versions: " +
-                       ", ".join(f"{v} ({n})" for v, n in sorted(h.versions.items())))
+            st.warning(
+                "Consumers serve different model versions: "
+                + ", ".join(f"{v} ({n})" for v, n in sorted(h.versions.items()))
+            )
         if series.empty:
             st.info("No time series yet (workers publish one point per second).")
         else:
@@ -470,10 +640,12 @@ def page_health(src: Sources) -> None:
                 st.markdown("**Events/s** (per consumer and all)")
                 st.line_chart(health.pivot(series, "events_per_s"), height=220)
             with g[1]:
-                st.markdown("**Event → ad latency, ms** (p50 and p99 of each interval, "
-                            "worst consumer)")
-                lat = pd.DataFrame({q: health.fleet(series, f"e2a_ms_{q}", how="max")
-                                    for q in ("p50", "p99")})
+                st.markdown(
+                    "**Event → ad latency, ms** (p50 and p99 of each interval, worst consumer)"
+                )
+                lat = pd.DataFrame(
+                    {q: health.fleet(series, f"e2a_ms_{q}", how="max") for q in ("p50", "p99")}
+                )
                 if lat.dropna(how="all").empty:
                     st.caption("No events in this window.")
                 else:
@@ -486,15 +658,30 @@ def page_health(src: Sources) -> None:
                 st.markdown("**Consumer lag** (messages behind the partitions' ends)")
                 lag = health.pivot(series, "lag")
                 if lag.empty:
-                    st.caption("The workers do not publish their lag yet (stream.metrics "
-                               "ConsumerMetrics.lag is unset).")
+                    st.caption(
+                        "The workers do not publish their lag yet (stream.consumer_metrics "
+                        "ConsumerMetrics.lag is unset)."
+                    )
                 else:
                     st.line_chart(lag, height=200)
         if h.rows:
             st.subheader("Consumers now")
-            _wide_table(pd.DataFrame(h.rows), ["consumer", "status", "model_version", "events",
-                                               "events_per_s", "dead_letters", "no_query",
-                                               "e2a_ms_p50", "e2a_ms_p99", "age_s"], "consumers")
+            _wide_table(
+                pd.DataFrame(h.rows),
+                [
+                    "consumer",
+                    "status",
+                    "model_version",
+                    "events",
+                    "events_per_s",
+                    "dead_letters",
+                    "no_query",
+                    "e2a_ms_p50",
+                    "e2a_ms_p99",
+                    "age_s",
+                ],
+                "consumers",
+            )
             st.subheader("Where the time goes (cumulative seconds per stage)")
             st.bar_chart(pd.DataFrame(h.stages).set_index("consumer"), height=220)
         st.caption(f"Read at {time.strftime('%H:%M:%S')}")
@@ -512,9 +699,14 @@ def main() -> None:
         f"  \nGRU policy: `{src.policy_dir or 'none (top1 rule; --policy)'}`"
         + (f" ({src.policy_how})" if src.policy_how else "")
         + f"  \nClick logs: `{src.logs_dir or 'none (--logs)'}`"
-        + (f" ({src.logs_how})" if src.logs_how else ""))
-    {"Predict": page_predict, "Users": page_users, "Offline metrics": page_offline,
-     "Stream health": page_health}[page](src)
+        + (f" ({src.logs_how})" if src.logs_how else "")
+    )
+    {
+        "Predict": page_predict,
+        "Users": page_users,
+        "Offline metrics": page_offline,
+        "Stream health": page_health,
+    }[page](src)
 
 
 main()

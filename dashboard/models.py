@@ -12,6 +12,7 @@ table of "P@1"-style keys), in the run directory or one level below, and the hel
 also names the model directory it was exported from (source_model.path), whose train_log.json
 is then shown with it. Reading only: nothing here trains or writes.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MAX_JSON_BYTES = 4 << 20          # evaluation/train logs are small; skip anything bigger
+MAX_JSON_BYTES = 4 << 20  # evaluation/train logs are small; skip anything bigger
 _SKIP_JSON = {"labels.json", "predictor.json", "manifest.json", "config.json", "tfidf.json"}
 
 
@@ -33,7 +34,7 @@ class PredictorRef:
 
     path: Path
     version: str
-    source: str          # "registry", "predictor" or "directory"
+    source: str  # "registry", "predictor" or "directory"
 
 
 @dataclass
@@ -43,7 +44,7 @@ class Run:
     name: str
     path: Path
     current: bool = False
-    meta: dict = field(default_factory=dict)            # registry version.json
+    meta: dict = field(default_factory=dict)  # registry version.json
     train_log: dict | None = None
     train_log_path: Path | None = None
     evaluations: list[tuple[Path, dict]] = field(default_factory=list)
@@ -66,6 +67,7 @@ def is_predictor_dir(path: Path) -> bool:
 
 def _registry(models: Path):
     from engine.registry import Registry
+
     return Registry(models)
 
 
@@ -73,11 +75,14 @@ def resolve_predictor(models: Path) -> PredictorRef:
     """The predictor to serve from MODELS_DIR, or ModelsError saying why there is none."""
     models = Path(models)
     if not models.is_dir():
-        raise ModelsError(f"{models}: no such directory. Train and export a model first "
-                          "(`astec train ... --out M/model`, `astec export --model M/model "
-                          "--out M/predictor`) and start the dashboard with --models M")
+        raise ModelsError(
+            f"{models}: no such directory. Train and export a model first "
+            "(`astec train ... --out M/model`, `astec export --model M/model "
+            "--out M/predictor`) and start the dashboard with --models M"
+        )
     if (models / "CURRENT").is_file() or (models / "versions").is_dir():
         from engine.registry import RegistryError
+
         reg = _registry(models)
         try:
             version = reg.current()
@@ -88,8 +93,9 @@ def resolve_predictor(models: Path) -> PredictorRef:
         vdir = reg.path(version)
         pdir = vdir / "predictor" if is_predictor_dir(vdir / "predictor") else vdir
         if not is_predictor_dir(pdir):
-            raise ModelsError(f"{vdir}: the current version has no exported predictor "
-                              "(predictor/manifest.json)")
+            raise ModelsError(
+                f"{vdir}: the current version has no exported predictor (predictor/manifest.json)"
+            )
         return PredictorRef(pdir, version, "registry")
     if is_predictor_dir(models):
         return PredictorRef(models, _manifest_version(models) or models.name, "predictor")
@@ -98,10 +104,12 @@ def resolve_predictor(models: Path) -> PredictorRef:
         # several exported predictors side by side: the most recently written one
         newest = max(found, key=lambda d: (d / "manifest.json").stat().st_mtime)
         return PredictorRef(newest, _manifest_version(newest) or newest.name, "directory")
-    raise ModelsError(f"{models}: no exported predictor here (looked for CURRENT, "
-                      "manifest.json + predictor.json, and predictor directories one level "
-                      "down). Export one with `astec export --model MODEL --out "
-                      f"{models}/predictor`")
+    raise ModelsError(
+        f"{models}: no exported predictor here (looked for CURRENT, "
+        "manifest.json + predictor.json, and predictor directories one level "
+        "down). Export one with `astec export --model MODEL --out "
+        f"{models}/predictor`"
+    )
 
 
 def _manifest_version(pdir: Path) -> str:
@@ -112,6 +120,7 @@ def _manifest_version(pdir: Path) -> str:
 def load_predictor(ref: PredictorRef):
     """engine.predictor.Predictor for `ref` (verifies the manifest; no torch)."""
     from engine.predictor import Predictor
+
     return Predictor.load(ref.path)
 
 
@@ -124,8 +133,9 @@ def is_evaluation(obj: dict | None) -> bool:
 
 def _scan_run(run: Run) -> Run:
     """Fill train_log and evaluations from run.path and one directory level below it."""
-    dirs = [run.path] + sorted(d for d in run.path.iterdir()
-                               if d.is_dir() and not d.name.startswith("."))
+    dirs = [run.path] + sorted(
+        d for d in run.path.iterdir() if d.is_dir() and not d.name.startswith(".")
+    )
     for d in dirs:
         tl = d / "train_log.json"
         if run.train_log is None and tl.is_file():
@@ -152,6 +162,7 @@ def collect_runs(models: Path) -> list[Run]:
     runs: list[Run] = []
     if (models / "CURRENT").is_file() or (models / "versions").is_dir():
         from engine.registry import RegistryError
+
         reg = _registry(models)
         try:
             cur = reg.current()
@@ -167,10 +178,16 @@ def collect_runs(models: Path) -> list[Run]:
     here = _scan_run(Run(models.name, models, current=is_predictor_dir(models)))
     if here.train_log is not None or here.evaluations or is_predictor_dir(models):
         return [here]
-    subs = sorted((d for d in models.iterdir() if d.is_dir() and not d.name.startswith(".")),
-                  key=lambda d: d.stat().st_mtime, reverse=True)
-    return [r for r in (_scan_run(Run(d.name, d)) for d in subs)
-            if r.train_log is not None or r.evaluations]
+    subs = sorted(
+        (d for d in models.iterdir() if d.is_dir() and not d.name.startswith(".")),
+        key=lambda d: d.stat().st_mtime,
+        reverse=True,
+    )
+    return [
+        r
+        for r in (_scan_run(Run(d.name, d)) for d in subs)
+        if r.train_log is not None or r.evaluations
+    ]
 
 
 def _final_valid(learner_log: dict) -> dict:
@@ -187,8 +204,9 @@ def _r2(x):
     return round(float(x), 2) if isinstance(x, (int, float)) else None
 
 
-def summary_rows(runs: list[Run], metric_keys=("P@1", "P@3", "P@5", "nDCG@5", "PSP@1",
-                                                "PSP@5")) -> list[dict]:
+def summary_rows(
+    runs: list[Run], metric_keys=("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@5")
+) -> list[dict]:
     """One row per run and metrics source: training validation and each evaluation file."""
     rows = []
     for r in runs:
@@ -197,29 +215,53 @@ def summary_rows(runs: list[Run], metric_keys=("P@1", "P@3", "P@5", "nDCG@5", "P
         if tl:
             learners = tl.get("learners", [])
             valid = _final_valid(learners[0]) if learners else {}
-            row = {**base, "source": "train_log (validation)", "points": tl.get("num_points"),
-                   "labels": tl.get("num_labels"), "learners": len(learners) or None,
-                   "train_s": tl.get("train_seconds"), "peak_rss_mb": tl.get("peak_rss_mb")}
+            row = {
+                **base,
+                "source": "train_log (validation)",
+                "points": tl.get("num_points"),
+                "labels": tl.get("num_labels"),
+                "learners": len(learners) or None,
+                "train_s": tl.get("train_seconds"),
+                "peak_rss_mb": tl.get("peak_rss_mb"),
+            }
             row.update({k: _r2(valid.get(k)) for k in metric_keys})
             rows.append(row)
         for path, ev in r.evaluations:
             m = ev.get("metrics", {})
-            row = {**base, "source": f"evaluate: {path.name}", "points": ev.get("num_points"),
-                   "labels": ev.get("num_labels"), "learners": None, "train_s": None,
-                   "peak_rss_mb": None}
+            row = {
+                **base,
+                "source": f"evaluate: {path.name}",
+                "points": ev.get("num_points"),
+                "labels": ev.get("num_labels"),
+                "learners": None,
+                "train_s": None,
+                "peak_rss_mb": None,
+            }
             row.update({k: _r2(m.get(k)) for k in metric_keys})
             rows.append(row)
         hold = r.meta.get("metrics_holdout")
         if isinstance(hold, dict):
             pts = (r.meta.get("holdout") or {}).get("points")
-            row = {**base, "source": "retrain holdout", "points": pts, "labels": None,
-                   "learners": None, "train_s": None, "peak_rss_mb": None}
+            row = {
+                **base,
+                "source": "retrain holdout",
+                "points": pts,
+                "labels": None,
+                "learners": None,
+                "train_s": None,
+                "peak_rss_mb": None,
+            }
             row.update({k: _r2(hold.get(k)) for k in metric_keys})
             rows.append(row)
             parent = r.meta.get("metrics_current_on_holdout")
-            if isinstance(parent, dict):   # the version it was compared with, same held-out pages
-                rows.append({**row, "source": f"retrain holdout: parent {r.meta.get('parent')}",
-                             **{k: _r2(parent.get(k)) for k in metric_keys}})
+            if isinstance(parent, dict):  # the version it was compared with, same held-out pages
+                rows.append(
+                    {
+                        **row,
+                        "source": f"retrain holdout: parent {r.meta.get('parent')}",
+                        **{k: _r2(parent.get(k)) for k in metric_keys},
+                    }
+                )
         if not tl and not r.evaluations and not isinstance(hold, dict):
             rows.append({**base, "source": "no metrics files", **{k: None for k in metric_keys}})
     return rows
@@ -232,11 +274,19 @@ def version_rows(runs: list[Run]) -> list[dict]:
         if not r.meta:
             continue
         created = r.meta.get("created")
-        rows.append({"version": r.name, "current": r.current,
-                     "created (UTC)": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(created))
-                     if isinstance(created, (int, float)) else None,
-                     "kind": r.meta.get("kind"), "promoted": r.meta.get("promoted"),
-                     "decision": r.meta.get("decision"), "parent": r.meta.get("parent")})
+        rows.append(
+            {
+                "version": r.name,
+                "current": r.current,
+                "created (UTC)": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(created))
+                if isinstance(created, (int, float))
+                else None,
+                "kind": r.meta.get("kind"),
+                "promoted": r.meta.get("promoted"),
+                "decision": r.meta.get("decision"),
+                "parent": r.meta.get("parent"),
+            }
+        )
     return rows
 
 
@@ -245,13 +295,25 @@ def module_rows(run: Run) -> list[dict]:
     tl = run.train_log or {}
     rows = []
     if tl.get("features_seconds") is not None:
-        rows.append({"learner": "-", "module": "features", "seconds": tl["features_seconds"],
-                     "peak_rss_mb": None})
+        rows.append(
+            {
+                "learner": "-",
+                "module": "features",
+                "seconds": tl["features_seconds"],
+                "peak_rss_mb": None,
+            }
+        )
     for j, lr in enumerate(tl.get("learners", [])):
         for name, m in lr.get("modules", {}).items():
             if isinstance(m, dict):
-                rows.append({"learner": str(j), "module": name, "seconds": m.get("seconds"),
-                             "peak_rss_mb": m.get("peak_rss_mb")})
+                rows.append(
+                    {
+                        "learner": str(j),
+                        "module": name,
+                        "seconds": m.get("seconds"),
+                        "peak_rss_mb": m.get("peak_rss_mb"),
+                    }
+                )
     return rows
 
 
@@ -260,6 +322,7 @@ def gru_rows(policy_root: Path | None) -> list[dict]:
     if policy_root is None or not (Path(policy_root) / "versions").is_dir():
         return []
     from engine.registry import RegistryError
+
     reg = _registry(Path(policy_root))
     try:
         cur = reg.current()
@@ -297,6 +360,9 @@ def version_predictors(models: Path) -> list[PredictorRef]:
         return out
     if is_predictor_dir(models):
         return [PredictorRef(models, _manifest_version(models) or models.name, "predictor")]
-    found = sorted((d for d in models.iterdir() if d.is_dir() and is_predictor_dir(d)),
-                   key=lambda d: (d / "manifest.json").stat().st_mtime, reverse=True)
+    found = sorted(
+        (d for d in models.iterdir() if d.is_dir() and is_predictor_dir(d)),
+        key=lambda d: (d / "manifest.json").stat().st_mtime,
+        reverse=True,
+    )
     return [PredictorRef(d, _manifest_version(d) or d.name, "directory") for d in found]

@@ -11,6 +11,7 @@ Sources, all written by other commands (nothing is trained or predicted here):
     five equal-sized bins; a bin's share is its correct top-5 predictions / (5 N), so the bins
     add up to P@5).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,11 @@ def _read(path: Path):
 
 def is_bench(obj) -> bool:
     """True for the list `astec bench peers --json-out` writes."""
-    return (isinstance(obj, list) and bool(obj) and
-            all(isinstance(r, dict) and isinstance(r.get("method"), str) for r in obj))
+    return (
+        isinstance(obj, list)
+        and bool(obj)
+        and all(isinstance(r, dict) and isinstance(r.get("method"), str) for r in obj)
+    )
 
 
 def find_bench(models: Path, given: tuple[Path, ...] = ()) -> list[Path]:
@@ -88,6 +92,7 @@ def run_pk_points(runs) -> list[dict]:
         learners = tl.get("learners") or []
         if learners:
             from dashboard.models import _final_valid
+
             pts += pk_points(f"{r.name} · validation", _final_valid(learners[0]))
         for path, ev in r.evaluations:
             pts += pk_points(f"{r.name} · {path.name}", ev.get("metrics", {}))
@@ -99,6 +104,7 @@ def run_pk_points(runs) -> list[dict]:
 
 def _load_pred(path: Path, L: int):
     from engine.formats import read_npz, read_predictions
+
     if str(path).endswith(".npz"):
         return read_npz(path)
     return read_predictions(path, L)
@@ -113,12 +119,15 @@ def frequency_bins(ev: dict, n_bins: int = 5, k: int = 5) -> dict:
     import scipy.sparse as sp
 
     from engine.formats import load_dataset
-    from engine.metrics import hit_matrix, topk
+    from engine.ranking_metrics import hit_matrix, topk
+
     test, pred, train = ev.get("test"), ev.get("pred"), ev.get("train")
     for what, p in (("test", test), ("pred", pred), ("train", train)):
         if not p:
-            raise ValueError(f"the evaluation names no {what} file (run `astec evaluate` with "
-                             "--train to get label frequencies)")
+            raise ValueError(
+                f"the evaluation names no {what} file (run `astec evaluate` with "
+                "--train to get label frequencies)"
+            )
         if not Path(p).is_file():
             raise ValueError(f"{what} file {p} is no longer readable")
     te, tr = load_dataset(test), load_dataset(train)
@@ -133,8 +142,8 @@ def frequency_bins(ev: dict, n_bins: int = 5, k: int = 5) -> dict:
     Ytr = sp.csr_matrix(tr.Y)
     freq = np.zeros(L)
     f = np.bincount(Ytr.indices, minlength=Ytr.shape[1]).astype(float)
-    freq[:f.size] = f[:L]
-    order = np.argsort(freq, kind="stable")              # rarest first
+    freq[: f.size] = f[:L]
+    order = np.argsort(freq, kind="stable")  # rarest first
     bin_of = np.empty(L, np.int64)
     bin_of[order] = np.arange(L) * n_bins // L
     n = Y.shape[0]
@@ -144,7 +153,12 @@ def frequency_bins(ev: dict, n_bins: int = 5, k: int = 5) -> dict:
     bins = []
     for b in range(n_bins):
         labs = order[bin_of[order] == b]
-        bins.append({"bin": b + 1, "labels": int(labs.size),
-                     "mean_freq": round(float(freq[labs].mean()), 2) if labs.size else 0.0,
-                     "share": round(100.0 * counts[b] / (k * n), 3) if n else 0.0})
+        bins.append(
+            {
+                "bin": b + 1,
+                "labels": int(labs.size),
+                "mean_freq": round(float(freq[labs].mean()), 2) if labs.size else 0.0,
+                "share": round(100.0 * counts[b] / (k * n), 3) if n else 0.0,
+            }
+        )
     return {"bins": bins, f"P@{k}": round(100.0 * counts.sum() / (k * n), 3) if n else 0.0}

@@ -1,10 +1,11 @@
 """Where the dashboard reads from: the model directory and Redis, resolved like every other command.
 
-Settings come from infra.config (defaults < services.json of `astec infra up` < config file <
+Settings come from stream.settings (defaults < services.json of `astec infra up` < config file <
 env), so `astec dashboard` passes them to the Streamlit process as ASTEC_* / REDIS_URL
 variables and the app resolves the same values. The GRU policy directory is optional
 (ASTEC_DASHBOARD_POLICY, else MODELS_DIR/gru when it exists).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,7 @@ class Sources:
     metrics_interval_s: float = 1.0
     logs_dir: Path | None = None
     bench_files: tuple[Path, ...] = ()
-    policy_how: str = ""          # "given", "found next to the models" or ""
+    policy_how: str = ""  # "given", "found next to the models" or ""
     logs_how: str = ""
 
     @property
@@ -72,7 +73,8 @@ def find_logs(models: Path) -> Path | None:
 
 def load_sources(env: dict | None = None) -> Sources:
     """Resolve the dashboard's sources from the environment (as `astec dashboard` sets it)."""
-    from infra.config import load_settings
+    from stream.settings import load_settings
+
     env = dict(os.environ if env is None else env)
     s = load_settings(env=env)
     models = Path(s.models_dir).expanduser()
@@ -80,18 +82,24 @@ def load_sources(env: dict | None = None) -> Sources:
     policy_dir = Path(policy).expanduser() if policy else find_policy(models)
     logs_dir = Path(logs).expanduser() if logs else find_logs(models)
     bench = tuple(Path(b).expanduser() for b in env.get(BENCH_ENV, "").split(os.pathsep) if b)
-    return Sources(models_dir=models, redis_url=s.redis_url, prefix=s.redis_key_prefix,
-                   policy_dir=policy_dir, metrics_interval_s=s.metrics_interval_s,
-                   logs_dir=logs_dir, bench_files=bench,
-                   policy_how="given" if policy else ("found next to the models" if policy_dir
-                                                      else ""),
-                   logs_how="given" if logs else ("found next to the models" if logs_dir else ""))
+    return Sources(
+        models_dir=models,
+        redis_url=s.redis_url,
+        prefix=s.redis_key_prefix,
+        policy_dir=policy_dir,
+        metrics_interval_s=s.metrics_interval_s,
+        logs_dir=logs_dir,
+        bench_files=bench,
+        policy_how="given" if policy else ("found next to the models" if policy_dir else ""),
+        logs_how="given" if logs else ("found next to the models" if logs_dir else ""),
+    )
 
 
 def redis_client(url: str) -> redis.Redis:
     """A client that fails fast (no retry loop): the page says "unreachable" instead of hanging."""
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=1,
-                                 retry=Retry(NoBackoff(), 0))
+    return redis.Redis.from_url(
+        url, socket_timeout=2, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
 
 
 def ping(client: redis.Redis, url: str) -> None:
@@ -99,8 +107,11 @@ def ping(client: redis.Redis, url: str) -> None:
     try:
         client.ping()
     except redis.AuthenticationError as e:
-        raise SourceError(f"Redis at {mask_url(url)} refused the credentials ({e}); check "
-                          "REDIS_URL") from None
+        raise SourceError(
+            f"Redis at {mask_url(url)} refused the credentials ({e}); check REDIS_URL"
+        ) from None
     except redis.RedisError as e:
-        raise SourceError(f"Redis at {mask_url(url)} is unreachable ({e}); start the services "
-                          "with `astec infra up` or set REDIS_URL") from None
+        raise SourceError(
+            f"Redis at {mask_url(url)} is unreachable ({e}); start the services "
+            "with `astec infra up` or set REDIS_URL"
+        ) from None

@@ -1,7 +1,7 @@
 """A user's last K visit states from Redis, made readable (titles, query names, the choice).
 
 The stream stores per visit only the page's url/title *hashes*, the Astec features z and the
-top-k query ids with scores (stream.state, personalization.state.UserState); it does not store
+top-k query ids with scores (stream.state_store, personalization.state.UserState); it does not store
 the title or the ad query it emitted. Two sources fill that in:
   * the click log (`astec stream log-clicks --out DIR`): each ad impression carries the
     visit's url, title, the query shown, its candidates and the policy, joined here by event id
@@ -13,6 +13,7 @@ the title or the ad query it emitted. Two sources fill that in:
 A visit the log does not hold (no logger ran, or older than the partitions read) shows its
 title hash and says so.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -36,8 +37,8 @@ class Visit:
     top_queries: list[tuple[str, float]]
     chosen: str | None
     chosen_score: float | None
-    ranking: list[tuple[str, float, float]] | None = None   # GRU: (query, probability, Astec score)
-    logged: dict | None = None       # the click log's impression for this event (+ "clicked")
+    ranking: list[tuple[str, float, float]] | None = None  # GRU: (query, probability, Astec score)
+    logged: dict | None = None  # the click log's impression for this event (+ "clicked")
 
 
 def _name(names: list[str] | None, i: int) -> str:
@@ -47,8 +48,9 @@ def _name(names: list[str] | None, i: int) -> str:
 
 
 def states_key(prefix: str, user_id: str) -> str:
-    """Same key as stream.state.StateStore.states_key (hash-tagged per user, id encoded)."""
-    from stream.state import key_part
+    """Same key as stream.state_store.StateStore.states_key (hash-tagged per user, id encoded)."""
+    from stream.state_store import key_part
+
     return f"{prefix}:{{user:{key_part(user_id)}}}:states"
 
 
@@ -67,12 +69,13 @@ def read_states(client: redis.Redis, prefix: str, user_id: str) -> tuple[list[Us
 def recent_users(client: redis.Redis, prefix: str, limit: int = 50) -> list[str]:
     """Up to `limit` user ids that have stored states (SCAN, never KEYS: safe on a big Redis)."""
     from urllib.parse import unquote
+
     pat = f"{prefix}:{{user:*}}:states"
     head, tail = f"{prefix}:{{user:", "}:states"
     out = []
     for key in client.scan_iter(match=pat, count=500):
         key = key.decode() if isinstance(key, bytes) else key
-        out.append(unquote(key[len(head):-len(tail)], errors="surrogatepass"))
+        out.append(unquote(key[len(head) : -len(tail)], errors="surrogatepass"))
         if len(out) >= limit:
             break
     return sorted(out)
@@ -83,6 +86,7 @@ def load_policy(policy_dir: Path | None):
     if policy_dir is None or not Path(policy_dir).exists():
         return None
     from personalization.policy import GruPolicy
+
     return GruPolicy.load(policy_dir, backend="numpy")
 
 
@@ -99,12 +103,15 @@ def chosen_queries(states: list[UserState], policy=None) -> list[tuple[int, floa
                 j = int(np.argmax(s.scores))
                 out.append((int(s.query_ids[j]), float(s.scores[j])))
         return out
-    return [(int(q), float(sc)) for q, sc in
-            policy.choose_batch([states[:i] for i in range(len(states))], states)]
+    return [
+        (int(q), float(sc))
+        for q, sc in policy.choose_batch([states[:i] for i in range(len(states))], states)
+    ]
 
 
-def rankings(states: list[UserState], policy, names: list[str] | None, top: int = 5
-             ) -> list[list[tuple[str, float, float]] | None]:
+def rankings(
+    states: list[UserState], policy, names: list[str] | None, top: int = 5
+) -> list[list[tuple[str, float, float]] | None]:
     """Per visit, the GRU's top candidates as (query, probability, the query's best Astec score
     in the window), or None where the policy used its cold-start rule (the page's top query)."""
     if policy is None or not states:
@@ -116,16 +123,25 @@ def rankings(states: list[UserState], policy, names: list[str] | None, top: int 
             out.append(None)
             continue
         best: dict[int, float] = {}
-        for s in states[max(0, i - policy.K + 1):i + 1]:
+        for s in states[max(0, i - policy.K + 1) : i + 1]:
             for q, sc in zip(s.query_ids.tolist(), s.scores.tolist()):
                 best[q] = max(best.get(q, 0.0), float(sc))
-        out.append([(_name(names, int(q)), float(p), best.get(int(q), 0.0))
-                    for q, p in zip(r[0][:top].tolist(), r[1][:top].tolist())])
+        out.append(
+            [
+                (_name(names, int(q)), float(p), best.get(int(q), 0.0))
+                for q, p in zip(r[0][:top].tolist(), r[1][:top].tolist())
+            ]
+        )
     return out
 
 
-def visits(states: list[UserState], names: list[str] | None, policy=None,
-           top: int = 5, logged: dict[str, dict] | None = None) -> list[Visit]:
+def visits(
+    states: list[UserState],
+    names: list[str] | None,
+    policy=None,
+    top: int = 5,
+    logged: dict[str, dict] | None = None,
+) -> list[Visit]:
     """Display rows for `states` (oldest first); `logged`: event id -> click-log impression."""
     chosen = chosen_queries(states, policy)
     ranks = rankings(states, policy, names, top)
@@ -133,11 +149,19 @@ def visits(states: list[UserState], names: list[str] | None, policy=None,
     out = []
     for s, (q, qs), rk in zip(states, chosen, ranks):
         tq = [(_name(names, int(i)), float(sc)) for i, sc in zip(s.query_ids[:top], s.scores[:top])]
-        out.append(Visit(ts=s.ts, event_id=s.event_id, url_hash=f"{s.url_hash:016x}",
-                         title_hash=f"{s.title_hash:016x}", top_queries=tq,
-                         chosen=_name(names, q) if q >= 0 else None,
-                         chosen_score=qs if q >= 0 else None, ranking=rk,
-                         logged=logged.get(s.event_id)))
+        out.append(
+            Visit(
+                ts=s.ts,
+                event_id=s.event_id,
+                url_hash=f"{s.url_hash:016x}",
+                title_hash=f"{s.title_hash:016x}",
+                top_queries=tq,
+                chosen=_name(names, q) if q >= 0 else None,
+                chosen_score=qs if q >= 0 else None,
+                ranking=rk,
+                logged=logged.get(s.event_id),
+            )
+        )
     return out
 
 
@@ -151,31 +175,42 @@ def visit_rows(vs: list[Visit]) -> list[dict]:
     rows = []
     for v in reversed(vs):
         lg = v.logged or {}
-        why = ("cold start: the page's top query" if v.ranking is None else
-               " > ".join(f"{n} {p:.2f}" for n, p, _ in v.ranking[:2]))
-        rows.append({
-            "time (UTC)": _when(v.ts),
-            "title": lg.get("title") or f"(not in the click log; title hash {v.title_hash})",
-            "shown then": lg.get("query", "(not logged)"),
-            "clicked": ("yes" if lg.get("clicked") else "no") if lg else "",
-            "chosen now": v.chosen or "(none)",
-            "score": None if v.chosen_score is None else round(v.chosen_score, 4),
-            "why (GRU probabilities)": why,
-            "candidates (Astec)": " | ".join(f"{n} ({s:.3f})" for n, s in v.top_queries),
-            "event": v.event_id, "url": lg.get("url") or f"hash {v.url_hash}"})
+        why = (
+            "cold start: the page's top query"
+            if v.ranking is None
+            else " > ".join(f"{n} {p:.2f}" for n, p, _ in v.ranking[:2])
+        )
+        rows.append(
+            {
+                "time (UTC)": _when(v.ts),
+                "title": lg.get("title") or f"(not in the click log; title hash {v.title_hash})",
+                "shown then": lg.get("query", "(not logged)"),
+                "clicked": ("yes" if lg.get("clicked") else "no") if lg else "",
+                "chosen now": v.chosen or "(none)",
+                "score": None if v.chosen_score is None else round(v.chosen_score, 4),
+                "why (GRU probabilities)": why,
+                "candidates (Astec)": " | ".join(f"{n} ({s:.3f})" for n, s in v.top_queries),
+                "event": v.event_id,
+                "url": lg.get("url") or f"hash {v.url_hash}",
+            }
+        )
     return rows
 
 
-def read_user_log(logs_dir: Path | None, user_id: str, max_partitions: int = 3) -> tuple[dict[str, dict], list[dict]]:
+def read_user_log(
+    logs_dir: Path | None, user_id: str, max_partitions: int = 3
+) -> tuple[dict[str, dict], list[dict]]:
     """(event id -> impression with "clicked", the user's ad clicks newest first) from the newest
     `max_partitions` date partitions of the click log; empty when there is no log."""
     if logs_dir is None or not Path(logs_dir).is_dir():
         return {}, []
     from engine.clicklog import partitions, read_log
+
     imps: dict[str, dict] = {}
     clicks: list[dict] = []
-    dates = sorted(set(partitions(logs_dir, "ad_impressions")) |
-                   set(partitions(logs_dir, "ad_clicks")))[-max_partitions:]
+    dates = sorted(
+        set(partitions(logs_dir, "ad_impressions")) | set(partitions(logs_dir, "ad_clicks"))
+    )[-max_partitions:]
     if not dates:
         return {}, []
     for rec in read_log(logs_dir, "ad_impressions", since=dates[0]):

@@ -1,4 +1,5 @@
 """`astec data ...`: inspect data files in any supported format (TSV or XC)."""
+
 from __future__ import annotations
 
 import json
@@ -14,11 +15,21 @@ def data() -> None:
 
 @data.command()
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--labels", "labels", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Label names (line i = label i; default: a sibling labels.txt / Y.txt), or the "
-                   "*_X_Y.txt label matrix for a titles or *_X_Xf.txt file.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
-              help="Also write the figures to this JSON file.")
+@click.option(
+    "--labels",
+    "labels",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Label names (line i = label i; default: a sibling labels.txt / Y.txt), or the "
+    "*_X_Y.txt label matrix for a titles or *_X_Xf.txt file.",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the figures to this JSON file.",
+)
 def stats(path: str, labels: str | None, json_out: str | None) -> None:
     """Print N, L, labels/point, points/label, label-frequency quantiles of PATH."""
     from engine.datastats import dataset_stats, format_stats

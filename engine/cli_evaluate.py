@@ -1,4 +1,5 @@
 """`astec evaluate`: score a prediction file against a test set with the XML metrics."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from engine.formats import FormatError, detect_format, load_dataset, read_npz, read_predictions
-from engine.metrics import evaluate as evaluate_metrics
-from engine.metrics import inv_propensity
+from engine.ranking_metrics import evaluate as evaluate_metrics
+from engine.ranking_metrics import inv_propensity
 
 _ROWS = ("P", "nDCG", "PSP", "PSnDCG")
 
@@ -34,8 +35,12 @@ def _read_pred(path: str, L: int | None) -> sp.csr_matrix:
             return P
         if P.nnz and int(P.indices.max()) >= L:
             row = int(np.searchsorted(P.indptr, int(np.argmax(P.indices)), side="right")) - 1
-            raise FormatError(path, None, f"row {row} predicts label id {int(P.indices.max())} "
-                                          f"but there are only {L} labels (ids 0..{L - 1})")
+            raise FormatError(
+                path,
+                None,
+                f"row {row} predicts label id {int(P.indices.max())} "
+                f"but there are only {L} labels (ids 0..{L - 1})",
+            )
         return sp.csr_matrix((P.data, P.indices, P.indptr), shape=(P.shape[0], L))
     return read_predictions(path, num_labels=L)
 
@@ -50,28 +55,69 @@ def format_table(metrics: dict[str, float], ks: list[int]) -> str:
 
 
 @click.command("evaluate")
-@click.option("--test", "test_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Test set: text TSV, XC sparse file, or XC raw titles with *_X_Y.txt.")
-@click.option("--pred", "pred_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Predictions: `id:score id:score` lines (one per test point) or an .npz "
-                   "score matrix.")
-@click.option("--train", "train_path", type=click.Path(exists=True, dir_okay=False),
-              help="Training set, for label propensities (needed for PSP and PSnDCG).")
-@click.option("--labels", "labels_path", type=click.Path(exists=True, dir_okay=False),
-              help="Label names (or XC label matrix) for TEST when not found next to it.")
-@click.option("--train-labels", "train_labels_path",
-              type=click.Path(exists=True, dir_okay=False),
-              help="Label names (or XC label matrix) for TRAIN when not found next to it.")
-@click.option("--A", "A", type=float, default=0.55, show_default=True,
-              help="Propensity A (0.6 Amazon, 0.5 Wikipedia).")
-@click.option("--B", "B", type=float, default=1.5, show_default=True,
-              help="Propensity B (2.6 Amazon, 0.4 Wikipedia).")
-@click.option("--k", "k", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Largest k; reports @1, @3, @5 up to k, and @k.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False),
-              help="Also write the metrics and run details to this JSON file.")
-def evaluate(test_path, pred_path, train_path, labels_path, train_labels_path, A, B, k,
-             json_path):
+@click.option(
+    "--test",
+    "test_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Test set: text TSV, XC sparse file, or XC raw titles with *_X_Y.txt.",
+)
+@click.option(
+    "--pred",
+    "pred_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Predictions: `id:score id:score` lines (one per test point) or an .npz score matrix.",
+)
+@click.option(
+    "--train",
+    "train_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Training set, for label propensities (needed for PSP and PSnDCG).",
+)
+@click.option(
+    "--labels",
+    "labels_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Label names (or XC label matrix) for TEST when not found next to it.",
+)
+@click.option(
+    "--train-labels",
+    "train_labels_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Label names (or XC label matrix) for TRAIN when not found next to it.",
+)
+@click.option(
+    "--A",
+    "A",
+    type=float,
+    default=0.55,
+    show_default=True,
+    help="Propensity A (0.6 Amazon, 0.5 Wikipedia).",
+)
+@click.option(
+    "--B",
+    "B",
+    type=float,
+    default=1.5,
+    show_default=True,
+    help="Propensity B (2.6 Amazon, 0.4 Wikipedia).",
+)
+@click.option(
+    "--k",
+    "k",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Largest k; reports @1, @3, @5 up to k, and @k.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    help="Also write the metrics and run details to this JSON file.",
+)
+def evaluate(test_path, pred_path, train_path, labels_path, train_labels_path, A, B, k, json_path):
     """Print P@k, nDCG@k, PSP@k and PSnDCG@k (percent) of PRED against TEST.
 
     Definitions are the Extreme Classification Repository's (pyxclib): points without labels
@@ -93,7 +139,8 @@ def evaluate(test_path, pred_path, train_path, labels_path, train_labels_path, A
     if P.shape[0] != Y.shape[0]:
         raise click.ClickException(
             f"{pred_path} has {P.shape[0]} prediction rows but {test_path} has {Y.shape[0]} "
-            "test points; line i of the predictions must be test point i")
+            "test points; line i of the predictions must be test point i"
+        )
     ks = sorted({kk for kk in (1, 3, 5) if kk <= k} | {k})
     inv_prop = None
     if train is not None:
@@ -102,20 +149,30 @@ def evaluate(test_path, pred_path, train_path, labels_path, train_labels_path, A
         metrics = evaluate_metrics(Y, P, inv_prop=inv_prop, ks=ks)
     except ValueError as e:
         raise click.ClickException(f"{pred_path}: {e}") from None
-    click.echo(f"{Y.shape[0]} test points, {L} labels"
-               f"{'' if known else ' (inferred from label ids: no label-names file)'}, "
-               f"predictions from {pred_path}")
+    click.echo(
+        f"{Y.shape[0]} test points, {L} labels"
+        f"{'' if known else ' (inferred from label ids: no label-names file)'}, "
+        f"predictions from {pred_path}"
+    )
     click.echo(format_table(metrics, ks))
     if inv_prop is None:
-        click.echo("PSP/PSnDCG not computed: they need label propensities from the training "
-                   "labels; pass --train TRAIN.")
+        click.echo(
+            "PSP/PSnDCG not computed: they need label propensities from the training "
+            "labels; pass --train TRAIN."
+        )
     else:
         click.echo(f"propensities from {train_path} ({train.num_points} points, A={A}, B={B})")
     if json_path:
-        out = {"metrics": metrics, "ks": ks, "test": str(test_path), "pred": str(pred_path),
-               "train": str(train_path) if train_path else None,
-               "propensity": {"A": A, "B": B} if inv_prop is not None else None,
-               "num_points": int(Y.shape[0]), "num_labels": int(L)}
+        out = {
+            "metrics": metrics,
+            "ks": ks,
+            "test": str(test_path),
+            "pred": str(pred_path),
+            "train": str(train_path) if train_path else None,
+            "propensity": {"A": A, "B": B} if inv_prop is not None else None,
+            "num_points": int(Y.shape[0]),
+            "num_labels": int(L),
+        }
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
         click.echo(f"wrote {json_path}")

@@ -1,4 +1,5 @@
 """`astec retrain`: a new engine version from click logs, promoted only if it is not worse."""
+
 from __future__ import annotations
 
 import json
@@ -7,22 +8,65 @@ import click
 
 
 @click.command("retrain")
-@click.option("--logs", "log_dir", required=True, type=click.Path(exists=True, file_okay=False),
-              help="Click-log directory (search_clicks/<date>/part-*.jsonl).")
-@click.option("--models", "models_dir", required=True, type=click.Path(file_okay=False),
-              help="Registry root: versions/<id>/{model,predictor,data}, CURRENT pointer.")
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="JSON object of AstecConfig fields overriding the defaults.")
-@click.option("--min-clicks", default=2, show_default=True, help="Clicks a (page, query) pair needs to be a label.")
-@click.option("--holdout-days", default=1, show_default=True, help="Newest days of logs kept for evaluation.")
-@click.option("--metric", default="P@1", show_default=True, help="Decision metric (P@k, nDCG@k, PSP@k, PSnDCG@k).")
-@click.option("--tolerance", default=1.0, show_default=True,
-              help="Promote if new >= current - tolerance (metric points, percent).")
-@click.option("--keep", default=5, show_default=True, help="Versions kept (the current one always is).")
+@click.option(
+    "--logs",
+    "log_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Click-log directory (search_clicks/<date>/part-*.jsonl).",
+)
+@click.option(
+    "--models",
+    "models_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Registry root: versions/<id>/{model,predictor,data}, CURRENT pointer.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="JSON object of AstecConfig fields overriding the defaults.",
+)
+@click.option(
+    "--min-clicks",
+    default=2,
+    show_default=True,
+    help="Clicks a (page, query) pair needs to be a label.",
+)
+@click.option(
+    "--holdout-days", default=1, show_default=True, help="Newest days of logs kept for evaluation."
+)
+@click.option(
+    "--metric",
+    default="P@1",
+    show_default=True,
+    help="Decision metric (P@k, nDCG@k, PSP@k, PSnDCG@k).",
+)
+@click.option(
+    "--tolerance",
+    default=1.0,
+    show_default=True,
+    help="Promote if new >= current - tolerance (metric points, percent).",
+)
+@click.option(
+    "--keep", default=5, show_default=True, help="Versions kept (the current one always is)."
+)
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch/hnswlib threads.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def retrain(log_dir, models_dir, config_path, min_clicks, holdout_days, metric, tolerance, keep,
-            threads, quiet):
+def retrain(
+    log_dir,
+    models_dir,
+    config_path,
+    min_clicks,
+    holdout_days,
+    metric,
+    tolerance,
+    keep,
+    threads,
+    quiet,
+):
     """Train, export and evaluate a new version; switch CURRENT only if it is not worse.
 
     Safe to kill at any point: CURRENT and complete versions are untouched, and the next run
@@ -37,13 +81,20 @@ def retrain(log_dir, models_dir, config_path, min_clicks, holdout_days, metric, 
         raise click.ClickException(str(e)) from None
     if threads:
         cfg.num_threads = threads
-    s = RetrainSettings(min_clicks=min_clicks, holdout_days=holdout_days, metric=metric,
-                        tolerance=tolerance, keep=keep, progress=not quiet)
+    s = RetrainSettings(
+        min_clicks=min_clicks,
+        holdout_days=holdout_days,
+        metric=metric,
+        tolerance=tolerance,
+        keep=keep,
+        progress=not quiet,
+    )
     try:
         res = run(log_dir, models_dir, cfg, s)
     except RetrainError as e:
         raise click.ClickException(str(e)) from None
     out = res.to_dict()
     out["data"] = {k: v for k, v in res.data.items() if k != "read"} | {
-        "corrupt_lines_skipped": res.data["read"]["corrupt"]}
+        "corrupt_lines_skipped": res.data["read"]["corrupt"]
+    }
     click.echo(json.dumps(out, indent=1))

@@ -1,4 +1,5 @@
 """`astec train` and `astec predict`: thin click wrappers over engine.astec.Astec."""
+
 from __future__ import annotations
 
 import json
@@ -10,31 +11,89 @@ import click
 
 
 @click.command("train")
-@click.option("--train", "train_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Training data: text TSV (text<TAB>id,id,...), XC sparse (N F L header) or XC raw text.")
-@click.option("--clicks", "clicks_dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Train from search click logs instead (LOG_DIR/search_clicks/<date>/*.jsonl): the "
-                   "title -> queries set is written to OUT/data/ (train.tsv, test.tsv, labels.txt).")
-@click.option("--min-clicks", type=click.IntRange(1), default=2, show_default=True,
-              help="With --clicks: clicks a (page, query) pair needs to become a label.")
-@click.option("--test-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.2, show_default=True,
-              help="With --clicks: share of pages held out in OUT/data/test.tsv (split by page).")
-@click.option("--labels", "labels_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="labels.txt (line i = name of label i) or, for XC titles/feature files, the *_X_Y.txt matrix.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Model directory to write.")
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="JSON object of AstecConfig fields overriding the defaults.")
-@click.option("--learners", type=click.IntRange(1, 16), default=None, help="Ensemble size (Astec-3: 3).")
+@click.option(
+    "--train",
+    "train_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Training data: text TSV (text<TAB>id,id,...), XC sparse (N F L header) or XC raw text.",
+)
+@click.option(
+    "--clicks",
+    "clicks_dir",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Train from search click logs instead (LOG_DIR/search_clicks/<date>/*.jsonl): the "
+    "title -> queries set is written to OUT/data/ (train.tsv, test.tsv, labels.txt).",
+)
+@click.option(
+    "--min-clicks",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="With --clicks: clicks a (page, query) pair needs to become a label.",
+)
+@click.option(
+    "--test-fraction",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.2,
+    show_default=True,
+    help="With --clicks: share of pages held out in OUT/data/test.tsv (split by page).",
+)
+@click.option(
+    "--labels",
+    "labels_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="labels.txt (line i = name of label i) or, for XC titles/feature files, the *_X_Y.txt matrix.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Model directory to write.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="JSON object of AstecConfig fields overriding the defaults.",
+)
+@click.option(
+    "--learners", type=click.IntRange(1, 16), default=None, help="Ensemble size (Astec-3: 3)."
+)
 @click.option("--seed", type=int, default=None, help="Random seed (learner j uses seed + 1000 j).")
-@click.option("--threads", type=click.IntRange(0, 256), default=None,
-              help="torch/numba/hnswlib threads (default: the config's num_threads, whose default 0 means "
-                   "every core this process may use).")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
-              help="Where Modules I-IV and the re-ranker train (default: the config's, cpu); cuda needs a "
-                   "GPU, auto takes one when present. The model and its CPU predictor are the same kind.")
+@click.option(
+    "--threads",
+    type=click.IntRange(0, 256),
+    default=None,
+    help="torch/numba/hnswlib threads (default: the config's num_threads, whose default 0 means "
+    "every core this process may use).",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda", "auto"]),
+    default=None,
+    help="Where Modules I-IV and the re-ranker train (default: the config's, cpu); cuda needs a "
+    "GPU, auto takes one when present. The model and its CPU predictor are the same kind.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def train(train_path, clicks_dir, min_clicks, test_fraction, labels_path, out_dir, config_path, learners,
-          seed, threads, device, quiet):
+def train(
+    train_path,
+    clicks_dir,
+    min_clicks,
+    test_fraction,
+    labels_path,
+    out_dir,
+    config_path,
+    learners,
+    seed,
+    threads,
+    device,
+    quiet,
+):
     """Train Astec (Modules I-IV, re-ranker, optional ensemble) and save MODEL_DIR.
 
     Give either --train (a data set file) or --clicks (search click logs). Writes config.json, the
@@ -51,13 +110,16 @@ def train(train_path, clicks_dir, min_clicks, test_fraction, labels_path, out_di
 
         data_dir = Path(out_dir) / "data"
         try:
-            stats = build_training_set(clicks_dir, data_dir, min_clicks=min_clicks,
-                                       test_fraction=test_fraction)
+            stats = build_training_set(
+                clicks_dir, data_dir, min_clicks=min_clicks, test_fraction=test_fraction
+            )
         except ValueError as e:
             raise click.ClickException(str(e)) from None
-        click.echo(f"click logs {clicks_dir}: {stats['clicks']} clicks -> {stats['points_train']} train / "
-                   f"{stats['points_test']} test pages, {stats['labels']} queries "
-                   f"({stats['read']['corrupt']} corrupt lines skipped) -> {data_dir}")
+        click.echo(
+            f"click logs {clicks_dir}: {stats['clicks']} clicks -> {stats['points_train']} train / "
+            f"{stats['points_test']} test pages, {stats['labels']} queries "
+            f"({stats['read']['corrupt']} corrupt lines skipped) -> {data_dir}"
+        )
         train_path, labels_path = str(data_dir / "train.tsv"), str(data_dir / "labels.txt")
     try:
         cfg = AstecConfig.load(config_path) if config_path else AstecConfig()
@@ -71,20 +133,31 @@ def train(train_path, clicks_dir, min_clicks, test_fraction, labels_path, out_di
     inputs = ds.texts if ds.texts is not None else ds.X
     t0 = time.time()
     try:
-        model = Astec.train(inputs, ds.Y, cfg, label_names=ds.label_names, seed=seed, learners=learners,
-                            progress=not quiet)
+        model = Astec.train(
+            inputs,
+            ds.Y,
+            cfg,
+            label_names=ds.label_names,
+            seed=seed,
+            learners=learners,
+            progress=not quiet,
+        )
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     model.save(out_dir)
     log = model.train_log
-    click.echo(f"trained {len(model.learners)} learner(s) on {ds.num_points} points, {ds.num_labels} labels "
-               f"in {time.time() - t0:.1f} s (peak RSS {log.get('peak_rss_mb')} MB) -> {out_dir}")
+    click.echo(
+        f"trained {len(model.learners)} learner(s) on {ds.num_points} points, {ds.num_labels} labels "
+        f"in {time.time() - t0:.1f} s (peak RSS {log.get('peak_rss_mb')} MB) -> {out_dir}"
+    )
     for j, lr in enumerate(log.get("learners", [])):
         mods = lr["modules"]
         best = mods.get("sparse", mods.get("reranker", mods.get("IV", {}))).get("valid")
         times = ", ".join(f"{k}={v.get('seconds')}s" for k, v in mods.items())
-        click.echo(f"  learner {j}: {times}" + (f"; valid P@1={best['P@1']:.2f} PSP@5={best['PSP@5']:.2f}"
-                                                 if best else ""))
+        click.echo(
+            f"  learner {j}: {times}"
+            + (f"; valid P@1={best['P@1']:.2f} PSP@5={best['PSP@5']:.2f}" if best else "")
+        )
 
 
 def _read_inputs(path):
@@ -97,19 +170,35 @@ def _read_inputs(path):
         return read_text_lines(path)
     if fmt == "xc-sparse":
         return read_xc_sparse(path)[0]
-    raise click.ClickException(f"{path}: {fmt} input is not supported by predict "
-                               "(give a text TSV, one text per line, or an XC sparse file)")
+    raise click.ClickException(
+        f"{path}: {fmt} input is not supported by predict "
+        "(give a text TSV, one text per line, or an XC sparse file)"
+    )
 
 
 @click.command("predict")
 @click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Texts to label: text TSV (labels ignored), one text per line, or XC sparse features.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Prediction file: one line per input, 'id:score id:score ...' best first.")
-@click.option("--text", "texts", multiple=True, help="A text to label (repeatable); prints names and scores.")
+@click.option(
+    "--input",
+    "input_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Texts to label: text TSV (labels ignored), one text per line, or XC sparse features.",
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Prediction file: one line per input, 'id:score id:score ...' best first.",
+)
+@click.option(
+    "--text", "texts", multiple=True, help="A text to label (repeatable); prints names and scores."
+)
 @click.option("--k", type=click.IntRange(1, 10000), default=10, show_default=True)
-@click.option("--no-verify", is_flag=True, help="Skip sha256 checks when loading (sizes are still checked).")
+@click.option(
+    "--no-verify", is_flag=True, help="Skip sha256 checks when loading (sizes are still checked)."
+)
 def predict(model_dir, input_path, out_path, texts, k, no_verify):
     """Predict the top-k labels with a trained model (batch file or --text)."""
     from engine.astec import Astec
@@ -134,7 +223,10 @@ def predict(model_dir, input_path, out_path, texts, k, no_verify):
         write_predictions(out_path, ids, scores)
         n = ids.shape[0]
         dt = time.time() - t0
-        click.echo(f"{n} predictions -> {out_path} ({dt:.1f} s, {1000 * dt / max(n, 1):.2f} ms/point)", err=True)
+        click.echo(
+            f"{n} predictions -> {out_path} ({dt:.1f} s, {1000 * dt / max(n, 1):.2f} ms/point)",
+            err=True,
+        )
     if texts:
         ids, scores = model.predict(list(texts), k=k)
         names = model.label_names

@@ -7,6 +7,7 @@ merging parts by `ts`, and reports and skips corrupt lines (bad JSON, missing or
 torn last line) with counts and file:line examples: one bad line never aborts a retrain, and none
 is dropped silently.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -28,21 +29,46 @@ _STR, _NUM, _BOOL, _LIST = "str", "number", "bool", "list[str]"
 # kind -> {field: (type, required)}. Extra fields are allowed (forward compatible).
 SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
     # A search-engine click: someone searched `query` and clicked the page `url` titled `title`.
-    "search_clicks": {"query": (_STR, True), "url": (_STR, True), "title": (_STR, True),
-                      "ts": (_NUM, True), "user_id": (_STR, False)},
+    "search_clicks": {
+        "query": (_STR, True),
+        "url": (_STR, True),
+        "title": (_STR, True),
+        "ts": (_NUM, True),
+        "user_id": (_STR, False),
+    },
     # A page view of a browsing session (the stream's page-views topic).
-    "page_views": {"event_id": (_STR, True), "user_id": (_STR, True), "ts": (_NUM, True),
-                   "url": (_STR, True), "title": (_STR, True), "session_id": (_STR, False)},
+    "page_views": {
+        "event_id": (_STR, True),
+        "user_id": (_STR, True),
+        "ts": (_NUM, True),
+        "url": (_STR, True),
+        "title": (_STR, True),
+        "session_id": (_STR, False),
+    },
     # One query shown to a user (an ad impression); `candidates` are the queries it was chosen
     # from, `propensity` the probability the logging policy gave to the shown query.
-    "ad_impressions": {"event_id": (_STR, True), "user_id": (_STR, True), "ts": (_NUM, True),
-                       "query": (_STR, True), "candidates": (_LIST, True),
-                       "url": (_STR, False), "title": (_STR, False), "score": (_NUM, False),
-                       "propensity": (_NUM, False), "policy": (_STR, False),
-                       "model_version": (_STR, False), "session_id": (_STR, False)},
+    "ad_impressions": {
+        "event_id": (_STR, True),
+        "user_id": (_STR, True),
+        "ts": (_NUM, True),
+        "query": (_STR, True),
+        "candidates": (_LIST, True),
+        "url": (_STR, False),
+        "title": (_STR, False),
+        "score": (_NUM, False),
+        "propensity": (_NUM, False),
+        "policy": (_STR, False),
+        "model_version": (_STR, False),
+        "session_id": (_STR, False),
+    },
     # The outcome of an impression, keyed by the impression's event_id (the ad-clicks topic).
-    "ad_clicks": {"event_id": (_STR, True), "user_id": (_STR, True), "query": (_STR, True),
-                  "clicked": (_BOOL, True), "ts": (_NUM, True)},
+    "ad_clicks": {
+        "event_id": (_STR, True),
+        "user_id": (_STR, True),
+        "query": (_STR, True),
+        "clicked": (_BOOL, True),
+        "ts": (_NUM, True),
+    },
 }
 NON_EMPTY = {"query", "url", "event_id", "user_id"}
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -57,7 +83,9 @@ def validate(kind: str, rec: Any) -> dict:
     try:
         schema = SCHEMAS[kind]
     except KeyError:
-        raise ClickLogError(f"unknown log kind {kind!r}; expected one of {sorted(SCHEMAS)}") from None
+        raise ClickLogError(
+            f"unknown log kind {kind!r}; expected one of {sorted(SCHEMAS)}"
+        ) from None
     if not isinstance(rec, dict):
         raise ClickLogError(f"expected a JSON object, got {type(rec).__name__}")
     for name, (typ, required) in schema.items():
@@ -95,8 +123,14 @@ def partition_of(ts: float) -> str:
 class ClickLogWriter:
     """Appends validated records of one kind to LOG_DIR/<kind>/<date>/part-<writer_id>.jsonl."""
 
-    def __init__(self, log_dir: str | Path, kind: str, writer_id: str = "0",
-                 fsync: bool = False, validate_records: bool = True):
+    def __init__(
+        self,
+        log_dir: str | Path,
+        kind: str,
+        writer_id: str = "0",
+        fsync: bool = False,
+        validate_records: bool = True,
+    ):
         if kind not in SCHEMAS:
             raise ClickLogError(f"unknown log kind {kind!r}; expected one of {sorted(SCHEMAS)}")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", writer_id):
@@ -189,9 +223,15 @@ class ReadReport:
             log.warning("skipping corrupt line %s: %s", where, reason)
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "files": self.files, "lines": self.lines,
-                "records": self.records, "corrupt": self.corrupt,
-                "reasons": dict(self.reasons), "examples": list(self.examples)}
+        return {
+            "kind": self.kind,
+            "files": self.files,
+            "lines": self.lines,
+            "records": self.records,
+            "corrupt": self.corrupt,
+            "reasons": dict(self.reasons),
+            "examples": list(self.examples),
+        }
 
     def summary(self) -> str:
         s = f"{self.kind}: {self.records} records from {self.files} files, {self.corrupt} corrupt lines skipped"
@@ -215,7 +255,9 @@ def _read_part(path: Path, kind: str, date: str, report: ReadReport) -> Iterator
             report.lines += 1
             where = f"{path}:{lineno}"
             if not raw.endswith(b"\n"):
-                report.add_corrupt(where, "torn line: no newline at end of file (writer died mid-write?)")
+                report.add_corrupt(
+                    where, "torn line: no newline at end of file (writer died mid-write?)"
+                )
                 continue
             if not raw.strip():
                 report.add_corrupt(where, "empty line")
@@ -231,14 +273,21 @@ def _read_part(path: Path, kind: str, date: str, report: ReadReport) -> Iterator
                 report.add_corrupt(where, f"schema: {e}")
                 continue
             if partition_of(rec["ts"]) != date:
-                report.add_corrupt(where, f"wrong partition: ts {rec['ts']} is {partition_of(rec['ts'])}")
+                report.add_corrupt(
+                    where, f"wrong partition: ts {rec['ts']} is {partition_of(rec['ts'])}"
+                )
                 continue
             report.records += 1
             yield rec
 
 
-def read_log(log_dir: str | Path, kind: str, report: ReadReport | None = None,
-             since: str | None = None, until: str | None = None) -> Iterator[dict]:
+def read_log(
+    log_dir: str | Path,
+    kind: str,
+    report: ReadReport | None = None,
+    since: str | None = None,
+    until: str | None = None,
+) -> Iterator[dict]:
     """Stream valid records of `kind` in time order (dates `since`..`until` inclusive, UTC).
 
     Corrupt lines are skipped and counted in `report` (pass one in to read the counts).
@@ -257,12 +306,15 @@ def read_log(log_dir: str | Path, kind: str, report: ReadReport | None = None,
             yield from heapq.merge(*streams, key=lambda r: r["ts"])
 
 
-def ad_outcomes(log_dir: str | Path, reports: dict[str, ReadReport] | None = None) -> Iterator[dict]:
+def ad_outcomes(
+    log_dir: str | Path, reports: dict[str, ReadReport] | None = None
+) -> Iterator[dict]:
     """Ad impressions in time order, each with `clicked` joined from ad_clicks by event_id."""
     reports = reports if reports is not None else {}
     reports.setdefault("ad_clicks", ReadReport("ad_clicks"))
     reports.setdefault("ad_impressions", ReadReport("ad_impressions"))
-    clicked = {r["event_id"] for r in read_log(log_dir, "ad_clicks", reports["ad_clicks"])
-               if r["clicked"]}
+    clicked = {
+        r["event_id"] for r in read_log(log_dir, "ad_clicks", reports["ad_clicks"]) if r["clicked"]
+    }
     for rec in read_log(log_dir, "ad_impressions", reports["ad_impressions"]):
         yield {**rec, "clicked": rec["event_id"] in clicked}

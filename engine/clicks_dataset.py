@@ -6,6 +6,7 @@ the same normalised title are merged, so one text never lands in both splits. Th
 page and comes from a hash of the title: a page keeps its split as the logs grow, so a retrain's
 test pages were never training pages of an earlier version.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,15 @@ class ClickTable:
 
     def filtered(self, min_clicks: int) -> "ClickTable":
         keep = self.pair_clicks >= min_clicks
-        return ClickTable(self.titles, self.queries, self.pair_title[keep], self.pair_query[keep],
-                          self.pair_clicks[keep], self.records, self.skipped_empty)
+        return ClickTable(
+            self.titles,
+            self.queries,
+            self.pair_title[keep],
+            self.pair_query[keep],
+            self.pair_clicks[keep],
+            self.records,
+            self.skipped_empty,
+        )
 
 
 def aggregate_clicks(records: Iterable[dict]) -> ClickTable:
@@ -71,8 +79,11 @@ def aggregate_clicks(records: Iterable[dict]) -> ClickTable:
         pu.append(u)
         pq.append(q_id.setdefault(query, len(q_id)))
     # pages with the same title are one data point
-    titles, page_of_url = np.unique(np.array(url_title, dtype=object), return_inverse=True) \
-        if url_title else (np.array([], dtype=object), np.zeros(0, np.int64))
+    titles, page_of_url = (
+        np.unique(np.array(url_title, dtype=object), return_inverse=True)
+        if url_title
+        else (np.array([], dtype=object), np.zeros(0, np.int64))
+    )
     pt = page_of_url[np.asarray(pu, np.int64)] if pu else np.zeros(0, np.int64)
     qq = np.asarray(pq, np.int64)
     Q = max(len(q_id), 1)
@@ -83,12 +94,21 @@ def aggregate_clicks(records: Iterable[dict]) -> ClickTable:
 def _split_hash(titles: list[str], seed: int) -> np.ndarray:
     """A stable uniform number in [0, 1) per title (blake2b of seed + title)."""
     salt = str(seed).encode()
-    return np.array([int.from_bytes(hashlib.blake2b(salt + t.encode(), digest_size=8).digest(), "big")
-                     for t in titles], np.float64) / 2.0 ** 64
+    return (
+        np.array(
+            [
+                int.from_bytes(hashlib.blake2b(salt + t.encode(), digest_size=8).digest(), "big")
+                for t in titles
+            ],
+            np.float64,
+        )
+        / 2.0**64
+    )
 
 
-def table_to_points(table: ClickTable, label_names: list[str] | None = None
-                    ) -> tuple[list[str], sp.csr_matrix, list[str]]:
+def table_to_points(
+    table: ClickTable, label_names: list[str] | None = None
+) -> tuple[list[str], sp.csr_matrix, list[str]]:
     """Texts, a binary label matrix and label names; labels outside `label_names` are dropped
     when it is given (evaluating a model on its own label space), else labels = clicked queries
     ordered by total clicks."""
@@ -104,15 +124,23 @@ def table_to_points(table: ClickTable, label_names: list[str] | None = None
     rows, cols = table.pair_title[ok], pl[ok]
     points = np.unique(rows)
     r = np.searchsorted(points, rows)
-    Y = sp.csr_matrix((np.ones(len(r), np.float32), (r, cols)), shape=(len(points), len(label_names)))
+    Y = sp.csr_matrix(
+        (np.ones(len(r), np.float32), (r, cols)), shape=(len(points), len(label_names))
+    )
     Y.sum_duplicates()
     Y.data[:] = 1
     return [table.titles[i] for i in points], Y, list(label_names)
 
 
-def build_training_set(log_dir: str | Path, out_dir: str | Path, min_clicks: int = 2,
-                       test_fraction: float = 0.2, seed: int = 0, since: str | None = None,
-                       until: str | None = None) -> dict:
+def build_training_set(
+    log_dir: str | Path,
+    out_dir: str | Path,
+    min_clicks: int = 2,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    since: str | None = None,
+    until: str | None = None,
+) -> dict:
     """Write OUT/train.tsv, test.tsv, labels.txt and clicks_dataset.json from LOG_DIR/search_clicks.
 
     Returns the statistics (also in clicks_dataset.json), including the reader's corrupt-line
@@ -137,15 +165,30 @@ def build_training_set(log_dir: str | Path, out_dir: str | Path, min_clicks: int
     write_label_names(out / "labels.txt", names)
     train_freq = np.asarray(Y[tr].sum(axis=0)).ravel()
     stats = {
-        "log_dir": str(log_dir), "min_clicks": min_clicks, "test_fraction": test_fraction,
-        "seed": seed, "read": report.to_dict(), "clicks": table.records,
-        "skipped_empty_text": table.skipped_empty, "pairs": int(len(table.pair_clicks)),
-        "pairs_kept": int(len(kept.pair_clicks)), "pages": len(table.titles),
-        "points_train": int(len(tr)), "points_test": int(len(te)), "labels": len(names),
+        "log_dir": str(log_dir),
+        "min_clicks": min_clicks,
+        "test_fraction": test_fraction,
+        "seed": seed,
+        "read": report.to_dict(),
+        "clicks": table.records,
+        "skipped_empty_text": table.skipped_empty,
+        "pairs": int(len(table.pair_clicks)),
+        "pairs_kept": int(len(kept.pair_clicks)),
+        "pages": len(table.titles),
+        "points_train": int(len(tr)),
+        "points_test": int(len(te)),
+        "labels": len(names),
         "labels_without_train_point": int((train_freq == 0).sum()),
         "avg_labels_per_point": round(float(Y.sum() / max(Y.shape[0], 1)), 3),
     }
     (out / "clicks_dataset.json").write_text(json.dumps(stats, indent=1) + "\n")
-    log.info("%s -> %s: %d train / %d test points, %d labels (%s)", log_dir, out, len(tr), len(te),
-             len(names), report.summary())
+    log.info(
+        "%s -> %s: %d train / %d test points, %d labels (%s)",
+        log_dir,
+        out,
+        len(tr),
+        len(te),
+        len(names),
+        report.summary(),
+    )
     return stats

@@ -3,6 +3,7 @@
 Label-side figures are taken over all L labels, including those with no points, so they match
 what the label space actually holds (a label with 0 training points still needs a score).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,9 +39,13 @@ def dataset_stats(Y, texts: list[str] | None = None, X=None) -> dict:
         "points_per_label_mean": mean(per_label),
         "points_per_label_median": median(per_label),
         "label_freq_quantiles": {
-            ("min" if q == 0 else "max" if q == 100 else f"p{q}"):
-                float(np.percentile(per_label, q)) if L else 0.0
-            for q in QUANTILES},
+            ("min" if q == 0 else "max" if q == 100 else f"p{q}"): float(
+                np.percentile(per_label, q)
+            )
+            if L
+            else 0.0
+            for q in QUANTILES
+        },
         "labels_with_0_points": int((per_label == 0).sum()),
         "frac_labels_le5_points": float((per_label <= 5).mean()) if L else 0.0,
     }

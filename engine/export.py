@@ -7,6 +7,7 @@ is only fast at training time), the TF-IDF tables, label names, alpha/beta and a
 sha256 sums written last. The whole directory is built under a staging name and renamed into
 place, so a reader never sees a half-written predictor.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,20 +45,20 @@ class ExportOptions:
     knn / kmu / ef trades that parity for speed or recall.
     """
 
-    dtype: str = "float32"        # classifier rows: float32 (exact parity) or float16 (half size)
-    knn: int = 0                  # training points searched per text (0: the model's)
-    kmu: int = 0                  # label centres searched per text (0: the model's)
-    ef_points: int = 0            # HNSW ef (0: the model's); hnswlib searches with max(ef, k)
+    dtype: str = "float32"  # classifier rows: float32 (exact parity) or float16 (half size)
+    knn: int = 0  # training points searched per text (0: the model's)
+    kmu: int = 0  # label centres searched per text (0: the model's)
+    ef_points: int = 0  # HNSW ef (0: the model's); hnswlib searches with max(ef, k)
     ef_centres: int = 0
-    hnsw_m: int = 16              # degree of graphs built here (for a model that searched exactly)
+    hnsw_m: int = 16  # degree of graphs built here (for a model that searched exactly)
     hnsw_ef_construction: int = 200
-    exact_max: int = 2048         # at most this many distinct vectors: exact search, not HNSW
-    threads: int = 2              # for building indexes only
-    version: str | None = None    # default: "astec-" + sha256(model manifest)[:12]
-    backend: str = "numpy"        # default feature backend recorded in predictor.json
-    sparse_ranker: bool = True    # False: serve the paper's combination only (as gamma = 1):
-                                  # 0.03-0.08 ms less per title on debian-related, -2 P@1
-    label_text: bool = True       # False: serve without the label-name match (weight 0)
+    exact_max: int = 2048  # at most this many distinct vectors: exact search, not HNSW
+    threads: int = 2  # for building indexes only
+    version: str | None = None  # default: "astec-" + sha256(model manifest)[:12]
+    backend: str = "numpy"  # default feature backend recorded in predictor.json
+    sparse_ranker: bool = True  # False: serve the paper's combination only (as gamma = 1):
+    # 0.03-0.08 ms less per title on debian-related, -2 P@1
+    label_text: bool = True  # False: serve without the label-name match (weight 0)
 
 
 # ---- ONNX ------------------------------------------------------------------------------------
@@ -70,8 +71,11 @@ def _external(name: str, npy: Path, dims: list[int]) -> TensorProto:
     t.name, t.data_type = name, TensorProto.FLOAT
     t.dims.extend(dims)
     t.data_location = TensorProto.EXTERNAL
-    for k, v in (("location", npy.name), ("offset", str(offset)),
-                 ("length", str(int(np.prod(dims)) * 4))):
+    for k, v in (
+        ("location", npy.name),
+        ("offset", str(offset)),
+        ("length", str(int(np.prod(dims)) * 4)),
+    ):
         e = t.external_data.add()
         e.key, e.value = k, v
     return t
@@ -92,26 +96,37 @@ def write_encoder_onnx(path: Path, emb_npy: Path, res_npy: Path, vocab: int, dim
         helper.make_node("Relu", ["h"], ["hr"]),
         helper.make_node("Add", ["v", "hr"], ["z"]),
     ]
-    inits = [_external("E", emb_npy, [vocab, dim]), _external("R", res_npy, [dim, dim]),
-             helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
-             helper.make_tensor("axis2", TensorProto.INT64, [1], [2])]
+    inits = [
+        _external("E", emb_npy, [vocab, dim]),
+        _external("R", res_npy, [dim, dim]),
+        helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("axis2", TensorProto.INT64, [1], [2]),
+    ]
     graph = helper.make_graph(
-        nodes, "astec_encoder",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", "T"]),
-         helper.make_tensor_value_info("weights", TensorProto.FLOAT, ["n", "T"])],
-        [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["n", dim]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", dim])],
-        inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="astec-export")
+        nodes,
+        "astec_encoder",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", "T"]),
+            helper.make_tensor_value_info("weights", TensorProto.FLOAT, ["n", "T"]),
+        ],
+        [
+            helper.make_tensor_value_info("v", TensorProto.FLOAT, ["n", dim]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", dim]),
+        ],
+        inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="astec-export"
+    )
     model.ir_version = 8
     onnx.save(model, str(path))
     onnx.checker.check_model(str(path))
 
 
 # ---- indexes ---------------------------------------------------------------------------------
-def _ann_files(ann, d: Path, rel: str, name: str, k: int, ef: int, opts: ExportOptions,
-               seed: int) -> dict:
+def _ann_files(
+    ann, d: Path, rel: str, name: str, k: int, ef: int, opts: ExportOptions, seed: int
+) -> dict:
     """Index files for an engine AnnIndex; returns its predictor.json entry.
 
     A model HNSW index is copied as is (same graph, same results as the model). A model that
@@ -122,8 +137,12 @@ def _ann_files(ann, d: Path, rel: str, name: str, k: int, ef: int, opts: ExportO
     """
     if ann.kind == "hnsw":
         ann.hnsw.save_index(str(d / f"{name}.hnsw"))
-        return {"kind": "hnsw", "file": f"{rel}/{name}.hnsw", "unique": int(ann.count),
-                "ef": int(ef or ann.ef_search)}
+        return {
+            "kind": "hnsw",
+            "file": f"{rel}/{name}.hnsw",
+            "unique": int(ann.count),
+            "ef": int(ef or ann.ef_search),
+        }
     V = np.ascontiguousarray(ann.vectors, dtype=np.float32)
     n = V.shape[0]
     _, first, inverse = np.unique(V, axis=0, return_index=True, return_inverse=True)
@@ -134,7 +153,7 @@ def _ann_files(ann, d: Path, rel: str, name: str, k: int, ef: int, opts: ExportO
     U = V[np.sort(first)]
     entry: dict = {"unique": int(U.shape[0])}
     if U.shape[0] < n:
-        members = np.argsort(group, kind="stable")          # ascending original ids per group
+        members = np.argsort(group, kind="stable")  # ascending original ids per group
         indptr = np.zeros(U.shape[0] + 1, np.int64)
         np.cumsum(np.bincount(group, minlength=U.shape[0]), out=indptr[1:])
         entry["members_indptr"] = f"{rel}/{_save(d / f'{name}_members_indptr.npy', indptr)}"
@@ -143,8 +162,12 @@ def _ann_files(ann, d: Path, rel: str, name: str, k: int, ef: int, opts: ExportO
         entry.update(kind="exact", file=f"{rel}/{_save(d / f'{name}_vectors.npy', U)}")
         return entry
     index = hnswlib.Index(space="ip", dim=U.shape[1])
-    index.init_index(max_elements=U.shape[0], M=opts.hnsw_m,
-                     ef_construction=opts.hnsw_ef_construction, random_seed=seed)
+    index.init_index(
+        max_elements=U.shape[0],
+        M=opts.hnsw_m,
+        ef_construction=opts.hnsw_ef_construction,
+        random_seed=seed,
+    )
     index.add_items(U, np.arange(U.shape[0]), num_threads=opts.threads)
     index.save_index(str(d / f"{name}.hnsw"))
     entry.update(kind="hnsw", file=f"{rel}/{name}.hnsw", ef=int(ef or max(ann.ef_search, 2 * k)))
@@ -167,22 +190,37 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
         R = enc.baked_residual().astype(np.float32)
         _save(d / f"{prefix}embeddings.npy", E)
         _save(d / f"{prefix}residual.npy", R)
-        write_encoder_onnx(d / f"{prefix}encoder.onnx", d / f"{prefix}embeddings.npy",
-                           d / f"{prefix}residual.npy", E.shape[0], E.shape[1])
-        return {"embeddings": f"{rel}/{prefix}embeddings.npy", "residual": f"{rel}/{prefix}residual.npy",
-                "onnx": f"{rel}/{prefix}encoder.onnx"}
+        write_encoder_onnx(
+            d / f"{prefix}encoder.onnx",
+            d / f"{prefix}embeddings.npy",
+            d / f"{prefix}residual.npy",
+            E.shape[0],
+            E.shape[1],
+        )
+        return {
+            "embeddings": f"{rel}/{prefix}embeddings.npy",
+            "residual": f"{rel}/{prefix}residual.npy",
+            "onnx": f"{rel}/{prefix}encoder.onnx",
+        }
 
     with torch.no_grad():
-        out: dict = {"alpha": float(lr.alpha), "beta": float(lr.beta),
-                     "encoder": encoder(lr.encoder, "")}
+        out: dict = {
+            "alpha": float(lr.alpha),
+            "beta": float(lr.beta),
+            "encoder": encoder(lr.encoder, ""),
+        }
         _save(d / "classifier_w.npy", lr.clf.weight.weight.detach().numpy().astype(wdt))
-        _save(d / "classifier_b.npy", lr.clf.bias.weight.detach().numpy().ravel().astype(np.float32))
+        _save(
+            d / "classifier_b.npy", lr.clf.bias.weight.detach().numpy().ravel().astype(np.float32)
+        )
         out["classifier"] = {"weight": f"{rel}/classifier_w.npy", "bias": f"{rel}/classifier_b.npy"}
         if lr.reranker is not None:
             rc = encoder(lr.reranker, "reranker_")
             _save(d / "reranker_w.npy", lr.rr_clf.weight.weight.detach().numpy().astype(wdt))
-            _save(d / "reranker_b.npy",
-                  lr.rr_clf.bias.weight.detach().numpy().ravel().astype(np.float32))
+            _save(
+                d / "reranker_b.npy",
+                lr.rr_clf.bias.weight.detach().numpy().ravel().astype(np.float32),
+            )
             rc.update(weight=f"{rel}/reranker_w.npy", bias=f"{rel}/reranker_b.npy")
             out["reranker"] = rc
     if lr.sparse is not None and opts.sparse_ranker:
@@ -190,9 +228,13 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
         _save(d / "sparse_indptr.npy", W.indptr.astype(np.int64))
         _save(d / "sparse_indices.npy", W.indices.astype(np.int32))
         _save(d / "sparse_values.npy", W.data.astype(np.float32))
-        out["sparse_ranker"] = {"indptr": f"{rel}/sparse_indptr.npy", "indices": f"{rel}/sparse_indices.npy",
-                                "values": f"{rel}/sparse_values.npy", "num_features": int(W.shape[1]),
-                                "gamma": float(lr.gamma)}
+        out["sparse_ranker"] = {
+            "indptr": f"{rel}/sparse_indptr.npy",
+            "indices": f"{rel}/sparse_indices.npy",
+            "values": f"{rel}/sparse_values.npy",
+            "num_features": int(W.shape[1]),
+            "gamma": float(lr.gamma),
+        }
     ix = lr.index
     # search sizes: the export's, else the model's (validated choice, else its config's)
     knn, kmu = lr.search_sizes(cfg)
@@ -211,21 +253,33 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
         prior_score = np.full(len(ix.prior), 1e-6, np.float32)
     _save(d / "prior_score.npy", np.asarray(prior_score, np.float32))
     out["shortlist"] = {
-        "points_index": points, "centres_index": centres,
-        "num_points": int(ix.points.count), "num_centres": int(ix.centres.count),
+        "points_index": points,
+        "centres_index": centres,
+        "num_points": int(ix.points.count),
+        "num_centres": int(ix.centres.count),
         "model_index_kinds": [ix.points.kind, ix.centres.kind],
-        "point_indptr": f"{rel}/point_indptr.npy", "point_labels": f"{rel}/point_labels.npy",
-        "point_values": f"{rel}/point_values.npy", "centre_owner": f"{rel}/centre_owner.npy",
-        "prior": f"{rel}/prior.npy", "prior_score": f"{rel}/prior_score.npy",
-        "knn": knn, "kmu": kmu,
+        "point_indptr": f"{rel}/point_indptr.npy",
+        "point_labels": f"{rel}/point_labels.npy",
+        "point_values": f"{rel}/point_values.npy",
+        "centre_owner": f"{rel}/centre_owner.npy",
+        "prior": f"{rel}/prior.npy",
+        "prior_score": f"{rel}/prior_score.npy",
+        "knn": knn,
+        "kmu": kmu,
         "knn_power": float(getattr(cfg, "knn_power", 1.0)),
-        "centroid_weight": float(cfg.centroid_weight), "shortlist_size": int(cfg.predict_shortlist)}
+        "centroid_weight": float(cfg.centroid_weight),
+        "shortlist_size": int(cfg.predict_shortlist),
+    }
     return out
 
 
-def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                 opts: ExportOptions | None = None, overwrite: bool = False,
-                 progress: bool = True) -> Path:
+def export_model(
+    model_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    opts: ExportOptions | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
     """Export MODEL_DIR (verified on load) to OUT_DIR; returns OUT_DIR. Needs torch."""
     from engine.astec import Astec  # torch lives here, on the export side only
 
@@ -238,8 +292,10 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     t0 = time.time()
     model = Astec.load(model_dir)
     if model.vectorizer is None:
-        raise ExportError(f"{model_dir}: the model was trained on feature vectors (no "
-                          "vectorizer/), but the predictor takes texts")
+        raise ExportError(
+            f"{model_dir}: the model was trained on feature vectors (no "
+            "vectorizer/), but the predictor takes texts"
+        )
     L = int(model.num_labels)
     cfg = model.config
     stage = out.parent / f".{out.name}.staging-{secrets.token_hex(4)}"
@@ -249,32 +305,52 @@ def export_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         if model.ranker_vectorizer is not None and opts.sparse_ranker:
             model.ranker_vectorizer.save(stage / "ranker_vectorizer")
         names = model.label_names if model.label_names is not None else [str(i) for i in range(L)]
-        (stage / "labels.json").write_text(json.dumps(list(names), ensure_ascii=False),
-                                          encoding="utf-8")
+        (stage / "labels.json").write_text(
+            json.dumps(list(names), ensure_ascii=False), encoding="utf-8"
+        )
         learners = []
         for j, lr in enumerate(tqdm(model.learners, desc="export learners", disable=not progress)):
-            learners.append(_export_learner(lr, stage / f"learner_{j}", f"learner_{j}", cfg, L,
-                                            opts, cfg.seed + 1000 * j))
+            learners.append(
+                _export_learner(
+                    lr, stage / f"learner_{j}", f"learner_{j}", cfg, L, opts, cfg.seed + 1000 * j
+                )
+            )
         D = int(model.learners[0].encoder.embed.embedding_dim)
-        config = {"num_labels": L, "dim": D, "vocab_size": model.vectorizer.num_features,
-                  "vectorizer": "vectorizer/tfidf.json", "label_names": "labels.json",
-                  "backend": opts.backend, "classifier_dtype": opts.dtype,
-                  "ensemble": model.ensemble,
-                  "label_text_weight": model.label_text_weight if opts.label_text else 0.0,
-                  "label_text_min_match": float(cfg.label_text_min_match),
-                  "learners": learners}
+        config = {
+            "num_labels": L,
+            "dim": D,
+            "vocab_size": model.vectorizer.num_features,
+            "vectorizer": "vectorizer/tfidf.json",
+            "label_names": "labels.json",
+            "backend": opts.backend,
+            "classifier_dtype": opts.dtype,
+            "ensemble": model.ensemble,
+            "label_text_weight": model.label_text_weight if opts.label_text else 0.0,
+            "label_text_min_match": float(cfg.label_text_min_match),
+            "learners": learners,
+        }
         if model.ranker_vectorizer is not None and opts.sparse_ranker:
             config["ranker_vectorizer"] = "ranker_vectorizer/tfidf.json"
         (stage / "predictor.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
         model_sha = sha256_file(model_dir / MANIFEST_NAME)
         import torch
-        meta = {"version": opts.version or f"astec-{model_sha[:12]}",
-                "source_model": {"path": str(model_dir.resolve()), "manifest_sha256": model_sha},
-                "producer": {"numpy": np.__version__, "onnx": onnx.__version__,
-                             "hnswlib": getattr(hnswlib, "__version__", "0.8"),
-                             "torch": torch.__version__},
-                "shapes": {"num_labels": L, "dim": D, "vocab_size": model.vectorizer.num_features,
-                           "learners": len(learners)}}
+
+        meta = {
+            "version": opts.version or f"astec-{model_sha[:12]}",
+            "source_model": {"path": str(model_dir.resolve()), "manifest_sha256": model_sha},
+            "producer": {
+                "numpy": np.__version__,
+                "onnx": onnx.__version__,
+                "hnswlib": getattr(hnswlib, "__version__", "0.8"),
+                "torch": torch.__version__,
+            },
+            "shapes": {
+                "num_labels": L,
+                "dim": D,
+                "vocab_size": model.vectorizer.num_features,
+                "learners": len(learners),
+            },
+        }
         write_manifest(stage, meta)
         if out.exists():
             trash = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"

@@ -13,6 +13,7 @@ converted by numpy in one call, and CSR ``indptr`` comes from per-line token cou
 that fast path fails does a per-line parser run, to name the exact line and token at fault.
 Every malformed input raises :class:`FormatError` naming the file and the 1-based line.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,12 +30,25 @@ import scipy.sparse as sp
 PathLike = str | os.PathLike
 
 __all__ = [
-    "FormatError", "Dataset",
-    "read_text_tsv", "write_text_tsv", "read_label_names", "write_label_names",
-    "read_text_lines", "write_text_lines",
-    "read_xc_sparse", "write_xc_sparse", "read_xc_matrix", "write_xc_matrix",
-    "read_predictions", "write_predictions", "write_predictions_csr",
-    "read_npz", "write_npz", "detect_format", "load_dataset",
+    "FormatError",
+    "Dataset",
+    "read_text_tsv",
+    "write_text_tsv",
+    "read_label_names",
+    "write_label_names",
+    "read_text_lines",
+    "write_text_lines",
+    "read_xc_sparse",
+    "write_xc_sparse",
+    "read_xc_matrix",
+    "write_xc_matrix",
+    "read_predictions",
+    "write_predictions",
+    "write_predictions_csr",
+    "read_npz",
+    "write_npz",
+    "detect_format",
+    "load_dataset",
 ]
 
 
@@ -69,10 +83,12 @@ class Dataset:
 # ---------------------------------------------------------------------------------------------
 # low-level helpers
 
+
 def _gc_paused(fn):
     """Run a reader with the cyclic GC paused: a million per-line tuples otherwise trigger
     repeated full collections that cost more than the parsing itself (3 s of 6 s at 1M lines).
     """
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         was_enabled = gc.isenabled()
@@ -82,7 +98,9 @@ def _gc_paused(fn):
         finally:
             if was_enabled:
                 gc.enable()
+
     return wrapper
+
 
 def _read_lines(path: PathLike) -> list[str]:
     """Decode a UTF-8 file strictly and split it on newlines (a final newline ends the last line).
@@ -97,8 +115,11 @@ def _read_lines(path: PathLike) -> list[str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise FormatError(path, line, f"not valid UTF-8 (byte offset {e.start}: "
-                                      f"{raw[e.start:e.start + 1]!r}, {e.reason})") from None
+        raise FormatError(
+            path,
+            line,
+            f"not valid UTF-8 (byte offset {e.start}: {raw[e.start : e.start + 1]!r}, {e.reason})",
+        ) from None
     if text.startswith("\ufeff"):
         text = text[1:]
     if "\r" in text:
@@ -116,8 +137,9 @@ def _row_of(indptr: np.ndarray, pos: int) -> int:
     return int(np.searchsorted(indptr, pos, side="right") - 1)
 
 
-def _check_bounds(path, ids: np.ndarray, indptr: np.ndarray, bound: int | None, first_line: int,
-                  what: str) -> None:
+def _check_bounds(
+    path, ids: np.ndarray, indptr: np.ndarray, bound: int | None, first_line: int, what: str
+) -> None:
     """Reject negative ids and ids >= bound, naming the line of the first offender."""
     if ids.size == 0:
         return
@@ -195,8 +217,11 @@ def _indptr(counts) -> np.ndarray:
 
 def _id_lists(path, fields: list[str], first_line: int, what: str) -> tuple[np.ndarray, np.ndarray]:
     """Comma-separated id lists (one per row, '' = none) -> (indptr, ids)."""
-    indptr = _indptr(np.fromiter((f.count(",") + 1 if f else 0 for f in fields),
-                                 dtype=np.int64, count=len(fields)))
+    indptr = _indptr(
+        np.fromiter(
+            (f.count(",") + 1 if f else 0 for f in fields), dtype=np.int64, count=len(fields)
+        )
+    )
     ids = _ints(_fast_numbers(",".join(f for f in fields if f), ",", int(indptr[-1])))
     if ids is None:
         for r, f in enumerate(fields):
@@ -233,11 +258,11 @@ def _pairs_well_formed(joined: str, n: int) -> bool:
     return bool((starts < colons).all() and (colons[:-1] < starts[1:]).all())
 
 
-def _pair_lists(path, fields: list[str], first_line: int, what: str
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pair_lists(
+    path, fields: list[str], first_line: int, what: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Space-separated ``i:v`` lists (one per row) -> (indptr, ids, float32 values)."""
-    indptr = _indptr(np.fromiter((f.count(":") for f in fields), dtype=np.int64,
-                                 count=len(fields)))
+    indptr = _indptr(np.fromiter((f.count(":") for f in fields), dtype=np.int64, count=len(fields)))
     n = int(indptr[-1])
     joined = " ".join(fields)
     ids = vals = None
@@ -254,8 +279,9 @@ def _pair_lists(path, fields: list[str], first_line: int, what: str
 
 def _binary_csr(indptr, ids, shape) -> sp.csr_matrix:
     """0/1 float32 CSR with sorted, de-duplicated indices (a repeated label counts once)."""
-    Y = sp.csr_matrix((np.ones(ids.size, dtype=np.float32), ids.astype(np.int32, copy=False),
-                       indptr), shape=shape)
+    Y = sp.csr_matrix(
+        (np.ones(ids.size, dtype=np.float32), ids.astype(np.int32, copy=False), indptr), shape=shape
+    )
     Y.sum_duplicates()
     Y.data[:] = 1.0
     return Y
@@ -292,8 +318,9 @@ def _write_text(path: PathLike, lines: list[str]) -> None:
 def _header(path, line: str, n_fields: int, names: str) -> list[int]:
     parts = line.split()
     if len(parts) != n_fields or not all(p.isdigit() for p in parts):
-        raise FormatError(path, 1, f"bad header {line!r} (expected '{names}', "
-                                   f"{n_fields} non-negative integers)")
+        raise FormatError(
+            path, 1, f"bad header {line!r} (expected '{names}', {n_fields} non-negative integers)"
+        )
     return [int(p) for p in parts]
 
 
@@ -306,6 +333,7 @@ def _check_rows(path, header_n: int, body_len: int) -> None:
 # ---------------------------------------------------------------------------------------------
 # text TSV + label names
 
+
 @_gc_paused
 def read_text_tsv(path: PathLike, num_labels: int | None = None) -> tuple[list[str], sp.csr_matrix]:
     """Read ``text<TAB>id,id,...`` lines; Y is n x L with L = num_labels or max id + 1."""
@@ -314,8 +342,11 @@ def read_text_tsv(path: PathLike, num_labels: int | None = None) -> tuple[list[s
     bad = [i for i, p in enumerate(parts) if len(p) != 2]
     if bad:
         i = bad[0]
-        what = "tab missing (expected text<TAB>id,id,...)" if len(parts[i]) == 1 else \
-            f"{len(parts[i]) - 1} tabs (tabs are not allowed inside the text)"
+        what = (
+            "tab missing (expected text<TAB>id,id,...)"
+            if len(parts[i]) == 1
+            else f"{len(parts[i]) - 1} tabs (tabs are not allowed inside the text)"
+        )
         raise FormatError(path, i + 1, what)
     texts = [p[0] for p in parts]
     fields = [p[1].strip() for p in parts]
@@ -366,6 +397,7 @@ def write_text_lines(path: PathLike, texts: list[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Extreme Classification Repository sparse formats
+
 
 @_gc_paused
 def read_xc_sparse(path: PathLike) -> tuple[sp.csr_matrix, sp.csr_matrix]:
@@ -435,6 +467,7 @@ def write_xc_matrix(path: PathLike, M, precision: int = 6) -> None:
 # ---------------------------------------------------------------------------------------------
 # predictions
 
+
 @_gc_paused
 def read_predictions(path: PathLike, num_labels: int | None = None) -> sp.csr_matrix:
     """``id:score`` lines (best first) -> n x L CSR whose row order is kept best-first.
@@ -451,8 +484,9 @@ def read_predictions(path: PathLike, num_labels: int | None = None) -> sp.csr_ma
     return M
 
 
-def write_predictions(path: PathLike, ids: np.ndarray, scores: np.ndarray,
-                      precision: int = 6) -> None:
+def write_predictions(
+    path: PathLike, ids: np.ndarray, scores: np.ndarray, precision: int = 6
+) -> None:
     """Write dense top-k arrays (n x k, best first as given); ids < 0 are padding and skipped."""
     ids, scores = np.asarray(ids), np.asarray(scores)
     if ids.shape != scores.shape or ids.ndim != 2:
@@ -537,8 +571,9 @@ def _label_matrix_sibling(path: Path) -> Path | None:
     return _sibling(path, cands)
 
 
-def load_dataset(path: PathLike, labels_path: PathLike | None = None, *,
-                 y_path: PathLike | None = None) -> Dataset:
+def load_dataset(
+    path: PathLike, labels_path: PathLike | None = None, *, y_path: PathLike | None = None
+) -> Dataset:
     """Read any supported data file, detecting its format from the content.
 
     ``labels_path`` is a label-names file (line i = name of label i); when omitted, a sibling
@@ -549,8 +584,12 @@ def load_dataset(path: PathLike, labels_path: PathLike | None = None, *,
     """
     path = Path(path)
     fmt = detect_format(path)
-    if labels_path is not None and y_path is None and \
-            detect_format(labels_path) == "xc-matrix" and fmt in ("text-lines", "xc-matrix"):
+    if (
+        labels_path is not None
+        and y_path is None
+        and detect_format(labels_path) == "xc-matrix"
+        and fmt in ("text-lines", "xc-matrix")
+    ):
         y_path, labels_path = labels_path, None
     explicit_names = labels_path is not None
     if labels_path is None:
@@ -573,8 +612,12 @@ def load_dataset(path: PathLike, labels_path: PathLike | None = None, *,
             if fmt == "xc-matrix" and re.search(r"X_Y", path.name):
                 Y = read_xc_matrix(path)
             else:
-                raise FormatError(path, None, f"{fmt} file without labels: pass the matching "
-                                              "*_X_Y.txt label file (e.g. --labels)")
+                raise FormatError(
+                    path,
+                    None,
+                    f"{fmt} file without labels: pass the matching "
+                    "*_X_Y.txt label file (e.g. --labels)",
+                )
         else:
             Y = read_xc_matrix(y_path)
             if fmt == "xc-matrix":
@@ -584,16 +627,20 @@ def load_dataset(path: PathLike, labels_path: PathLike | None = None, *,
                 texts = read_text_lines(path)
                 n_body = len(texts)
             if n_body != Y.shape[0]:
-                raise FormatError(y_path, None, f"{Y.shape[0]} label rows but {path} has "
-                                                f"{n_body} points")
+                raise FormatError(
+                    y_path, None, f"{Y.shape[0]} label rows but {path} has {n_body} points"
+                )
         fmt = f"{fmt}+{y_path}" if y_path is not None else fmt
 
     if names is not None:
         if len(names) >= Y.shape[1]:
             Y = sp.csr_matrix((Y.data, Y.indices, Y.indptr), shape=(Y.shape[0], len(names)))
         elif explicit_names:
-            raise FormatError(labels_path, None, f"{len(names)} label names but the data uses "
-                                                 f"label ids up to {Y.shape[1] - 1}")
+            raise FormatError(
+                labels_path,
+                None,
+                f"{len(names)} label names but the data uses label ids up to {Y.shape[1] - 1}",
+            )
         else:
             names = None
     source = f"{fmt}:{path}" + (f" (names: {labels_path})" if names is not None else "")

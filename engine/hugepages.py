@@ -9,6 +9,7 @@ mode says, except "never"). Anything unsupported (another OS, an older kernel, a
 container) just leaves the small pages: the answers are the same either way, only the speed
 differs (README: the predictor's p50).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ import sys
 log = logging.getLogger(__name__)
 
 MADV_COLLAPSE = 25
-_MIN_BYTES = 8 << 20          # only mappings this large are worth collapsing
+_MIN_BYTES = 8 << 20  # only mappings this large are worth collapsing
 _HUGE = 2 << 20
 
 
@@ -33,7 +34,7 @@ def _anon_mappings() -> dict[int, int]:
             for line in f:
                 parts = line.split()
                 if len(parts) > 5 or not parts[1].startswith("rw") or parts[1][3] != "p":
-                    continue   # file-backed or named ([heap], [stack]) or shared
+                    continue  # file-backed or named ([heap], [stack]) or shared
                 a, b = (int(x, 16) for x in parts[0].split("-"))
                 out[a] = b
     except OSError:
@@ -65,7 +66,7 @@ def huge_pages_for(what: str = "memory"):
     collapsed = 0
     for a, b in _anon_mappings().items():
         if before.get(a) == b:
-            continue                         # an old mapping, unchanged
+            continue  # an old mapping, unchanged
         lo = (a + _HUGE - 1) // _HUGE * _HUGE
         hi = b // _HUGE * _HUGE
         if hi - lo < _MIN_BYTES:

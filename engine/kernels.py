@@ -7,6 +7,7 @@ differently, so scores can differ in the last bits), and the tests hold them to 
 and to the batch path. Compiled on first use and cached on disk (numba's cache), so a new process
 pays a fraction of a second at load, not seconds.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -85,8 +86,23 @@ def residual_features(vv, RT, RrT, D, has_rr):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def shortlist(pids, psims, point_indptr, point_labels, point_values, cids, csims, centre_owner,
-              prior, prior_score, acc, mu, centroid_weight, knn_power, shortlist_size):
+def shortlist(
+    pids,
+    psims,
+    point_indptr,
+    point_labels,
+    point_values,
+    cids,
+    csims,
+    centre_owner,
+    prior,
+    prior_score,
+    acc,
+    mu,
+    centroid_weight,
+    knn_power,
+    shortlist_size,
+):
     """(labels ascending, s) of one query, as Learner.base_scores computes them for a row.
 
     s = (1-c) * sum over the k nearest training points of their normalised similarity times the
@@ -155,7 +171,7 @@ def shortlist(pids, psims, point_indptr, point_labels, point_values, cids, csims
         return c, sv
     # keep the best shortlist_size (ties: lower label); prior labels cut from the top stay
     # scored with their prior score alone
-    order = np.argsort(-sv, kind="mergesort")     # c is ascending: stable = lower label first
+    order = np.argsort(-sv, kind="mergesort")  # c is ascending: stable = lower label first
     keep = np.zeros(kept, np.bool_)
     keep[order[:shortlist_size]] = True
     s2 = sv.copy()
@@ -200,7 +216,7 @@ def combine_scores(Wc, rows, bc, labels, s, z, zr, alpha, beta, D, has_rr):
         if has_rr:
             yy = be * yy + (_F1 - be) * _sigmoid(_dot(row, D, zr, D) + bc[lab, 1])
         y[i] = yy
-    return y, t             # returning t keeps the touching loads from being optimised away
+    return y, t  # returning t keeps the touching loads from being optimised away
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -212,12 +228,12 @@ def top_k(labels, y, k):
     if k <= 0:
         return ids, sc
     n = 0
-    for i in range(labels.size):        # insertion into a sorted top-k: k is small
+    for i in range(labels.size):  # insertion into a sorted top-k: k is small
         v = y[i]
         if n == k and not v > sc[k - 1]:
             continue
         j = n if n < k else k - 1
-        while j > 0 and v > sc[j - 1]:   # strictly greater: an earlier (lower) label keeps a tie
+        while j > 0 and v > sc[j - 1]:  # strictly greater: an earlier (lower) label keeps a tie
             if j < k:
                 ids[j] = ids[j - 1]
                 sc[j] = sc[j - 1]
@@ -287,8 +303,9 @@ def sparse_entry_scores(cptr, cidx, xptr, xidx, xval, wptr, widx, wval):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def sparse_scores_split(cptr, cidx, xptr, xidx, xval, wptr, widx, wval, tptr, tslot, tval,
-                        slot, hbias, bias_feature):
+def sparse_scores_split(
+    cptr, cidx, xptr, xidx, xval, wptr, widx, wval, tptr, tslot, tval, slot, hbias, bias_feature
+):
     """sparse_entry_scores with the frequent labels' long weight rows served from their
     transpose: for each text, x's features (the bias excepted) are pushed through W_heavy^T
     (tptr/tslot/tval: feature -> heavy slot, weight) into a small accumulator, so a frequent
@@ -321,7 +338,7 @@ def sparse_scores_split(cptr, cidx, xptr, xidx, xval, wptr, widx, wval, tptr, ts
                 out[q] = s
                 continue
             out[q] = _merge_dot(xidx, xval, x0, x1, widx, wval, wptr[lab], wptr[lab + 1])
-        for p in range(x0, x1):   # reset what this text touched
+        for p in range(x0, x1):  # reset what this text touched
             f = xidx[p]
             if f == bias_feature:
                 continue
@@ -331,16 +348,31 @@ def sparse_scores_split(cptr, cidx, xptr, xidx, xval, wptr, widx, wval, tptr, ts
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def sparse_mix_one(labels, y, xidx, xval, wptr, widx, wval, tptr, tslot, tval, slot, hbias,
-                   bias_feature, gamma):
+def sparse_mix_one(
+    labels, y, xidx, xval, wptr, widx, wval, tptr, tslot, tval, slot, hbias, bias_feature, gamma
+):
     """One text's sparse ranker folded into its candidates' scores, in place:
     y = gamma * y + (1 - gamma) * sigmoid(u_l . x) (the batch path's combination)."""
     cptr = np.zeros(2, np.int64)
     cptr[1] = labels.size
     xptr = np.zeros(2, np.int64)
     xptr[1] = xidx.size
-    u = sparse_scores_split(cptr, labels, xptr, xidx, xval, wptr, widx, wval, tptr, tslot, tval,
-                            slot, hbias, bias_feature)
+    u = sparse_scores_split(
+        cptr,
+        labels,
+        xptr,
+        xidx,
+        xval,
+        wptr,
+        widx,
+        wval,
+        tptr,
+        tslot,
+        tval,
+        slot,
+        hbias,
+        bias_feature,
+    )
     g = np.float32(gamma)
     for q in range(labels.size):
         y[q] = g * y[q] + (_F1 - g) * _sigmoid(u[q])
@@ -430,7 +462,7 @@ def add_name_match_rows(rows, labels, y, tptr, tids, piece, weight, delta):
     d = np.float32(delta)
     for q in range(labels.size):
         r = rows[q]
-        y[q] += d * _name_match(tids[tptr[r]:tptr[r + 1]], piece, weight, labels[q])
+        y[q] += d * _name_match(tids[tptr[r] : tptr[r + 1]], piece, weight, labels[q])
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -439,7 +471,7 @@ def name_candidates_rows(tptr, tids, indptr, ilab, piece, weight, theta):
     parts = []
     total = 0
     for r in range(tptr.size - 1):
-        c = name_candidates(tids[tptr[r]:tptr[r + 1]], indptr, ilab, piece, weight, theta)
+        c = name_candidates(tids[tptr[r] : tptr[r + 1]], indptr, ilab, piece, weight, theta)
         parts.append(c)
         total += c.size
     rows = np.empty(total, np.int64)

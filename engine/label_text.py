@@ -23,6 +23,7 @@ indexes miss ~20% of the positives that have training points). An inverted index
 label under its heaviest components only, those without one of which the match stays below
 theta, so a common word (`python`) does not pull in every label that contains it.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,7 +91,7 @@ class LabelText:
         lens = np.fromiter((t.size for t in titles), np.int64, len(titles))
         if not labels.size or not lens.sum():
             return np.zeros(labels.size, np.float32)
-        P = self.piece[labels]                                 # [n, C, 2], -1 pads
+        P = self.piece[labels]  # [n, C, 2], -1 pads
         V, n = len(self.vocab), len(titles)
         step = max(1, (1 << 24) // (V + 1))
         hit = np.empty(P.shape, bool)
@@ -99,26 +100,28 @@ class LabelText:
             # flat [rows, V + 1] bitmap; column V stays False, and a pad (-1) lands on the pad
             # column of the row before (of the last row for row 0)
             bitmap = np.zeros((b - a) * (V + 1), bool)
-            bitmap[np.repeat(np.arange(b - a) * (V + 1), lens[a:b]) + np.concatenate(titles[a:b])] = True
+            bitmap[
+                np.repeat(np.arange(b - a) * (V + 1), lens[a:b]) + np.concatenate(titles[a:b])
+            ] = True
             if a == 0 and b == n:
                 hit = bitmap[P + (rows * (V + 1))[:, None, None]]
             else:
                 sel = (rows >= a) & (rows < b)
                 hit[sel] = bitmap[P[sel] + ((rows[sel] - a) * (V + 1))[:, None, None]]
-        got = hit * self.weight[labels]                          # [n, C, 2] float32
+        got = hit * self.weight[labels]  # [n, C, 2] float32
         return np.maximum(got[..., 0], got[..., 1]).sum(axis=1, dtype=np.float32)
 
     def _index(self, theta: float) -> tuple[np.ndarray, np.ndarray]:
         """CSR (indptr [V+1], labels) from spelling to the labels it is a key component of."""
         if theta not in self._inverted:
-            cw = self.weight.max(axis=2)                        # component weights [L, C]
+            cw = self.weight.max(axis=2)  # component weights [L, C]
             order = np.argsort(-cw, axis=1, kind="stable")
             cws = np.take_along_axis(cw, order, axis=1)
-            before = np.cumsum(cws, axis=1) - cws               # weight of heavier components
+            before = np.cumsum(cws, axis=1) - cws  # weight of heavier components
             key = np.zeros(cw.shape, bool)
             np.put_along_axis(key, order, (before <= 1.0 - theta + 1e-6) & (cws > 0), axis=1)
             lab, comp = np.nonzero(key)
-            pieces = self.piece[lab, comp]                      # [n, 2]
+            pieces = self.piece[lab, comp]  # [n, 2]
             lab = np.repeat(lab, 2)[pieces.ravel() >= 0]
             pieces = pieces.ravel()[pieces.ravel() >= 0]
             pairs = np.unique(pieces * self.num_labels + lab)
@@ -143,14 +146,16 @@ class LabelText:
             return empty, empty
         pos = np.repeat(start - np.cumsum(cnt) + cnt, cnt) + np.arange(total)
         L = self.num_labels
-        keys = np.unique(np.repeat(np.repeat(np.arange(len(titles), dtype=np.int64), lens), cnt) * L
-                         + ilab[pos])
+        keys = np.unique(
+            np.repeat(np.repeat(np.arange(len(titles), dtype=np.int64), lens), cnt) * L + ilab[pos]
+        )
         rows, labels = np.divmod(keys, L)
         keep = self.scores(titles, rows, labels) >= np.float32(theta) - 1e-6
         return rows[keep], labels[keep]
 
-    def add_to(self, texts: list[str], rows: np.ndarray, labels: np.ndarray, y: np.ndarray,
-               weight: float) -> np.ndarray:
+    def add_to(
+        self, texts: list[str], rows: np.ndarray, labels: np.ndarray, y: np.ndarray, weight: float
+    ) -> np.ndarray:
         """y + weight * match on candidates (rows, labels) of texts; y unchanged at weight 0."""
         if weight <= 0:
             return y

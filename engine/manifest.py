@@ -5,6 +5,7 @@ so every file of the directory is listed with its size and sha256 (and, for ``.n
 shape and dtype). `verify_manifest` checks all of them before anything is used and raises a
 `ManifestError` naming the offending file; nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -66,8 +67,11 @@ def write_manifest(root: str | os.PathLike, meta: dict[str, Any]) -> dict[str, A
     interrupted has no manifest and is refused by `verify_manifest`.
     """
     root = Path(root)
-    rels = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                  if p.is_file() and p.name != MANIFEST_NAME and not p.name.endswith(".tmp"))
+    rels = sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and p.name != MANIFEST_NAME and not p.name.endswith(".tmp")
+    )
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -92,8 +96,10 @@ class Manifest:
     def path(self, rel: str) -> Path:
         """Path of a file the manifest lists; refuses files it does not vouch for."""
         if rel not in self.files:
-            raise ManifestError(f"{self.root / MANIFEST_NAME}: no entry for '{rel}' "
-                                "(the predictor is incomplete or from another format version)")
+            raise ManifestError(
+                f"{self.root / MANIFEST_NAME}: no entry for '{rel}' "
+                "(the predictor is incomplete or from another format version)"
+            )
         return self.root / rel
 
     def load_npy(self, rel: str, mmap: bool = True) -> np.ndarray:
@@ -101,10 +107,13 @@ class Manifest:
         path = self.path(rel)
         arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
         want = self.files[rel]
-        if list(arr.shape) != list(want.get("shape", arr.shape)) or \
-                arr.dtype.str != want.get("dtype", arr.dtype.str):
-            raise ManifestError(f"{path}: array is {arr.dtype.str}{list(arr.shape)}, manifest "
-                                f"says {want.get('dtype')}{want.get('shape')}")
+        if list(arr.shape) != list(want.get("shape", arr.shape)) or arr.dtype.str != want.get(
+            "dtype", arr.dtype.str
+        ):
+            raise ManifestError(
+                f"{path}: array is {arr.dtype.str}{list(arr.shape)}, manifest "
+                f"says {want.get('dtype')}{want.get('shape')}"
+            )
         # a plain ndarray view of the mapping: same lazily paged memory, but indexing an
         # np.memmap subclass costs ~10 us a call on the predictor's hot path
         return arr.view(np.ndarray) if isinstance(arr, np.memmap) else arr
@@ -124,26 +133,34 @@ def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
     if not root.is_dir():
         raise ManifestError(f"{root}: predictor directory does not exist")
     if not mpath.is_file():
-        raise ManifestError(f"{mpath}: missing (not an exported predictor, or the export "
-                            "was interrupted)")
+        raise ManifestError(
+            f"{mpath}: missing (not an exported predictor, or the export was interrupted)"
+        )
     try:
         data = json.loads(mpath.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         line = getattr(e, "lineno", "?")
         raise ManifestError(f"{mpath}: line {line}: not valid JSON ({e})") from e
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        raise ManifestError(f"{mpath}: field 'format' is {data.get('format')!r} "
-                            f"(expected {FORMAT_NAME!r})" if isinstance(data, dict)
-                            else f"{mpath}: top level must be a JSON object")
+        raise ManifestError(
+            f"{mpath}: field 'format' is {data.get('format')!r} (expected {FORMAT_NAME!r})"
+            if isinstance(data, dict)
+            else f"{mpath}: top level must be a JSON object"
+        )
     if data.get("format_version") != FORMAT_VERSION:
-        raise ManifestError(f"{mpath}: field 'format_version' is {data.get('format_version')!r};"
-                            f" this code reads version {FORMAT_VERSION}")
+        raise ManifestError(
+            f"{mpath}: field 'format_version' is {data.get('format_version')!r};"
+            f" this code reads version {FORMAT_VERSION}"
+        )
     files = data.get("files")
     if not isinstance(files, dict) or not files:
         raise ManifestError(f"{mpath}: field 'files' is missing or empty")
     for rel, entry in files.items():
-        if (not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str)
-                or not isinstance(entry.get("bytes"), int)):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("sha256"), str)
+            or not isinstance(entry.get("bytes"), int)
+        ):
             raise ManifestError(f"{mpath}: files['{rel}'] needs 'bytes' (int) and 'sha256'")
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise ManifestError(f"{mpath}: files['{rel}'] escapes the predictor directory")
@@ -172,6 +189,8 @@ def verify_manifest(root: str | os.PathLike, check_hashes: bool = True) -> Manif
             path = root / rel
             digest = sha256_file(path)
             if digest != entry["sha256"]:
-                raise ManifestError(f"{path}: sha256 {digest[:16]}... does not match the "
-                                    f"manifest's {entry['sha256'][:16]}... (file was modified)")
+                raise ManifestError(
+                    f"{path}: sha256 {digest[:16]}... does not match the "
+                    f"manifest's {entry['sha256'][:16]}... (file was modified)"
+                )
     return Manifest(root=root, data=data, files=files)

@@ -15,6 +15,7 @@ Per learner, for a text with TF-IDF vector x:
     y = beta y + (1 - beta) sigma(w~_l^T z~ + b~_l)   (re-ranker)
 and an ensemble averages y over learners (a label a learner did not shortlist counts 0).
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,8 @@ class PredictorError(ManifestError):
     """A predictor directory is inconsistent (shapes, fields) or cannot be loaded."""
 
 
-SMALL_BATCH = 16    # batches below this size take the single-text kernels text by text
-_NO_IDS = np.zeros((1, 0), np.int64)       # an absent index's (ids, sims) for one query
+SMALL_BATCH = 16  # batches below this size take the single-text kernels text by text
+_NO_IDS = np.zeros((1, 0), np.int64)  # an absent index's (ids, sims) for one query
 _NO_SIMS = np.zeros((1, 0), np.float32)
 
 
@@ -57,8 +58,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 class Encoder:
     """z = v + ReLU(R v) with v = ReLU(E^T x); the learner holds E fused with the re-ranker's."""
 
-    emb: np.ndarray          # [V, D] float32
-    residual: np.ndarray     # [D, D] float32, spectral norm already applied
+    emb: np.ndarray  # [V, D] float32
+    residual: np.ndarray  # [D, D] float32, spectral norm already applied
     onnx_path: Path | None = None
     _session: object | None = None
 
@@ -72,12 +73,14 @@ class Encoder:
     def session(self, threads: int):
         if self._session is None:
             import onnxruntime as ort  # imported lazily: the numpy backend does not need it
+
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
             opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            self._session = ort.InferenceSession(str(self.onnx_path), opts,
-                                                 providers=["CPUExecutionProvider"])
+            self._session = ort.InferenceSession(
+                str(self.onnx_path), opts, providers=["CPUExecutionProvider"]
+            )
         return self._session
 
     def vz_onnx(self, ids: np.ndarray, weights: np.ndarray, threads: int):
@@ -96,9 +99,9 @@ class AnnSearch:
     original ids, and ties between duplicates go to the lower original id.
     """
 
-    count: int                               # original items
+    count: int  # original items
     hnsw: hnswlib.Index | None = None
-    vectors: np.ndarray | None = None        # exact search: distinct unit vectors [U, D]
+    vectors: np.ndarray | None = None  # exact search: distinct unit vectors [U, D]
     members_indptr: np.ndarray | None = None  # distinct vector -> original ids (None: identity)
     members: np.ndarray | None = None
 
@@ -134,7 +137,7 @@ class AnnSearch:
         start = self.members_indptr[flat]
         lens = self.members_indptr[flat + 1] - start
         total = int(lens.sum())
-        if total == flat.size:       # no duplicates among the hits: ids map one to one
+        if total == flat.size:  # no duplicates among the hits: ids map one to one
             return self.members[start].reshape(n, kq)[:, :k], sims[:, :k]
         pos = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(total)
         orig = self.members[pos]
@@ -157,17 +160,17 @@ class Learner:
     b and rr_b stay available as views of them.
     """
 
-    enc: Encoder                      # v for the indexes, z for the classifier
-    W: np.ndarray                     # [L, D] float32 or float16
-    b: np.ndarray                     # [L] float32
-    points: AnnSearch | None          # ANNS^x over training points' normalised v
+    enc: Encoder  # v for the indexes, z for the classifier
+    W: np.ndarray  # [L, D] float32 or float16
+    b: np.ndarray  # [L] float32
+    points: AnnSearch | None  # ANNS^x over training points' normalised v
     point_indptr: np.ndarray
     point_labels: np.ndarray
     point_values: np.ndarray
-    centres: AnnSearch | None         # ANNS^mu over label centres
+    centres: AnnSearch | None  # ANNS^mu over label centres
     centre_owner: np.ndarray
-    prior: np.ndarray                 # labels always scored (covers empty texts)
-    prior_score: np.ndarray           # their tiny base score (< any real similarity)
+    prior: np.ndarray  # labels always scored (covers empty texts)
+    prior_score: np.ndarray  # their tiny base score (< any real similarity)
     knn: int
     kmu: int
     centroid_weight: float
@@ -178,12 +181,12 @@ class Learner:
     rr_W: np.ndarray | None = None
     rr_b: np.ndarray | None = None
     knn_power: float = 1.0
-    sparse: tuple | None = None       # sparse ranker weights, as _split_ranker lays them out
-    gamma: float = 1.0                # weight of the Astec score against the sparse ranker's
-    E: np.ndarray | None = None       # [V, D] or [V, 2D] fused embeddings
-    Wc: np.ndarray | None = None      # [L, D] or [L, 2D] fused classifier rows
-    bc: np.ndarray | None = None      # [L, 1] or [L, 2] fused biases
-    _RT: np.ndarray | None = None     # residual transposes (contiguous) for the kernels
+    sparse: tuple | None = None  # sparse ranker weights, as _split_ranker lays them out
+    gamma: float = 1.0  # weight of the Astec score against the sparse ranker's
+    E: np.ndarray | None = None  # [V, D] or [V, 2D] fused embeddings
+    Wc: np.ndarray | None = None  # [L, D] or [L, 2D] fused classifier rows
+    bc: np.ndarray | None = None  # [L, 1] or [L, 2] fused biases
+    _RT: np.ndarray | None = None  # residual transposes (contiguous) for the kernels
     _RrT: np.ndarray | None = None
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
@@ -195,14 +198,18 @@ class Learner:
         order = np.argsort(self.prior, kind="stable")
         self.prior, self.prior_score = self.prior[order], self.prior_score[order]
         self._RT = np.ascontiguousarray(self.enc.residual.T, np.float32)
-        self._RrT = (np.ascontiguousarray(self.rr_enc.residual.T, np.float32)
-                     if self.rr_enc is not None else np.zeros((1, 1), np.float32))
+        self._RrT = (
+            np.ascontiguousarray(self.rr_enc.residual.T, np.float32)
+            if self.rr_enc is not None
+            else np.zeros((1, 1), np.float32)
+        )
         if self.rr_enc is None:
             self.E, self.Wc, self.bc = self.enc.emb, self.W, self.b[:, None]
             return self
         D = self.W.shape[1]
-        self.E = np.hstack([np.asarray(self.enc.emb, np.float32),
-                            np.asarray(self.rr_enc.emb, np.float32)])
+        self.E = np.hstack(
+            [np.asarray(self.enc.emb, np.float32), np.asarray(self.rr_enc.emb, np.float32)]
+        )
         self.Wc = np.hstack([self.W, self.rr_W.astype(self.W.dtype, copy=False)])
         self.bc = np.ascontiguousarray(np.stack([self.b, self.rr_b], axis=1), np.float32)
         self.enc.emb, self.rr_enc.emb = self.E[:, :D], self.E[:, D:]
@@ -215,8 +222,9 @@ class Learner:
         return self.W.shape[1]
 
     # ---- features ---------------------------------------------------------------------------
-    def encode(self, rows: np.ndarray, idx: np.ndarray, val: np.ndarray, n: int,
-               reranker: bool = True):
+    def encode(
+        self, rows: np.ndarray, idx: np.ndarray, val: np.ndarray, n: int, reranker: bool = True
+    ):
         """(v, z, z~ or None) for n texts given flat (row, token, weight) triples: one sparse
         product with the fused table for both encoders (its contiguous rows are what the sparse
         product reads fast); reranker=False skips z~'s residual block."""
@@ -290,13 +298,16 @@ class Learner:
             ukeys, firsts = np.unique(keys[mk], return_index=True)
             mu_max[np.searchsorted(uniq, ukeys)] = vals[mk][firsts]
         prior = np.bincount(inv[kind == 2], weights=vals[kind == 2], minlength=u)
-        s = ((1.0 - self.centroid_weight) * knn_sum.astype(np.float32)
-             + self.centroid_weight * mu_max + prior.astype(np.float32)).astype(np.float32)
+        s = (
+            (1.0 - self.centroid_weight) * knn_sum.astype(np.float32)
+            + self.centroid_weight * mu_max
+            + prior.astype(np.float32)
+        ).astype(np.float32)
         keep = s != 0
         uniq, s = uniq[keep], s[keep]
         rows, labels = np.divmod(uniq, L)
         if np.bincount(rows, minlength=n).max(initial=0) <= self.shortlist_size:
-            return rows, labels, s          # nothing to cut (the usual case at small k)
+            return rows, labels, s  # nothing to cut (the usual case at small k)
         # top `shortlist_size` per row by s (ties: lower label id), like sparse.topk_rows
         order = np.lexsort((labels, -s, rows))
         rows, labels, s = rows[order], labels[order], s[order]
@@ -310,7 +321,7 @@ class Learner:
             s[cut] = self.prior_score[np.searchsorted(self.prior, labels[cut])]
             sel |= cut
         rows, labels, s = rows[sel], labels[sel], s[sel]
-        back = np.argsort(rows * L + labels)   # candidates grouped by row, ascending labels
+        back = np.argsort(rows * L + labels)  # candidates grouped by row, ascending labels
         return rows[back], labels[back], s[back]
 
     # ---- the single-text latency path ----------------------------------------------------------
@@ -323,8 +334,9 @@ class Learner:
             loc.acc, loc.mu = np.zeros(L, np.float32), np.zeros(L, np.float32)
         return loc.acc, loc.mu
 
-    def score_one(self, idx: np.ndarray, val: np.ndarray, threads: int,
-                  extra: np.ndarray | None = None):
+    def score_one(
+        self, idx: np.ndarray, val: np.ndarray, threads: int, extra: np.ndarray | None = None
+    ):
         """(labels ascending, y, z) for one text's TF-IDF (idx, val): the batch path's
         arithmetic for one row in four compiled kernels (engine.kernels) around the two hnswlib
         searches; z [D] is the text's final feature vector. extra: ascending labels that join
@@ -336,17 +348,35 @@ class Learner:
         z, zr = kernels.residual_features(vv, self._RT, self._RrT, D, has_rr)
         acc, mu = self._scratch()
         none = (_NO_IDS, _NO_SIMS)
-        pid, psim = (self.points.query(q, self.knn, threads)
-                     if self.knn > 0 and self.points is not None else none)
-        cid, csim = (self.centres.query(q, self.kmu, threads)
-                     if self.kmu > 0 and self.centres is not None else none)
+        pid, psim = (
+            self.points.query(q, self.knn, threads)
+            if self.knn > 0 and self.points is not None
+            else none
+        )
+        cid, csim = (
+            self.centres.query(q, self.kmu, threads)
+            if self.kmu > 0 and self.centres is not None
+            else none
+        )
         try:
-            c, s = kernels.shortlist(pid[0], psim[0], self.point_indptr, self.point_labels,
-                                     self.point_values, cid[0], csim[0], self.centre_owner,
-                                     self.prior, self.prior_score, acc, mu,
-                                     float(self.centroid_weight), float(self.knn_power),
-                                     int(self.shortlist_size))
-        except BaseException:   # never leave a dirty scratch behind for the next text
+            c, s = kernels.shortlist(
+                pid[0],
+                psim[0],
+                self.point_indptr,
+                self.point_labels,
+                self.point_values,
+                cid[0],
+                csim[0],
+                self.centre_owner,
+                self.prior,
+                self.prior_score,
+                acc,
+                mu,
+                float(self.centroid_weight),
+                float(self.knn_power),
+                int(self.shortlist_size),
+            )
+        except BaseException:  # never leave a dirty scratch behind for the next text
             acc[:] = 0
             mu[:] = 0
             raise
@@ -354,10 +384,11 @@ class Learner:
             c, s = kernels.merge_candidates(c, s, extra, NAME_ONLY_S)
         if self.Wc.dtype == np.float32:
             W, rows = self.Wc, c
-        else:                   # float16 rows: the kernels read float32, gather and widen here
+        else:  # float16 rows: the kernels read float32, gather and widen here
             W, rows = self.Wc[c].astype(np.float32), np.arange(c.size)
-        y, _ = kernels.combine_scores(W, rows, self.bc, c, s, z, zr, float(self.alpha),
-                                   float(self.beta), D, has_rr)
+        y, _ = kernels.combine_scores(
+            W, rows, self.bc, c, s, z, zr, float(self.alpha), float(self.beta), D, has_rr
+        )
         return c, y, z
 
     # ---- scores -----------------------------------------------------------------------------
@@ -379,10 +410,10 @@ class Learner:
         logit = np.empty((n, width), np.float32)
         rlogit = np.empty((n, width), np.float32) if self.rr_enc is not None else None
         for a in range(0, n, step):
-            G = np.take(self.Wc, pad[a:a + step], axis=0).astype(np.float32, copy=False)
-            logit[a:a + step] = np.matmul(G[..., :D], Z[a:a + step, :, None])[..., 0]
+            G = np.take(self.Wc, pad[a : a + step], axis=0).astype(np.float32, copy=False)
+            logit[a : a + step] = np.matmul(G[..., :D], Z[a : a + step, :, None])[..., 0]
             if rlogit is not None:
-                rlogit[a:a + step] = np.matmul(G[..., D:], Zr[a:a + step, :, None])[..., 0]
+                rlogit[a : a + step] = np.matmul(G[..., D:], Zr[a : a + step, :, None])[..., 0]
         lg = logit[rows, col] + self.b[labels]
         y = self.alpha * _sigmoid(lg) + (1.0 - self.alpha) * _sigmoid(s)
         if rlogit is not None:
@@ -392,7 +423,7 @@ class Learner:
         return out
 
 
-HEAVY_RANKER_ROW = 128    # sparse ranker rows longer than this are scored through their transpose
+HEAVY_RANKER_ROW = 128  # sparse ranker rows longer than this are scored through their transpose
 
 
 def _split_ranker(sptr, sidx, sval, L: int, F: int) -> tuple:
@@ -410,13 +441,23 @@ def _split_ranker(sptr, sidx, sval, L: int, F: int) -> tuple:
     rows = np.repeat(np.arange(L), nnz)
     in_heavy = slot[rows] >= 0
     body = in_heavy & (idx != F - 1)
-    T = sp.csr_matrix((val[body], (idx[body], slot[rows[body]])), shape=(F, max(heavy.size, 1)),
-                      dtype=np.float32)
+    T = sp.csr_matrix(
+        (val[body], (idx[body], slot[rows[body]])), shape=(F, max(heavy.size, 1)), dtype=np.float32
+    )
     hbias = np.zeros(max(heavy.size, 1), np.float32)
     tail = in_heavy & (idx == F - 1)
     hbias[slot[rows[tail]]] = val[tail]
-    return (ptr, idx, val, T.indptr.astype(np.int64), T.indices.astype(np.int32),
-            T.data.astype(np.float32), slot, hbias, F - 1)
+    return (
+        ptr,
+        idx,
+        val,
+        T.indptr.astype(np.int64),
+        T.indices.astype(np.int32),
+        T.data.astype(np.float32),
+        slot,
+        hbias,
+        F - 1,
+    )
 
 
 def _with_candidates(rows, labels, s, rows_e, labels_e, L: int):
@@ -469,9 +510,19 @@ def _topk(rows: np.ndarray, labels: np.ndarray, y: np.ndarray, n: int, k: int):
 class Predictor:
     """Exported Astec model for CPU serving. Build with `Predictor.load(dir, threads=1)`."""
 
-    def __init__(self, *, root: Path, manifest: Manifest, config: dict, vectorizer: TfidfVectorizer,
-                 learners: list[Learner], label_names: list[str], threads: int, backend: str,
-                 ranker_vectorizer: TfidfVectorizer | None = None):
+    def __init__(
+        self,
+        *,
+        root: Path,
+        manifest: Manifest,
+        config: dict,
+        vectorizer: TfidfVectorizer,
+        learners: list[Learner],
+        label_names: list[str],
+        threads: int,
+        backend: str,
+        ranker_vectorizer: TfidfVectorizer | None = None,
+    ):
         self.root = root
         self.ranker_vectorizer = ranker_vectorizer
         self.manifest = manifest
@@ -484,7 +535,7 @@ class Predictor:
         self.version: str = str(manifest.data.get("version", ""))
         self.num_labels = int(config["num_labels"])
         self.dim = int(config["dim"])
-        self.ensemble = str(config.get("ensemble", "mean"))   # how learners join: mean or max
+        self.ensemble = str(config.get("ensemble", "mean"))  # how learners join: mean or max
         # label-name match (engine/label_text.py), rebuilt from the names; none at weight 0
         self.label_text_weight = float(config.get("label_text_weight", 0.0))
         self.label_text_min_match = float(config.get("label_text_min_match", 0.0))
@@ -492,8 +543,13 @@ class Predictor:
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | os.PathLike, threads: int = 1, backend: str | None = None,
-             check_hashes: bool = True) -> "Predictor":
+    def load(
+        cls,
+        path: str | os.PathLike,
+        threads: int = 1,
+        backend: str | None = None,
+        check_hashes: bool = True,
+    ) -> "Predictor":
         """Verify every file against manifest.json, then load; raise ManifestError/PredictorError.
 
         threads: hnswlib / onnxruntime threads per call (1 by default: consumers scale by
@@ -501,17 +557,20 @@ class Predictor:
         for the feature networks.
         """
         root = Path(path)
-        m = verify_manifest(root, check_hashes=check_hashes)   # nothing is read before this passes
+        m = verify_manifest(root, check_hashes=check_hashes)  # nothing is read before this passes
         cfg = m.load_json(CONFIG_NAME)
         src = root / CONFIG_NAME
         for key in ("num_labels", "dim", "learners", "vectorizer", "label_names"):
             if key not in cfg:
                 raise PredictorError(f"{src}: missing field {key!r}")
         if cfg.get("ensemble", "mean") not in ("mean", "max"):
-            raise PredictorError(f"{src}: field 'ensemble' is {cfg['ensemble']!r}, expected "
-                                 "'mean' or 'max'")
-        for key, hi, want in (("label_text_weight", 1e3, "a number >= 0"),
-                              ("label_text_min_match", 1.0, "a number in [0, 1]")):
+            raise PredictorError(
+                f"{src}: field 'ensemble' is {cfg['ensemble']!r}, expected 'mean' or 'max'"
+            )
+        for key, hi, want in (
+            ("label_text_weight", 1e3, "a number >= 0"),
+            ("label_text_min_match", 1.0, "a number in [0, 1]"),
+        ):
             x = cfg.get(key, 0.0)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= hi:
                 raise PredictorError(f"{src}: field {key!r} is {x!r}, expected {want}")
@@ -520,24 +579,46 @@ class Predictor:
             raise PredictorError(f"backend must be 'numpy' or 'onnx', got {backend!r}")
         L, D = int(cfg["num_labels"]), int(cfg["dim"])
         vectorizer = _load_vectorizer(m, cfg["vectorizer"])
-        rvec = _load_vectorizer(m, cfg["ranker_vectorizer"]) if cfg.get("ranker_vectorizer") else None
+        rvec = (
+            _load_vectorizer(m, cfg["ranker_vectorizer"]) if cfg.get("ranker_vectorizer") else None
+        )
         names = m.load_json(cfg["label_names"])
         if not isinstance(names, list) or len(names) != L:
-            raise PredictorError(f"{root / cfg['label_names']}: expected a list of {L} label "
-                                 f"names, got {type(names).__name__} of {len(names)}")
-        learners = [cls._load_learner(m, lc, L, D, vectorizer.num_features, threads,
-                                      f"{src}: learners[{i}]",
-                                      (rvec or vectorizer).num_features + 1)
-                    for i, lc in enumerate(cfg["learners"])]
+            raise PredictorError(
+                f"{root / cfg['label_names']}: expected a list of {L} label "
+                f"names, got {type(names).__name__} of {len(names)}"
+            )
+        learners = [
+            cls._load_learner(
+                m,
+                lc,
+                L,
+                D,
+                vectorizer.num_features,
+                threads,
+                f"{src}: learners[{i}]",
+                (rvec or vectorizer).num_features + 1,
+            )
+            for i, lc in enumerate(cfg["learners"])
+        ]
         if any(lr.sparse is not None for lr in learners) and rvec is None:
-            raise PredictorError(f"{src}: a learner has a sparse ranker but field "
-                                 "'ranker_vectorizer' is missing")
+            raise PredictorError(
+                f"{src}: a learner has a sparse ranker but field 'ranker_vectorizer' is missing"
+            )
         if not learners:
             raise PredictorError(f"{src}: field 'learners' is empty")
-        pred = cls(root=root, manifest=m, config=cfg, vectorizer=vectorizer, learners=learners,
-                   label_names=[str(x) for x in names], threads=int(threads), backend=backend,
-                   ranker_vectorizer=rvec)
-        pred.predict_one("", 1)   # compile (or load from numba's cache) the single-text kernels
+        pred = cls(
+            root=root,
+            manifest=m,
+            config=cfg,
+            vectorizer=vectorizer,
+            learners=learners,
+            label_names=[str(x) for x in names],
+            threads=int(threads),
+            backend=backend,
+            ranker_vectorizer=rvec,
+        )
+        pred.predict_one("", 1)  # compile (or load from numba's cache) the single-text kernels
         return pred
 
     @staticmethod
@@ -545,45 +626,83 @@ class Predictor:
         emb = m.load_npy(ec["embeddings"])
         R = np.ascontiguousarray(m.load_npy(ec["residual"], mmap=False))
         if emb.shape[1] != D or emb.shape[0] < V or R.shape != (D, D):
-            raise PredictorError(f"{where}: encoder shapes E{list(emb.shape)} R{list(R.shape)} "
-                                 f"do not fit vocabulary {V} x dim {D}")
+            raise PredictorError(
+                f"{where}: encoder shapes E{list(emb.shape)} R{list(R.shape)} "
+                f"do not fit vocabulary {V} x dim {D}"
+            )
         onnx = m.path(ec["onnx"]) if ec.get("onnx") else None
         return Encoder(emb=emb, residual=R, onnx_path=onnx)
 
     @classmethod
-    def _load_learner(cls, m: Manifest, lc: dict, L: int, D: int, V: int, threads: int,
-                      where: str, ranker_features: int = 0) -> Learner:
+    def _load_learner(
+        cls,
+        m: Manifest,
+        lc: dict,
+        L: int,
+        D: int,
+        V: int,
+        threads: int,
+        where: str,
+        ranker_features: int = 0,
+    ) -> Learner:
         try:
             enc = cls._load_encoder(m, lc["encoder"], V, D, where + ".encoder")
             W = m.load_npy(lc["classifier"]["weight"])
-            b = np.ascontiguousarray(m.load_npy(lc["classifier"]["bias"], mmap=False),
-                                     dtype=np.float32)
+            b = np.ascontiguousarray(
+                m.load_npy(lc["classifier"]["bias"], mmap=False), dtype=np.float32
+            )
             if W.shape != (L, D) or b.shape != (L,):
-                raise PredictorError(f"{where}.classifier: W{list(W.shape)} b{list(b.shape)}, "
-                                     f"expected [{L}, {D}] and [{L}]")
+                raise PredictorError(
+                    f"{where}.classifier: W{list(W.shape)} b{list(b.shape)}, "
+                    f"expected [{L}, {D}] and [{L}]"
+                )
             sc = lc["shortlist"]
             indptr = np.ascontiguousarray(m.load_npy(sc["point_indptr"], mmap=False), np.int64)
             plabels = np.ascontiguousarray(m.load_npy(sc["point_labels"], mmap=False), np.int64)
             pvals = np.ascontiguousarray(m.load_npy(sc["point_values"], mmap=False), np.float32)
             owner = np.ascontiguousarray(m.load_npy(sc["centre_owner"], mmap=False), np.int64)
             prior = np.ascontiguousarray(m.load_npy(sc["prior"], mmap=False), np.int64)
-            prior_score = np.ascontiguousarray(m.load_npy(sc["prior_score"], mmap=False),
-                                               np.float32)
+            prior_score = np.ascontiguousarray(
+                m.load_npy(sc["prior_score"], mmap=False), np.float32
+            )
             if prior_score.shape != prior.shape:
-                raise PredictorError(f"{where}.shortlist: prior_score{list(prior_score.shape)} "
-                                     f"does not match prior{list(prior.shape)}")
+                raise PredictorError(
+                    f"{where}.shortlist: prior_score{list(prior_score.shape)} "
+                    f"does not match prior{list(prior.shape)}"
+                )
             n_points, n_centres = int(sc["num_points"]), int(sc["num_centres"])
-            if indptr.shape != (n_points + 1,) or plabels.shape != pvals.shape or \
-                    int(indptr[-1]) != plabels.size or owner.shape != (n_centres,):
-                raise PredictorError(f"{where}.shortlist: point label arrays do not match "
-                                     f"num_points={n_points} / num_centres={n_centres}")
+            if (
+                indptr.shape != (n_points + 1,)
+                or plabels.shape != pvals.shape
+                or int(indptr[-1]) != plabels.size
+                or owner.shape != (n_centres,)
+            ):
+                raise PredictorError(
+                    f"{where}.shortlist: point label arrays do not match "
+                    f"num_points={n_points} / num_centres={n_centres}"
+                )
             for arr, what in ((plabels, "point_labels"), (owner, "centre_owner"), (prior, "prior")):
                 if arr.size and (arr.min() < 0 or arr.max() >= L):
                     raise PredictorError(f"{where}.shortlist.{what}: label id out of [0, {L})")
-            points = _load_ann(m, sc["points_index"], D, n_points, n_points,
-                               where + ".shortlist.points_index") if n_points else None
-            centres = _load_ann(m, sc["centres_index"], D, n_centres, n_centres,
-                                where + ".shortlist.centres_index") if n_centres else None
+            points = (
+                _load_ann(
+                    m, sc["points_index"], D, n_points, n_points, where + ".shortlist.points_index"
+                )
+                if n_points
+                else None
+            )
+            centres = (
+                _load_ann(
+                    m,
+                    sc["centres_index"],
+                    D,
+                    n_centres,
+                    n_centres,
+                    where + ".shortlist.centres_index",
+                )
+                if n_centres
+                else None
+            )
             rr_enc = rr_W = rr_b = None
             if lc.get("reranker"):
                 rc = lc["reranker"]
@@ -591,8 +710,10 @@ class Predictor:
                 rr_W = m.load_npy(rc["weight"])
                 rr_b = np.ascontiguousarray(m.load_npy(rc["bias"], mmap=False), np.float32)
                 if rr_W.shape != (L, D) or rr_b.shape != (L,):
-                    raise PredictorError(f"{where}.reranker: W{list(rr_W.shape)} "
-                                         f"b{list(rr_b.shape)}, expected [{L}, {D}] and [{L}]")
+                    raise PredictorError(
+                        f"{where}.reranker: W{list(rr_W.shape)} "
+                        f"b{list(rr_b.shape)}, expected [{L}, {D}] and [{L}]"
+                    )
             sparse, gamma = None, 1.0
             if lc.get("sparse_ranker"):
                 sc_ = lc["sparse_ranker"]
@@ -600,20 +721,44 @@ class Predictor:
                 sidx = np.ascontiguousarray(m.load_npy(sc_["indices"], mmap=False), np.int64)
                 sval = np.ascontiguousarray(m.load_npy(sc_["values"], mmap=False), np.float32)
                 F = int(sc_["num_features"])
-                if F != ranker_features or sptr.shape != (L + 1,) or sidx.shape != sval.shape or \
-                        int(sptr[-1]) != sidx.size or (sidx.size and (sidx.min() < 0 or sidx.max() >= F)):
-                    raise PredictorError(f"{where}.sparse_ranker: weights do not fit {L} labels x "
-                                         f"{ranker_features} ranker features")
+                if (
+                    F != ranker_features
+                    or sptr.shape != (L + 1,)
+                    or sidx.shape != sval.shape
+                    or int(sptr[-1]) != sidx.size
+                    or (sidx.size and (sidx.min() < 0 or sidx.max() >= F))
+                ):
+                    raise PredictorError(
+                        f"{where}.sparse_ranker: weights do not fit {L} labels x "
+                        f"{ranker_features} ranker features"
+                    )
                 sparse = _split_ranker(sptr, sidx, sval, L, F)
                 gamma = float(sc_["gamma"])
             return Learner(
-                enc=enc, W=W, b=b, sparse=sparse, gamma=gamma, points=points, point_indptr=indptr,
-                point_labels=plabels, point_values=pvals, centres=centres, centre_owner=owner,
-                prior=prior, prior_score=prior_score, knn=min(int(sc["knn"]), n_points), kmu=min(int(sc["kmu"]), n_centres),
+                enc=enc,
+                W=W,
+                b=b,
+                sparse=sparse,
+                gamma=gamma,
+                points=points,
+                point_indptr=indptr,
+                point_labels=plabels,
+                point_values=pvals,
+                centres=centres,
+                centre_owner=owner,
+                prior=prior,
+                prior_score=prior_score,
+                knn=min(int(sc["knn"]), n_points),
+                kmu=min(int(sc["kmu"]), n_centres),
                 centroid_weight=float(sc["centroid_weight"]),
-                shortlist_size=int(sc["shortlist_size"]), alpha=float(lc["alpha"]),
-                beta=float(lc.get("beta", 1.0)), rr_enc=rr_enc, rr_W=rr_W, rr_b=rr_b,
-                knn_power=float(sc.get("knn_power", 1.0))).fuse()
+                shortlist_size=int(sc["shortlist_size"]),
+                alpha=float(lc["alpha"]),
+                beta=float(lc.get("beta", 1.0)),
+                rr_enc=rr_enc,
+                rr_W=rr_W,
+                rr_b=rr_b,
+                knn_power=float(sc.get("knn_power", 1.0)),
+            ).fuse()
         except KeyError as e:
             raise PredictorError(f"{where}: missing field {e.args[0]!r}") from None
 
@@ -635,8 +780,10 @@ class Predictor:
         (unit length) and the bias feature, the model's ranker_features."""
         vec = self.ranker_vectorizer
         idx, val = vec.transform_one(text)
-        return (np.append(idx.astype(np.int64), vec.num_features),
-                np.append(val, np.float32(1.0)).astype(np.float32))
+        return (
+            np.append(idx.astype(np.int64), vec.num_features),
+            np.append(val, np.float32(1.0)).astype(np.float32),
+        )
 
     def _ranker_rows(self, texts: list[str]):
         """CSR (indptr, indices, values) of the ranker features of texts."""
@@ -666,8 +813,11 @@ class Predictor:
         if self.backend == "onnx" and lr.enc.onnx_path is not None:
             ids, w = self._padded(idx, val, lens)
             v, z = lr.enc.vz_onnx(ids, w, self.threads)
-            zr = (lr.rr_enc.vz_onnx(ids, w, self.threads)[1]
-                  if reranker and lr.rr_enc is not None else None)
+            zr = (
+                lr.rr_enc.vz_onnx(ids, w, self.threads)[1]
+                if reranker and lr.rr_enc is not None
+                else None
+            )
             return v, z, zr
         return lr.encode(rows, idx, val, n, reranker)
 
@@ -704,8 +854,15 @@ class Predictor:
         rows, labels, y = self._join_learners(all_rows, all_labels, all_y)
         if titles is not None:
             y = np.array(y, np.float32)
-            kernels.add_name_match_rows(rows, labels, y, *titles, self.label_text.piece,
-                                        self.label_text.weight, self.label_text_weight)
+            kernels.add_name_match_rows(
+                rows,
+                labels,
+                y,
+                *titles,
+                self.label_text.piece,
+                self.label_text.weight,
+                self.label_text_weight,
+            )
         ids, scores = _topk(rows, labels, y, n, k)
         return (ids, scores, z0) if want_z else (ids, scores)
 
@@ -725,8 +882,13 @@ class Predictor:
         if titles is None or self.label_text_min_match <= 0:
             return None
         lt = self.label_text
-        return kernels.name_candidates_rows(*titles, *lt._index(self.label_text_min_match),
-                                            lt.piece, lt.weight, self.label_text_min_match)
+        return kernels.name_candidates_rows(
+            *titles,
+            *lt._index(self.label_text_min_match),
+            lt.piece,
+            lt.weight,
+            self.label_text_min_match,
+        )
 
     def _join_learners(self, rows_l, labels_l, y_l):
         """An ensemble's scores over the union of its learners' candidates (self.ensemble)."""
@@ -735,12 +897,13 @@ class Predictor:
         L = self.num_labels
         keys = np.concatenate([r * L + c for r, c in zip(rows_l, labels_l)])
         uniq, inv = np.unique(keys, return_inverse=True)
-        if self.ensemble == "max":   # a label missing from a learner's candidates counts 0 there
+        if self.ensemble == "max":  # a label missing from a learner's candidates counts 0 there
             y = np.zeros(uniq.size, np.float32)
             np.maximum.at(y, inv, np.concatenate(y_l).astype(np.float32))
         else:
-            y = (np.bincount(inv, weights=np.concatenate(y_l), minlength=uniq.size)
-                 / len(rows_l)).astype(np.float32)
+            y = (
+                np.bincount(inv, weights=np.concatenate(y_l), minlength=uniq.size) / len(rows_l)
+            ).astype(np.float32)
         rows, labels = np.divmod(uniq, L)
         return rows, labels, y
 
@@ -765,8 +928,13 @@ class Predictor:
         if lt is not None:
             tids = lt.title_ids(text)
             if self.label_text_min_match > 0:
-                extra = kernels.name_candidates(tids, *lt._index(self.label_text_min_match),
-                                                lt.piece, lt.weight, self.label_text_min_match)
+                extra = kernels.name_candidates(
+                    tids,
+                    *lt._index(self.label_text_min_match),
+                    lt.piece,
+                    lt.weight,
+                    self.label_text_min_match,
+                )
         parts = [lr.score_one(idx, val, self.threads, extra) for lr in self.learners]
         if self.ranker_vectorizer is not None:
             ridx, rval = self._ranker_one(text)
@@ -775,9 +943,12 @@ class Predictor:
                     kernels.sparse_mix_one(c, y, ridx, rval, *lr.sparse, float(lr.gamma))
         if len(parts) == 1:
             c, y = parts[0][0], parts[0][1]
-        else:   # the batch path's ensemble join, every candidate in row 0 (labels ascending)
-            _, c, y = self._join_learners([np.zeros(p[0].size, np.int64) for p in parts],
-                                          [p[0] for p in parts], [p[1] for p in parts])
+        else:  # the batch path's ensemble join, every candidate in row 0 (labels ascending)
+            _, c, y = self._join_learners(
+                [np.zeros(p[0].size, np.int64) for p in parts],
+                [p[0] for p in parts],
+                [p[1] for p in parts],
+            )
         if lt is not None:
             kernels.add_name_match(c, y, tids, lt.piece, lt.weight, self.label_text_weight)
         ids, scores = kernels.top_k(c, y, k)
@@ -800,8 +971,10 @@ class Predictor:
         return np.asarray(self.learners[0].W[ids], dtype=np.float32)
 
     def __repr__(self) -> str:
-        return (f"Predictor({str(self.root)!r}, version={self.version!r}, L={self.num_labels}, "
-                f"D={self.dim}, learners={len(self.learners)}, backend={self.backend!r})")
+        return (
+            f"Predictor({str(self.root)!r}, version={self.version!r}, L={self.num_labels}, "
+            f"D={self.dim}, learners={len(self.learners)}, backend={self.backend!r})"
+        )
 
 
 def _load_vectorizer(m: Manifest, rel: str) -> TfidfVectorizer:
@@ -819,36 +992,46 @@ def _load_ann(m: Manifest, ic: dict, dim: int, count: int, max_id: int, where: s
     unique = int(ic.get("unique", count))
     ann = AnnSearch(count=count)
     if ic.get("members_indptr"):
-        ann.members_indptr = np.ascontiguousarray(m.load_npy(ic["members_indptr"], mmap=False),
-                                                  np.int64)
+        ann.members_indptr = np.ascontiguousarray(
+            m.load_npy(ic["members_indptr"], mmap=False), np.int64
+        )
         ann.members = np.ascontiguousarray(m.load_npy(ic["members"], mmap=False), np.int64)
-        if ann.members_indptr.shape != (unique + 1,) or ann.members.shape != (count,) or \
-                int(ann.members_indptr[-1]) != count or \
-                (count and (ann.members.min() < 0 or ann.members.max() >= max_id)):
-            raise PredictorError(f"{where}: members arrays do not describe {unique} distinct "
-                                 f"vectors of {count} items")
+        if (
+            ann.members_indptr.shape != (unique + 1,)
+            or ann.members.shape != (count,)
+            or int(ann.members_indptr[-1]) != count
+            or (count and (ann.members.min() < 0 or ann.members.max() >= max_id))
+        ):
+            raise PredictorError(
+                f"{where}: members arrays do not describe {unique} distinct "
+                f"vectors of {count} items"
+            )
     elif unique != count:
-        raise PredictorError(f"{where}: {unique} distinct vectors of {count} items but no "
-                             "members arrays")
+        raise PredictorError(
+            f"{where}: {unique} distinct vectors of {count} items but no members arrays"
+        )
     if kind == "hnsw":
         path = m.path(ic["file"])
         index = hnswlib.Index(space="ip", dim=dim)
         try:
-            with huge_pages_for(str(path)):   # graph walks: far fewer TLB misses
+            with huge_pages_for(str(path)):  # graph walks: far fewer TLB misses
                 index.load_index(str(path), max_elements=unique)
         except RuntimeError as e:
             raise PredictorError(f"{path}: unreadable hnswlib index ({e})") from None
         if index.get_current_count() != unique:
-            raise PredictorError(f"{path}: index holds {index.get_current_count()} items, "
-                                 f"predictor.json says {unique}")
+            raise PredictorError(
+                f"{path}: index holds {index.get_current_count()} items, "
+                f"predictor.json says {unique}"
+            )
         index.set_ef(max(int(ic.get("ef", 100)), 1))
         index.set_num_threads(1)
         ann.hnsw = index
     elif kind == "exact":
         ann.vectors = np.ascontiguousarray(m.load_npy(ic["file"], mmap=False), np.float32)
         if ann.vectors.shape != (unique, dim):
-            raise PredictorError(f"{m.path(ic['file'])}: shape {list(ann.vectors.shape)}, "
-                                 f"expected [{unique}, {dim}]")
+            raise PredictorError(
+                f"{m.path(ic['file'])}: shape {list(ann.vectors.shape)}, expected [{unique}, {dim}]"
+            )
     else:
         raise PredictorError(f"{where}: field 'kind' must be 'hnsw' or 'exact', got {kind!r}")
     return ann

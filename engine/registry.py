@@ -11,6 +11,7 @@ A version only becomes visible by an atomic rename of its finished staging direc
 pointer only moves by an atomic os.replace, so a writer killed at any point leaves CURRENT and every
 complete version untouched.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -115,10 +116,12 @@ class Registry:
             obj = json.loads(p.read_text(encoding="utf-8"))
             version = obj["version"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise RegistryError(f"{p}: expected JSON {{\"version\": \"<id>\"}}: {e}") from e
+            raise RegistryError(f'{p}: expected JSON {{"version": "<id>"}}: {e}') from e
         if not isinstance(version, str) or not (self.path(version) / META).is_file():
-            raise RegistryError(f"{p}: points at {version!r}, which is not a complete version "
-                                f"under {self.versions_dir}")
+            raise RegistryError(
+                f"{p}: points at {version!r}, which is not a complete version "
+                f"under {self.versions_dir}"
+            )
         return version
 
     def current_path(self) -> Path | None:
@@ -129,8 +132,11 @@ class Registry:
         """Complete versions, oldest first (ids sort by creation time)."""
         if not self.versions_dir.is_dir():
             return []
-        return sorted(d.name for d in self.versions_dir.iterdir()
-                      if d.is_dir() and not d.name.startswith(".") and (d / META).is_file())
+        return sorted(
+            d.name
+            for d in self.versions_dir.iterdir()
+            if d.is_dir() and not d.name.startswith(".") and (d / META).is_file()
+        )
 
     def meta(self, version: str) -> dict:
         p = self.path(version) / META
@@ -189,7 +195,9 @@ class Registry:
     def promote(self, version: str) -> None:
         """Point CURRENT at a complete version: one os.replace of a freshly written file."""
         if not (self.path(version) / META).is_file():
-            raise RegistryError(f"{self.path(version)}: not a complete version; refusing to promote")
+            raise RegistryError(
+                f"{self.path(version)}: not a complete version; refusing to promote"
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.pointer_path, {"version": version, "promoted": time.time()})
         log.info("promoted %s under %s", version, self.root)

@@ -12,6 +12,7 @@ A failure or a kill at any step leaves CURRENT and every complete version as the
 retrain removes the stale staging directory. A second retrain running at the same time is refused
 (flock on the registry).
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,7 @@ import scipy.sparse as sp
 from engine.clicklog import ReadReport, partitions, read_log
 from engine.clicks_dataset import aggregate_clicks, build_training_set, table_to_points
 from engine.formats import read_label_names, read_text_tsv
-from engine.metrics import evaluate, inv_propensity
+from engine.ranking_metrics import evaluate, inv_propensity
 from engine.registry import Registry, RegistryLocked
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,9 @@ class RetrainError(RuntimeError):
 @dataclass
 class RetrainSettings:
     min_clicks: int = 2
-    holdout_days: int = 1          # newest days of search clicks used only for evaluation
+    holdout_days: int = 1  # newest days of search clicks used only for evaluation
     metric: str = "P@1"
-    tolerance: float = 1.0         # in metric points (percent): promote if new >= current - tol
+    tolerance: float = 1.0  # in metric points (percent): promote if new >= current - tol
     keep: int = 5
     k: int = 5
     max_eval_points: int = 20_000
@@ -68,12 +69,20 @@ class RetrainResult:
 
 
 def _holdout_table(log_dir, since: str, min_clicks: int, report: ReadReport):
-    table = aggregate_clicks(read_log(log_dir, "search_clicks", report, since=since)).filtered(min_clicks)
+    table = aggregate_clicks(read_log(log_dir, "search_clicks", report, since=since)).filtered(
+        min_clicks
+    )
     return table
 
 
-def evaluate_by_text(predict: Callable[[list[str], int], np.ndarray], model_names: list[str],
-                     texts: list[str], Y: sp.csr_matrix, names: list[str], k: int = 5) -> dict:
+def evaluate_by_text(
+    predict: Callable[[list[str], int], np.ndarray],
+    model_names: list[str],
+    texts: list[str],
+    Y: sp.csr_matrix,
+    names: list[str],
+    k: int = 5,
+) -> dict:
     """Metrics (percent) of a predictor on (texts, Y over `names`), matching labels by text."""
     ids = np.asarray(predict(texts, k))
     index = {n: i for i, n in enumerate(names)}
@@ -92,16 +101,22 @@ def _predictor_fn(version_dir: Path):
     return (lambda texts, k: p.predict(texts, k)[0]), p.label_names
 
 
-def retrain(log_dir: str | Path, models_dir: str | Path, config=None,
-            settings: RetrainSettings | None = None) -> RetrainResult:
+def retrain(
+    log_dir: str | Path,
+    models_dir: str | Path,
+    config=None,
+    settings: RetrainSettings | None = None,
+) -> RetrainResult:
     """Train a new version from LOG_DIR and promote it under MODELS_DIR if it is not worse."""
     s = settings or RetrainSettings()
     t0 = time.time()
     reg = Registry(models_dir, keep=s.keep)
     dates = partitions(log_dir, "search_clicks")
     if len(dates) <= s.holdout_days:
-        raise RetrainError(f"{log_dir}: search clicks span {len(dates)} day(s); need more than "
-                           f"--holdout-days={s.holdout_days} (the newest days are held out for evaluation)")
+        raise RetrainError(
+            f"{log_dir}: search clicks span {len(dates)} day(s); need more than "
+            f"--holdout-days={s.holdout_days} (the newest days are held out for evaluation)"
+        )
     train_until, holdout_since = dates[-s.holdout_days - 1], dates[-s.holdout_days]
     try:
         with reg.lock(wait=False):
@@ -122,56 +137,84 @@ def _evaluate_current(reg: Registry, version: str, e_texts, e_Y, e_names, k: int
         return None, f"current version {version} unusable: {e}"
 
 
-def _retrain_locked(reg: Registry, log_dir, config, s: RetrainSettings, train_until: str,
-                    holdout_since: str) -> RetrainResult:
+def _retrain_locked(
+    reg: Registry, log_dir, config, s: RetrainSettings, train_until: str, holdout_since: str
+) -> RetrainResult:
     from engine.astec import Astec, AstecConfig
     from engine.export import ExportOptions, export_model
 
     stale = reg.cleanup_staging()
     if stale:
-        log.warning("removed %d stale staging dir(s) from interrupted retrains: %s", len(stale), stale)
+        log.warning(
+            "removed %d stale staging dir(s) from interrupted retrains: %s", len(stale), stale
+        )
     previous = reg.current()
     st = reg.stage()
     try:
-        data = build_training_set(log_dir, st.path / "data", min_clicks=s.min_clicks,
-                                  test_fraction=0.0, seed=s.seed, until=train_until)
+        data = build_training_set(
+            log_dir,
+            st.path / "data",
+            min_clicks=s.min_clicks,
+            test_fraction=0.0,
+            seed=s.seed,
+            until=train_until,
+        )
         names = read_label_names(st.path / "data" / "labels.txt")
         texts, Y = read_text_tsv(st.path / "data" / "train.tsv", num_labels=len(names))
         cfg = config or AstecConfig()
         model = Astec.train(texts, Y, cfg, label_names=names, progress=s.progress)
         model.save(st.path / "model")
         del model
-        export_model(st.path / "model", st.path / "predictor",
-                     ExportOptions(version=st.version), progress=s.progress)
+        export_model(
+            st.path / "model",
+            st.path / "predictor",
+            ExportOptions(version=st.version),
+            progress=s.progress,
+        )
 
         rep = ReadReport("search_clicks")
         table = _holdout_table(log_dir, holdout_since, s.min_clicks, rep)
         e_texts, e_Y, e_names = table_to_points(table)
         if len(e_texts) > s.max_eval_points:
-            pick = np.sort(np.random.default_rng(s.seed).choice(len(e_texts), s.max_eval_points,
-                                                                 replace=False))
+            pick = np.sort(
+                np.random.default_rng(s.seed).choice(len(e_texts), s.max_eval_points, replace=False)
+            )
             e_texts, e_Y = [e_texts[i] for i in pick], e_Y[pick]
         if not e_texts:
-            raise RetrainError(f"{log_dir}: no held-out pages with >= {s.min_clicks} clicks "
-                               f"since {holdout_since}")
+            raise RetrainError(
+                f"{log_dir}: no held-out pages with >= {s.min_clicks} clicks since {holdout_since}"
+            )
         fn, mnames = _predictor_fn(st.path)
         m_new = evaluate_by_text(fn, mnames, e_texts, e_Y, e_names, s.k)
         if s.metric not in m_new:
             raise RetrainError(f"metric {s.metric!r} not computed; choose one of {sorted(m_new)}")
-        m_cur, why = (None, "no current version") if previous is None else \
-            _evaluate_current(reg, previous, e_texts, e_Y, e_names, s.k)
+        m_cur, why = (
+            (None, "no current version")
+            if previous is None
+            else _evaluate_current(reg, previous, e_texts, e_Y, e_names, s.k)
+        )
         if m_cur is None:
             promote, reason = True, why
         else:
             delta = m_new[s.metric] - m_cur[s.metric]
             promote = delta >= -s.tolerance
-            reason = (f"{s.metric} {m_new[s.metric]:.2f} vs current {m_cur[s.metric]:.2f} "
-                      f"(delta {delta:+.2f}, tolerance {s.tolerance})")
-        meta = {"kind": "astec", "parent": previous, "promoted": promote, "decision": reason,
-                "metrics_holdout": m_new, "metrics_current_on_holdout": m_cur,
-                "holdout": {"since": holdout_since, "points": len(e_texts), "read": rep.to_dict()},
-                "train_until": train_until, "data": data, "settings": asdict(s),
-                "config": cfg.to_dict() if hasattr(cfg, "to_dict") else None}
+            reason = (
+                f"{s.metric} {m_new[s.metric]:.2f} vs current {m_cur[s.metric]:.2f} "
+                f"(delta {delta:+.2f}, tolerance {s.tolerance})"
+            )
+        meta = {
+            "kind": "astec",
+            "parent": previous,
+            "promoted": promote,
+            "decision": reason,
+            "metrics_holdout": m_new,
+            "metrics_current_on_holdout": m_cur,
+            "holdout": {"since": holdout_since, "points": len(e_texts), "read": rep.to_dict()},
+            "train_until": train_until,
+            "data": data,
+            "settings": asdict(s),
+            "config": cfg.to_dict() if hasattr(cfg, "to_dict") else None,
+        }
         reg.commit(st, meta)
     except BaseException:
         shutil.rmtree(st.path, ignore_errors=True)
@@ -179,5 +222,6 @@ def _retrain_locked(reg: Registry, log_dir, config, s: RetrainSettings, train_un
     if promote:
         reg.promote(st.version)
     pruned = reg.prune()
-    return RetrainResult(st.version, promote, reason, previous, m_new, m_cur, data, len(e_texts),
-                         pruned)
+    return RetrainResult(
+        st.version, promote, reason, previous, m_new, m_cur, data, len(e_texts), pruned
+    )

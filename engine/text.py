@@ -20,6 +20,7 @@ ln((1 + n) / (1 + df)) + 1, rows L2-normalised; unknown tokens are ignored and a
 known token gives an all-zero row. Saved as JSON (parameters + vocabulary in index order) plus
 an .npz with the idf vector: no pickle.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,9 @@ def words(text: str) -> list[str]:
     return _WORD_RE.findall(text.lower())
 
 
-def analyze(text: str, word_ngrams: int = 1,
-            char_ngrams: tuple[int, int] | None = None) -> list[str]:
+def analyze(
+    text: str, word_ngrams: int = 1, char_ngrams: tuple[int, int] | None = None
+) -> list[str]:
     """All features of `text` in a fixed order: words, then bigrams, then char n-grams."""
     ws = _WORD_RE.findall(text.lower())
     out = list(ws)
@@ -60,7 +62,7 @@ def analyze(text: str, word_ngrams: int = 1,
             m = "<" + w + ">"
             lm = len(m)
             for n in range(lo, min(hi, lm) + 1):
-                out.extend(["~" + m[i:i + n] for i in range(lm - n + 1)])
+                out.extend(["~" + m[i : i + n] for i in range(lm - n + 1)])
     return out
 
 
@@ -73,6 +75,7 @@ class TfidfVectorizer:
     max_features: keep the features with the highest df (ties by token) after the df filters.
     Vocabulary order is deterministic: df descending, then token.
     """
+
     min_df: int | float = 1
     max_df: int | float = 1.0
     max_features: int | None = None
@@ -89,8 +92,9 @@ class TfidfVectorizer:
         if self.char_ngrams is not None:
             lo, hi = (int(v) for v in self.char_ngrams)
             if not 1 <= lo <= hi:
-                raise ValueError(f"char_ngrams must be (lo, hi) with 1 <= lo <= hi, "
-                                 f"got {self.char_ngrams}")
+                raise ValueError(
+                    f"char_ngrams must be (lo, hi) with 1 <= lo <= hi, got {self.char_ngrams}"
+                )
             self.char_ngrams = (lo, hi)
         if self.idf_ is not None:
             self._compile()
@@ -130,10 +134,12 @@ class TfidfVectorizer:
         kept = [(c, t) for t, c in df.items() if lo <= c <= hi]
         kept.sort(key=lambda ct: (-ct[0], ct[1]))
         if self.max_features is not None:
-            kept = kept[:self.max_features]
+            kept = kept[: self.max_features]
         if not kept:
-            raise ValueError(f"TfidfVectorizer.fit: no token left after min_df={self.min_df}, "
-                             f"max_df={self.max_df} over {n} texts")
+            raise ValueError(
+                f"TfidfVectorizer.fit: no token left after min_df={self.min_df}, "
+                f"max_df={self.max_df} over {n} texts"
+            )
         self.vocabulary_ = {t: i for i, (_, t) in enumerate(kept)}
         counts = np.array([c for c, _ in kept], dtype=np.float64)
         self.idf_ = np.log((1.0 + n) / (1.0 + counts)) + 1.0
@@ -159,7 +165,7 @@ class TfidfVectorizer:
             m = "<" + w + ">"
             lm = len(m)
             for n in range(lo, min(hi, lm) + 1):
-                feats.extend(["~" + m[i:i + n] for i in range(lm - n + 1)])
+                feats.extend(["~" + m[i : i + n] for i in range(lm - n + 1)])
         ids = [i for i in map(vocab_get, feats) if i is not None]
         cache = self._word_cache
         if len(cache) >= _CACHE_MAX:
@@ -177,8 +183,13 @@ class TfidfVectorizer:
             out.extend(ids if ids is not None else self._word_ids(w))
         if self.word_ngrams >= 2 and len(ws) > 1:
             vocab_get = self.vocabulary_.get
-            out.extend([i for i in map(vocab_get, [a + " " + b for a, b in zip(ws, ws[1:])])
-                        if i is not None])
+            out.extend(
+                [
+                    i
+                    for i in map(vocab_get, [a + " " + b for a, b in zip(ws, ws[1:])])
+                    if i is not None
+                ]
+            )
         return out
 
     def _check_fitted(self) -> None:
@@ -199,8 +210,10 @@ class TfidfVectorizer:
         n = len(lengths)
         indptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=indptr[1:])
-        X = sp.csr_matrix((np.ones(len(cols), dtype=np.float32), np.asarray(cols, dtype=np.int32),
-                           indptr), shape=(n, len(self.vocabulary_)))
+        X = sp.csr_matrix(
+            (np.ones(len(cols), dtype=np.float32), np.asarray(cols, dtype=np.int32), indptr),
+            shape=(n, len(self.vocabulary_)),
+        )
         X.sum_duplicates()  # counts repeated tokens, sorts indices
         if self.sublinear_tf:
             np.log(X.data, out=X.data)
@@ -243,8 +256,7 @@ class TfidfVectorizer:
         else:
             vals = [counts[i] * idf[i] for i in idx]
         norm = math.sqrt(sum(v * v for v in vals))
-        return (np.array(idx, dtype=np.int32),
-                np.array([v / norm for v in vals], dtype=np.float32))
+        return (np.array(idx, dtype=np.int32), np.array([v / norm for v in vals], dtype=np.float32))
 
     # ---- persistence ----------------------------------------------------------------------
     @staticmethod
@@ -260,11 +272,17 @@ class TfidfVectorizer:
         jpath, npath = self._paths(path)
         jpath.parent.mkdir(parents=True, exist_ok=True)
         meta = {
-            "format": _FORMAT, "version": _VERSION, "token_pattern": TOKEN_PATTERN,
-            "min_df": self.min_df, "max_df": self.max_df, "max_features": self.max_features,
-            "sublinear_tf": self.sublinear_tf, "word_ngrams": self.word_ngrams,
+            "format": _FORMAT,
+            "version": _VERSION,
+            "token_pattern": TOKEN_PATTERN,
+            "min_df": self.min_df,
+            "max_df": self.max_df,
+            "max_features": self.max_features,
+            "sublinear_tf": self.sublinear_tf,
+            "word_ngrams": self.word_ngrams,
             "char_ngrams": list(self.char_ngrams) if self.char_ngrams else None,
-            "n_docs": self.n_docs_, "vocabulary": self.feature_names,
+            "n_docs": self.n_docs_,
+            "vocabulary": self.feature_names,
         }
         jpath.write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
         np.savez(npath, idf=self.idf_)
@@ -281,18 +299,26 @@ class TfidfVectorizer:
         except json.JSONDecodeError as e:
             raise ValueError(f"{jpath}: not valid JSON ({e})") from None
         if meta.get("format") != _FORMAT or meta.get("version") != _VERSION:
-            raise ValueError(f"{jpath}: field 'format'/'version' is "
-                             f"{meta.get('format')!r}/{meta.get('version')!r}, expected "
-                             f"{_FORMAT!r}/{_VERSION}")
+            raise ValueError(
+                f"{jpath}: field 'format'/'version' is "
+                f"{meta.get('format')!r}/{meta.get('version')!r}, expected "
+                f"{_FORMAT!r}/{_VERSION}"
+            )
         if meta.get("token_pattern") != TOKEN_PATTERN:
-            raise ValueError(f"{jpath}: field 'token_pattern' {meta.get('token_pattern')!r} "
-                             f"differs from this code's {TOKEN_PATTERN!r}")
+            raise ValueError(
+                f"{jpath}: field 'token_pattern' {meta.get('token_pattern')!r} "
+                f"differs from this code's {TOKEN_PATTERN!r}"
+            )
         try:
             vocab = meta["vocabulary"]
-            v = cls(min_df=meta["min_df"], max_df=meta["max_df"],
-                    max_features=meta["max_features"], sublinear_tf=bool(meta["sublinear_tf"]),
-                    word_ngrams=int(meta["word_ngrams"]),
-                    char_ngrams=tuple(meta["char_ngrams"]) if meta["char_ngrams"] else None)
+            v = cls(
+                min_df=meta["min_df"],
+                max_df=meta["max_df"],
+                max_features=meta["max_features"],
+                sublinear_tf=bool(meta["sublinear_tf"]),
+                word_ngrams=int(meta["word_ngrams"]),
+                char_ngrams=tuple(meta["char_ngrams"]) if meta["char_ngrams"] else None,
+            )
             v.n_docs_ = int(meta["n_docs"])
         except KeyError as e:
             raise ValueError(f"{jpath}: missing field {e.args[0]!r}") from None
@@ -301,8 +327,10 @@ class TfidfVectorizer:
                 raise ValueError(f"{npath}: missing array 'idf'")
             idf = np.asarray(z["idf"], dtype=np.float64)
         if idf.shape != (len(vocab),):
-            raise ValueError(f"{npath}: 'idf' has shape {idf.shape} but {jpath} has "
-                             f"{len(vocab)} vocabulary entries")
+            raise ValueError(
+                f"{npath}: 'idf' has shape {idf.shape} but {jpath} has "
+                f"{len(vocab)} vocabulary entries"
+            )
         v.vocabulary_ = {t: i for i, t in enumerate(vocab)}
         if len(v.vocabulary_) != len(vocab):
             raise ValueError(f"{jpath}: field 'vocabulary' has duplicate tokens")

@@ -1,4 +1,5 @@
 """The `astec` command line: a thin root that loads each area's commands lazily."""
+
 from __future__ import annotations
 
 import importlib
@@ -7,7 +8,7 @@ import os
 
 import click
 
-from infra.commands import BENCH_COMMANDS, COMMANDS
+from infra.commands import BENCH_COMMANDS, COMMANDS, SUBCOMMANDS
 
 
 class LazyGroup(click.Group):
@@ -22,13 +23,24 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx, name):
         if name in self.lazy:
-            module_name, attr = self.lazy[name].split(":")
-            return getattr(importlib.import_module(module_name), attr)
+            cmd = _load(self.lazy[name])
+            for sub, target in SUBCOMMANDS.get(name, {}).items():
+                if isinstance(cmd, click.Group) and sub not in cmd.commands:
+                    cmd.add_command(_load(target), sub)
+            return cmd
         return super().get_command(ctx, name)
 
 
-@click.group(cls=LazyGroup, lazy=COMMANDS,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _load(target: str):
+    module_name, attr = target.split(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def cli(verbose: int) -> None:
     """Astec: extreme multi-label query prediction for streaming personalized ads.
@@ -38,8 +50,10 @@ def cli(verbose: int) -> None:
     Every command has --help.
     """
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(level=int(os.environ.get("ASTEC_LOG_LEVEL", level)),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=int(os.environ.get("ASTEC_LOG_LEVEL", level)),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
 @cli.group(cls=LazyGroup, lazy=BENCH_COMMANDS)

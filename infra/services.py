@@ -11,6 +11,7 @@ Each start records PIDs, ports and passwords in DIR/services.json; `stop` signal
 PIDs after checking the process is still the one we started (PIDs and ports can be reused by
 someone else's broker): the broker by its properties file on its command line, Redis by its port.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,7 @@ class Proc:
     port: int
     binary: str
     log: str
-    marker: str = ""   # a string on the process' command line that only our process has
+    marker: str = ""  # a string on the process' command line that only our process has
 
 
 @dataclass
@@ -69,19 +70,30 @@ class ServicesInfo:
         return f"redis://:{self.redis_password}@127.0.0.1:{self.redis.port}/0"
 
     def to_json(self) -> dict:
-        return {"data_dir": self.data_dir, "started_at": self.started_at,
-                "kafka": {**asdict(self.kafka), "bootstrap": self.kafka_bootstrap,
-                          "sasl_username": KAFKA_USER, "sasl_password": self.kafka_password},
-                "redis": {**asdict(self.redis), "url": self.redis_url,
-                          "password": self.redis_password}}
+        return {
+            "data_dir": self.data_dir,
+            "started_at": self.started_at,
+            "kafka": {
+                **asdict(self.kafka),
+                "bootstrap": self.kafka_bootstrap,
+                "sasl_username": KAFKA_USER,
+                "sasl_password": self.kafka_password,
+            },
+            "redis": {**asdict(self.redis), "url": self.redis_url, "password": self.redis_password},
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "ServicesInfo":
         k = {f: d["kafka"][f] for f in ("pid", "port", "binary", "log")}
         r = {f: d["redis"][f] for f in ("pid", "port", "binary", "log")}
-        return cls(d["data_dir"], Proc(**k, marker=d["kafka"].get("marker", "")),
-                   Proc(**r, marker=d["redis"].get("marker", "")), d["redis"]["password"],
-                   d["started_at"], d["kafka"].get("sasl_password", ""))
+        return cls(
+            d["data_dir"],
+            Proc(**k, marker=d["kafka"].get("marker", "")),
+            Proc(**r, marker=d["redis"].get("marker", "")),
+            d["redis"]["password"],
+            d["started_at"],
+            d["kafka"].get("sasl_password", ""),
+        )
 
 
 def free_port() -> int:
@@ -138,8 +150,11 @@ def _write_private(path: Path, text: str) -> None:
 def java_binary() -> str:
     """A `java` of version 17 or later ($JAVA_HOME first), or one line saying what to install."""
     home = os.environ.get("JAVA_HOME")
-    path = os.path.join(home, "bin", "java") if home and os.path.isfile(
-        os.path.join(home, "bin", "java")) else shutil.which("java")
+    path = (
+        os.path.join(home, "bin", "java")
+        if home and os.path.isfile(os.path.join(home, "bin", "java"))
+        else shutil.which("java")
+    )
     hint = "install OpenJDK 17 or later (Debian: apt-get install openjdk-17-jre-headless)"
     if not path:
         raise ServiceError(f"java not found on PATH or in $JAVA_HOME: {hint}")
@@ -149,8 +164,10 @@ def java_binary() -> str:
     if major == 1 and m and m.group(2):
         major = int(m.group(2))
     if major < 17:
-        raise ServiceError(f"{path} is Java {major or 'of unknown version'}; Apache Kafka 4 "
-                           f"needs Java 17 or later: {hint}")
+        raise ServiceError(
+            f"{path} is Java {major or 'of unknown version'}; Apache Kafka 4 "
+            f"needs Java 17 or later: {hint}"
+        )
     return path
 
 
@@ -159,16 +176,19 @@ def kafka_classpath() -> str:
     infra/kafka/lib."""
     lib = Path(os.environ.get("ASTEC_KAFKA_CLASSPATH") or KAFKA_LIB)
     if not list(lib.glob("kafka_2.13-*.jar")):
-        raise ServiceError(f"no Apache Kafka jars in {lib}: run `make install` (it resolves "
-                           f"infra/kafka/pom.xml with Maven), or set ASTEC_KAFKA_CLASSPATH")
+        raise ServiceError(
+            f"no Apache Kafka jars in {lib}: run `make install` (it resolves "
+            f"infra/kafka/pom.xml with Maven), or set ASTEC_KAFKA_CLASSPATH"
+        )
     return str(lib / "*")
 
 
 def redis_binary() -> str:
     path = shutil.which("redis-server")
     if not path:
-        raise ServiceError("redis-server not found on PATH: install Debian's redis-server "
-                           "(`make install` does it)")
+        raise ServiceError(
+            "redis-server not found on PATH: install Debian's redis-server (`make install` does it)"
+        )
     return path
 
 
@@ -176,8 +196,14 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
     """Start a daemon in its own session so it outlives the CLI that started it."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
 
 
 def _wait_until(check, proc: subprocess.Popen, what: str, log: Path, timeout: float) -> None:
@@ -186,28 +212,42 @@ def _wait_until(check, proc: subprocess.Popen, what: str, log: Path, timeout: fl
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise ServiceError(f"{what} (pid {proc.pid}) exited with {proc.returncode} before "
-                               f"answering; log {log}:\n{tail}")
+            raise ServiceError(
+                f"{what} (pid {proc.pid}) exited with {proc.returncode} before "
+                f"answering; log {log}:\n{tail}"
+            )
         try:
             if check():
                 return
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
             last_err = exc
         time.sleep(0.2)
-    raise ServiceError(f"{what} (pid {proc.pid}) did not answer within {timeout:.0f}s "
-                       f"(last error: {last_err}); log {log}")
+    raise ServiceError(
+        f"{what} (pid {proc.pid}) did not answer within {timeout:.0f}s "
+        f"(last error: {last_err}); log {log}"
+    )
 
 
 def kafka_answers(bootstrap: str, password: str = "", timeout_s: float = 3.0) -> bool:
     """A metadata round trip (SASL/PLAIN as the local user when a password is given)."""
     from kafka import KafkaAdminClient
+
     host, port = bootstrap.split(",")[0].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout_s):
         pass
-    sasl = dict(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
-                sasl_plain_username=KAFKA_USER, sasl_plain_password=password) if password else {}
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
-                             **sasl)
+    sasl = (
+        dict(
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_plain_username=KAFKA_USER,
+            sasl_plain_password=password,
+        )
+        if password
+        else {}
+    )
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **sasl
+    )
     try:
         admin.list_topics()
         return True
@@ -217,6 +257,7 @@ def kafka_answers(bootstrap: str, password: str = "", timeout_s: float = 3.0) ->
 
 def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
     import redis
+
     client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         return bool(client.ping())
@@ -250,37 +291,41 @@ logger.state.level = WARN
 def _server_properties(kdir: Path, port: int, controller_port: int, password: str) -> str:
     """One node that is broker and controller; SASL/PLAIN on both listeners (loopback only);
     replication factors of 1 for the internal topics (transactions and offsets) on one node."""
-    jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
-            f'username="{KAFKA_USER}" password="{password}" user_{KAFKA_USER}="{password}";')
-    return "\n".join([
-        "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-        f"listeners=CLIENT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        f"advertised.listeners=CLIENT://127.0.0.1:{port}",
-        "listener.security.protocol.map=CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
-        "controller.listener.names=CONTROLLER",
-        "inter.broker.listener.name=CLIENT",
-        "sasl.enabled.mechanisms=PLAIN",
-        "sasl.mechanism.inter.broker.protocol=PLAIN",
-        "sasl.mechanism.controller.protocol=PLAIN",
-        f"listener.name.client.plain.sasl.jaas.config={jaas}",
-        f"listener.name.controller.plain.sasl.jaas.config={jaas}",
-        f"log.dirs={kdir / 'data'}",
-        "num.partitions=4",
-        "offsets.topic.replication.factor=1",
-        "offsets.topic.num.partitions=8",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "transaction.state.log.num.partitions=8",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1",
-        "group.initial.rebalance.delay.ms=0",
-        "num.network.threads=2",
-        "num.io.threads=4",
-        "log.retention.hours=168",
-        "",
-    ])
+    jaas = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        f'username="{KAFKA_USER}" password="{password}" user_{KAFKA_USER}="{password}";'
+    )
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+            f"listeners=CLIENT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners=CLIENT://127.0.0.1:{port}",
+            "listener.security.protocol.map=CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=CLIENT",
+            "sasl.enabled.mechanisms=PLAIN",
+            "sasl.mechanism.inter.broker.protocol=PLAIN",
+            "sasl.mechanism.controller.protocol=PLAIN",
+            f"listener.name.client.plain.sasl.jaas.config={jaas}",
+            f"listener.name.controller.plain.sasl.jaas.config={jaas}",
+            f"log.dirs={kdir / 'data'}",
+            "num.partitions=4",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=8",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "transaction.state.log.num.partitions=8",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "num.network.threads=2",
+            "num.io.threads=4",
+            "log.retention.hours=168",
+            "",
+        ]
+    )
 
 
 def _kafka_state(kdir: Path) -> dict:
@@ -291,19 +336,25 @@ def _kafka_state(kdir: Path) -> dict:
             return json.loads(path.read_text())
         except ValueError as exc:
             raise ServiceError(f"{path}: malformed broker state: {exc}") from None
-    state = {"cluster_id": _cluster_id(), "port": 0, "controller_port": 0,
-             "password": secrets.token_hex(16)}
+    state = {
+        "cluster_id": _cluster_id(),
+        "port": 0,
+        "controller_port": 0,
+        "password": secrets.token_hex(16),
+    }
     return state
 
 
 def _cluster_id() -> str:
     """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (like random-uuid)."""
     import base64
+
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def start_kafka(data_dir: Path, port: int | None = None, timeout: float = 120.0
-                ) -> tuple[Proc, str]:
+def start_kafka(
+    data_dir: Path, port: int | None = None, timeout: float = 120.0
+) -> tuple[Proc, str]:
     """Start (formatting its storage the first time) the broker; returns it and its password.
 
     Ports recorded at an earlier start are reused while free, so clients configured then still
@@ -322,38 +373,74 @@ def start_kafka(data_dir: Path, port: int | None = None, timeout: float = 120.0
         while state["controller_port"] == state["port"]:
             state["controller_port"] = free_port()
     props = kdir / "server.properties"
-    _write_private(props, _server_properties(kdir, state["port"], state["controller_port"],
-                                             state["password"]))
+    _write_private(
+        props, _server_properties(kdir, state["port"], state["controller_port"], state["password"])
+    )
     log = kdir / "server.log"
     _write_private(kdir / "log4j2.properties", _LOG4J2.format(log=log))
     _write_private(kdir / "state.json", json.dumps(state, indent=2))
     if not (kdir / "data" / "meta.properties").is_file():
         _private_dir(kdir / "data")
-        res = subprocess.run([java, "-Xmx256m", "-cp", cp,
-                              f"-Dlog4j2.configurationFile={kdir / 'log4j2.properties'}",
-                              "kafka.tools.StorageTool", "format", "-t", state["cluster_id"],
-                              "-c", str(props)], capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [
+                java,
+                "-Xmx256m",
+                "-cp",
+                cp,
+                f"-Dlog4j2.configurationFile={kdir / 'log4j2.properties'}",
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                state["cluster_id"],
+                "-c",
+                str(props),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if res.returncode != 0:
-            raise ServiceError(f"formatting the Kafka storage in {kdir / 'data'} failed "
-                               f"({res.returncode}): {(res.stderr or res.stdout)[-1500:]}")
+            raise ServiceError(
+                f"formatting the Kafka storage in {kdir / 'data'} failed "
+                f"({res.returncode}): {(res.stderr or res.stdout)[-1500:]}"
+            )
     out = kdir / "stdout.log"
-    proc = _spawn([java, f"-Xms128m", f"-Xmx{KAFKA_HEAP}", "-XX:+UseG1GC",
-                   "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
-                   "-Djava.awt.headless=true",
-                   f"-Dlog4j2.configurationFile={kdir / 'log4j2.properties'}",
-                   f"-Dkafka.logs.dir={kdir}", "-cp", cp, "kafka.Kafka", str(props)], out)
+    proc = _spawn(
+        [
+            java,
+            f"-Xms128m",
+            f"-Xmx{KAFKA_HEAP}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={kdir / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={kdir}",
+            "-cp",
+            cp,
+            "kafka.Kafka",
+            str(props),
+        ],
+        out,
+    )
     bootstrap = f"127.0.0.1:{state['port']}"
     try:
-        _wait_until(lambda: pid_alive(proc.pid) and kafka_answers(bootstrap, state["password"]),
-                    proc, "Kafka broker", log, timeout)
+        _wait_until(
+            lambda: pid_alive(proc.pid) and kafka_answers(bootstrap, state["password"]),
+            proc,
+            "Kafka broker",
+            log,
+            timeout,
+        )
     except ServiceError:
         _terminate(proc.pid)
         raise
     return Proc(proc.pid, state["port"], java, str(log), marker=str(props)), state["password"]
 
 
-def start_redis(data_dir: Path, password: str, port: int | None = None,
-                timeout: float = 20.0) -> Proc:
+def start_redis(
+    data_dir: Path, password: str, port: int | None = None, timeout: float = 20.0
+) -> Proc:
     """redis-server on loopback with a password and AOF persistence under data_dir/redis."""
     port = port or free_port()
     if port_in_use(port):
@@ -361,9 +448,30 @@ def start_redis(data_dir: Path, password: str, port: int | None = None,
     binary = redis_binary()
     rdir = _private_dir(data_dir / "redis")
     log = data_dir / "redis.log"
-    proc = _spawn([binary, "--bind", "127.0.0.1", "--port", str(port), "--requirepass", password,
-                   "--appendonly", "yes", "--appendfsync", REDIS_APPENDFSYNC, "--dir", str(rdir),
-                   "--daemonize", "no", "--protected-mode", "yes", "--save", ""], log)
+    proc = _spawn(
+        [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--requirepass",
+            password,
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            REDIS_APPENDFSYNC,
+            "--dir",
+            str(rdir),
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--save",
+            "",
+        ],
+        log,
+    )
     url = f"redis://:{password}@127.0.0.1:{port}/0"
     try:
         _wait_until(lambda: redis_answers(url), proc, "redis-server", log, timeout)
@@ -423,8 +531,12 @@ def write_info(info: ServicesInfo) -> None:
     _write_private(Path(info.data_dir) / SERVICES_FILE, json.dumps(info.to_json(), indent=2))
 
 
-def start_services(data_dir: str | os.PathLike, kafka_port: int | None = None,
-                   redis_port: int | None = None, password: str | None = None) -> ServicesInfo:
+def start_services(
+    data_dir: str | os.PathLike,
+    kafka_port: int | None = None,
+    redis_port: int | None = None,
+    password: str | None = None,
+) -> ServicesInfo:
     """Start both services (or return the running ones recorded in data_dir)."""
     d = _private_dir(Path(data_dir).resolve())
     existing = read_info(d)
@@ -464,8 +576,9 @@ def restart_redis(data_dir: str | os.PathLike, kill: bool = False) -> ServicesIn
     return info
 
 
-def restart_kafka(data_dir: str | os.PathLike, kill: bool = False,
-                  down_s: float = 0.0) -> ServicesInfo:
+def restart_kafka(
+    data_dir: str | os.PathLike, kill: bool = False, down_s: float = 0.0
+) -> ServicesInfo:
     """Stop the broker (SIGTERM: controlled shutdown; or SIGKILL when kill), stay down down_s
     seconds, and start it again on the same ports and storage (clients reconnect)."""
     d = Path(data_dir).resolve()
@@ -505,17 +618,26 @@ def services_status(data_dir: str | os.PathLike) -> dict:
     info = read_info(data_dir)
     if info is None:
         return {"running": False, "data_dir": str(Path(data_dir).resolve())}
-    out = {"data_dir": info.data_dir, "kafka_bootstrap": info.kafka_bootstrap,
-           "redis_url": info.redis_url.replace(info.redis_password, "***")}
-    for name, proc, check in (("kafka", info.kafka,
-                               lambda: kafka_answers(info.kafka_bootstrap, info.kafka_password)),
-                              ("redis", info.redis, lambda: redis_answers(info.redis_url))):
+    out = {
+        "data_dir": info.data_dir,
+        "kafka_bootstrap": info.kafka_bootstrap,
+        "redis_url": info.redis_url.replace(info.redis_password, "***"),
+    }
+    for name, proc, check in (
+        ("kafka", info.kafka, lambda: kafka_answers(info.kafka_bootstrap, info.kafka_password)),
+        ("redis", info.redis, lambda: redis_answers(info.redis_url)),
+    ):
         alive = _is_ours(proc)
         try:
             answers = alive and check()
         except Exception:  # noqa: BLE001 - reported, not raised
             answers = False
-        out[name] = {"pid": proc.pid, "port": proc.port, "alive": alive, "answers": bool(answers),
-                     "log": proc.log}
+        out[name] = {
+            "pid": proc.pid,
+            "port": proc.port,
+            "alive": alive,
+            "answers": bool(answers),
+            "log": proc.log,
+        }
     out["running"] = out["kafka"]["answers"] and out["redis"]["answers"]
     return out

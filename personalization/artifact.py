@@ -3,6 +3,7 @@
 The manifest pins every file's sha256 so a truncated or tampered model is refused at load with
 an error naming the file, instead of serving garbage. No pickle anywhere.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,9 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def save_policy(out_dir: str | Path, weights: dict[str, np.ndarray], config: dict,
-                meta: dict | None = None) -> Path:
+def save_policy(
+    out_dir: str | Path, weights: dict[str, np.ndarray], config: dict, meta: dict | None = None
+) -> Path:
     """Write weights + manifest into out_dir (created); returns the manifest path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -44,9 +46,11 @@ def save_policy(out_dir: str | Path, weights: dict[str, np.ndarray], config: dic
     if missing:
         raise ValueError(f"policy weights lack {missing}")
     weights = {k: v for k, v in weights.items() if not k.startswith("_")}
-    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()},
-              str(out / WEIGHTS))
+    save_file(
+        {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}, str(out / WEIGHTS)
+    )
     from personalization.onnx_graph import build_onnx
+
     (out / ONNX).write_bytes(build_onnx(weights))
     manifest = {
         "format": FORMAT,
@@ -89,8 +93,10 @@ def load_policy(model_dir: str | Path) -> tuple[dict[str, np.ndarray], dict, byt
             raise PolicyFileError(f"{fpath}: missing (listed in {mpath})")
         digest = sha256_file(fpath)
         if digest != want:
-            raise PolicyFileError(f"{fpath}: sha256 {digest[:16]}… does not match the manifest's "
-                                  f"{str(want)[:16]}… (corrupt or replaced file)")
+            raise PolicyFileError(
+                f"{fpath}: sha256 {digest[:16]}… does not match the manifest's "
+                f"{str(want)[:16]}… (corrupt or replaced file)"
+            )
     wpath = d / WEIGHTS
     try:
         weights = load_file(str(wpath))
@@ -102,14 +108,21 @@ def load_policy(model_dir: str | Path) -> tuple[dict[str, np.ndarray], dict, byt
     H3, D = weights["gru.w_ih"].shape
     H = weights["gru.w_hh"].shape[1]
     Q = weights["user.w"].shape[0]
-    if H3 != 3 * H or weights["query_table"].shape[1] != Q or \
-            weights["mlp.w1"].shape[1] != len(FEATURE_NAMES) + Q:
-        raise PolicyFileError(f"{wpath}: tensor shapes are inconsistent "
-                              f"(w_ih {weights['gru.w_ih'].shape}, w_hh "
-                              f"{weights['gru.w_hh'].shape}, mlp.w1 {weights['mlp.w1'].shape})")
+    if (
+        H3 != 3 * H
+        or weights["query_table"].shape[1] != Q
+        or weights["mlp.w1"].shape[1] != len(FEATURE_NAMES) + Q
+    ):
+        raise PolicyFileError(
+            f"{wpath}: tensor shapes are inconsistent "
+            f"(w_ih {weights['gru.w_ih'].shape}, w_hh "
+            f"{weights['gru.w_hh'].shape}, mlp.w1 {weights['mlp.w1'].shape})"
+        )
     if list(manifest.get("feature_names", [])) != list(FEATURE_NAMES):
-        raise PolicyFileError(f"{mpath}: field 'feature_names' differs from this code's "
-                              f"{list(FEATURE_NAMES)}; retrain the policy")
+        raise PolicyFileError(
+            f"{mpath}: field 'feature_names' differs from this code's "
+            f"{list(FEATURE_NAMES)}; retrain the policy"
+        )
     weights = {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}
     onnx_bytes = (d / ONNX).read_bytes() if ONNX in files else None
     return weights, manifest, onnx_bytes

@@ -18,6 +18,7 @@ Metrics (per visit, then averaged):
                  epsilon-greedy impressions (0 credit when the logger never showed the choice)
 A bootstrap over users gives a 95% interval of the relative lift of gru over the best baseline.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,15 @@ import numpy as np
 from tqdm import tqdm
 
 from personalization.features import F, EventBatch, log_popularity, sim_rank_weights
-from personalization.logs import VisitLog
+from personalization.visits import VisitLog
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("gru", "top1", "most_frequent", "popularity")
-BASELINES = POLICIES[1:]                     # intent-hit baselines (the old protocol)
-REFERENCES = ("sim_rank",)                  # a fixed ranking: a baseline for CTR (VALUE_BASELINES)
+BASELINES = POLICIES[1:]  # intent-hit baselines (the old protocol)
+REFERENCES = ("sim_rank",)  # a fixed ranking: a baseline for CTR (VALUE_BASELINES)
 VALUE_BASELINES = ("top1", "most_frequent", "popularity", "sim_rank")
-ORACLES = ("oracle", "oracle_no_user")       # --oracle rows (personalization.oracle)
+ORACLES = ("oracle", "oracle_no_user")  # --oracle rows (personalization.oracle)
 # with a click judge (simulated logs): the best CTR on the same candidates knowing the visit's
 # intent, and the Bayes-optimal CTR given the window's true page sub-topics (uniform prior)
 VALUE_ORACLES = ("knows_intent", "bayes_window")
@@ -48,7 +49,7 @@ class Truth:
     """Simulator ground truth: each session's intent sub-topic and each label's sub-topic."""
 
     session_intent: dict[str, int]
-    label_subtopic: np.ndarray   # int64 [L], -1 for labels not in the world
+    label_subtopic: np.ndarray  # int64 [L], -1 for labels not in the world
 
 
 def simulation_world(log_dir: str | Path) -> str | None:
@@ -57,8 +58,9 @@ def simulation_world(log_dir: str | Path) -> str | None:
     return json.loads(sim.read_text()).get("world") if sim.is_file() else None
 
 
-def load_truth(log_dir: str | Path, label_names: list[str], world_dir: str | Path | None = None
-               ) -> Truth | None:
+def load_truth(
+    log_dir: str | Path, label_names: list[str], world_dir: str | Path | None = None
+) -> Truth | None:
     """Truth from LOG_DIR/truth/intents.jsonl and the world's queries.tsv, or None if absent."""
     log_dir = Path(log_dir)
     ipath = log_dir / "truth" / "intents.jsonl"
@@ -67,8 +69,10 @@ def load_truth(log_dir: str | Path, label_names: list[str], world_dir: str | Pat
     if world_dir is None:
         world_dir = simulation_world(log_dir)
     if not world_dir or not (Path(world_dir) / "queries.tsv").is_file():
-        raise FileNotFoundError(f"{ipath} exists but the world's queries.tsv was not found "
-                                f"(world: {world_dir!r}); pass --world WORLD_DIR")
+        raise FileNotFoundError(
+            f"{ipath} exists but the world's queries.tsv was not found "
+            f"(world: {world_dir!r}); pass --world WORLD_DIR"
+        )
     intents = {}
     with open(ipath, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -96,13 +100,15 @@ class OverlapError(ValueError):
 
 def iso_time(ts: float | None) -> str:
     import datetime as dt
+
     if ts is None:
         return "?"
     return dt.datetime.fromtimestamp(float(ts), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def check_held_out(manifest: dict, version: str, eval_split_ts: float | None,
-                   val_frac: float) -> None:
+def check_held_out(
+    manifest: dict, version: str, eval_split_ts: float | None, val_frac: float
+) -> None:
     """Refuse (OverlapError) a policy that read any session starting at or after the
     evaluation's split, or that does not record what it read: an offline figure is only honest
     when the evaluated sessions were neither trained nor validated on. With
@@ -114,7 +120,8 @@ def check_held_out(manifest: dict, version: str, eval_split_ts: float | None,
             f"policy {version}: its manifest records no training data range "
             f"(train.last_session_start_ts; trained before --holdout existed), so it may have "
             f"been trained or validated on the evaluated sessions; retrain with "
-            f"`astec personalize train --holdout {val_frac:g}` (or larger) and evaluate that")
+            f"`astec personalize train --holdout {val_frac:g}` (or larger) and evaluate that"
+        )
     if eval_split_ts is not None and float(last) >= eval_split_ts:
         raise OverlapError(
             f"policy {version} read sessions starting up to {iso_time(last)} (its data end "
@@ -122,17 +129,22 @@ def check_held_out(manifest: dict, version: str, eval_split_ts: float | None,
             f"evaluation scores the sessions starting from {iso_time(eval_split_ts)} "
             f"(--val-frac {val_frac:g}): its training/validation data overlaps the evaluated "
             f"sessions; retrain with `astec personalize train --holdout {val_frac:g}` "
-            f"(or larger) on these logs")
+            f"(or larger) on these logs"
+        )
 
 
 def baseline_keys(b: EventBatch) -> dict[str, np.ndarray]:
     """Ranking keys [B,C] (higher = better) of the baselines from the shared features."""
     f = b.feats
+
     def col(name):
         return f[..., F[name]]
-    return {"top1": col("score_current") * 4 + col("recency_score"),
-            "most_frequent": col("frac_states") * 4 + col("mean_score_window"),
-            "popularity": col("log_popularity") * 4 + col("mean_score_window")}
+
+    return {
+        "top1": col("score_current") * 4 + col("recency_score"),
+        "most_frequent": col("frac_states") * 4 + col("mean_score_window"),
+        "popularity": col("log_popularity") * 4 + col("mean_score_window"),
+    }
 
 
 def sim_rank_key(b: EventBatch, sim_norm: np.ndarray) -> np.ndarray:
@@ -148,32 +160,63 @@ def _ranks(key: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 @dataclass
 class EvalResult:
-    metrics: dict            # policy -> metric -> value
-    per_visit: dict          # policy -> metric -> float array over the evaluated visits
-    users: np.ndarray        # user index per evaluated visit
+    metrics: dict  # policy -> metric -> value
+    per_visit: dict  # policy -> metric -> float array over the evaluated visits
+    users: np.ndarray  # user index per evaluated visit
     n_visits: int
     n_cold: int
-    cold: np.ndarray         # bool per evaluated visit: no history (answered by the top-1 rule)
-    chosen: dict             # policy -> chosen query id per evaluated visit
-    rows: np.ndarray | None = None   # the evaluated VisitLog rows
-    x_chosen: dict | None = None     # policy -> [N, F+1] reward-model features of its choice
+    cold: np.ndarray  # bool per evaluated visit: no history (answered by the top-1 rule)
+    chosen: dict  # policy -> chosen query id per evaluated visit
+    rows: np.ndarray | None = None  # the evaluated VisitLog rows
+    x_chosen: dict | None = None  # policy -> [N, F+1] reward-model features of its choice
     x_shown: np.ndarray | None = None  # [N, F+1] those of the logged (shown) query
 
 
-def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray, K: int,
-                      ttl_s: float, truth: Truth | None, batch: int = 2048,
-                      progress: bool = True, oracle=None, judge=None) -> EvalResult:
+def evaluate_policies(
+    policy,
+    v: VisitLog,
+    rows: np.ndarray,
+    log_pop: np.ndarray,
+    K: int,
+    ttl_s: float,
+    truth: Truth | None,
+    batch: int = 2048,
+    progress: bool = True,
+    oracle=None,
+    judge=None,
+) -> EvalResult:
     """Score every policy on the visits `rows` (see the module docstring for the metrics);
     plus the REFERENCES rows and, with `oracle` (personalization.oracle.OracleModel), the
     ORACLES rows."""
     from personalization.oracle import oracle_keys
     from personalization.scoring import softmax_masked
     from personalization.train import make_batch
-    names = POLICIES + REFERENCES + (ORACLES if oracle is not None else ()) + \
-        (VALUE_ORACLES if judge is not None else ())
-    per = {p: {m: [] for m in ("intent_hit", "intent_R@5", "intent_MRR", "click_hit",
-                               "click_R@5", "click_MRR", "ips_ctr", "has_click",
-                               "has_intent_cand", "actual_ctr", "in_support")} for p in names}
+
+    names = (
+        POLICIES
+        + REFERENCES
+        + (ORACLES if oracle is not None else ())
+        + (VALUE_ORACLES if judge is not None else ())
+    )
+    per = {
+        p: {
+            m: []
+            for m in (
+                "intent_hit",
+                "intent_R@5",
+                "intent_MRR",
+                "click_hit",
+                "click_R@5",
+                "click_MRR",
+                "ips_ctr",
+                "has_click",
+                "has_intent_cand",
+                "actual_ctr",
+                "in_support",
+            )
+        }
+        for p in names
+    }
     xs_all = {p: [] for p in names}
     x_shown_all = []
     n_cold = 0
@@ -181,17 +224,19 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
     sess_intent = None
     if truth is not None:
         sess_intent = np.array([truth.session_intent.get(s, -2) for s in v.session_ids], np.int64)
-    for a in tqdm(range(0, len(rows), batch), desc="evaluate", unit="batch", leave=False,
-                  disable=not progress):
-        r = rows[a:a + batch]
-        b = make_batch(v, r, K, ttl_s, log_pop, policy.weights["sim_table"],
-                       policy.weights["sim_norm"])
+    for a in tqdm(
+        range(0, len(rows), batch), desc="evaluate", unit="batch", leave=False, disable=not progress
+    ):
+        r = rows[a : a + batch]
+        b = make_batch(
+            v, r, K, ttl_s, log_pop, policy.weights["sim_table"], policy.weights["sim_norm"]
+        )
         cold = b.state_mask.sum(1) <= 1
         n_cold += int(cold.sum())
         colds.append(cold)
         orders = {name: _ranks(key, b.cand_mask) for name, key in baseline_keys(b).items()}
 
-        def ranked_or_top1(key):   # cold start: the current page's top query, whatever the key
+        def ranked_or_top1(key):  # cold start: the current page's top query, whatever the key
             o = _ranks(key, b.cand_mask)
             o[cold] = orders["top1"][cold]
             return o
@@ -204,11 +249,13 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
         if judge is not None:
             p_true = judge.p_click(r, b.cand_ids)
             orders["knows_intent"] = ranked_or_top1(
-                np.where(b.cand_mask, p_true, -1.0) + 1e-6 * b.feats[..., F["mean_score_window"]])
+                np.where(b.cand_mask, p_true, -1.0) + 1e-6 * b.feats[..., F["mean_score_window"]]
+            )
             post = judge.window_posterior(v, r, K, ttl_s)
             orders["bayes_window"] = ranked_or_top1(
                 np.where(b.cand_mask, judge.p_click(r, b.cand_ids, intent=post), -1.0)
-                + 1e-6 * b.feats[..., F["mean_score_window"]])
+                + 1e-6 * b.feats[..., F["mean_score_window"]]
+            )
         ranked = {name: np.take_along_axis(b.cand_ids, o, 1) for name, o in orders.items()}
         shown, clicked = v.shown[r], v.clicked[r]
         x_shown_all.append(_reward_features(b, shown))
@@ -239,14 +286,15 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
                 d["intent_R@5"].append(rel[:, :5].sum(1) / np.maximum(np.minimum(n_rel, 5), 1))
                 first = np.argmax(rel, axis=1)
                 d["intent_MRR"].append(np.where(n_rel > 0, 1.0 / (first + 1), 0.0))
-    per_visit = {p: {m: np.concatenate(x).astype(np.float64) for m, x in d.items() if x}
-                 for p, d in per.items()}
+    per_visit = {
+        p: {m: np.concatenate(x).astype(np.float64) for m, x in d.items() if x}
+        for p, d in per.items()
+    }
     metrics = {}
     for p, d in per_visit.items():
         m = {}
         hc = d["has_click"].astype(bool)
-        for k in ("intent_hit", "intent_R@5", "intent_MRR", "ips_ctr", "actual_ctr",
-                  "in_support"):
+        for k in ("intent_hit", "intent_R@5", "intent_MRR", "ips_ctr", "actual_ctr", "in_support"):
             if k in d:
                 m[k] = float(d[k].mean())
         for k in ("click_hit", "click_R@5", "click_MRR"):
@@ -254,12 +302,18 @@ def evaluate_policies(policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray
         if "has_intent_cand" in d:
             m["intent_in_candidates"] = float(d["has_intent_cand"].mean())
         metrics[p] = m
-    return EvalResult(metrics, per_visit, v.user[rows], len(rows), n_cold,
-                      np.concatenate(colds) if colds else np.zeros(0, bool),
-                      {p: np.concatenate(c) if c else np.zeros(0, np.int64)
-                       for p, c in chosen_all.items()}, rows=np.asarray(rows),
-                      x_chosen={p: np.concatenate(x) for p, x in xs_all.items() if x},
-                      x_shown=np.concatenate(x_shown_all) if x_shown_all else None)
+    return EvalResult(
+        metrics,
+        per_visit,
+        v.user[rows],
+        len(rows),
+        n_cold,
+        np.concatenate(colds) if colds else np.zeros(0, bool),
+        {p: np.concatenate(c) if c else np.zeros(0, np.int64) for p, c in chosen_all.items()},
+        rows=np.asarray(rows),
+        x_chosen={p: np.concatenate(x) for p, x in xs_all.items() if x},
+        x_shown=np.concatenate(x_shown_all) if x_shown_all else None,
+    )
 
 
 def _reward_features(b: EventBatch, q: np.ndarray) -> np.ndarray:
@@ -275,14 +329,16 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
     """Per policy: actual CTR (when judged), SNIPS and DR with intervals, support share and
     ESS; the GRU against each value baseline (paired, user-clustered)."""
     from personalization.value import crossfit_reward, mean_ci, off_policy, paired_bootstrap
+
     rows = res.rows
     users = res.users
     names = list(res.chosen)
     shown, clicked, prop = v.shown[rows], v.clicked[rows], v.propensity[rows]
     has = shown >= 0
     out: dict = {"policies": {}, "vs_baselines": {}}
-    r_shown, r_ch = crossfit_reward(res.x_shown, clicked, has, users,
-                                    [res.x_chosen[p] for p in names])
+    r_shown, r_ch = crossfit_reward(
+        res.x_shown, clicked, has, users, [res.x_chosen[p] for p in names]
+    )
     judged = "actual_ctr" in res.per_visit["gru"]
     for p, rc in zip(names, r_ch):
         d = res.per_visit[p]
@@ -291,25 +347,44 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
             est, lo, hi = mean_ci(d["actual_ctr"], users, n_boot, seed)
             rec.update(actual_ctr=est, actual_ctr_ci95=[lo, hi])
         if has.any():
-            rec.update(off_policy(res.chosen[p][has], shown[has], clicked[has], prop[has],
-                                  d["in_support"][has].astype(bool), rc[has], r_shown[has],
-                                  users[has], n_boot, seed))
+            rec.update(
+                off_policy(
+                    res.chosen[p][has],
+                    shown[has],
+                    clicked[has],
+                    prop[has],
+                    d["in_support"][has].astype(bool),
+                    rc[has],
+                    r_shown[has],
+                    users[has],
+                    n_boot,
+                    seed,
+                )
+            )
             if judged:
-                rec["dr_covers_actual"] = bool(rec["dr_ci95"][0] <= rec["actual_ctr"]
-                                               <= rec["dr_ci95"][1])
+                rec["dr_covers_actual"] = bool(
+                    rec["dr_ci95"][0] <= rec["actual_ctr"] <= rec["dr_ci95"][1]
+                )
         out["policies"][p] = rec
     if judged:
         for bname in VALUE_BASELINES:
             out["vs_baselines"][bname] = paired_bootstrap(
-                res.per_visit["gru"]["actual_ctr"], res.per_visit[bname]["actual_ctr"], users,
-                n_boot, seed)
+                res.per_visit["gru"]["actual_ctr"],
+                res.per_visit[bname]["actual_ctr"],
+                users,
+                n_boot,
+                seed,
+            )
         pol = out["policies"]
         best = max(VALUE_BASELINES, key=lambda n: pol[n]["actual_ctr"])
         out["best_baseline"] = best
         if "bayes_window" in pol:
             gap = pol["bayes_window"]["actual_ctr"] - pol[best]["actual_ctr"]
-            out["gap_closed"] = ((pol["gru"]["actual_ctr"] - pol[best]["actual_ctr"]) / gap
-                                 if gap > 0 else float("nan"))
+            out["gap_closed"] = (
+                (pol["gru"]["actual_ctr"] - pol[best]["actual_ctr"]) / gap
+                if gap > 0
+                else float("nan")
+            )
         out["targets"] = {
             "ctr_ratio_vs_best": pol["gru"]["actual_ctr"] / max(pol[best]["actual_ctr"], 1e-12),
             "paired_lo_vs_best": out["vs_baselines"][best]["diff_ci95"][0],
@@ -318,21 +393,26 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
     return out
 
 
-def bootstrap_lift(num: np.ndarray, den: np.ndarray, users: np.ndarray, n_boot: int = 1000,
-                   seed: int = 0) -> dict:
+def bootstrap_lift(
+    num: np.ndarray, den: np.ndarray, users: np.ndarray, n_boot: int = 1000, seed: int = 0
+) -> dict:
     """Relative lift mean(num)/mean(den) - 1 with a 95% percentile interval, resampling users."""
     u, inv = np.unique(users, return_inverse=True)
     sn = np.bincount(inv, weights=num, minlength=len(u))
     sd = np.bincount(inv, weights=den, minlength=len(u))
     rng = np.random.default_rng(seed)
     lifts = np.empty(n_boot)
-    for i in range(n_boot):   # each draw is one vectorised resample of all users
+    for i in range(n_boot):  # each draw is one vectorised resample of all users
         w = np.bincount(rng.integers(0, len(u), len(u)), minlength=len(u))
         lifts[i] = (w @ sn) / max(w @ sd, 1e-12) - 1.0
     point = sn.sum() / max(sd.sum(), 1e-12) - 1.0
     lo, hi = np.percentile(lifts, [2.5, 97.5])
-    return {"lift": float(point), "ci95": [float(lo), float(hi)], "users": int(len(u)),
-            "bootstrap": n_boot}
+    return {
+        "lift": float(point),
+        "ci95": [float(lo), float(hi)],
+        "users": int(len(u)),
+        "bootstrap": n_boot,
+    }
 
 
 def summarize(res: EvalResult, metric: str = "intent_hit") -> dict:
@@ -345,8 +425,13 @@ def summarize(res: EvalResult, metric: str = "intent_hit") -> dict:
     if metric.startswith("click_"):
         keep = res.per_visit["gru"]["has_click"].astype(bool)
         num, den, users = num[keep], den[keep], users[keep]
-    return {"metric": metric, "best_baseline": best, "gru": res.metrics["gru"][metric],
-            "baseline": res.metrics[best][metric], **bootstrap_lift(num, den, users)}
+    return {
+        "metric": metric,
+        "best_baseline": best,
+        "gru": res.metrics["gru"][metric],
+        "baseline": res.metrics[best][metric],
+        **bootstrap_lift(num, den, users),
+    }
 
 
 def popularity_for(v: VisitLog, split_ts: float) -> np.ndarray:

@@ -5,6 +5,7 @@ trained on are bit-for-bit the ones it is served with. Everything is vectorised 
 events are left-padded to K states (the current page is always the last slot), and the union of
 the states' top-k query ids is found with one sort per row instead of per-event Python sets.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,31 +14,31 @@ import numpy as np
 
 # Names of the per-candidate hand features, in column order (kept in the model manifest).
 FEATURE_NAMES = (
-    "score_current",      # Astec score of the query on the current page (0 if absent)
-    "in_current",         # 1 if the query is in the current page's top-k
-    "score_previous",     # Astec score on the previous page (0 if absent / no previous page)
+    "score_current",  # Astec score of the query on the current page (0 if absent)
+    "in_current",  # 1 if the query is in the current page's top-k
+    "score_previous",  # Astec score on the previous page (0 if absent / no previous page)
     "mean_score_window",  # mean Astec score over the window's states (0 where absent)
-    "frac_states",        # fraction of the window's states whose top-k holds the query
-    "recency_score",      # score averaged with weights gamma^(age) over the window
-    "mean_score_block",   # mean score over the current block (states since the last long gap)
-    "frac_block",         # fraction of the current block's states whose top-k holds the query
-    "inv_rank_current",   # 1 / (1 + rank) on the current page (0 if absent)
-    "log_popularity",     # log1p(global count) / log1p(max count)
-    "window_fill",        # number of states in the window / K
-    "sim_current",        # cosine of the query's vector with the current page's mean query vector
-    "sim_block",          # that cosine averaged over the current block's pages
-    "sim_window",         # ... and over the whole window
+    "frac_states",  # fraction of the window's states whose top-k holds the query
+    "recency_score",  # score averaged with weights gamma^(age) over the window
+    "mean_score_block",  # mean score over the current block (states since the last long gap)
+    "frac_block",  # fraction of the current block's states whose top-k holds the query
+    "inv_rank_current",  # 1 / (1 + rank) on the current page (0 if absent)
+    "log_popularity",  # log1p(global count) / log1p(max count)
+    "window_fill",  # number of states in the window / K
+    "sim_current",  # cosine of the query's vector with the current page's mean query vector
+    "sim_block",  # that cosine averaged over the current block's pages
+    "sim_window",  # ... and over the whole window
 )
 F = {name: i for i, name in enumerate(FEATURE_NAMES)}
 N_FEATURES = len(FEATURE_NAMES)
 RECENCY_GAMMA = 0.7
-BLOCK_GAP_S = 30 * 60   # a gap this long between two visits starts a new block ("session")
-SIM_DIM = 32            # size of the query vectors behind the sim_* features
-N_SIM = 3               # the sim_* features are the last three columns
+BLOCK_GAP_S = 30 * 60  # a gap this long between two visits starts a new block ("session")
+SIM_DIM = 32  # size of the query vectors behind the sim_* features
+N_SIM = 3  # the sim_* features are the last three columns
 # (weight column, score/presence) of the first 8 features in the batched window averages
 _SEL_W = np.array([0, 0, 1, 2, 2, 3, 4, 4])
 _SEL_S = np.array([0, 1, 0, 0, 1, 0, 0, 1])
-_SIM_W = np.array([0, 4, 2])   # weight columns of sim_current, sim_block, sim_window
+_SIM_W = np.array([0, 4, 2])  # weight columns of sim_current, sim_block, sim_window
 
 
 class _Recency(dict):
@@ -56,12 +57,12 @@ _RECENCY = _Recency()
 class EventBatch:
     """Padded arrays for B events with up to K states each (slot K-1 = current page)."""
 
-    z: np.ndarray          # float32 [B, K, D+1]: L2-normalised page features, then a 1 where
-                           # the state starts a block (long gap before it); zeros in padding
+    z: np.ndarray  # float32 [B, K, D+1]: L2-normalised page features, then a 1 where
+    # the state starts a block (long gap before it); zeros in padding
     state_mask: np.ndarray  # bool [B, K], True for real states (right-aligned)
-    cand_ids: np.ndarray   # int64 [B, C], candidate query ids, -1 in padding
+    cand_ids: np.ndarray  # int64 [B, C], candidate query ids, -1 in padding
     cand_mask: np.ndarray  # bool [B, C]
-    feats: np.ndarray      # float32 [B, C, N_FEATURES]
+    feats: np.ndarray  # float32 [B, C, N_FEATURES]
 
 
 def pad_states(seqs: list[tuple[np.ndarray, ...]], K: int) -> tuple[np.ndarray, ...]:
@@ -78,11 +79,11 @@ def pad_states(seqs: list[tuple[np.ndarray, ...]], K: int) -> tuple[np.ndarray, 
     for b, (zs, ii, ss, tt) in enumerate(seqs):  # B copies of small blocks; no per-element work
         n = min(len(zs), K)
         kk = ii.shape[1]
-        z[b, K - n:] = zs[-n:]
-        ids[b, K - n:, :kk] = ii[-n:]
-        scores[b, K - n:, :kk] = ss[-n:]
-        mask[b, K - n:] = True
-        ts[b, K - n:] = tt[-n:]
+        z[b, K - n :] = zs[-n:]
+        ids[b, K - n :, :kk] = ii[-n:]
+        scores[b, K - n :, :kk] = ss[-n:]
+        mask[b, K - n :] = True
+        ts[b, K - n :] = tt[-n:]
     return z, ids, scores, mask, ts
 
 
@@ -95,7 +96,7 @@ def normalise_rows(x: np.ndarray) -> np.ndarray:
 
 def block_starts(ts: np.ndarray, state_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(starts [B,K] bool: state follows a gap >= BLOCK_GAP_S or is the first,
-        in_block [B,K] bool: state is in the current page's block)."""
+    in_block [B,K] bool: state is in the current page's block)."""
     B, K = state_mask.shape
     starts = state_mask.copy()
     if K > 1:
@@ -121,23 +122,34 @@ def sim_table_from_rows(rows: np.ndarray, dim: int = SIM_DIM) -> np.ndarray:
     return np.concatenate([E, np.zeros((1, dim), np.float32)])
 
 
-def _sim_features(sim_table: np.ndarray, sim_norm: np.ndarray, ids: np.ndarray,
-                  cand_ids: np.ndarray, Wt: np.ndarray) -> np.ndarray:
+def _sim_features(
+    sim_table: np.ndarray,
+    sim_norm: np.ndarray,
+    ids: np.ndarray,
+    cand_ids: np.ndarray,
+    Wt: np.ndarray,
+) -> np.ndarray:
     """[B,C,3] standardised cosines of each candidate's vector with the current page's, the
     block's and the window's mean query vectors: two gathers and two small batched matmuls
     (padding ids are -1 and gather the table's zero last row)."""
-    m = normalise_rows(sim_table[ids].sum(2))                  # [B,K,d] page vectors
-    S = np.matmul(sim_table[cand_ids], m.transpose(0, 2, 1))   # [B,C,K]
-    out = np.matmul(S, Wt[:, :, _SIM_W])                       # [B,C,3]
+    m = normalise_rows(sim_table[ids].sum(2))  # [B,K,d] page vectors
+    S = np.matmul(sim_table[cand_ids], m.transpose(0, 2, 1))  # [B,C,K]
+    out = np.matmul(S, Wt[:, :, _SIM_W])  # [B,C,3]
     out -= sim_norm[0]
     out *= 1.0 / sim_norm[1]
     return out
 
 
-def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: np.ndarray,
-                log_pop: np.ndarray, ts: np.ndarray | None = None,
-                sim_table: np.ndarray | None = None, sim_norm: np.ndarray | None = None
-                ) -> EventBatch:
+def build_batch(
+    z: np.ndarray,
+    ids: np.ndarray,
+    scores: np.ndarray,
+    state_mask: np.ndarray,
+    log_pop: np.ndarray,
+    ts: np.ndarray | None = None,
+    sim_table: np.ndarray | None = None,
+    sim_norm: np.ndarray | None = None,
+) -> EventBatch:
     """Candidates (union of the window's top-k ids) and their features for a padded batch.
 
     z [B,K,D], ids [B,K,k] (-1 = none, each row sorted by descending score), scores [B,K,k],
@@ -155,7 +167,7 @@ def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: 
     first[:, 0] = True
     np.not_equal(srt[:, 1:], srt[:, :-1], out=first[:, 1:])
     first &= srt >= 0
-    cidx_sorted = np.cumsum(first, axis=1) - 1          # candidate index of each sorted entry
+    cidx_sorted = np.cumsum(first, axis=1) - 1  # candidate index of each sorted entry
     C = max(int(cidx_sorted[:, -1].max()) + 1 if B else 0, 1)
     cand_ids = np.full((B, C), -1, np.int64)
     bf, jf = np.nonzero(first)
@@ -163,7 +175,7 @@ def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: 
     cand_mask = cand_ids >= 0
     # scatter every valid (event, state, slot) entry into its candidate column
     bv, jv = np.nonzero(srt >= 0)
-    pos = order[bv, jv]                      # flat position = state * k + slot
+    pos = order[bv, jv]  # flat position = state * k + slot
     tt, jj = np.divmod(pos, k)
     cc = cidx_sorted[bv, jv]
     bb = bv
@@ -199,16 +211,18 @@ def build_batch(z: np.ndarray, ids: np.ndarray, scores: np.ndarray, state_mask: 
     feats[..., n_sel + 1] = log_pop[np.where(cand_mask, cand_ids, 0)]
     feats[..., n_sel + 2] = n_states / K
     if sim_table is not None:
-        feats[..., n_sel + 3:] = _sim_features(sim_table, sim_norm, flat.reshape(B, K, k),
-                                               cand_ids, Wt)
+        feats[..., n_sel + 3 :] = _sim_features(
+            sim_table, sim_norm, flat.reshape(B, K, k), cand_ids, Wt
+        )
     else:
-        feats[..., n_sel + 3:] = 0.0
+        feats[..., n_sel + 3 :] = 0.0
     feats *= cand_mask[..., None]
     zz = np.empty(z.shape[:2] + (z.shape[2] + 1,), np.float32)
     zz[..., :-1] = normalise_rows(z) * state_mask[..., None]
     zz[..., -1] = starts
-    return EventBatch(z=zz, state_mask=state_mask, cand_ids=cand_ids,
-                      cand_mask=cand_mask, feats=feats)
+    return EventBatch(
+        z=zz, state_mask=state_mask, cand_ids=cand_ids, cand_mask=cand_mask, feats=feats
+    )
 
 
 # The fixed `sim_rank` ranking (evaluate's reference row, and the policy's starting point):

@@ -7,6 +7,7 @@ every candidate slot; masking padding to -inf stays in numpy.
   inputs : z [T,B,D] float32, seq_lens [B] int32, cand [B,C] int64 (>= 0), feats [B,C,F] float32
   output : logits [B,C] float32
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,9 @@ def build_onnx(w: dict[str, np.ndarray]) -> bytes:
         # torch gate order (r, z, n) -> ONNX order (z, r, h)
         numpy_helper.from_array(f32(_zrh(w["gru.w_ih"], H))[None], "W"),
         numpy_helper.from_array(f32(_zrh(w["gru.w_hh"], H))[None], "R"),
-        numpy_helper.from_array(f32(np.concatenate([_zrh(w["gru.b_ih"], H),
-                                                    _zrh(w["gru.b_hh"], H)]))[None], "Bgru"),
+        numpy_helper.from_array(
+            f32(np.concatenate([_zrh(w["gru.b_ih"], H), _zrh(w["gru.b_hh"], H)]))[None], "Bgru"
+        ),
         numpy_helper.from_array(f32(w["user.w"].T), "Wu"),
         numpy_helper.from_array(f32(w["user.b"]), "bu"),
         numpy_helper.from_array(f32(w["query_table"]), "Qt"),
@@ -42,8 +44,13 @@ def build_onnx(w: dict[str, np.ndarray]) -> bytes:
         numpy_helper.from_array(np.array([-1], np.int64), "axm1"),
     ]
     nodes = [
-        helper.make_node("GRU", ["z", "W", "R", "Bgru", "seq_lens"], ["", "yh"],
-                         hidden_size=H, linear_before_reset=1),
+        helper.make_node(
+            "GRU",
+            ["z", "W", "R", "Bgru", "seq_lens"],
+            ["", "yh"],
+            hidden_size=H,
+            linear_before_reset=1,
+        ),
         helper.make_node("Squeeze", ["yh", "ax0"], ["h"]),
         helper.make_node("MatMul", ["h", "Wu"], ["hu"]),
         helper.make_node("Add", ["hu", "bu"], ["hu_b"]),
@@ -63,15 +70,20 @@ def build_onnx(w: dict[str, np.ndarray]) -> bytes:
         helper.make_node("Add", ["o2b", "ols"], ["logits"]),
     ]
     graph = helper.make_graph(
-        nodes, "astec_gru_policy",
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["T", "B", D]),
-         helper.make_tensor_value_info("seq_lens", TensorProto.INT32, ["B"]),
-         helper.make_tensor_value_info("cand", TensorProto.INT64, ["B", "C"]),
-         helper.make_tensor_value_info("feats", TensorProto.FLOAT, ["B", "C", F])],
+        nodes,
+        "astec_gru_policy",
+        [
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["T", "B", D]),
+            helper.make_tensor_value_info("seq_lens", TensorProto.INT32, ["B"]),
+            helper.make_tensor_value_info("cand", TensorProto.INT64, ["B", "C"]),
+            helper.make_tensor_value_info("feats", TensorProto.FLOAT, ["B", "C", F]),
+        ],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "C"])],
-        init)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="astec-personalization")
+        init,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="astec-personalization"
+    )
     model.ir_version = min(model.ir_version, 9)
     onnx.checker.check_model(model)
     return model.SerializeToString()
@@ -79,12 +91,13 @@ def build_onnx(w: dict[str, np.ndarray]) -> bytes:
 
 def _zrh(a: np.ndarray, H: int) -> np.ndarray:
     """Reorder the leading 3H axis from torch's (r, z, n) to ONNX's (z, r, h)."""
-    return np.concatenate([a[H:2 * H], a[:H], a[2 * H:]], axis=0)
+    return np.concatenate([a[H : 2 * H], a[:H], a[2 * H :]], axis=0)
 
 
 def session(model_bytes: bytes, threads: int = 1):
     """An ONNX Runtime CPU session tuned for tiny per-event calls."""
     import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1

@@ -13,6 +13,7 @@ same candidates and the same window, but knows every page's true sub-topic, the 
 boundaries and (for "oracle") the user's true interests. "oracle_no_user" uses a uniform prior
 (what the window's pages alone allow). No learnt policy on these logs can beat these rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,14 +27,19 @@ import numpy as np
 class OracleModel:
     """World quantities the posterior needs, indexed like the VisitLog and the label space."""
 
-    page_subtopic: np.ndarray   # int64 [P]: sub-topic of each distinct VisitLog page, -1 unknown
-    log_lr: np.ndarray          # float64 [S]: log(1 + a / (1 - a) / pop(s))
-    log_prior: np.ndarray       # float64 [U, S]: log of each VisitLog user's true interest weights
+    page_subtopic: np.ndarray  # int64 [P]: sub-topic of each distinct VisitLog page, -1 unknown
+    log_lr: np.ndarray  # float64 [S]: log(1 + a / (1 - a) / pop(s))
+    log_prior: np.ndarray  # float64 [U, S]: log of each VisitLog user's true interest weights
     label_subtopic: np.ndarray  # int64 [L]
 
 
-def load_oracle(world_dir: str | Path, log_dir: str | Path, titles: list[str],
-                user_ids: list[str], label_subtopic: np.ndarray) -> OracleModel:
+def load_oracle(
+    world_dir: str | Path,
+    log_dir: str | Path,
+    titles: list[str],
+    user_ids: list[str],
+    label_subtopic: np.ndarray,
+) -> OracleModel:
     """The oracle's model from the world files and LOG_DIR/simulation.json (its on_intent)."""
     # the world's files are read as data: personalization never imports the simulator
     wdir = Path(world_dir)
@@ -70,11 +76,12 @@ def load_oracle(world_dir: str | Path, log_dir: str | Path, titles: list[str],
     return OracleModel(psub, log_lr, np.log(prior), np.asarray(label_subtopic, np.int64))
 
 
-def oracle_keys(m: OracleModel, v, rows: np.ndarray, cand_ids: np.ndarray, K: int,
-                ttl_s: float) -> dict[str, np.ndarray]:
+def oracle_keys(
+    m: OracleModel, v, rows: np.ndarray, cand_ids: np.ndarray, K: int, ttl_s: float
+) -> dict[str, np.ndarray]:
     """Ranking keys [B,C] of the oracle rows for visits `rows` (their window of K states)."""
     idx, mask = v.window(rows, K, ttl_s)
-    same = mask & (v.session[idx] == v.session[rows][:, None])      # the session's views so far
+    same = mask & (v.session[idx] == v.session[rows][:, None])  # the session's views so far
     sub = m.page_subtopic[v.page[idx]]
     B, S = len(rows), len(m.log_lr)
     counts = np.zeros((B, S))
@@ -83,8 +90,10 @@ def oracle_keys(m: OracleModel, v, rows: np.ndarray, cand_ids: np.ndarray, K: in
     loglik = counts * m.log_lr[None, :]
     csub = np.where(cand_ids >= 0, m.label_subtopic[np.maximum(cand_ids, 0)], -1)
     out = {}
-    for name, logpost in (("oracle", loglik + m.log_prior[v.user[rows]]),
-                          ("oracle_no_user", loglik)):
+    for name, logpost in (
+        ("oracle", loglik + m.log_prior[v.user[rows]]),
+        ("oracle_no_user", loglik),
+    ):
         key = np.take_along_axis(logpost, np.maximum(csub, 0), 1)
         out[name] = np.where(csub >= 0, key, -1e30)
     return out

@@ -8,6 +8,7 @@ Cold start and bad state never fail an event: no history -> the current page's t
 history states of another feature size or with no queries are dropped; query ids outside the
 model's label space are ignored as candidates.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,7 @@ from personalization.scoring import candidate_logits, softmax_masked
 
 log = logging.getLogger(__name__)
 
-NO_QUERY = -1   # returned (with score 0.0) when the current page has no predicted query
+NO_QUERY = -1  # returned (with score 0.0) when the current page has no predicted query
 # Exploration of the served policy (what makes its logs teach a successor): with probability
 # EPSILON the shown query is drawn from softmax(logits / TEMPERATURE) over the same candidates
 # the policy ranks, else the policy's top choice. Every candidate keeps a propensity >= EPSILON *
@@ -41,30 +42,39 @@ class Served:
     Candidates are padded to C columns with id -1, ordered by the policy's preference.
     """
 
-    query: np.ndarray        # int64 [B] the shown query id (-1: nothing to show)
-    score: np.ndarray        # float32 [B] the policy's softmax probability of that query
-    propensity: np.ndarray   # float32 [B] P(the exploring policy shows that query)
-    greedy: np.ndarray       # bool [B] the shown query is the policy's top choice
-    cand_ids: np.ndarray     # int64 [B,C] every candidate the policy ranked (-1 padding)
+    query: np.ndarray  # int64 [B] the shown query id (-1: nothing to show)
+    score: np.ndarray  # float32 [B] the policy's softmax probability of that query
+    propensity: np.ndarray  # float32 [B] P(the exploring policy shows that query)
+    greedy: np.ndarray  # bool [B] the shown query is the policy's top choice
+    cand_ids: np.ndarray  # int64 [B,C] every candidate the policy ranked (-1 padding)
     cand_scores: np.ndarray  # float32 [B,C] the policy's softmax probability of each
-    cand_prop: np.ndarray    # float32 [B,C] P(shown) of each under the exploring policy
+    cand_prop: np.ndarray  # float32 [B,C] P(shown) of each under the exploring policy
 
     def fields(self, i: int) -> dict:
         """The ad-query message fields of event i (query names are the caller's)."""
         m = self.cand_ids[i] >= 0
 
-        def r6(x):   # float64 before rounding: float32 would print as 0.12345699965953827
+        def r6(x):  # float64 before rounding: float32 would print as 0.12345699965953827
             return np.round(x.astype(np.float64), 6).tolist()
-        return {"query_id": int(self.query[i]), "score": float(self.score[i]),
-                "propensity": float(self.propensity[i]),
-                "candidate_ids": self.cand_ids[i][m].tolist(),
-                "candidate_scores": r6(self.cand_scores[i][m]),
-                "candidate_propensities": r6(self.cand_prop[i][m]),
-                "explored": not bool(self.greedy[i])}
+
+        return {
+            "query_id": int(self.query[i]),
+            "score": float(self.score[i]),
+            "propensity": float(self.propensity[i]),
+            "candidate_ids": self.cand_ids[i][m].tolist(),
+            "candidate_scores": r6(self.cand_scores[i][m]),
+            "candidate_propensities": r6(self.cand_prop[i][m]),
+            "explored": not bool(self.greedy[i]),
+        }
 
 
-def explore(logits: np.ndarray, mask: np.ndarray, epsilon: float, temperature: float,
-            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def explore(
+    logits: np.ndarray,
+    mask: np.ndarray,
+    epsilon: float,
+    temperature: float,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(choice column [B], propensities [B,C], softmax scores [B,C]) of the epsilon-mixture of
     the greedy policy and softmax(logits / temperature); vectorised over the batch."""
     B, C = logits.shape
@@ -82,15 +92,18 @@ def explore(logits: np.ndarray, mask: np.ndarray, epsilon: float, temperature: f
 
 def state_arrays(state) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(z float32[D], query ids int64[k], scores float32[k]) of one UserState."""
-    return (np.asarray(state.z, np.float32).reshape(-1),
-            np.asarray(state.query_ids, np.int64).reshape(-1),
-            np.asarray(state.scores, np.float32).reshape(-1))
+    return (
+        np.asarray(state.z, np.float32).reshape(-1),
+        np.asarray(state.query_ids, np.int64).reshape(-1),
+        np.asarray(state.scores, np.float32).reshape(-1),
+    )
 
 
 def _resolve(path: Path) -> tuple[Path, Path | None, str | None]:
     """(version dir, registry root or None, version id or None) for a dir or a registry root."""
     if (path / "CURRENT").exists():
         from engine.registry import Registry, RegistryError
+
         try:
             reg = Registry(path)
             version = reg.current()
@@ -110,14 +123,15 @@ class GruPolicy:
     root: Path | None = None
     version: str | None = None
     reload_every_s: float = 5.0
-    backend: str = "onnx"         # "onnx" (ONNX Runtime, the fast path) or "numpy"
-    fallbacks: int = 0            # events answered by the cold-start rule because of bad state
+    backend: str = "onnx"  # "onnx" (ONNX Runtime, the fast path) or "numpy"
+    fallbacks: int = 0  # events answered by the cold-start rule because of bad state
     _session: object = field(default=None, repr=False)
     _next_check: float = field(default=0.0, repr=False)
 
     @classmethod
-    def load(cls, path: str | Path, reload_every_s: float = 5.0, backend: str = "onnx"
-             ) -> "GruPolicy":
+    def load(
+        cls, path: str | Path, reload_every_s: float = 5.0, backend: str = "onnx"
+    ) -> "GruPolicy":
         """Load and verify a policy (version dir or registry root); PolicyFileError if corrupt.
 
         backend "onnx" serves with ONNX Runtime (falls back to numpy if the version has no
@@ -129,10 +143,17 @@ class GruPolicy:
         weights, manifest, onnx_bytes = load_policy(vdir)
         version = version or manifest.get("version") or vdir.name
         log.info("GRU policy %s loaded from %s", version, vdir)
-        return cls(weights=weights, manifest=manifest, path=vdir, root=root, version=version,
-                   reload_every_s=reload_every_s, backend=backend,
-                   _session=_make_session(onnx_bytes, backend, vdir),
-                   _next_check=time.monotonic() + reload_every_s)
+        return cls(
+            weights=weights,
+            manifest=manifest,
+            path=vdir,
+            root=root,
+            version=version,
+            reload_every_s=reload_every_s,
+            backend=backend,
+            _session=_make_session(onnx_bytes, backend, vdir),
+            _next_check=time.monotonic() + reload_every_s,
+        )
 
     @property
     def K(self) -> int:
@@ -140,7 +161,7 @@ class GruPolicy:
 
     @property
     def feature_dim(self) -> int:
-        return int(self.weights["gru.w_ih"].shape[1]) - 1   # + the block-start channel
+        return int(self.weights["gru.w_ih"].shape[1]) - 1  # + the block-start channel
 
     @property
     def n_labels(self) -> int:
@@ -174,10 +195,10 @@ class GruPolicy:
         """Stacked arrays of the usable window (<= K states, current last), or None if the
         current page itself is unusable (-> cold-start rule)."""
         D = self.feature_dim
-        window = list(history)[-(self.K - 1):] if self.K > 1 else []
+        window = list(history)[-(self.K - 1) :] if self.K > 1 else []
         window.append(current)
         zs, ids, scs, tss = [], [], [], []
-        for s in window:   # at most K states: only attribute and length checks per state
+        for s in window:  # at most K states: only attribute and length checks per state
             try:
                 z, i, sc, t = s.z, s.query_ids, s.scores, float(s.ts)
                 ok = len(z) == D and 0 < len(i) == len(sc)
@@ -194,13 +215,13 @@ class GruPolicy:
         try:
             I = np.array(ids, np.int64)
             S = np.array(scs, np.float32)
-        except ValueError:   # states with different k: pad to the longest
+        except ValueError:  # states with different k: pad to the longest
             k = max(len(x) for x in ids)
             I = np.full((len(ids), k), -1, np.int64)
             S = np.zeros((len(ids), k), np.float32)
             for r, (i, sc) in enumerate(zip(ids, scs)):
-                I[r, :len(i)] = i
-                S[r, :len(sc)] = sc
+                I[r, : len(i)] = i
+                S[r, : len(sc)] = sc
         I[(I < 0) | (I >= self.n_labels)] = -1
         return np.array(zs, np.float32), I, S, np.array(tss, np.float64)
 
@@ -215,8 +236,9 @@ class GruPolicy:
         j = int(np.argmax(sc)) if sc.shape == ids.shape else 0
         return int(ids[j]), float(sc[j]) if sc.shape == ids.shape else 0.0
 
-    def rank_batch(self, histories: Sequence[Sequence], currents: Sequence
-                   ) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    def rank_batch(
+        self, histories: Sequence[Sequence], currents: Sequence
+    ) -> list[tuple[np.ndarray, np.ndarray] | None]:
         """Per event: (candidate ids, probabilities) best first, or None for the cold-start rule."""
         self.maybe_reload()
         out: list = [None] * len(currents)
@@ -228,20 +250,28 @@ class GruPolicy:
             if arr is None or not (arr[1][-1] >= 0).any():
                 self.fallbacks += 1
                 continue
-            if len(arr[0]) == 1:   # no usable history left: the cold-start rule
+            if len(arr[0]) == 1:  # no usable history left: the cold-start rule
                 continue
             rows.append(b)
             seqs.append(arr)
         if not seqs:
             return out
         z, ids, scores, mask, ts = pad_states(seqs, self.K)
-        batch = build_batch(z, ids, scores, mask, self.weights["log_pop"], ts,
-                            self.weights["sim_table"], self.weights["sim_norm"])
+        batch = build_batch(
+            z,
+            ids,
+            scores,
+            mask,
+            self.weights["log_pop"],
+            ts,
+            self.weights["sim_table"],
+            self.weights["sim_norm"],
+        )
         probs = softmax_masked(self.logits(batch))
         order = np.argsort(-probs, axis=1, kind="stable")
         n_c = batch.cand_mask.sum(1)
         for r, b in enumerate(rows):
-            o = order[r, :n_c[r]]
+            o = order[r, : n_c[r]]
             out[b] = (batch.cand_ids[r, o], probs[r, o])
         return out
 
@@ -253,19 +283,24 @@ class GruPolicy:
         n = batch.state_mask.sum(1)
         T = int(n.max())
         if (n == T).all():
-            z = batch.z[:, K - T:]
-        else:   # right-aligned -> left-aligned rows for the GRU op's sequence_lens
+            z = batch.z[:, K - T :]
+        else:  # right-aligned -> left-aligned rows for the GRU op's sequence_lens
             idx = (np.arange(T)[None, :] + (K - n)[:, None]) % K
             z = batch.z[np.arange(B)[:, None], idx]
-        out = self._session.run(None, {
-            "z": np.ascontiguousarray(z.transpose(1, 0, 2)),
-            "seq_lens": n.astype(np.int32),
-            "cand": np.where(batch.cand_mask, batch.cand_ids, 0),
-            "feats": batch.feats})[0]
+        out = self._session.run(
+            None,
+            {
+                "z": np.ascontiguousarray(z.transpose(1, 0, 2)),
+                "seq_lens": n.astype(np.int32),
+                "cand": np.where(batch.cand_mask, batch.cand_ids, 0),
+                "feats": batch.feats,
+            },
+        )[0]
         return np.where(batch.cand_mask, out, -np.inf).astype(np.float32)
 
-    def choose_batch(self, histories: Sequence[Sequence], currents: Sequence
-                     ) -> list[tuple[int, float]]:
+    def choose_batch(
+        self, histories: Sequence[Sequence], currents: Sequence
+    ) -> list[tuple[int, float]]:
         """One (query id, score) per event; score = the policy's probability of that query."""
         ranked = self.rank_batch(histories, currents)
         res = []
@@ -276,9 +311,14 @@ class GruPolicy:
                 res.append((int(r[0][0]), float(r[1][0])))
         return res
 
-    def serve_batch(self, histories: Sequence[Sequence], currents: Sequence,
-                    epsilon: float = EPSILON, temperature: float = TEMPERATURE,
-                    rng: np.random.Generator | None = None) -> Served:
+    def serve_batch(
+        self,
+        histories: Sequence[Sequence],
+        currents: Sequence,
+        epsilon: float = EPSILON,
+        temperature: float = TEMPERATURE,
+        rng: np.random.Generator | None = None,
+    ) -> Served:
         """Serve one query per event with exploration over the candidates the policy ranks
         (the window's union; the current page's queries for cold-start events, ranked by their
         Astec score), returning what a log needs to learn from it (`Served`)."""
@@ -304,8 +344,16 @@ class GruPolicy:
         C = 1
         if seqs:
             z, ids, scores, mask, ts = pad_states(seqs, self.K)
-            batch = build_batch(z, ids, scores, mask, self.weights["log_pop"], ts,
-                                self.weights["sim_table"], self.weights["sim_norm"])
+            batch = build_batch(
+                z,
+                ids,
+                scores,
+                mask,
+                self.weights["log_pop"],
+                ts,
+                self.weights["sim_table"],
+                self.weights["sim_norm"],
+            )
             C = batch.cand_ids.shape[1]
         k_cold = max((len(x) for x in cold_ids if x is not None), default=0)
         C = max(C, k_cold, 1)
@@ -313,15 +361,15 @@ class GruPolicy:
         logit = np.full((n, C), -np.inf, np.float32)
         if seqs:
             r = np.asarray(rows)
-            cand[r, :batch.cand_ids.shape[1]] = batch.cand_ids
-            logit[r, :batch.cand_ids.shape[1]] = self.logits(batch)
-        for b in range(n):   # cold rows: at most top-k copies, no per-candidate work
+            cand[r, : batch.cand_ids.shape[1]] = batch.cand_ids
+            logit[r, : batch.cand_ids.shape[1]] = self.logits(batch)
+        for b in range(n):  # cold rows: at most top-k copies, no per-candidate work
             if cold_ids[b] is not None and len(cold_ids[b]):
-                cand[b, :len(cold_ids[b])] = cold_ids[b]
-                logit[b, :len(cold_ids[b])] = cold_sc[b] * 8.0   # Astec scores as log-odds
+                cand[b, : len(cold_ids[b])] = cold_ids[b]
+                logit[b, : len(cold_ids[b])] = cold_sc[b] * 8.0  # Astec scores as log-odds
         mask = cand >= 0
         none = ~mask.any(1)
-        mask[none, 0] = True              # keep the maths finite; these rows show nothing
+        mask[none, 0] = True  # keep the maths finite; these rows show nothing
         logit[none, 0] = 0.0
         col, prop, probs = explore(logit, mask, epsilon, temperature, rng)
         order = np.argsort(-np.where(mask, probs, -1.0), axis=1, kind="stable")
@@ -329,12 +377,15 @@ class GruPolicy:
         R = np.arange(n)
         q = cand[R, col]
         q[none] = NO_QUERY
-        return Served(query=q, score=np.where(none, 0.0, probs[R, col]).astype(np.float32),
-                      propensity=np.where(none, 1.0, prop[R, col]).astype(np.float32),
-                      greedy=col == np.argmax(np.where(mask, logit, -np.inf), 1),
-                      cand_ids=cand_o,
-                      cand_scores=np.take_along_axis(probs, order, 1) * (cand_o >= 0),
-                      cand_prop=np.take_along_axis(prop, order, 1) * (cand_o >= 0))
+        return Served(
+            query=q,
+            score=np.where(none, 0.0, probs[R, col]).astype(np.float32),
+            propensity=np.where(none, 1.0, prop[R, col]).astype(np.float32),
+            greedy=col == np.argmax(np.where(mask, logit, -np.inf), 1),
+            cand_ids=cand_o,
+            cand_scores=np.take_along_axis(probs, order, 1) * (cand_o >= 0),
+            cand_prop=np.take_along_axis(prop, order, 1) * (cand_o >= 0),
+        )
 
     def choose(self, history: Sequence, current) -> tuple[int, float]:
         """The query to send to the ads pipeline for this visit (history oldest first)."""
@@ -343,11 +394,11 @@ class GruPolicy:
         return self.choose_batch([history], [current])[0]
 
 
-
 def _make_session(onnx_bytes: bytes | None, backend: str, vdir: Path):
     if backend != "onnx" or onnx_bytes is None:
         return None
     from personalization.onnx_graph import session
+
     try:
         return session(onnx_bytes)
     except Exception as e:  # onnxruntime raises its own exception types for bad graphs

@@ -8,6 +8,7 @@ reads them. Binary layout (little-endian), version 1:
 
 z is stored as float16 (a 300-d state is 600 bytes); query ids fit int32 (< 2^31 labels).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,32 +40,48 @@ class UserState:
     ts: float
     url_hash: int
     title_hash: int
-    z: np.ndarray          # float16[D]
+    z: np.ndarray  # float16[D]
     query_ids: np.ndarray  # int64[k]
-    scores: np.ndarray     # float32[k]
+    scores: np.ndarray  # float32[k]
 
     def __post_init__(self):
         self.z = np.asarray(self.z, np.float16).reshape(-1)
         self.query_ids = np.asarray(self.query_ids, np.int64).reshape(-1)
         self.scores = np.asarray(self.scores, np.float32).reshape(-1)
         if self.query_ids.shape != self.scores.shape:
-            raise StateFormatError(f"query_ids {self.query_ids.shape} and scores "
-                                   f"{self.scores.shape} differ in length")
+            raise StateFormatError(
+                f"query_ids {self.query_ids.shape} and scores {self.scores.shape} differ in length"
+            )
 
     @classmethod
-    def from_visit(cls, event_id: str, ts: float, url: str, title: str, z, query_ids,
-                   scores) -> "UserState":
+    def from_visit(
+        cls, event_id: str, ts: float, url: str, title: str, z, query_ids, scores
+    ) -> "UserState":
         return cls(event_id, float(ts), text_hash(url), text_hash(title), z, query_ids, scores)
 
     def encode(self) -> bytes:
         eid = self.event_id.encode("utf-8")
         if len(eid) > 0xFFFF or self.z.size > 0xFFFF or self.query_ids.size > 0xFFFF:
             raise StateFormatError("event_id, z or query list too long for the record format")
-        head = _HEAD.pack(MAGIC, FORMAT_VERSION, self.ts, self.url_hash, self.title_hash,
-                          len(eid), self.z.size, self.query_ids.size)
-        return b"".join((head, eid, self.z.astype("<f2").tobytes(),
-                         self.query_ids.astype("<i4").tobytes(),
-                         self.scores.astype("<f4").tobytes()))
+        head = _HEAD.pack(
+            MAGIC,
+            FORMAT_VERSION,
+            self.ts,
+            self.url_hash,
+            self.title_hash,
+            len(eid),
+            self.z.size,
+            self.query_ids.size,
+        )
+        return b"".join(
+            (
+                head,
+                eid,
+                self.z.astype("<f2").tobytes(),
+                self.query_ids.astype("<i4").tobytes(),
+                self.scores.astype("<f4").tobytes(),
+            )
+        )
 
     @classmethod
     def decode(cls, raw: bytes) -> "UserState":
@@ -77,7 +94,7 @@ class UserState:
         if len(raw) != need:
             raise StateFormatError(f"record is {len(raw)} bytes, header says {need}")
         o = _HEAD.size
-        eid = raw[o:o + le].decode("utf-8")
+        eid = raw[o : o + le].decode("utf-8")
         o += le
         z = np.frombuffer(raw, "<f2", D, o)
         o += 2 * D
@@ -88,12 +105,25 @@ class UserState:
 
     def to_json(self) -> dict:
         """A readable form (dashboard, debugging); z as a list of floats."""
-        return {"event_id": self.event_id, "ts": self.ts, "url_hash": f"{self.url_hash:016x}",
-                "title_hash": f"{self.title_hash:016x}", "z": self.z.astype(float).tolist(),
-                "query_ids": self.query_ids.tolist(), "scores": self.scores.astype(float).tolist()}
+        return {
+            "event_id": self.event_id,
+            "ts": self.ts,
+            "url_hash": f"{self.url_hash:016x}",
+            "title_hash": f"{self.title_hash:016x}",
+            "z": self.z.astype(float).tolist(),
+            "query_ids": self.query_ids.tolist(),
+            "scores": self.scores.astype(float).tolist(),
+        }
 
     @classmethod
     def from_json(cls, d: dict | str) -> "UserState":
         d = json.loads(d) if isinstance(d, str) else d
-        return cls(d["event_id"], float(d["ts"]), int(d["url_hash"], 16), int(d["title_hash"], 16),
-                   d["z"], d["query_ids"], d["scores"])
+        return cls(
+            d["event_id"],
+            float(d["ts"]),
+            int(d["url_hash"], 16),
+            int(d["title_hash"], 16),
+            d["z"],
+            d["query_ids"],
+            d["scores"],
+        )

@@ -19,6 +19,7 @@ Sessions in the last `holdout` share by start time are never read (training or v
 `val_frac` of the remaining sessions, and the epoch with the lowest validation objective (the
 same weighted sum) is kept. The report records the time range of the data read.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,16 @@ import torch
 from tqdm import tqdm
 
 from personalization.artifact import save_policy
-from personalization.features import (SIM_DIM, EventBatch, build_batch, log_popularity,
-                                      sim_rank_weights, sim_table_from_rows)
-from personalization.logs import VisitLog, session_start_ts, targets_for, time_split
-from personalization.model import GruConfig, GruPolicyNet
+from personalization.features import (
+    SIM_DIM,
+    EventBatch,
+    build_batch,
+    log_popularity,
+    sim_rank_weights,
+    sim_table_from_rows,
+)
+from personalization.visits import VisitLog, session_start_ts, targets_for, time_split
+from personalization.gru import GruConfig, GruPolicyNet
 
 log = logging.getLogger(__name__)
 
@@ -45,28 +52,28 @@ class TrainConfig:
     """Training knobs (recorded in the version's manifest)."""
 
     K: int = 8
-    topk: int = 10                # predicted queries per page (the stream's top_k)
+    topk: int = 10  # predicted queries per page (the stream's top_k)
     hidden: int = 32
     query_dim: int = 16
     mlp_hidden: int = 32
     epochs: int = 4
     rows_per_epoch: int = 60_000  # visits sampled per epoch (0 = all); bounds CPU time
-    val_rows: int = 20_000        # held-out visits scored for model selection (0 = all)
+    val_rows: int = 20_000  # held-out visits scored for model selection (0 = all)
     batch_size: int = 512
     lr: float = 3e-3
     weight_decay: float = 1e-5
     # defaults: the losses that pick the user's intent (held-out intent hit, README); for the
     # IPS click-through instead: w_click=0, w_later_click=0, w_ips=1, w_future=1
     w_click: float = 1.0
-    w_later_click: float = 1.0    # log-loss of clicks on a candidate shown later in the session
+    w_later_click: float = 1.0  # log-loss of clicks on a candidate shown later in the session
     w_ips: float = 0.0
     ips_clip: float = 20.0
     w_future: float = 0.0
-    future_horizon: int = 2        # next visits of the session the later/future losses read
+    future_horizon: int = 2  # next visits of the session the later/future losses read
     val_frac: float = 0.2
-    holdout: float = 0.0          # last share of sessions never read (offline evaluation); 0 = all
-    ttl_s: float = 30 * 86400.0   # the stream's Redis state TTL
-    sim_dim: int = SIM_DIM        # size of the query vectors of the sim_* features (0 = off)
+    holdout: float = 0.0  # last share of sessions never read (offline evaluation); 0 = all
+    ttl_s: float = 30 * 86400.0  # the stream's Redis state TTL
+    sim_dim: int = SIM_DIM  # size of the query vectors of the sim_* features (0 = off)
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
     # the start is also a candidate of the best-epoch selection. "random": torch's init.
     init: str = "sim_rank"
@@ -80,29 +87,45 @@ class TrainConfig:
     # (docs/personalization.md). It is meant for logs of the exploring served policy.
     objective: str = "losses"
     reward_epochs: int = 2
-    dr_temperature: float = 0.5   # softmax temperature of the listwise DR objective
+    dr_temperature: float = 0.5  # softmax temperature of the listwise DR objective
     threads: int = 2
     seed: int = 0
 
     def gru_config(self) -> GruConfig:
-        return GruConfig(K=self.K, hidden=self.hidden, query_dim=self.query_dim,
-                         mlp_hidden=self.mlp_hidden)
+        return GruConfig(
+            K=self.K, hidden=self.hidden, query_dim=self.query_dim, mlp_hidden=self.mlp_hidden
+        )
 
 
-def make_batch(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray,
-               sim_table: np.ndarray | None = None, sim_norm: np.ndarray | None = None
-               ) -> EventBatch:
+def make_batch(
+    v: VisitLog,
+    rows: np.ndarray,
+    K: int,
+    ttl_s: float,
+    log_pop: np.ndarray,
+    sim_table: np.ndarray | None = None,
+    sim_norm: np.ndarray | None = None,
+) -> EventBatch:
     """The serving-identical EventBatch of visits `rows` (their windows of the last K states)."""
     z, ids, sc, mask = v.states(rows, K, ttl_s)
     idx, _ = v.window(rows, K, ttl_s)
     return build_batch(z, ids, sc, mask, log_pop, v.ts[idx], sim_table, sim_norm)
 
 
-def sim_normaliser(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop: np.ndarray,
-                   sim_table: np.ndarray, n: int = 4000, seed: int = 0) -> np.ndarray:
+def sim_normaliser(
+    v: VisitLog,
+    rows: np.ndarray,
+    K: int,
+    ttl_s: float,
+    log_pop: np.ndarray,
+    sim_table: np.ndarray,
+    n: int = 4000,
+    seed: int = 0,
+) -> np.ndarray:
     """(mean, sd) of the raw sim_* cosines over the candidates of up to n training visits:
     the cosines of one table sit in a narrow band, so they are standardised for the scorer."""
     from personalization.features import N_SIM
+
     rng = np.random.default_rng(seed)
     r = np.sort(rng.choice(rows, min(n, len(rows)), replace=False))
     b = make_batch(v, r, K, ttl_s, log_pop, sim_table, np.array([0.0, 1.0], np.float32))
@@ -110,9 +133,16 @@ def sim_normaliser(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop:
     return np.array([x.mean(), max(float(x.std()), 1e-4)], np.float32)
 
 
-def calibrate_ranking(v: VisitLog, rows: np.ndarray, cfg: "TrainConfig", log_pop: np.ndarray,
-                      sim: tuple, w0: np.ndarray, n: int = 20_000, seed: int = 0
-                      ) -> tuple[float, float]:
+def calibrate_ranking(
+    v: VisitLog,
+    rows: np.ndarray,
+    cfg: "TrainConfig",
+    log_pop: np.ndarray,
+    sim: tuple,
+    w0: np.ndarray,
+    n: int = 20_000,
+    seed: int = 0,
+) -> tuple[float, float]:
     """(scale, bias) of a logistic fit of the logged clicks on the ranking key feats @ w0 of
     the shown query (Newton steps on two parameters): the fixed ranking turned into click
     log-odds, so training starts at its ranking with calibrated logits."""
@@ -135,8 +165,9 @@ def calibrate_ranking(v: VisitLog, rows: np.ndarray, cfg: "TrainConfig", log_pop
     return float(theta[0]), float(theta[1])
 
 
-def split_rows(v: VisitLog, val_frac: float, before_ts: float = np.inf
-               ) -> tuple[np.ndarray, np.ndarray, float]:
+def split_rows(
+    v: VisitLog, val_frac: float, before_ts: float = np.inf
+) -> tuple[np.ndarray, np.ndarray, float]:
     """(train rows, held-out rows, split time) among the sessions starting before `before_ts`:
     sessions starting at/after the split are held out."""
     t = time_split(v, val_frac, before_ts)
@@ -153,15 +184,25 @@ def data_range(v: VisitLog, holdout: float) -> dict:
     keep = start < cut if cut is not None else np.ones(v.n, bool)
     if not keep.any():
         raise ValueError(f"--holdout {holdout} leaves no sessions to train on")
-    return {"holdout": holdout, "holdout_split_ts": cut,
-            "data_start_ts": float(v.ts[keep].min()), "data_end_ts": float(v.ts[keep].max()),
-            "last_session_start_ts": float(start[keep].max()),
-            "read_visits": int(keep.sum()), "unread_visits": int((~keep).sum())}
+    return {
+        "holdout": holdout,
+        "holdout_split_ts": cut,
+        "data_start_ts": float(v.ts[keep].min()),
+        "data_end_ts": float(v.ts[keep].max()),
+        "last_session_start_ts": float(start[keep].max()),
+        "read_visits": int(keep.sum()),
+        "unread_visits": int((~keep).sum()),
+    }
 
 
 def _tensors(b: EventBatch):
-    return (torch.from_numpy(b.z), torch.from_numpy(b.state_mask), torch.from_numpy(b.cand_ids),
-            torch.from_numpy(b.cand_mask), torch.from_numpy(b.feats))
+    return (
+        torch.from_numpy(b.z),
+        torch.from_numpy(b.state_mask),
+        torch.from_numpy(b.cand_ids),
+        torch.from_numpy(b.cand_mask),
+        torch.from_numpy(b.feats),
+    )
 
 
 def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
@@ -186,8 +227,9 @@ def _losses(net, v: VisitLog, rows, b: EventBatch, cfg: TrainConfig):
             col = eq[r].argmax(1)
             wt = np.minimum(1.0 / v.propensity[rows][r], cfg.ips_clip).astype(np.float32)
             lsm = torch.log_softmax(logits[torch.from_numpy(r)], dim=1)
-            ips_sum = -(torch.from_numpy(wt) * lsm[torch.arange(len(r)),
-                                                   torch.from_numpy(col)]).sum()
+            ips_sum = -(
+                torch.from_numpy(wt) * lsm[torch.arange(len(r)), torch.from_numpy(col)]
+            ).sum()
             ips_w = float(wt.sum())
     lc_sum, n_lc = zero, 0
     if cfg.w_later_click:
@@ -217,8 +259,7 @@ def _later_pairs(v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, horizon: i
     return b, c, safe[b, j]
 
 
-def _later_click_loss(logits, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray,
-                      horizon: int):
+def _later_click_loss(logits, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, horizon: int):
     """(BCE sum, #pairs) of a candidate's logit at a visit against whether that query, shown
     at one of the session's next `horizon` visits, was clicked there. The logger's exploration
     shows earlier pages' queries on later pages, so these pairs measure what a query is worth
@@ -228,51 +269,80 @@ def _later_click_loss(logits, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarra
         return logits.new_zeros(()), 0
     y = torch.from_numpy(v.clicked[t].astype(np.float32))
     lg = logits[torch.from_numpy(b), torch.from_numpy(c)]
-    return (torch.nn.functional.binary_cross_entropy_with_logits(lg, y, reduction="sum"),
-            int(len(b)))
+    return (
+        torch.nn.functional.binary_cross_entropy_with_logits(lg, y, reduction="sum"),
+        int(len(b)),
+    )
 
 
-def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
-                 progress: bool = True, incumbent=None) -> tuple[dict[str, np.ndarray], dict]:
+def train_policy(
+    v: VisitLog,
+    classifier_rows: np.ndarray,
+    cfg: TrainConfig,
+    progress: bool = True,
+    incumbent=None,
+) -> tuple[dict[str, np.ndarray], dict]:
     """Train on the visits before the time split; returns (exported weights, training report)."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
     rng_info = data_range(v, cfg.holdout)
     cut = rng_info["holdout_split_ts"]
-    train_rows, val_rows, t_split = split_rows(v, cfg.val_frac,
-                                               np.inf if cut is None else cut)
+    train_rows, val_rows, t_split = split_rows(v, cfg.val_frac, np.inf if cut is None else cut)
     if len(train_rows) == 0 or len(val_rows) == 0:
-        raise ValueError(f"time split at val_frac={cfg.val_frac} (holdout {cfg.holdout}) leaves "
-                         f"{len(train_rows)} train and {len(val_rows)} validation visits; "
-                         f"need both")
+        raise ValueError(
+            f"time split at val_frac={cfg.val_frac} (holdout {cfg.holdout}) leaves "
+            f"{len(train_rows)} train and {len(val_rows)} validation visits; "
+            f"need both"
+        )
     counts = v.popularity(before_ts=t_split)
     log_pop = log_popularity(counts)
+
     # cold-start visits are served by the top-1 rule: train only on visits with history
     def with_history(rows):
         _, mask = v.window(rows, 2, cfg.ttl_s)
         return rows[mask[:, 0]]
+
     train_rows, val_rows = with_history(train_rows), with_history(val_rows)
     if len(train_rows) == 0 or len(val_rows) == 0:
         raise ValueError("no train or validation visit has history (a window of >= 2 states)")
     if cfg.val_rows and len(val_rows) > cfg.val_rows:
         val_rows = np.sort(rng.choice(val_rows, cfg.val_rows, replace=False))
-    rows_n = classifier_rows / np.maximum(np.linalg.norm(classifier_rows, axis=1, keepdims=True),
-                                          1e-6)
+    rows_n = classifier_rows / np.maximum(
+        np.linalg.norm(classifier_rows, axis=1, keepdims=True), 1e-6
+    )
     if cfg.sim_dim:
         sim_table = sim_table_from_rows(classifier_rows, cfg.sim_dim)
-        sim_norm = sim_normaliser(v, train_rows, cfg.K, cfg.ttl_s, log_pop, sim_table,
-                                  seed=cfg.seed)
-    else:   # features off: zero vectors give zero cosines
+        sim_norm = sim_normaliser(
+            v, train_rows, cfg.K, cfg.ttl_s, log_pop, sim_table, seed=cfg.seed
+        )
+    else:  # features off: zero vectors give zero cosines
         sim_table = np.zeros((classifier_rows.shape[0] + 1, 1), np.float32)
         sim_norm = np.array([0.0, 1.0], np.float32)
     sim = (sim_table, sim_norm)
     if cfg.objective == "dr":
-        weights, rep = _train_dr(v, classifier_rows, rows_n, cfg, train_rows, val_rows, log_pop,
-                                 sim, rng, progress, incumbent)
-        report = {"config": asdict(cfg), "split_ts": t_split, "val_split_ts": t_split,
-                  **rng_info, **rep, "train_visits": int(len(train_rows)),
-                  "val_visits": int(len(val_rows))}
+        weights, rep = _train_dr(
+            v,
+            classifier_rows,
+            rows_n,
+            cfg,
+            train_rows,
+            val_rows,
+            log_pop,
+            sim,
+            rng,
+            progress,
+            incumbent,
+        )
+        report = {
+            "config": asdict(cfg),
+            "split_ts": t_split,
+            "val_split_ts": t_split,
+            **rng_info,
+            **rep,
+            "train_visits": int(len(train_rows)),
+            "val_visits": int(len(val_rows)),
+        }
         weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
         return weights, report
     if cfg.objective != "losses":
@@ -286,6 +356,7 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         if val["val_objective"] < best:
             best = val["val_objective"]
             best_state = {k: t.detach().clone() for k, t in net.state_dict().items()}
+
     start = {}
     if cfg.init == "sim_rank":
         w0 = sim_rank_weights(sim_norm)
@@ -303,80 +374,134 @@ def train_policy(v: VisitLog, classifier_rows: np.ndarray, cfg: TrainConfig,
         net.train()
         perm = rng.permutation(train_rows)
         if cfg.rows_per_epoch:
-            perm = perm[:cfg.rows_per_epoch]
+            perm = perm[: cfg.rows_per_epoch]
         tot = np.zeros(8)
-        bar = tqdm(range(0, len(perm), cfg.batch_size), desc=f"gru epoch {epoch + 1}",
-                   unit="batch", leave=False, disable=not progress)
+        bar = tqdm(
+            range(0, len(perm), cfg.batch_size),
+            desc=f"gru epoch {epoch + 1}",
+            unit="batch",
+            leave=False,
+            disable=not progress,
+        )
         for a in bar:
-            rows = np.sort(perm[a:a + cfg.batch_size])
+            rows = np.sort(perm[a : a + cfg.batch_size])
             b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop, *sim)
             cs, nc, fs, nf, js, jw, ls, nl = _losses(net, v, rows, b, cfg)
-            loss = (cfg.w_click * cs / max(nc, 1) + cfg.w_future * fs / max(nf, 1)
-                    + cfg.w_ips * js / max(jw, 1e-9) + cfg.w_later_click * ls / max(nl, 1))
+            loss = (
+                cfg.w_click * cs / max(nc, 1)
+                + cfg.w_future * fs / max(nf, 1)
+                + cfg.w_ips * js / max(jw, 1e-9)
+                + cfg.w_later_click * ls / max(nl, 1)
+            )
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
             opt.step()
-            tot += [float(cs.detach()), nc, float(fs.detach()), nf, float(js.detach()), jw,
-                    float(ls.detach()), nl]
+            tot += [
+                float(cs.detach()),
+                nc,
+                float(fs.detach()),
+                nf,
+                float(js.detach()),
+                jw,
+                float(ls.detach()),
+                nl,
+            ]
         val = _validation(net, v, val_rows, cfg, log_pop, sim)
-        rec = {"epoch": epoch + 1, "train_click_logloss": tot[0] / max(tot[1], 1),
-               "train_future_ce": tot[2] / max(tot[3], 1),
-               "train_ips_ce": tot[4] / max(tot[5], 1e-9),
-               "train_later_click_logloss": tot[6] / max(tot[7], 1), **val,
-               "elapsed_s": round(time.perf_counter() - t0, 1)}
+        rec = {
+            "epoch": epoch + 1,
+            "train_click_logloss": tot[0] / max(tot[1], 1),
+            "train_future_ce": tot[2] / max(tot[3], 1),
+            "train_ips_ce": tot[4] / max(tot[5], 1e-9),
+            "train_later_click_logloss": tot[6] / max(tot[7], 1),
+            **val,
+            "elapsed_s": round(time.perf_counter() - t0, 1),
+        }
         history.append(rec)
         log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
         keep_if_best(val)
     net.load_state_dict(best_state)
-    report = {"config": asdict(cfg), "split_ts": t_split, "val_split_ts": t_split, **rng_info,
-              **start, "train_visits": int(len(train_rows)),
-              "val_visits": int(len(val_rows)), "epochs": history,
-              "best_epoch": int(history[int(np.argmin([h["val_objective"] for h in history]))]
-                                ["epoch"]),
-              "train_s": round(time.perf_counter() - t0, 1)}
+    report = {
+        "config": asdict(cfg),
+        "split_ts": t_split,
+        "val_split_ts": t_split,
+        **rng_info,
+        **start,
+        "train_visits": int(len(train_rows)),
+        "val_visits": int(len(val_rows)),
+        "epochs": history,
+        "best_epoch": int(history[int(np.argmin([h["val_objective"] for h in history]))]["epoch"]),
+        "train_s": round(time.perf_counter() - t0, 1),
+    }
     weights = net.export_weights()
     weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
     return weights, report
 
 
-def _validation(net, v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop: np.ndarray,
-                sim: tuple) -> dict:
+def _validation(
+    net, v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop: np.ndarray, sim: tuple
+) -> dict:
     """Validation losses and the objective the best epoch is picked by (same weights)."""
     val = evaluate_loss(net, v, rows, cfg, log_pop, sim)
-    val["val_objective"] = (cfg.w_click * val["val_click_logloss"]
-                            + cfg.w_future * val["val_future_ce"]
-                            + cfg.w_ips * val["val_ips_ce"]
-                            + cfg.w_later_click * val["val_later_click_logloss"])
+    val["val_objective"] = (
+        cfg.w_click * val["val_click_logloss"]
+        + cfg.w_future * val["val_future_ce"]
+        + cfg.w_ips * val["val_ips_ce"]
+        + cfg.w_later_click * val["val_later_click_logloss"]
+    )
     return val
 
 
 @torch.no_grad()
-def evaluate_loss(net, v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop: np.ndarray,
-                  sim: tuple = (None, None), batch: int = 2048) -> dict:
+def evaluate_loss(
+    net,
+    v: VisitLog,
+    rows: np.ndarray,
+    cfg: TrainConfig,
+    log_pop: np.ndarray,
+    sim: tuple = (None, None),
+    batch: int = 2048,
+) -> dict:
     """Validation click log-loss and future CE (no gradients)."""
     net.eval()
     tot = np.zeros(8)
     for a in range(0, len(rows), batch):
-        r = rows[a:a + batch]
+        r = rows[a : a + batch]
         b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, *sim)
         tot += [float(x) for x in _losses(net, v, r, b, cfg)]
-    return {"val_click_logloss": tot[0] / max(tot[1], 1), "val_future_ce": tot[2] / max(tot[3], 1),
-            "val_ips_ce": tot[4] / max(tot[5], 1e-9), "val_click_rows": int(tot[1]),
-            "val_later_click_logloss": tot[6] / max(tot[7], 1)}
+    return {
+        "val_click_logloss": tot[0] / max(tot[1], 1),
+        "val_future_ce": tot[2] / max(tot[3], 1),
+        "val_ips_ce": tot[4] / max(tot[5], 1e-9),
+        "val_click_rows": int(tot[1]),
+        "val_later_click_logloss": tot[6] / max(tot[7], 1),
+    }
 
 
-def publish(root: str | Path, weights: dict[str, np.ndarray], cfg: TrainConfig, meta: dict,
-            promote: bool = True, keep: int = 5) -> tuple[str, Path]:
+def publish(
+    root: str | Path,
+    weights: dict[str, np.ndarray],
+    cfg: TrainConfig,
+    meta: dict,
+    promote: bool = True,
+    keep: int = 5,
+) -> tuple[str, Path]:
     """Write a new version under the registry `root` (and promote it); returns (id, path)."""
     from engine.registry import Registry
+
     reg = Registry(Path(root), keep=keep)
     with reg.lock():
         st = reg.stage()
-        save_policy(st.path, weights, cfg.gru_config().to_dict(),
-                    meta={"version": st.version, **meta})
-        path = reg.commit(st, {"kind": "gru-policy", **{k: meta[k] for k in meta
-                                                         if k in ("engine_version", "metrics")}})
+        save_policy(
+            st.path, weights, cfg.gru_config().to_dict(), meta={"version": st.version, **meta}
+        )
+        path = reg.commit(
+            st,
+            {
+                "kind": "gru-policy",
+                **{k: meta[k] for k in meta if k in ("engine_version", "metrics")},
+            },
+        )
         if promote:
             reg.promote(st.version)
         reg.prune()
@@ -385,6 +510,7 @@ def publish(root: str | Path, weights: dict[str, np.ndarray], cfg: TrainConfig, 
 
 # ------------------------------------------------------------------------------------------------
 # training for value: reward model + doubly-robust listwise policy
+
 
 def _shown_cols(v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, clip: float):
     """(rows with the shown query among the candidates, its column, clicked, clipped 1/p)."""
@@ -396,8 +522,9 @@ def _shown_cols(v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, clip: float
     return r, col, v.clicked[rows][r].astype(np.float32), w.astype(np.float32)
 
 
-def dr_pseudo_rewards(r_hat: np.ndarray, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray,
-                      clip: float) -> np.ndarray:
+def dr_pseudo_rewards(
+    r_hat: np.ndarray, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, clip: float
+) -> np.ndarray:
     """[B,C] doubly-robust value of showing each candidate: the reward model's P(click), plus,
     on the logged candidate, its importance-weighted residual (click - P). Averaged under a
     policy's choice probabilities this is the DR estimate of its CTR."""
@@ -420,13 +547,21 @@ class _RewardFn:
 
 
 @torch.no_grad()
-def dr_terms(v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop, sim, reward: _RewardFn,
-             keys: dict, batch: int = 2048) -> dict[str, np.ndarray]:
+def dr_terms(
+    v: VisitLog,
+    rows: np.ndarray,
+    cfg: TrainConfig,
+    log_pop,
+    sim,
+    reward: _RewardFn,
+    keys: dict,
+    batch: int = 2048,
+) -> dict[str, np.ndarray]:
     """Per visit and per ranking key fn(batch) -> [B,C] (higher = better): the DR term of its
     argmax choice (mean = the DR estimate of that policy's CTR)."""
     out = {k: [] for k in keys}
     for a in range(0, len(rows), batch):
-        r = rows[a:a + batch]
+        r = rows[a : a + batch]
         b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, *sim)
         G = dr_pseudo_rewards(reward(b), v, r, b.cand_ids, cfg.ips_clip)
         for k, fn in keys.items():
@@ -438,14 +573,20 @@ def dr_terms(v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop, sim, rewa
 def _baseline_keys(sim_norm):
     """Ranking keys of the fixed baselines (the same as personalization.evaluate's)."""
     from personalization.features import F
+
     w0 = sim_rank_weights(sim_norm)
-    return {"top1": lambda b, r: b.feats[..., F["score_current"]] * 4
-            + b.feats[..., F["recency_score"]],
-            "most_frequent": lambda b, r: b.feats[..., F["frac_states"]] * 4
-            + b.feats[..., F["mean_score_window"]],
-            "popularity": lambda b, r: b.feats[..., F["log_popularity"]] * 4
-            + b.feats[..., F["mean_score_window"]],
-            "sim_rank": lambda b, r: b.feats @ w0}
+    return {
+        "top1": lambda b, r: (
+            b.feats[..., F["score_current"]] * 4 + b.feats[..., F["recency_score"]]
+        ),
+        "most_frequent": lambda b, r: (
+            b.feats[..., F["frac_states"]] * 4 + b.feats[..., F["mean_score_window"]]
+        ),
+        "popularity": lambda b, r: (
+            b.feats[..., F["log_popularity"]] * 4 + b.feats[..., F["mean_score_window"]]
+        ),
+        "sim_rank": lambda b, r: b.feats @ w0,
+    }
 
 
 def _net_key(net):
@@ -453,20 +594,41 @@ def _net_key(net):
     def key(b, r):
         net.eval()
         return net(*_tensors(b)).numpy()
+
     return key
 
 
 def _incumbent_key(pol, v: VisitLog, cfg: TrainConfig):
     """Ranking key of an already-served GruPolicy on the same candidates (its own tables)."""
+
     def key(b, r):
-        bi = make_batch(v, r, cfg.K, cfg.ttl_s, pol.weights["log_pop"], pol.weights["sim_table"],
-                        pol.weights["sim_norm"])
+        bi = make_batch(
+            v,
+            r,
+            cfg.K,
+            cfg.ttl_s,
+            pol.weights["log_pop"],
+            pol.weights["sim_table"],
+            pol.weights["sim_norm"],
+        )
         return pol.logits(bi)
+
     return key
 
 
-def _train_dr(v, classifier_rows, rows_n, cfg: TrainConfig, train_rows, val_rows, log_pop, sim,
-              rng, progress, incumbent=None):
+def _train_dr(
+    v,
+    classifier_rows,
+    rows_n,
+    cfg: TrainConfig,
+    train_rows,
+    val_rows,
+    log_pop,
+    sim,
+    rng,
+    progress,
+    incumbent=None,
+):
     """Reward model, then the DR-listwise policy; every candidate (the fixed start, the
     reward model's greedy ranking, each policy epoch) is scored by validation DR value and the
     best kept. Returns (exported weights, report)."""
@@ -481,27 +643,31 @@ def _train_dr(v, classifier_rows, rows_n, cfg: TrainConfig, train_rows, val_rows
         return net
 
     def batches(perm):
-        return tqdm(range(0, len(perm), cfg.batch_size), unit="batch", leave=False,
-                    disable=not progress)
+        return tqdm(
+            range(0, len(perm), cfg.batch_size), unit="batch", leave=False, disable=not progress
+        )
 
     def epoch_rows():
         perm = rng.permutation(train_rows)
-        return perm[:cfg.rows_per_epoch] if cfg.rows_per_epoch else perm
+        return perm[: cfg.rows_per_epoch] if cfg.rows_per_epoch else perm
 
     # 1. reward model: click log-loss of every logged impression among the candidates
     rnet = fresh()
     opt = torch.optim.Adam(rnet.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    rcfg = TrainConfig(**{**asdict(cfg), "w_click": 1.0, "w_later_click": 0.0, "w_ips": 0.0,
-                          "w_future": 0.0})
+    rcfg = TrainConfig(
+        **{**asdict(cfg), "w_click": 1.0, "w_later_click": 0.0, "w_ips": 0.0, "w_future": 0.0}
+    )
     history = []
-    best_ll, best_r = evaluate_loss(rnet, v, val_rows, rcfg, log_pop, sim)["val_click_logloss"], \
-        {k: t.clone() for k, t in rnet.state_dict().items()}
+    best_ll, best_r = (
+        evaluate_loss(rnet, v, val_rows, rcfg, log_pop, sim)["val_click_logloss"],
+        {k: t.clone() for k, t in rnet.state_dict().items()},
+    )
     history.append({"stage": "reward", "epoch": 0, "val_click_logloss": best_ll})
     for epoch in range(cfg.reward_epochs):
         rnet.train()
         perm = epoch_rows()
         for a in batches(perm):
-            rows = np.sort(perm[a:a + cfg.batch_size])
+            rows = np.sort(perm[a : a + cfg.batch_size])
             b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop, *sim)
             cs, nc = _losses(rnet, v, rows, b, rcfg)[:2]
             opt.zero_grad()
@@ -509,8 +675,14 @@ def _train_dr(v, classifier_rows, rows_n, cfg: TrainConfig, train_rows, val_rows
             torch.nn.utils.clip_grad_norm_(rnet.parameters(), 5.0)
             opt.step()
         ll = evaluate_loss(rnet, v, val_rows, rcfg, log_pop, sim)["val_click_logloss"]
-        history.append({"stage": "reward", "epoch": epoch + 1, "val_click_logloss": ll,
-                        "elapsed_s": round(time.perf_counter() - t0, 1)})
+        history.append(
+            {
+                "stage": "reward",
+                "epoch": epoch + 1,
+                "val_click_logloss": ll,
+                "elapsed_s": round(time.perf_counter() - t0, 1),
+            }
+        )
         log.info("reward model epoch %d: val click log-loss %.5f", epoch + 1, ll)
         if ll < best_ll:
             best_ll, best_r = ll, {k: t.clone() for k, t in rnet.state_dict().items()}
@@ -521,17 +693,28 @@ def _train_dr(v, classifier_rows, rows_n, cfg: TrainConfig, train_rows, val_rows
     extra = {}
     if incumbent is not None and incumbent.K == cfg.K and incumbent.n_labels == len(log_pop):
         extra["current_policy"] = _incumbent_key(incumbent, v, cfg)
-    val_terms = dr_terms(v, val_rows, cfg, log_pop, sim, reward,
-                         {**base_keys, "reward_greedy": _net_key(rnet), **extra})
+    val_terms = dr_terms(
+        v,
+        val_rows,
+        cfg,
+        log_pop,
+        sim,
+        reward,
+        {**base_keys, "reward_greedy": _net_key(rnet), **extra},
+    )
     users = v.user[val_rows]
     # 2. policy: listwise, maximise the DR value of softmax(logits / T) over the candidates,
     # starting from the better (validation DR) of the fixed ranking and the reward model
     net = fresh()
     if val_terms["reward_greedy"].mean() > val_terms["sim_rank"].mean():
         net.load_state_dict(rnet.state_dict())
-    cands = {"sim_rank": (float(val_terms["sim_rank"].mean()), None),
-             "reward_greedy": (float(val_terms["reward_greedy"].mean()),
-                               {k: t.clone() for k, t in rnet.state_dict().items()})}
+    cands = {
+        "sim_rank": (float(val_terms["sim_rank"].mean()), None),
+        "reward_greedy": (
+            float(val_terms["reward_greedy"].mean()),
+            {k: t.clone() for k, t in rnet.state_dict().items()},
+        ),
+    }
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     term_of = dict(val_terms)
     for epoch in range(cfg.epochs):
@@ -539,7 +722,7 @@ def _train_dr(v, classifier_rows, rows_n, cfg: TrainConfig, train_rows, val_rows
         perm = epoch_rows()
         tot, n = 0.0, 0
         for a in batches(perm):
-            rows = np.sort(perm[a:a + cfg.batch_size])
+            rows = np.sort(perm[a : a + cfg.batch_size])
             b = make_batch(v, rows, cfg.K, cfg.ttl_s, log_pop, *sim)
             G = torch.from_numpy(dr_pseudo_rewards(reward(b), v, rows, b.cand_ids, cfg.ips_clip))
             logits = net(*_tensors(b))
@@ -555,9 +738,15 @@ def _train_dr(v, classifier_rows, rows_n, cfg: TrainConfig, train_rows, val_rows
         name = f"dr_epoch{epoch + 1}"
         term_of[name] = t
         cands[name] = (float(t.mean()), {k: x.clone() for k, x in net.state_dict().items()})
-        history.append({"stage": "policy", "epoch": epoch + 1, "train_soft_dr": tot / max(n, 1),
-                        "val_dr": float(t.mean()),
-                        "elapsed_s": round(time.perf_counter() - t0, 1)})
+        history.append(
+            {
+                "stage": "policy",
+                "epoch": epoch + 1,
+                "train_soft_dr": tot / max(n, 1),
+                "val_dr": float(t.mean()),
+                "elapsed_s": round(time.perf_counter() - t0, 1),
+            }
+        )
         log.info("policy epoch %d: val DR %.5f", epoch + 1, t.mean())
     best = max(cands, key=lambda k: cands[k][0])
     if cands[best][1] is None:
@@ -565,18 +754,29 @@ def _train_dr(v, classifier_rows, rows_n, cfg: TrainConfig, train_rows, val_rows
     else:
         net.load_state_dict(cands[best][1])
     from personalization.value import paired_bootstrap
+
     bb = max(base_keys, key=lambda k: float(val_terms[k].mean()))
     vs = paired_bootstrap(term_of[best], val_terms[bb], users, 500, cfg.seed)
-    vs_cur = (paired_bootstrap(term_of[best], val_terms["current_policy"], users, 500, cfg.seed)
-              if "current_policy" in val_terms else None)
-    report = {"val_vs_current_policy": vs_cur,
-              "current_policy": getattr(incumbent, "version", None) if vs_cur else None,
-              "objective": "dr", "init": "sim_rank", "init_scale": scale, "init_bias": bias,
-              "epochs": history, "chosen": best,
-              "val_dr": {k: float(x.mean()) for k, x in term_of.items()},
-              "val_best_baseline": bb, "val_vs_best_baseline": vs,
-              "best_epoch": int(best.removeprefix("dr_epoch")) if best.startswith("dr_") else 0,
-              "train_s": round(time.perf_counter() - t0, 1)}
+    vs_cur = (
+        paired_bootstrap(term_of[best], val_terms["current_policy"], users, 500, cfg.seed)
+        if "current_policy" in val_terms
+        else None
+    )
+    report = {
+        "val_vs_current_policy": vs_cur,
+        "current_policy": getattr(incumbent, "version", None) if vs_cur else None,
+        "objective": "dr",
+        "init": "sim_rank",
+        "init_scale": scale,
+        "init_bias": bias,
+        "epochs": history,
+        "chosen": best,
+        "val_dr": {k: float(x.mean()) for k, x in term_of.items()},
+        "val_best_baseline": bb,
+        "val_vs_best_baseline": vs,
+        "best_epoch": int(best.removeprefix("dr_epoch")) if best.startswith("dr_") else 0,
+        "train_s": round(time.perf_counter() - t0, 1),
+    }
     weights = net.export_weights()
     return weights, report
 
@@ -586,11 +786,17 @@ def promotion_check(report: dict) -> tuple[bool, str]:
     policy currently served (when there is one), must have a 95% lower bound above zero."""
     vs = report.get("val_vs_best_baseline")
     if not vs or vs["diff_ci95"][0] <= 0:
-        return False, (f"validation DR gain over {report.get('val_best_baseline')} has lower "
-                       f"bound {vs['diff_ci95'][0]:+.4f} <= 0" if vs else "no DR comparison")
+        return False, (
+            f"validation DR gain over {report.get('val_best_baseline')} has lower "
+            f"bound {vs['diff_ci95'][0]:+.4f} <= 0"
+            if vs
+            else "no DR comparison"
+        )
     cur = report.get("val_vs_current_policy")
     if cur and cur["diff_ci95"][0] <= 0:
-        return False, (f"validation DR gain over the current policy "
-                       f"{report.get('current_policy')} has lower bound "
-                       f"{cur['diff_ci95'][0]:+.4f} <= 0")
+        return False, (
+            f"validation DR gain over the current policy "
+            f"{report.get('current_policy')} has lower bound "
+            f"{cur['diff_ci95'][0]:+.4f} <= 0"
+        )
     return True, ""

@@ -7,12 +7,13 @@ simulator's click model, so each policy's choices are replayed through it ("actu
 click model is read here as data (the world's queries.tsv / pages.jsonl, the log's
 simulation.json and truth/intents.jsonl), never by importing the simulator (personalization
 does not depend on stream); tests/test_sim_value.py checks it equals
-stream.simulator.clickmodel.click_probability.
+simulator.clickmodel.click_probability.
 
 On real logs only the logged impressions exist: SNIPS and DR estimate a policy's CTR from them,
 and are only trustworthy where the policy's choices fall inside the logger's support (reported
 with the effective sample size).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_CLICK = {"base": 0.005, "intent": 0.10, "intent_same_topic": 0.3, "page": 0.03,
-                 "page_same_subtopic": 0.3, "pop": 0.02}
+DEFAULT_CLICK = {
+    "base": 0.005,
+    "intent": 0.10,
+    "intent_same_topic": 0.3,
+    "page": 0.03,
+    "page_same_subtopic": 0.3,
+    "pop": 0.02,
+}
 
 
 @dataclass
@@ -30,21 +37,22 @@ class ClickJudge:
     """The simulator's click model over the VisitLog's label and page indices."""
 
     params: dict
-    q_sub: np.ndarray        # int64 [L] sub-topic of each label (-1: not a world query)
-    q_top: np.ndarray        # int64 [L]
-    q_head: np.ndarray       # float64 [L] popularity / its sub-topic's top query's
-    sub_topic: np.ndarray    # int64 [S]
-    page_sub: np.ndarray     # int64 [P] sub-topic of each VisitLog page (-1 unknown)
-    link_keys: np.ndarray    # int64 sorted page * L + label of every (page, query) link
+    q_sub: np.ndarray  # int64 [L] sub-topic of each label (-1: not a world query)
+    q_top: np.ndarray  # int64 [L]
+    q_head: np.ndarray  # float64 [L] popularity / its sub-topic's top query's
+    sub_topic: np.ndarray  # int64 [S]
+    page_sub: np.ndarray  # int64 [P] sub-topic of each VisitLog page (-1 unknown)
+    link_keys: np.ndarray  # int64 sorted page * L + label of every (page, query) link
     visit_intent: np.ndarray  # int64 [N] the latent intent (sub-topic) at each visit (-1 unknown)
-    log_lr: np.ndarray       # float64 [S] log(1 + a / (1 - a) / pop(s)): a page of s's evidence
+    log_lr: np.ndarray  # float64 [S] log(1 + a / (1 - a) / pop(s)): a page of s's evidence
 
     @property
     def n_labels(self) -> int:
         return len(self.q_sub)
 
-    def p_click(self, rows: np.ndarray, q: np.ndarray, intent: np.ndarray | None = None
-                ) -> np.ndarray:
+    def p_click(
+        self, rows: np.ndarray, q: np.ndarray, intent: np.ndarray | None = None
+    ) -> np.ndarray:
         """Exact P(click) of showing query ids q ([B] or [B,C]) at visits `rows` (the visit's
         true intent unless `intent` [B] or [B,S] posterior is given: then its expectation)."""
         P = self.params
@@ -61,9 +69,8 @@ class ClickJudge:
         if np.ndim(intent) == 1:
             it = np.asarray(intent)[:, None]
             t_it = np.where(it >= 0, self.sub_topic[np.maximum(it, 0)], -2)
-            rel_i = np.where(sub == it, 1.0,
-                             np.where(top == t_it, P["intent_same_topic"], 0.0))
-        else:   # posterior [B,S]: E[rel] = P(sub) + same_topic * (P(topic) - P(sub))
+            rel_i = np.where(sub == it, 1.0, np.where(top == t_it, P["intent_same_topic"], 0.0))
+        else:  # posterior [B,S]: E[rel] = P(sub) + same_topic * (P(topic) - P(sub))
             post = np.asarray(intent, np.float64)
             T = int(self.sub_topic.max()) + 1
             pt = np.zeros((len(post), T))
@@ -81,7 +88,7 @@ class ClickJudge:
         p = np.where(ok, np.clip(p, 0.0, 1.0), 0.0)
         return p if two else p[:, 0]
 
-    visit_page: np.ndarray = None   # int64 [N] VisitLog page index per visit (set by load_judge)
+    visit_page: np.ndarray = None  # int64 [N] VisitLog page index per visit (set by load_judge)
 
     def window_posterior(self, v, rows: np.ndarray, K: int, ttl_s: float) -> np.ndarray:
         """[B,S] posterior over the visit's intent from the window's pages of its session, with
@@ -115,12 +122,15 @@ def _read_queries(world_dir: Path) -> tuple[dict, np.ndarray, np.ndarray, np.nda
             sub.append(int(parts[3]))
             pop.append(float(parts[4]))
     order = np.argsort(ids)
-    return (text_to_id, np.array(topic, np.int64)[order], np.array(sub, np.int64)[order],
-            np.array(pop)[order])
+    return (
+        text_to_id,
+        np.array(topic, np.int64)[order],
+        np.array(sub, np.int64)[order],
+        np.array(pop)[order],
+    )
 
 
-def load_judge(world_dir: str | Path, log_dir: str | Path, v, label_names: list[str]
-               ) -> ClickJudge:
+def load_judge(world_dir: str | Path, log_dir: str | Path, v, label_names: list[str]) -> ClickJudge:
     """The click model of the simulated LOG_DIR on world WORLD_DIR, indexed like VisitLog `v`
     (labels = the engine's label names, pages = v.titles)."""
     world_dir, log_dir = Path(world_dir), Path(log_dir)
@@ -154,15 +164,18 @@ def load_judge(world_dir: str | Path, log_dir: str | Path, v, label_names: list[
             ql = q_to_label[np.asarray(rec["queries"], np.int64)]
             keys.append(j * L + ql[ql >= 0])
     link_keys = np.sort(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
-    sim = json.loads((log_dir / "simulation.json").read_text()) \
-        if (log_dir / "simulation.json").is_file() else {}
+    sim = (
+        json.loads((log_dir / "simulation.json").read_text())
+        if (log_dir / "simulation.json").is_file()
+        else {}
+    )
     params = {**DEFAULT_CLICK, **sim.get("click_model", {})}
     a = float(sim.get("settings", {}).get("on_intent", 0.7))
     a = min(max(a, 1e-6), 1 - 1e-6)
     log_lr = np.log1p(a / (1 - a) / np.maximum(spop, 1e-300))
     # the intent at each visit (the session's)
     sess_pos: dict[str, list[int]] = {}
-    for i, sid in enumerate(v.session_ids):   # a user's overlapping sessions split into pieces
+    for i, sid in enumerate(v.session_ids):  # a user's overlapping sessions split into pieces
         sess_pos.setdefault(sid, []).append(i)
     first = np.flatnonzero(np.r_[True, v.session[1:] != v.session[:-1]])
     visit_intent = np.full(v.n, -1, np.int64)
@@ -172,18 +185,20 @@ def load_judge(world_dir: str | Path, log_dir: str | Path, v, label_names: list[
             rec = json.loads(line)
             for k in sess_pos.get(rec["session_id"], ()):
                 per_sess[k] = int(rec["subtopic"])
-    for k, it in per_sess.items():   # once per session (not per visit)
+    for k, it in per_sess.items():  # once per session (not per visit)
         lo = first[k]
         hi = first[k + 1] if k + 1 < len(first) else v.n
         visit_intent[lo:hi] = it
-    j = ClickJudge(params, q_sub, q_top, q_head, sub_topic, page_sub, link_keys, visit_intent,
-                   log_lr)
+    j = ClickJudge(
+        params, q_sub, q_top, q_head, sub_topic, page_sub, link_keys, visit_intent, log_lr
+    )
     j.visit_page = v.page
     return j
 
 
 # ------------------------------------------------------------------------------------------------
 # intervals
+
 
 def _user_sums(users: np.ndarray, *cols: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     u, inv = np.unique(users, return_inverse=True)
@@ -196,22 +211,31 @@ def _boot_weights(n_users: int, n_boot: int, seed: int) -> np.ndarray:
     return rng.multinomial(n_users, np.full(n_users, 1.0 / n_users), size=n_boot).astype(np.float64)
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, users: np.ndarray, n_boot: int = 1000,
-                     seed: int = 0) -> dict:
+def paired_bootstrap(
+    a: np.ndarray, b: np.ndarray, users: np.ndarray, n_boot: int = 1000, seed: int = 0
+) -> dict:
     """mean(a) - mean(b) and mean(a)/mean(b) - 1 per visit, paired (same visits), with 95%
     percentile intervals from resampling users (visits of a user are not independent)."""
     u, (sa, sb, sn) = _user_sums(users, a, b, np.ones(len(a)))
     W = _boot_weights(len(u), n_boot, seed)
     ma, mb, n = W @ sa, W @ sb, np.maximum(W @ sn, 1)
     diff, lift = (ma - mb) / n, ma / np.maximum(mb, 1e-12) - 1
-    return {"diff": float((sa.sum() - sb.sum()) / max(sn.sum(), 1)),
-            "diff_ci95": np.percentile(diff, [2.5, 97.5]).tolist(),
-            "lift": float(sa.sum() / max(sb.sum(), 1e-12) - 1),
-            "lift_ci95": np.percentile(lift, [2.5, 97.5]).tolist(), "users": int(len(u))}
+    return {
+        "diff": float((sa.sum() - sb.sum()) / max(sn.sum(), 1)),
+        "diff_ci95": np.percentile(diff, [2.5, 97.5]).tolist(),
+        "lift": float(sa.sum() / max(sb.sum(), 1e-12) - 1),
+        "lift_ci95": np.percentile(lift, [2.5, 97.5]).tolist(),
+        "users": int(len(u)),
+    }
 
 
-def mean_ci(x: np.ndarray, users: np.ndarray, n_boot: int = 1000, seed: int = 0,
-            den: np.ndarray | None = None) -> tuple[float, float, float]:
+def mean_ci(
+    x: np.ndarray,
+    users: np.ndarray,
+    n_boot: int = 1000,
+    seed: int = 0,
+    den: np.ndarray | None = None,
+) -> tuple[float, float, float]:
     """(estimate, lo, hi): mean of x (or the ratio sum x / sum den), user-clustered 95% CI."""
     den = np.ones(len(x)) if den is None else den
     u, (sx, sd) = _user_sums(users, x, den)
@@ -223,6 +247,7 @@ def mean_ci(x: np.ndarray, users: np.ndarray, n_boot: int = 1000, seed: int = 0,
 
 # ------------------------------------------------------------------------------------------------
 # off-policy estimates from logged impressions
+
 
 def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1e-2, iters: int = 30) -> np.ndarray:
     """Ridge-regularised logistic regression by Newton steps (small dense X): the reward model
@@ -246,9 +271,14 @@ def predict_logistic(th: np.ndarray, X: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-(X @ th[:-1] + th[-1])))
 
 
-def crossfit_reward(x_shown: np.ndarray, clicked: np.ndarray, has: np.ndarray,
-                    users: np.ndarray, xs: list[np.ndarray], folds: int = 2
-                    ) -> tuple[np.ndarray, list[np.ndarray]]:
+def crossfit_reward(
+    x_shown: np.ndarray,
+    clicked: np.ndarray,
+    has: np.ndarray,
+    users: np.ndarray,
+    xs: list[np.ndarray],
+    folds: int = 2,
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """r_hat at the logged action and at each policy's choice (xs), each visit predicted by a
     logistic model fitted on the other users' impressions (cross-fitting keeps the DR interval
     honest on the very logs it is computed from)."""
@@ -269,10 +299,18 @@ def crossfit_reward(x_shown: np.ndarray, clicked: np.ndarray, has: np.ndarray,
     return r_shown, r_xs
 
 
-def off_policy(choice: np.ndarray, shown: np.ndarray, clicked: np.ndarray,
-               propensity: np.ndarray, in_support: np.ndarray, r_choice: np.ndarray,
-               r_shown: np.ndarray, users: np.ndarray, n_boot: int = 1000, seed: int = 0
-               ) -> dict:
+def off_policy(
+    choice: np.ndarray,
+    shown: np.ndarray,
+    clicked: np.ndarray,
+    propensity: np.ndarray,
+    in_support: np.ndarray,
+    r_choice: np.ndarray,
+    r_shown: np.ndarray,
+    users: np.ndarray,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict:
     """SNIPS and DR estimates of a deterministic policy's CTR from logged impressions (visits
     with an impression), with user-clustered 95% intervals, the share of its choices inside the
     logger's support and the effective sample size of the importance weights."""
@@ -282,6 +320,12 @@ def off_policy(choice: np.ndarray, shown: np.ndarray, clicked: np.ndarray,
     snips = mean_ci(w * r, users, n_boot, seed, den=w) if w.sum() > 0 else (np.nan,) * 3
     dr = mean_ci(dr_terms, users, n_boot, seed)
     ess = float(w.sum() ** 2 / max((w * w).sum(), 1e-12))
-    return {"snips": snips[0], "snips_ci95": [snips[1], snips[2]], "dr": dr[0],
-            "dr_ci95": [dr[1], dr[2]], "in_support": float(in_support.mean()),
-            "ess": ess, "matches": int((w > 0).sum())}
+    return {
+        "snips": snips[0],
+        "snips_ci95": [snips[1], snips[2]],
+        "dr": dr[0],
+        "dr_ci95": [dr[1], dr[2]],
+        "in_support": float(in_support.mean()),
+        "ess": ess,
+        "matches": int((w > 0).sum()),
+    }

@@ -1,11 +1,12 @@
 """`astec stream simulate`: live traffic from a simulated world, and clicks from its click model.
 
-Page views come from the world's browsing-session model (stream.simulator.logs: one latent
+Page views come from the world's browsing-session model (simulator.traffic: one latent
 intent per session, on/off-intent pages), replayed in time order at --rate events/s with the
 current time stamped. A second thread reads `ad-queries` and, for the events this run produced,
-draws a click with stream.simulator.clickmodel.click_probability(query, session intent, page)
+draws a click with simulator.clickmodel.click_probability(query, session intent, page)
 and produces `ad-clicks`. Event -> ad latency is measured on arrival (receive time - event ts).
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,7 +16,7 @@ import uuid
 
 import numpy as np
 
-from infra.config import Settings
+from stream.settings import Settings
 from stream.schemas import SchemaError, decode, encode
 from stream.topics import make_consumer, make_producer
 
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 def plan_views(world, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     """n page views (user, session, intent, page) in time order from the world's session model."""
-    from stream.simulator.logs import LogSettings, simulate_sessions
+    from simulator.traffic import LogSettings, simulate_sessions
+
     rng = np.random.default_rng(seed)
     days = 1
     while True:
@@ -35,10 +37,14 @@ def plan_views(world, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     if len(ss.v_page) == 0:
         raise ValueError("the world produced no page views (no active users?)")
     order = np.argsort(ss.v_ts, kind="stable")
-    order = np.resize(order, n)   # cycles when a small world has fewer views than asked
+    order = np.resize(order, n)  # cycles when a small world has fewer views than asked
     sess = ss.v_session[order]
-    return {"user": ss.user[sess], "session": sess, "intent": ss.intent[sess],
-            "page": ss.v_page[order]}
+    return {
+        "user": ss.user[sess],
+        "session": sess,
+        "intent": ss.intent[sess],
+        "page": ss.v_page[order],
+    }
 
 
 class ClickResponder(threading.Thread):
@@ -49,14 +55,18 @@ class ClickResponder(threading.Thread):
         self.s, self.world, self.pending = settings, world, pending
         self.rng = np.random.default_rng(seed + 1)
         self.qid = {t: i for i, t in enumerate(world.query_text)}
-        self.consumer = make_consumer(settings, [settings.topic_ad_queries],
-                                      f"{settings.consumer_group}-simulator-{run_id}",
-                                      auto_offset_reset="latest", max_poll_records=2000)
+        self.consumer = make_consumer(
+            settings,
+            [settings.topic_ad_queries],
+            f"{settings.consumer_group}-simulator-{run_id}",
+            auto_offset_reset="latest",
+            max_poll_records=2000,
+        )
         self.producer = make_producer(settings)
         self.stop_event = threading.Event()
         self.answered = 0
         self.clicks = 0
-        self.ignored = 0   # ad queries of other runs, or replays of answered events
+        self.ignored = 0  # ad queries of other runs, or replays of answered events
         self.unknown_queries = 0
         self.latency_ms: list[np.ndarray] = []
         self.ready = threading.Event()
@@ -67,11 +77,14 @@ class ClickResponder(threading.Thread):
         while not self.consumer.assignment() and time.monotonic() < deadline:
             self.consumer.poll(timeout_ms=100)
         if not self.consumer.assignment():
-            raise RuntimeError(f"simulator consumer got no partition of {self.s.topic_ad_queries} "
-                               f"within {timeout}s")
+            raise RuntimeError(
+                f"simulator consumer got no partition of {self.s.topic_ad_queries} "
+                f"within {timeout}s"
+            )
 
     def run(self) -> None:
-        from stream.simulator.clickmodel import click_probability
+        from simulator.clickmodel import click_probability
+
         try:
             while not self.stop_event.is_set():
                 recs = [r for rs in self.consumer.poll(timeout_ms=100).values() for r in rs]
@@ -99,10 +112,20 @@ class ClickResponder(threading.Thread):
                 p = click_probability(q, intent, page, world=self.world)
                 clicked = self.rng.random(len(batch)) < p
                 for (m, _), c in zip(batch, clicked):
-                    self.producer.send(self.s.topic_ad_clicks, key=m["user_id"].encode(),
-                                       value=encode("ad_click", {
-                                           "event_id": m["event_id"], "user_id": m["user_id"],
-                                           "query": m["query"], "clicked": bool(c), "ts": now}))
+                    self.producer.send(
+                        self.s.topic_ad_clicks,
+                        key=m["user_id"].encode(),
+                        value=encode(
+                            "ad_click",
+                            {
+                                "event_id": m["event_id"],
+                                "user_id": m["user_id"],
+                                "query": m["query"],
+                                "clicked": bool(c),
+                                "ts": now,
+                            },
+                        ),
+                    )
                 self.producer.flush()
                 self.consumer.commit()
                 self.answered += len(batch)
@@ -112,12 +135,20 @@ class ClickResponder(threading.Thread):
             self.consumer.close(autocommit=False)
 
 
-def run_simulation(settings: Settings, world_dir: str, rate: float, duration: float,
-                   seed: int = 0, drain_s: float = 15.0, progress: bool = True) -> dict:
+def run_simulation(
+    settings: Settings,
+    world_dir: str,
+    rate: float,
+    duration: float,
+    seed: int = 0,
+    drain_s: float = 15.0,
+    progress: bool = True,
+) -> dict:
     """Produce rate*duration page views, answer their ad queries with clicks; returns figures."""
     from tqdm import tqdm
 
-    from stream.simulator.world import load_world
+    from simulator.world import load_world
+
     world = load_world(world_dir)
     n = max(1, int(rate * duration))
     plan = plan_views(world, n, seed)
@@ -135,9 +166,21 @@ def run_simulation(settings: Settings, world_dir: str, rate: float, duration: fl
             eid = f"sim-{run_id}-{i}"
             pending[eid] = (int(plan["intent"][i]), page)
             uid = world.user_id(u)
-            producer.send(settings.topic_page_views, key=uid.encode(), value=encode("page_view", {
-                "event_id": eid, "user_id": uid, "ts": time.time(), "url": world.page_url[page],
-                "title": world.page_title[page], "session_id": f"s{run_id}-{int(plan['session'][i])}"}))
+            producer.send(
+                settings.topic_page_views,
+                key=uid.encode(),
+                value=encode(
+                    "page_view",
+                    {
+                        "event_id": eid,
+                        "user_id": uid,
+                        "ts": time.time(),
+                        "url": world.page_url[page],
+                        "title": world.page_title[page],
+                        "session_id": f"s{run_id}-{int(plan['session'][i])}",
+                    },
+                ),
+            )
             bar.update(1)
             ahead = (i + 1) / rate - (time.monotonic() - t0)
             if ahead > 0:
@@ -153,10 +196,18 @@ def run_simulation(settings: Settings, world_dir: str, rate: float, duration: fl
         responder.stop_event.set()
         responder.join(15)
     lat = np.concatenate(responder.latency_ms) if responder.latency_ms else np.zeros(0)
-    pct = (np.percentile(lat, [50, 95, 99]).round(1).tolist() if lat.size else [None] * 3)
-    return {"page_views": n, "send_s": round(sent_s, 2), "rate_achieved": round(n / sent_s, 1),
-            "ad_queries": responder.answered, "unanswered": len(pending),
-            "clicks": responder.clicks,
-            "ctr": round(responder.clicks / max(1, responder.answered), 4),
-            "unknown_queries": responder.unknown_queries, "ignored": responder.ignored,
-            "e2a_ms_p50": pct[0], "e2a_ms_p95": pct[1], "e2a_ms_p99": pct[2]}
+    pct = np.percentile(lat, [50, 95, 99]).round(1).tolist() if lat.size else [None] * 3
+    return {
+        "page_views": n,
+        "send_s": round(sent_s, 2),
+        "rate_achieved": round(n / sent_s, 1),
+        "ad_queries": responder.answered,
+        "unanswered": len(pending),
+        "clicks": responder.clicks,
+        "ctr": round(responder.clicks / max(1, responder.answered), 4),
+        "unknown_queries": responder.unknown_queries,
+        "ignored": responder.ignored,
+        "e2a_ms_p50": pct[0],
+        "e2a_ms_p95": pct[1],
+        "e2a_ms_p99": pct[2],
+    }

@@ -11,13 +11,14 @@ names (topic, partition, offset, key, value, timestamp) and offsets stay kafka-p
 `poll` waits for the first message only, then drains what librdkafka already holds without
 waiting: `Consumer.consume(n, timeout)` would wait out its whole timeout unless n messages come.
 """
+
 from __future__ import annotations
 
 import logging
 from collections import namedtuple
 from typing import Callable
 
-from infra.config import Settings
+from stream.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -27,20 +28,35 @@ Record = namedtuple("Record", "topic partition offset key value timestamp")
 class RdConsumer:
     """One consumer-group member (manual commits, earliest reset) on librdkafka."""
 
-    def __init__(self, settings: Settings, topics: list[str], group_id: str, client_id: str = "astec",
-                 on_revoke: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        topics: list[str],
+        group_id: str,
+        client_id: str = "astec",
+        on_revoke: Callable[[], None] | None = None,
+    ):
         from confluent_kafka import Consumer
-        self._c = Consumer({
-            **settings.librdkafka_options(), "group.id": group_id,
-            "isolation.level": "read_committed",
-            "client.id": client_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "session.timeout.ms": settings.session_timeout_ms,
-            "heartbeat.interval.ms": settings.heartbeat_interval_ms,
-            "max.poll.interval.ms": max(settings.max_poll_interval_ms, settings.session_timeout_ms),
-            "fetch.wait.max.ms": max(1, settings.poll_timeout_ms),
-            "enable.partition.eof": False,
-            "socket.nagle.disable": True,
-            "logger": logging.getLogger("stream.librdkafka")})
+
+        self._c = Consumer(
+            {
+                **settings.librdkafka_options(),
+                "group.id": group_id,
+                "isolation.level": "read_committed",
+                "client.id": client_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": settings.session_timeout_ms,
+                "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+                "max.poll.interval.ms": max(
+                    settings.max_poll_interval_ms, settings.session_timeout_ms
+                ),
+                "fetch.wait.max.ms": max(1, settings.poll_timeout_ms),
+                "enable.partition.eof": False,
+                "socket.nagle.disable": True,
+                "logger": logging.getLogger("stream.librdkafka"),
+            }
+        )
         self._on_revoke = on_revoke
         self._assigned: set = set()
         if topics:
@@ -48,8 +64,9 @@ class RdConsumer:
 
     # ---- group membership --------------------------------------------------------------------
     def subscribe(self, topics: list[str]) -> None:
-        self._c.subscribe(list(topics), on_assign=self._assign, on_revoke=self._revoke,
-                          on_lost=self._lost)
+        self._c.subscribe(
+            list(topics), on_assign=self._assign, on_revoke=self._revoke, on_lost=self._lost
+        )
 
     def assign_from_start(self, topic: str, partitions: int) -> None:
         """Read partitions 0..partitions-1 of `topic` from their first offset, outside any group
@@ -57,11 +74,13 @@ class RdConsumer:
         from confluent_kafka import OFFSET_BEGINNING
         from confluent_kafka import TopicPartition as CkTopicPartition
         from kafka.structs import TopicPartition
+
         self._c.assign([CkTopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         self._assigned = {TopicPartition(topic, p) for p in range(partitions)}
 
     def _assign(self, _consumer, partitions) -> None:
         from kafka.structs import TopicPartition
+
         self._assigned = {TopicPartition(p.topic, p.partition) for p in partitions}
 
     def _revoke(self, _consumer, partitions) -> None:
@@ -72,7 +91,7 @@ class RdConsumer:
         self._assigned = set()
 
     def _lost(self, _consumer, partitions) -> None:
-        self._assigned = set()   # already someone else's: committing now would be refused
+        self._assigned = set()  # already someone else's: committing now would be refused
 
     def assignment(self) -> set:
         return set(self._assigned)
@@ -82,6 +101,7 @@ class RdConsumer:
         """Up to max_records messages: wait up to timeout_ms for the first, take the rest that are
         already fetched. Returns {TopicPartition: [Record]} in offset order per partition."""
         from kafka.structs import TopicPartition
+
         first = self._c.poll(max(0.0, timeout_ms / 1000.0))
         if first is None:
             return {}
@@ -97,8 +117,9 @@ class RdConsumer:
                 log.warning("consumer error: %s", err)
                 continue
             tp = TopicPartition(m.topic(), m.partition())
-            out.setdefault(tp, []).append(Record(m.topic(), m.partition(), m.offset(), m.key(),
-                                                 m.value(), m.timestamp()[1]))
+            out.setdefault(tp, []).append(
+                Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
+            )
         return out
 
     def commit(self, offsets: dict | None = None) -> None:
@@ -109,10 +130,13 @@ class RdConsumer:
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as CkTopicPartition
         from kafka.errors import CommitFailedError
+
         if not offsets:
             return
-        parts = [CkTopicPartition(tp.topic, tp.partition, int(getattr(o, "offset", o)))
-                 for tp, o in offsets.items()]
+        parts = [
+            CkTopicPartition(tp.topic, tp.partition, int(getattr(o, "offset", o)))
+            for tp, o in offsets.items()
+        ]
         try:
             self._c.commit(offsets=parts, asynchronous=False)
         except KafkaException as exc:
@@ -123,6 +147,7 @@ class RdConsumer:
         as last fetched: no broker round trip), or None before it owns anything."""
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as CkTopicPartition
+
         if not self._assigned:
             return None
         try:
@@ -145,6 +170,7 @@ class RdConsumer:
         partitions this member still owns; others are replayed by their new owner."""
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as CkTopicPartition
+
         for tp, off in offsets.items():
             if tp in self._assigned:
                 try:

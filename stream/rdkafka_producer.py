@@ -7,12 +7,13 @@ generator measured both). `send` returns a `Delivery` with kafka-python's future
 (`is_done`, `get`), so the worker's settle-then-commit logic is unchanged: an offset is committed
 only after the broker acknowledged every message its batch produced.
 """
+
 from __future__ import annotations
 
 import logging
 import time
 
-from infra.config import Settings
+from stream.settings import Settings
 
 
 class DeliveryError(RuntimeError):
@@ -65,20 +66,30 @@ class RdProducer:
     partition is the one kafka-python and Java clients pick); `librdkafka` adds or overrides
     librdkafka settings (e.g. message.timeout.ms)."""
 
-    def __init__(self, settings: Settings, client_id: str = "astec", linger_ms: int = 2,
-                 **librdkafka: object):
+    def __init__(
+        self, settings: Settings, client_id: str = "astec", linger_ms: int = 2, **librdkafka: object
+    ):
         from confluent_kafka import Producer
-        self._p = Producer({
-            **settings.librdkafka_options(), "client.id": client_id, "acks": "all",
-            "linger.ms": linger_ms, "batch.size": 65536, "retries": 5,
-            "max.in.flight.requests.per.connection": 5,
-            "message.max.bytes": max(1048576, 4 * settings.max_message_bytes),
-            "partitioner": "murmur2_random",
-            # small requests must not wait out Nagle + delayed ACK (~40 ms on loopback): measured
-            # 15 -> 7 ms per transaction commit, and the plain produce's tail with it
-            "socket.nagle.disable": True,
-            # librdkafka's own log lines go through logging (the worker's format), not raw stderr
-            "logger": logging.getLogger("stream.librdkafka"), **librdkafka})
+
+        self._p = Producer(
+            {
+                **settings.librdkafka_options(),
+                "client.id": client_id,
+                "acks": "all",
+                "linger.ms": linger_ms,
+                "batch.size": 65536,
+                "retries": 5,
+                "max.in.flight.requests.per.connection": 5,
+                "message.max.bytes": max(1048576, 4 * settings.max_message_bytes),
+                "partitioner": "murmur2_random",
+                # small requests must not wait out Nagle + delayed ACK (~40 ms on loopback): measured
+                # 15 -> 7 ms per transaction commit, and the plain produce's tail with it
+                "socket.nagle.disable": True,
+                # librdkafka's own log lines go through logging (the worker's format), not raw stderr
+                "logger": logging.getLogger("stream.librdkafka"),
+                **librdkafka,
+            }
+        )
 
     def send(self, topic: str, value: bytes | None = None, key: bytes | None = None) -> Delivery:
         d = Delivery(self._p)
@@ -86,7 +97,7 @@ class RdProducer:
             try:
                 self._p.produce(topic, value, key, on_delivery=d._report)
                 break
-            except BufferError:   # librdkafka's local queue is full: let it drain
+            except BufferError:  # librdkafka's local queue is full: let it drain
                 self._p.poll(0.01)
         self._p.poll(0)
         return d
@@ -106,8 +117,11 @@ class RdProducer:
         timed out, the group moved on) is aborted and TransactionAborted raised."""
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as CkTopicPartition
-        parts = [CkTopicPartition(tp.topic, tp.partition, int(getattr(o, "offset", o)))
-                 for tp, o in offsets.items()]
+
+        parts = [
+            CkTopicPartition(tp.topic, tp.partition, int(getattr(o, "offset", o)))
+            for tp, o in offsets.items()
+        ]
         deadline = time.monotonic() + timeout
         step = "offsets" if parts else "commit"
         while True:
@@ -121,8 +135,7 @@ class RdProducer:
                 err = exc.args[0]
                 if err.fatal():
                     raise TransactionFatal(f"transactional producer: {err.str()}") from exc
-                if err.retriable() and not err.txn_requires_abort() \
-                        and time.monotonic() < deadline:
+                if err.retriable() and not err.txn_requires_abort() and time.monotonic() < deadline:
                     time.sleep(0.1)
                     continue
                 self.abort_transaction()
@@ -132,6 +145,7 @@ class RdProducer:
         """Abort the open transaction (its messages are purged or marked aborted); retried
         while the broker is unreachable, for up to `timeout` seconds."""
         from confluent_kafka import KafkaException
+
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -146,6 +160,7 @@ class RdProducer:
     @staticmethod
     def _call(fn, *args) -> None:
         from confluent_kafka import KafkaException
+
         try:
             fn(*args)
         except KafkaException as exc:
@@ -160,6 +175,6 @@ class RdProducer:
         """Flush, then release librdkafka's threads and sockets (a producer left open keeps
         reconnecting to a broker that went away)."""
         if self._p.flush(-1 if timeout is None else timeout):
-            self._p.purge()   # unacknowledged: their batches were never committed, so they replay
+            self._p.purge()  # unacknowledged: their batches were never committed, so they replay
             self._p.flush(0)
         self._p.close()

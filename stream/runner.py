@@ -3,6 +3,7 @@
 SIGTERM/SIGINT to the supervisor is forwarded to every worker (each finishes its batch, commits
 and leaves the group); a worker that dies abnormally (e.g. kill -9) is restarted with backoff.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,15 +13,22 @@ import signal
 import socket
 import time
 
-from infra.config import Settings
+from stream.settings import Settings
 from stream.worker import worker_main
 
 log = logging.getLogger(__name__)
 
 
-def run_workers(settings: Settings, model_path: str, policy: str, policy_model: str | None,
-                n_workers: int, metrics_port: int = 0, threads: int = 1,
-                restart: bool = True) -> int:
+def run_workers(
+    settings: Settings,
+    model_path: str,
+    policy: str,
+    policy_model: str | None,
+    n_workers: int,
+    metrics_port: int = 0,
+    threads: int = 1,
+    restart: bool = True,
+) -> int:
     """Supervise n_workers processes until SIGTERM/SIGINT; returns the number of restarts."""
     # One BLAS thread per worker unless told otherwise: on a busy box OpenBLAS' own threads spin
     # against the other workers (a 8x300 @ 300x300 product went from 0.1 ms to 16 ms).
@@ -39,9 +47,12 @@ def run_workers(settings: Settings, model_path: str, policy: str, policy_model: 
         # fences it and aborts the transaction it left open; the supervisor's pid keeps two
         # supervisors of one group on one host apart
         txn_id = f"{settings.consumer_group}-{host}-{os.getpid()}-w{i}"
-        p = ctx.Process(target=worker_main, name=cid, daemon=False,
-                        args=(settings, model_path, policy, policy_model, cid, port, threads,
-                              txn_id))
+        p = ctx.Process(
+            target=worker_main,
+            name=cid,
+            daemon=False,
+            args=(settings, model_path, policy, policy_model, cid, port, threads, txn_id),
+        )
         p.start()
         log.info("started worker %s pid %s", cid, p.pid)
         return p
@@ -63,8 +74,9 @@ def run_workers(settings: Settings, model_path: str, policy: str, policy_model: 
                     log.info("worker %s exited (%s)", p.name, p.exitcode)
                     del procs[i]
                     continue
-                log.warning("worker %s died (exit %s); restarting in %.1fs",
-                            p.name, p.exitcode, backoff[i])
+                log.warning(
+                    "worker %s died (exit %s); restarting in %.1fs", p.name, p.exitcode, backoff[i]
+                )
                 time.sleep(backoff[i])
                 backoff[i] = min(backoff[i] * 2, 10.0)
                 procs[i] = start(i)
@@ -74,7 +86,7 @@ def run_workers(settings: Settings, model_path: str, policy: str, policy_model: 
     finally:
         for p in procs.values():
             if p.is_alive():
-                p.terminate()   # SIGTERM: graceful stop in the worker
+                p.terminate()  # SIGTERM: graceful stop in the worker
         for p in procs.values():
             p.join(timeout=30)
             if p.is_alive():

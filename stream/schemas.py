@@ -5,6 +5,7 @@ SUPPORTED and ignore unknown extra fields (producers may add fields without a ve
 removing or retyping a field bumps the version). A message that fails `decode` goes to the dead-
 letter topic with the reason and its raw bytes.
 """
+
 from __future__ import annotations
 
 import base64
@@ -21,26 +22,53 @@ _S, _N, _B, _LS, _LI, _LN = "str", "number", "bool", "list[str]", "list[int]", "
 
 # topic kind -> field -> (type, required, max length for strings/lists)
 SCHEMAS: dict[str, dict[str, tuple[str, bool, int]]] = {
-    "page_view": {"event_id": (_S, True, 128), "user_id": (_S, True, 128), "ts": (_N, True, 0),
-                  "url": (_S, True, 2048), "title": (_S, True, 1024),
-                  "session_id": (_S, False, 128)},
-    "ad_query": {"event_id": (_S, True, 128), "user_id": (_S, True, 128), "ts": (_N, True, 0),
-                 "event_ts": (_N, True, 0), "query": (_S, True, 1024), "query_id": (_N, True, 0),
-                 "score": (_N, True, 0), "candidates": (_LS, True, 1000),
-                 "candidate_ids": (_LI, False, 1000), "propensity": (_N, False, 0),
-                 "candidate_scores": (_LN, False, 1000),
-                 "candidate_propensities": (_LN, False, 1000), "explored": (_B, False, 0),
-                 "policy": (_S, False, 64), "model_version": (_S, True, 256),
-                 "url": (_S, False, 2048), "title": (_S, False, 1024),
-                 "session_id": (_S, False, 128)},
-    "ad_click": {"event_id": (_S, True, 128), "user_id": (_S, True, 128), "query": (_S, True, 1024),
-                 "clicked": (_B, True, 0), "ts": (_N, True, 0)},
-    "dead_letter": {"reason": (_S, True, 4096), "source_topic": (_S, True, 256),
-                    "partition": (_N, True, 0), "offset": (_N, True, 0), "raw_b64": (_S, True, 0),
-                    "ts": (_N, True, 0), "consumer": (_S, False, 256)},
+    "page_view": {
+        "event_id": (_S, True, 128),
+        "user_id": (_S, True, 128),
+        "ts": (_N, True, 0),
+        "url": (_S, True, 2048),
+        "title": (_S, True, 1024),
+        "session_id": (_S, False, 128),
+    },
+    "ad_query": {
+        "event_id": (_S, True, 128),
+        "user_id": (_S, True, 128),
+        "ts": (_N, True, 0),
+        "event_ts": (_N, True, 0),
+        "query": (_S, True, 1024),
+        "query_id": (_N, True, 0),
+        "score": (_N, True, 0),
+        "candidates": (_LS, True, 1000),
+        "candidate_ids": (_LI, False, 1000),
+        "propensity": (_N, False, 0),
+        "candidate_scores": (_LN, False, 1000),
+        "candidate_propensities": (_LN, False, 1000),
+        "explored": (_B, False, 0),
+        "policy": (_S, False, 64),
+        "model_version": (_S, True, 256),
+        "url": (_S, False, 2048),
+        "title": (_S, False, 1024),
+        "session_id": (_S, False, 128),
+    },
+    "ad_click": {
+        "event_id": (_S, True, 128),
+        "user_id": (_S, True, 128),
+        "query": (_S, True, 1024),
+        "clicked": (_B, True, 0),
+        "ts": (_N, True, 0),
+    },
+    "dead_letter": {
+        "reason": (_S, True, 4096),
+        "source_topic": (_S, True, 256),
+        "partition": (_N, True, 0),
+        "offset": (_N, True, 0),
+        "raw_b64": (_S, True, 0),
+        "ts": (_N, True, 0),
+        "consumer": (_S, False, 256),
+    },
 }
 _NON_EMPTY = {"event_id", "user_id", "title", "query", "url"}
-TS_MAX = 1e10   # seconds since the epoch: year 2286; beyond is a unit mistake (ms, us)
+TS_MAX = 1e10  # seconds since the epoch: year 2286; beyond is a unit mistake (ms, us)
 
 
 class SchemaError(ValueError):
@@ -53,7 +81,9 @@ def validate(kind: str, msg: Any) -> dict:
         raise SchemaError(f"expected a JSON object, got {type(msg).__name__}")
     v = msg.get("v")
     if v not in SUPPORTED or isinstance(v, bool):
-        raise SchemaError(f"field 'v': unsupported schema version {v!r} (supported {sorted(SUPPORTED)})")
+        raise SchemaError(
+            f"field 'v': unsupported schema version {v!r} (supported {sorted(SUPPORTED)})"
+        )
     for name, (typ, required, cap) in SCHEMAS[kind].items():
         val = msg.get(name)
         if val is None:
@@ -69,9 +99,10 @@ def validate(kind: str, msg: Any) -> dict:
                 raise SchemaError(f"field {name!r} longer than {cap} characters ({len(val)})")
             try:
                 val.encode("utf-8")
-            except UnicodeEncodeError as exc:   # a JSON "\ud800" escape: no text has it
-                raise SchemaError(f"field {name!r} holds a lone surrogate at character "
-                                  f"{exc.start}") from None
+            except UnicodeEncodeError as exc:  # a JSON "\ud800" escape: no text has it
+                raise SchemaError(
+                    f"field {name!r} holds a lone surrogate at character {exc.start}"
+                ) from None
         elif typ == _N:
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
                 raise SchemaError(f"field {name!r} must be a finite number, got {val!r}")
@@ -82,8 +113,9 @@ def validate(kind: str, msg: Any) -> dict:
                 raise SchemaError(f"field {name!r} must be true/false, got {val!r}")
         else:
             item = {_LS: str, _LI: int, _LN: (int, float)}[typ]
-            if not isinstance(val, list) or not all(isinstance(x, item) and not isinstance(x, bool)
-                                                    for x in val):
+            if not isinstance(val, list) or not all(
+                isinstance(x, item) and not isinstance(x, bool) for x in val
+            ):
                 raise SchemaError(f"field {name!r} must be a {typ}")
             if typ == _LN and not all(math.isfinite(x) for x in val):
                 raise SchemaError(f"field {name!r} must hold finite numbers")
@@ -125,18 +157,26 @@ def encode(kind: str, msg: dict, check: bool = False) -> bytes:
 DEAD_LETTER_RAW_MAX = 256 * 1024
 
 
-def dead_letter(raw: bytes | None, reason: str, topic: str, partition: int, offset: int,
-                consumer: str = "") -> bytes:
+def dead_letter(
+    raw: bytes | None, reason: str, topic: str, partition: int, offset: int, consumer: str = ""
+) -> bytes:
     """The dead-letter message for a rejected record: its raw bytes (base64), cut to the first
     DEAD_LETTER_RAW_MAX with their length and sha256 beside them, so the dead letter always fits
     the producer's message limit; the whole record stays at topic/partition/offset."""
     raw = raw or b""
-    msg = {"reason": reason[:4096], "source_topic": topic, "partition": partition,
-           "offset": offset, "raw_b64": base64.b64encode(raw[:DEAD_LETTER_RAW_MAX]).decode("ascii"),
-           "ts": time.time(), "consumer": consumer}
+    msg = {
+        "reason": reason[:4096],
+        "source_topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "raw_b64": base64.b64encode(raw[:DEAD_LETTER_RAW_MAX]).decode("ascii"),
+        "ts": time.time(),
+        "consumer": consumer,
+    }
     if len(raw) > DEAD_LETTER_RAW_MAX:
-        msg.update(raw_truncated=True, raw_bytes=len(raw),
-                   raw_sha256=hashlib.sha256(raw).hexdigest())
+        msg.update(
+            raw_truncated=True, raw_bytes=len(raw), raw_sha256=hashlib.sha256(raw).hexdigest()
+        )
     return encode("dead_letter", msg)
 
 

@@ -16,6 +16,7 @@ allow on 2 cores, docs/benchmarks-stream.md): the broker's acknowledgement wait 
 duplicates can appear on `ad-queries` (counted), never a lost event. SIGTERM/SIGINT: finish the
 batch, commit, leave the group.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,18 +32,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from infra.config import Settings
+from stream.settings import Settings
 from personalization.state import UserState
-from stream.metrics import ConsumerMetrics, PromExporter, publish
-from stream.model import ModelHandle, load_predictor
+from stream.consumer_metrics import ConsumerMetrics, PromExporter, publish
+from stream.model_handle import ModelHandle, load_predictor
 from stream.schemas import SchemaError, decode, dead_letter, encode
-from stream.state import StateStore, connect
+from stream.state_store import StateStore, connect
 from stream.rdkafka_producer import TransactionAborted
 from stream.topics import check_kafka, make_stream_consumer, make_stream_producer
 
 log = logging.getLogger(__name__)
-_DEAD = -(2**62)     # a policy choice slot whose event went to the dead letters
-TXN_STALL_S = 20.0   # a transaction commit blocked this long is stuck (_commit_or_replace)
+_DEAD = -(2**62)  # a policy choice slot whose event went to the dead letters
+TXN_STALL_S = 20.0  # a transaction commit blocked this long is stuck (_commit_or_replace)
 
 
 @dataclass
@@ -50,8 +51,8 @@ class InFlight:
     """A processed batch whose produced messages may not be acknowledged yet."""
 
     futures: list
-    offsets: dict            # TopicPartition -> next offset to read
-    t0: float                # perf_counter at the start of the batch
+    offsets: dict  # TopicPartition -> next offset to read
+    t0: float  # perf_counter at the start of the batch
     event_ts: np.ndarray
     events: int = 0
     dead: int = 0
@@ -61,6 +62,7 @@ class InFlight:
 
 def _offsets(records) -> dict:
     from kafka.structs import TopicPartition
+
     out: dict = {}
     for r in records:
         tp = TopicPartition(r.topic, r.partition)
@@ -71,36 +73,59 @@ def _offsets(records) -> dict:
 class StreamWorker:
     """A consumer-group member over `page-views`; `run()` until stop() or SIGTERM."""
 
-    def __init__(self, settings: Settings, model: ModelHandle, policy, consumer_id: str | None = None,
-                 metrics_port: int = 0, transactional_id: str | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        model: ModelHandle,
+        policy,
+        consumer_id: str | None = None,
+        metrics_port: int = 0,
+        transactional_id: str | None = None,
+    ):
         self.s = settings
         self.model = model
         self.policy = policy
         self.cid = consumer_id or f"{socket.gethostname()}-{os.getpid()}"
         self.exactly_once = settings.delivery == "exactly-once"
-        if self.exactly_once and "kafka-python" in (settings.producer_client,
-                                                    settings.consumer_client):
-            raise ValueError("delivery = exactly-once needs the confluent (librdkafka) consumer and "
-                             "producer; set producer_client/consumer_client to confluent or "
-                             "delivery to at-least-once")
+        if self.exactly_once and "kafka-python" in (
+            settings.producer_client,
+            settings.consumer_client,
+        ):
+            raise ValueError(
+                "delivery = exactly-once needs the confluent (librdkafka) consumer and "
+                "producer; set producer_client/consumer_client to confluent or "
+                "delivery to at-least-once"
+            )
         check_kafka(settings)
         self.stop_event = threading.Event()
         self.redis = connect(settings.redis_url)
-        self.store = StateStore(self.redis, settings.redis_key_prefix, settings.state_k,
-                                settings.state_ttl_s, settings.dedup_ttl_s)
+        self.store = StateStore(
+            self.redis,
+            settings.redis_key_prefix,
+            settings.state_k,
+            settings.state_ttl_s,
+            settings.dedup_ttl_s,
+        )
         # a stable transactional id per worker slot: a restarted worker fences its dead
         # predecessor and aborts the transaction it left open (which would otherwise hold back
         # read-committed readers of the partitions it wrote until the transaction timed out)
-        self.transactional_id = (transactional_id or f"{settings.consumer_group}-{self.cid}"
-                                 if self.exactly_once else None)
+        self.transactional_id = (
+            transactional_id or f"{settings.consumer_group}-{self.cid}"
+            if self.exactly_once
+            else None
+        )
         self.producer = make_stream_producer(settings, f"astec-{self.cid}", self.transactional_id)
         if self.exactly_once:
             self.producer.init_transactions()
-        self.consumer = make_stream_consumer(settings, settings.topic_page_views,
-                                             settings.consumer_group, f"astec-{self.cid}",
-                                             on_revoke=self._commit_before_rebalance)
-        self.aborted = 0   # transactions aborted and replayed (exactly-once)
-        self.pending_offsets: dict = {}   # settled but not yet committed (commit_interval_ms)
+        self.consumer = make_stream_consumer(
+            settings,
+            settings.topic_page_views,
+            settings.consumer_group,
+            f"astec-{self.cid}",
+            on_revoke=self._commit_before_rebalance,
+        )
+        self.aborted = 0  # transactions aborted and replayed (exactly-once)
+        self.pending_offsets: dict = {}  # settled but not yet committed (commit_interval_ms)
         self._last_commit = time.monotonic()
         self.metrics = ConsumerMetrics(self.cid, policy.name, model.version)
         self.prom = PromExporter(metrics_port, self.cid) if metrics_port else None
@@ -138,7 +163,7 @@ class StreamWorker:
                     self.settle(block=len(self.inflight) > self.max_in_flight)
                 self._maybe_publish()
             if not self.exactly_once:
-                self.settle(block=True)   # graceful stop: everything acknowledged and committed
+                self.settle(block=True)  # graceful stop: everything acknowledged and committed
         finally:
             self.close()
 
@@ -164,6 +189,7 @@ class StreamWorker:
         b = self.process(records)
         first: dict = {}
         from kafka.structs import TopicPartition
+
         for r in records:
             tp = TopicPartition(r.topic, r.partition)
             first[tp] = min(first.get(tp, r.offset), r.offset)
@@ -199,7 +225,7 @@ class StreamWorker:
             try:
                 self.producer.commit_transaction(offsets, self.consumer)
                 outcome.append(None)
-            except BaseException as exc:   # noqa: BLE001 - re-raised on the worker's thread
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the worker's thread
                 outcome.append(exc)
             done.set()
 
@@ -210,8 +236,12 @@ class StreamWorker:
             if outcome[0] is not None:
                 raise outcome[0]
             return
-        log.error("%s: transaction commit stuck for %.0fs in librdkafka; replacing the producer "
-                  "(same transactional id) and replaying the batch", self.cid, TXN_STALL_S)
+        log.error(
+            "%s: transaction commit stuck for %.0fs in librdkafka; replacing the producer "
+            "(same transactional id) and replaying the batch",
+            self.cid,
+            TXN_STALL_S,
+        )
         self.producer = make_stream_producer(self.s, f"astec-{self.cid}", self.transactional_id)
         self.producer.init_transactions()
         raise TransactionAborted(f"commit stuck for {TXN_STALL_S:.0f}s; producer replaced")
@@ -232,19 +262,20 @@ class StreamWorker:
             elif not all(f.is_done for f in b.futures):
                 break
             for f in b.futures:
-                f.get(timeout=30)   # raises if the broker refused a message
+                f.get(timeout=30)  # raises if the broker refused a message
             now_pc, now = time.perf_counter(), time.time()
             b.stages["kafka"] = b.stages.get("kafka", 0.0) + (now_pc - t_wait if block else 0.0)
             e2a = (now - b.event_ts) * 1000.0
             self.metrics.record_batch(b.events, b.dead, b.duplicates, now_pc - b.t0, e2a, b.stages)
             if self.prom:
                 self.prom.observe(b.events, b.dead, now_pc - b.t0, e2a, self.model.version)
-            offsets.update(b.offsets)   # later batches carry later offsets
+            offsets.update(b.offsets)  # later batches carry later offsets
             self.inflight.popleft()
             n += 1
         self.pending_offsets.update(offsets)
-        if self.pending_offsets and (block or time.monotonic() - self._last_commit
-                                     >= self.s.commit_interval_ms / 1000.0):
+        if self.pending_offsets and (
+            block or time.monotonic() - self._last_commit >= self.s.commit_interval_ms / 1000.0
+        ):
             self.commit_pending()
         return n
 
@@ -253,7 +284,7 @@ class StreamWorker:
         so the new owner replays as little as possible (replays are harmless, just wasted work)."""
         try:
             self.commit_pending()
-        except Exception as exc:   # noqa: BLE001 - the new owner replays; never break the rejoin
+        except Exception as exc:  # noqa: BLE001 - the new owner replays; never break the rejoin
             log.warning("%s: commit before rebalance failed: %s", self.cid, exc)
 
     def commit_pending(self) -> None:
@@ -266,6 +297,7 @@ class StreamWorker:
     def commit(self, offsets: dict) -> None:
         from kafka.errors import CommitFailedError, KafkaError
         from kafka.structs import OffsetAndMetadata
+
         try:
             self.consumer.commit({tp: OffsetAndMetadata(o, None, -1) for tp, o in offsets.items()})
         except (CommitFailedError, KafkaError) as exc:
@@ -296,12 +328,19 @@ class StreamWorker:
         since = getattr(self, "_unassigned_since", None) or now
         self._unassigned_since = since
         idle = now - since
-        if idle > self.s.session_timeout_ms / 1000.0 and \
-                now - getattr(self, "_last_unassigned_warning", 0.0) >= 60.0:
+        if (
+            idle > self.s.session_timeout_ms / 1000.0
+            and now - getattr(self, "_last_unassigned_warning", 0.0) >= 60.0
+        ):
             self._last_unassigned_warning = now
-            log.warning("%s: no partition of %s assigned for %.0fs (more workers in group %s "
-                        "than partitions, or the group cannot rebalance)", self.cid,
-                        self.s.topic_page_views, idle, self.s.consumer_group)
+            log.warning(
+                "%s: no partition of %s assigned for %.0fs (more workers in group %s "
+                "than partitions, or the group cannot rebalance)",
+                self.cid,
+                self.s.topic_page_views,
+                idle,
+                self.s.consumer_group,
+            )
 
     # ---- one batch ----------------------------------------------------------------------
     def process(self, records) -> InFlight:
@@ -319,17 +358,21 @@ class StreamWorker:
 
         def to_dead(r, reason: str) -> None:
             dead[0] += 1
-            futures.append(self.producer.send(
-                s.topic_dead_letters, key=r.key[:1024] if r.key else None,
-                value=dead_letter(r.value, reason, r.topic, r.partition, r.offset, self.cid)))
+            futures.append(
+                self.producer.send(
+                    s.topic_dead_letters,
+                    key=r.key[:1024] if r.key else None,
+                    value=dead_letter(r.value, reason, r.topic, r.partition, r.offset, self.cid),
+                )
+            )
 
-        kept = []   # (record, message) of the events still in the batch
+        kept = []  # (record, message) of the events still in the batch
         for r in records:
             try:
                 kept.append((r, decode("page_view", r.value, s.max_message_bytes)))
             except SchemaError as exc:
                 to_dead(r, str(exc))
-            except Exception as exc:   # noqa: BLE001 - per-event isolation
+            except Exception as exc:  # noqa: BLE001 - per-event isolation
                 to_dead(r, _reason("decode", exc))
         t1 = time.perf_counter()
         stages["decode"] = t1 - t0
@@ -343,8 +386,9 @@ class StreamWorker:
             t2 = time.perf_counter()
             stages["predict"] = t2 - t1
             kept, ids, scores, states = self._states(kept, ids, scores, z, to_dead)
-            fresh, hists, errors = self._append_with_backoff([m["user_id"] for _, m in kept],
-                                                             states)
+            fresh, hists, errors = self._append_with_backoff(
+                [m["user_id"] for _, m in kept], states
+            )
             ok = [i for i, e in enumerate(errors) if e is None]
             for i, e in enumerate(errors):
                 if e is not None:
@@ -367,21 +411,34 @@ class StreamWorker:
                 if q[i] == _DEAD:
                     continue
                 answered_ts.append(m["ts"])
-                if q[i] < 0:   # the predictor had no query for this page: nothing to advertise
+                if q[i] < 0:  # the predictor had no query for this page: nothing to advertise
                     self.metrics.no_query += 1
                     continue
                 try:
                     f = served[i]
-                    out = {"event_id": m["event_id"], "user_id": m["user_id"], "ts": now,
-                           "event_ts": m["ts"], "query": names[int(q[i])], **f,
-                           "candidates": [names[j] for j in f["candidate_ids"]],
-                           "policy": self.policy.name, "model_version": version,
-                           "url": m["url"], "title": m["title"]}
+                    out = {
+                        "event_id": m["event_id"],
+                        "user_id": m["user_id"],
+                        "ts": now,
+                        "event_ts": m["ts"],
+                        "query": names[int(q[i])],
+                        **f,
+                        "candidates": [names[j] for j in f["candidate_ids"]],
+                        "policy": self.policy.name,
+                        "model_version": version,
+                        "url": m["url"],
+                        "title": m["title"],
+                    }
                     if "session_id" in m:
                         out["session_id"] = m["session_id"]
-                    futures.append(self.producer.send(
-                        s.topic_ad_queries, key=m["user_id"].encode(), value=encode("ad_query", out)))
-                except Exception as exc:   # noqa: BLE001 - per-event isolation
+                    futures.append(
+                        self.producer.send(
+                            s.topic_ad_queries,
+                            key=m["user_id"].encode(),
+                            value=encode("ad_query", out),
+                        )
+                    )
+                except Exception as exc:  # noqa: BLE001 - per-event isolation
                     answered_ts.pop()
                     to_dead(r, _reason("produce", exc))
             res.event_ts = np.array(answered_ts, np.float64)
@@ -396,25 +453,43 @@ class StreamWorker:
         titles = [m["title"] for _, m in kept]
         try:
             ids, scores, z = pred.predict_with_features(titles, self.s.top_k)
-            return (kept, np.asarray(ids, np.int64), np.asarray(scores, np.float32),
-                    np.asarray(z, np.float32))
-        except Exception as exc:   # noqa: BLE001 - isolate the event(s) at fault
-            log.warning("%s: batch prediction failed (%s); predicting event by event",
-                        self.cid, exc)
+            return (
+                kept,
+                np.asarray(ids, np.int64),
+                np.asarray(scores, np.float32),
+                np.asarray(z, np.float32),
+            )
+        except Exception as exc:  # noqa: BLE001 - isolate the event(s) at fault
+            log.warning(
+                "%s: batch prediction failed (%s); predicting event by event", self.cid, exc
+            )
         rows, out = [], []
         for item, title in zip(kept, titles):
             try:
                 i, sc, zz = pred.predict_with_features([title], self.s.top_k)
-                rows.append((np.asarray(i, np.int64)[0], np.asarray(sc, np.float32)[0],
-                             np.asarray(zz, np.float32)[0]))
+                rows.append(
+                    (
+                        np.asarray(i, np.int64)[0],
+                        np.asarray(sc, np.float32)[0],
+                        np.asarray(zz, np.float32)[0],
+                    )
+                )
                 out.append(item)
-            except Exception as exc:   # noqa: BLE001 - per-event isolation
+            except Exception as exc:  # noqa: BLE001 - per-event isolation
                 to_dead(item[0], _reason("predict", exc))
         if not rows:
-            return [], np.zeros((0, self.s.top_k), np.int64), np.zeros((0, self.s.top_k),
-                                                                     np.float32), np.zeros((0, 1))
-        return (out, np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]),
-                np.stack([r[2] for r in rows]))
+            return (
+                [],
+                np.zeros((0, self.s.top_k), np.int64),
+                np.zeros((0, self.s.top_k), np.float32),
+                np.zeros((0, 1)),
+            )
+        return (
+            out,
+            np.stack([r[0] for r in rows]),
+            np.stack([r[1] for r in rows]),
+            np.stack([r[2] for r in rows]),
+        )
 
     def _states(self, kept, ids, scores, z, to_dead):
         """One UserState per event (what Redis stores); an event whose state cannot be built
@@ -422,12 +497,19 @@ class StreamWorker:
         states, ok = [], []
         for i, (r, m) in enumerate(kept):
             try:
-                st = UserState.from_visit(m["event_id"], m["ts"], m["url"], m["title"], z[i],
-                                          ids[i][ids[i] >= 0], scores[i][ids[i] >= 0])
+                st = UserState.from_visit(
+                    m["event_id"],
+                    m["ts"],
+                    m["url"],
+                    m["title"],
+                    z[i],
+                    ids[i][ids[i] >= 0],
+                    scores[i][ids[i] >= 0],
+                )
                 st.encode()
                 states.append(st)
                 ok.append(i)
-            except Exception as exc:   # noqa: BLE001 - per-event isolation
+            except Exception as exc:  # noqa: BLE001 - per-event isolation
                 to_dead(r, _reason("state", exc))
         if len(ok) < len(kept):
             return [kept[i] for i in ok], ids[ok], scores[ok], states
@@ -446,15 +528,16 @@ class StreamWorker:
         def serve(h, st, i_, s_):
             sv = self.policy.serve_batch(h, st, i_, s_)
             return sv.query, [sv.fields(j) for j in range(len(sv.query))]
+
         try:
             return serve(hists, states, ids, scores)
-        except Exception as exc:   # noqa: BLE001 - isolate the event(s) at fault
+        except Exception as exc:  # noqa: BLE001 - isolate the event(s) at fault
             log.warning("%s: batch policy failed (%s); choosing event by event", self.cid, exc)
         for i in range(len(kept)):
             try:
-                a, f = serve([hists[i]], [states[i]], ids[i:i + 1], scores[i:i + 1])
+                a, f = serve([hists[i]], [states[i]], ids[i : i + 1], scores[i : i + 1])
                 q[i], fields[i] = a[0], f[0]
-            except Exception as exc:   # noqa: BLE001 - per-event isolation
+            except Exception as exc:  # noqa: BLE001 - per-event isolation
                 to_dead(kept[i][0], _reason("policy", exc))
         return q, fields
 
@@ -466,10 +549,13 @@ class StreamWorker:
         delay = 0.1
         while True:
             try:
-                return self.store.append_batch_checked(user_ids, states,
-                                                       self.policy.needs_history)
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError,
-                    redis.exceptions.NoScriptError) as exc:
+                return self.store.append_batch_checked(user_ids, states, self.policy.needs_history)
+            except (
+                redis.ConnectionError,
+                redis.TimeoutError,
+                redis.BusyLoadingError,
+                redis.exceptions.NoScriptError,
+            ) as exc:
                 if self.stop_event.is_set():
                     raise
                 log.warning("%s: Redis unavailable (%s); retrying in %.1fs", self.cid, exc, delay)
@@ -482,19 +568,34 @@ def _reason(stage: str, exc: BaseException) -> str:
     return f"{stage} failed: {type(exc).__name__}: {exc}"[:4096]
 
 
-def worker_main(settings: Settings, model_path: str, policy_name: str, policy_model: str | None,
-                consumer_id: str, metrics_port: int = 0, threads: int = 1,
-                transactional_id: str | None = None) -> None:
+def worker_main(
+    settings: Settings,
+    model_path: str,
+    policy_name: str,
+    policy_model: str | None,
+    consumer_id: str,
+    metrics_port: int = 0,
+    threads: int = 1,
+    transactional_id: str | None = None,
+) -> None:
     """Entry point of one worker process (also used in-process for --workers 1)."""
-    logging.basicConfig(level=int(os.environ.get("ASTEC_LOG_LEVEL", logging.INFO)),
-                        format=f"%(asctime)s %(levelname)s {consumer_id} %(name)s: %(message)s")
+    logging.basicConfig(
+        level=int(os.environ.get("ASTEC_LOG_LEVEL", logging.INFO)),
+        format=f"%(asctime)s %(levelname)s {consumer_id} %(name)s: %(message)s",
+    )
     # nothing on the serving path imports torch (the predictor and the GRU policy are numpy /
     # ONNX); BLAS threads come from OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, set by run_workers
-    from stream.policy import make_policy
+    from stream.policy_handle import make_policy
+
     model = ModelHandle.open(model_path, loader=functools.partial(load_predictor, threads=threads))
     policy = make_policy(policy_name, policy_model)
     worker = StreamWorker(settings, model, policy, consumer_id, metrics_port, transactional_id)
     worker.install_signal_handlers()
-    log.info("worker %s up: model %s, policy %s, group %s", consumer_id, model.version,
-             policy.name, settings.consumer_group)
+    log.info(
+        "worker %s up: model %s, policy %s, group %s",
+        consumer_id,
+        model.version,
+        policy.name,
+        settings.consumer_group,
+    )
     worker.run()

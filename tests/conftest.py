@@ -7,6 +7,7 @@ directory through infra.services, and stops exactly those processes at the end, 
 Tests that use the stream should take `stream_settings`: same services, but topic names and a
 consumer group of their own so tests never read each other's messages.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import uuid
 
 import pytest
 
-from infra.config import Settings, load_settings
+from stream.settings import Settings, load_settings
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +25,7 @@ def services(tmp_path_factory) -> Settings:
         yield load_settings(services_dir=str(tmp_path_factory.mktemp("no-services")))
         return
     from infra.services import start_services, stop_services
+
     data_dir = tmp_path_factory.mktemp("services")
     start_services(data_dir)
     try:
@@ -36,10 +38,16 @@ def services(tmp_path_factory) -> Settings:
 def stream_settings(services: Settings) -> Settings:
     """The session's services with fresh topics, consumer group and Redis key prefix."""
     from stream.topics import ensure_topics
+
     tag = uuid.uuid4().hex[:8]
-    s = services.replace(topic_page_views=f"page-views-{tag}", topic_ad_queries=f"ad-queries-{tag}",
-                         topic_ad_clicks=f"ad-clicks-{tag}", topic_dead_letters=f"dead-letters-{tag}",
-                         consumer_group=f"astec-test-{tag}", redis_key_prefix=f"astec-test-{tag}")
+    s = services.replace(
+        topic_page_views=f"page-views-{tag}",
+        topic_ad_queries=f"ad-queries-{tag}",
+        topic_ad_clicks=f"ad-clicks-{tag}",
+        topic_dead_letters=f"dead-letters-{tag}",
+        consumer_group=f"astec-test-{tag}",
+        redis_key_prefix=f"astec-test-{tag}",
+    )
     ensure_topics(s)
     return s
 
@@ -66,19 +74,23 @@ class KnnPredictor:
     features as z: a real, fitted model with the engine predictor's interface, for in-process
     stream tests that must not wait for an Astec training run."""
 
-    def __init__(self, titles, labels, names, dim: int = 32, neighbours: int = 10,
-                 version: str = "knn-test"):
+    def __init__(
+        self, titles, labels, names, dim: int = 32, neighbours: int = 10, version: str = "knn-test"
+    ):
         import numpy as np
         import scipy.sparse as sp
         from scipy.sparse.linalg import svds
 
         from engine.text import TfidfVectorizer
+
         self.vec = TfidfVectorizer(word_ngrams=1).fit(titles)
         X = self.vec.transform(titles)
         self.X = sp.csr_matrix(X / np.maximum(1e-12, sp.linalg.norm(X, axis=1))[:, None])
         rows = np.repeat(np.arange(len(labels)), [len(ls) for ls in labels])
-        self.Y = sp.csr_matrix((np.ones(rows.size, np.float32),
-                                (rows, np.concatenate(labels))), shape=(len(labels), len(names)))
+        self.Y = sp.csr_matrix(
+            (np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
+            shape=(len(labels), len(names)),
+        )
         _, _, vt = svds(self.X.astype(np.float64), k=dim, random_state=0)
         self.P = vt.T.astype(np.float32)
         self.neighbours, self.label_names, self.version = neighbours, list(names), version
@@ -86,17 +98,22 @@ class KnnPredictor:
     def predict_with_features(self, texts, k: int = 10):
         import numpy as np
         import scipy.sparse as sp
+
         Q = self.vec.transform(texts)
         Q = sp.csr_matrix(Q / np.maximum(1e-12, sp.linalg.norm(Q, axis=1))[:, None])
         S = (Q @ self.X.T).toarray()
-        nn = np.argpartition(-S, self.neighbours, axis=1)[:, :self.neighbours]
+        nn = np.argpartition(-S, self.neighbours, axis=1)[:, : self.neighbours]
         W = np.zeros_like(S)
         np.put_along_axis(W, nn, np.take_along_axis(S, nn, 1), 1)
         scores = np.asarray((sp.csr_matrix(W) @ self.Y).todense()) + 1e-6 * np.arange(
-            len(self.label_names))[::-1] / len(self.label_names)
+            len(self.label_names)
+        )[::-1] / len(self.label_names)
         ids = np.argsort(-scores, axis=1)[:, :k]
-        return (ids.astype(np.int64), np.take_along_axis(scores, ids, 1).astype(np.float32),
-                np.asarray(Q @ self.P, np.float32))
+        return (
+            ids.astype(np.int64),
+            np.take_along_axis(scores, ids, 1).astype(np.float32),
+            np.asarray(Q @ self.P, np.float32),
+        )
 
     def predict(self, texts, k: int = 10):
         return self.predict_with_features(texts, k)[:2]
@@ -116,10 +133,18 @@ def astec(*args: str, timeout: float = 600) -> str:
     """Run the `astec` CLI in a subprocess (as a user would); returns stdout, raises on failure."""
     import subprocess
     import sys
-    res = subprocess.run([sys.executable, "-m", "infra.cli", *args], capture_output=True, text=True,
-                         timeout=timeout, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+    res = subprocess.run(
+        [sys.executable, "-m", "infra.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     if res.returncode != 0:
-        raise RuntimeError(f"astec {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-3000:]}")
+        raise RuntimeError(
+            f"astec {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-3000:]}"
+        )
     return res.stdout
 
 
@@ -127,8 +152,17 @@ def astec(*args: str, timeout: float = 600) -> str:
 def astec_predictor(tmp_path_factory) -> str:
     """A real exported Astec predictor trained on tests/data/stream (about 10 s on 2 cores)."""
     d = tmp_path_factory.mktemp("astec")
-    astec("train", "--train", os.path.join(STREAM_DATA, "train.tsv"),
-          "--labels", os.path.join(STREAM_DATA, "labels.txt"), "--out", str(d / "model"),
-          "--threads", "1", "--quiet")
+    astec(
+        "train",
+        "--train",
+        os.path.join(STREAM_DATA, "train.tsv"),
+        "--labels",
+        os.path.join(STREAM_DATA, "labels.txt"),
+        "--out",
+        str(d / "model"),
+        "--threads",
+        "1",
+        "--quiet",
+    )
     astec("export", "--model", str(d / "model"), "--out", str(d / "predictor"), "--threads", "1")
     return str(d / "predictor")

@@ -1,4 +1,5 @@
 """The `astec` root command: help text lists every registered command and each one imports."""
+
 from click.testing import CliRunner
 
 from infra.cli import cli

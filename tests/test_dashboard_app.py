@@ -1,6 +1,7 @@
 """Each dashboard page through streamlit's AppTest, on a real exported predictor and real Redis:
 what a user sees (tables, figures, messages) and that missing sources give messages, not
 tracebacks."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,16 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from test_dashboard_data import (BENCH, _publish, _store_visits, evaluation_json,  # noqa: F401
-                                 make_registry, publish_series, redis_settings, write_click_log)
+from test_dashboard_data import (
+    BENCH,
+    _publish,
+    _store_visits,
+    evaluation_json,  # noqa: F401
+    make_registry,
+    publish_series,
+    redis_settings,
+    write_click_log,
+)
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 DEAD_REDIS = "redis://:pw@127.0.0.1:1/0"
@@ -29,6 +38,7 @@ def app_env(monkeypatch, tmp_path):
         monkeypatch.setenv("ASTEC_MODELS_DIR", str(models))
         monkeypatch.setenv("REDIS_URL", redis_url)
         monkeypatch.setenv("ASTEC_REDIS_KEY_PREFIX", prefix)
+
     return setenv
 
 
@@ -47,6 +57,7 @@ def texts(elements) -> list[str]:
 
 def test_predict_page_shows_top_queries_of_current_version(app_env, astec_predictor, tmp_path):
     from engine.predictor import Predictor
+
     v1, v2 = make_registry(tmp_path / "models", astec_predictor)
     app_env(tmp_path / "models")
     at = run_page("Predict")
@@ -68,13 +79,13 @@ def test_predict_page_shows_top_queries_of_current_version(app_env, astec_predic
     assert lat["Queries returned"] == "7"
     # promoting another version is picked up on the next rerun (no restart)
     from engine.registry import Registry
+
     Registry(tmp_path / "models").promote(v1)
     at.run()
     assert v1 in at.caption[0].value and f"versions/{v1}/predictor" in at.caption[0].value
 
 
-def test_predict_page_no_evidence_known_words_and_two_versions(app_env, astec_predictor,
-                                                                 tmp_path):
+def test_predict_page_no_evidence_known_words_and_two_versions(app_env, astec_predictor, tmp_path):
     v1, v2 = make_registry(tmp_path / "models", astec_predictor)
     app_env(tmp_path / "models")
     at = run_page("Predict")
@@ -111,9 +122,11 @@ def test_predict_page_without_a_model_says_so(app_env, tmp_path):
     assert any("no such directory" in w for w in texts(at.warning))
 
 
-def test_users_page_lists_states_with_names(app_env, astec_predictor, redis_settings,
-                                            stream_corpus, tmp_path):
+def test_users_page_lists_states_with_names(
+    app_env, astec_predictor, redis_settings, stream_corpus, tmp_path
+):
     from engine.predictor import Predictor
+
     s = redis_settings
     make_registry(tmp_path / "models", astec_predictor)
     pred = Predictor.load(astec_predictor)
@@ -141,7 +154,9 @@ def test_redis_down_is_a_message_on_users_and_health(app_env, tmp_path):
     for page in ("Users", "Stream health"):
         at = run_page(page)
         errs = texts(at.error)
-        assert len(errs) == 1 and "unreachable" in errs[0] and "redis://:***@127.0.0.1:1/0" in errs[0]
+        assert (
+            len(errs) == 1 and "unreachable" in errs[0] and "redis://:***@127.0.0.1:1/0" in errs[0]
+        )
         assert ":pw@" not in errs[0]
 
 
@@ -151,13 +166,20 @@ def test_offline_metrics_page_tables_and_module_timing(app_env, astec_predictor,
     at = run_page("Offline metrics")
     summary = at.dataframe[0].value
     assert set(summary["run"]) == {v1, v2}
-    assert set(summary["source"]) == {"train_log (validation)", "retrain holdout",
-                                      f"retrain holdout: parent {v1}"}
+    assert set(summary["source"]) == {
+        "train_log (validation)",
+        "retrain holdout",
+        f"retrain holdout: parent {v1}",
+    }
     assert texts(at.subheader)[:6] == [
-        "Astec against its peers (benchmark JSON)", "P@k against k",
-        "Each label-frequency bin's share of P@5", "Metrics per run", "Registry versions",
-        "Training time per module"]
-    assert any("astec bench peers" in t for t in texts(at.info))      # no benchmark yet
+        "Astec against its peers (benchmark JSON)",
+        "P@k against k",
+        "Each label-frequency bin's share of P@5",
+        "Metrics per run",
+        "Registry versions",
+        "Training time per module",
+    ]
+    assert any("astec bench peers" in t for t in texts(at.info))  # no benchmark yet
     assert at.selectbox(key="run").value == v2
     mods = at.dataframe[2].value
     assert {"I", "II", "IV", "reranker"} <= set(mods["module"])
@@ -169,8 +191,9 @@ def test_offline_metrics_page_tables_and_module_timing(app_env, astec_predictor,
     assert "peak_rss_mb" in at.dataframe[0].value.columns
 
 
-def test_offline_metrics_peers_pk_and_frequency_bins(app_env, astec_predictor, evaluation_json,
-                                                     tmp_path, monkeypatch):
+def test_offline_metrics_peers_pk_and_frequency_bins(
+    app_env, astec_predictor, evaluation_json, tmp_path, monkeypatch
+):
     v1, v2 = make_registry(tmp_path / "models", astec_predictor)
     (tmp_path / "models/versions" / v2 / "eval_test.json").write_text(evaluation_json.read_text())
     (tmp_path / "peers.json").write_text(json.dumps(BENCH))
@@ -219,9 +242,11 @@ def test_stream_health_plots_the_series_over_time(app_env, redis_settings, tmp_p
     assert not at.exception
 
 
-def test_users_page_titles_clicks_from_the_click_log(app_env, astec_predictor, redis_settings,
-                                                    stream_corpus, tmp_path, monkeypatch):
+def test_users_page_titles_clicks_from_the_click_log(
+    app_env, astec_predictor, redis_settings, stream_corpus, tmp_path, monkeypatch
+):
     from engine.predictor import Predictor
+
     s = redis_settings
     make_registry(tmp_path / "demo/models/engine", astec_predictor)
     pred = Predictor.load(astec_predictor)
@@ -250,8 +275,10 @@ def test_stream_health_after_the_workers_stopped(app_env, redis_settings, tmp_pa
     publish_series(s, "w-old", [(30, 0, [12.0] * 30) for _ in range(30)], time.time() - 1500)
     at = run_page("Stream health")
     assert m_value(at, "Consumers (live/stale)") == "0/1"
-    assert any(w.startswith("No live consumer: the charts show the 10 min before the last point")
-               for w in texts(at.warning))
+    assert any(
+        w.startswith("No live consumer: the charts show the 10 min before the last point")
+        for w in texts(at.warning)
+    )
     assert len(at.get("arrow_line_chart")) + len(at.get("vega_lite_chart")) >= 3
 
 

@@ -1,6 +1,7 @@
 """Dashboard data access against real artifacts and real Redis: model discovery, offline metrics
 (train_log.json + `astec evaluate --json`), user states written by the stream's StateStore, and
-consumer metrics published by stream.metrics."""
+consumer metrics published by stream.consumer_metrics."""
+
 from __future__ import annotations
 
 import json
@@ -33,14 +34,24 @@ def make_registry(root: Path, predictor_dir: str, n: int = 2) -> list[str]:
 
     version.json carries the fields `astec retrain` records (held-out metrics, decision)."""
     from engine.registry import Registry
+
     reg = Registry(root)
     ids = []
     for i in range(n):
         st = reg.stage(f"2026010{i + 1}T000000.000000Z-000{i}")
         os.symlink(predictor_dir, st.path / "predictor")
         parent = {"parent": ids[-1], "metrics_current_on_holdout": {"P@1": 40.0}} if ids else {}
-        reg.commit(st, {"kind": "astec", "promoted": True, "decision": f"decision {i}",
-                        "metrics_holdout": HOLDOUT, "holdout": {"points": 77}, **parent})
+        reg.commit(
+            st,
+            {
+                "kind": "astec",
+                "promoted": True,
+                "decision": f"decision {i}",
+                "metrics_holdout": HOLDOUT,
+                "holdout": {"points": 77},
+                **parent,
+            },
+        )
         reg.promote(st.version)
         ids.append(st.version)
     return ids
@@ -59,8 +70,21 @@ def evaluation_json(astec_predictor, tmp_path_factory) -> Path:
     model = str(Path(astec_predictor).parent / "model")
     train, labels = os.path.join(STREAM_DATA, "train.tsv"), os.path.join(STREAM_DATA, "labels.txt")
     astec("predict", "--model", model, "--input", train, "--out", str(d / "pred.txt"), "--k", "5")
-    astec("evaluate", "--test", train, "--labels", labels, "--pred", str(d / "pred.txt"),
-          "--train", train, "--train-labels", labels, "--json", str(d / "eval.json"))
+    astec(
+        "evaluate",
+        "--test",
+        train,
+        "--labels",
+        labels,
+        "--pred",
+        str(d / "pred.txt"),
+        "--train",
+        train,
+        "--train-labels",
+        labels,
+        "--json",
+        str(d / "eval.json"),
+    )
     _EVALUATION[astec_predictor] = d / "eval.json"
     return d / "eval.json"
 
@@ -68,10 +92,14 @@ def evaluation_json(astec_predictor, tmp_path_factory) -> Path:
 # ---- models ------------------------------------------------------------------------------------
 def test_resolve_predictor_follows_current_pointer(astec_predictor, tmp_path):
     from engine.registry import Registry
+
     v1, v2 = make_registry(tmp_path / "models", astec_predictor)
     ref = models.resolve_predictor(tmp_path / "models")
-    assert (ref.version, ref.path, ref.source) == (v2, tmp_path / "models/versions" / v2 / "predictor",
-                                                   "registry")
+    assert (ref.version, ref.path, ref.source) == (
+        v2,
+        tmp_path / "models/versions" / v2 / "predictor",
+        "registry",
+    )
     Registry(tmp_path / "models").promote(v1)
     assert models.resolve_predictor(tmp_path / "models").version == v1
     direct = models.resolve_predictor(Path(astec_predictor))
@@ -87,6 +115,7 @@ def test_resolve_predictor_says_what_is_missing(tmp_path):
     with pytest.raises(models.ModelsError, match="astec export"):
         models.resolve_predictor(tmp_path / "empty")
     from engine.registry import Registry
+
     reg = Registry(tmp_path / "reg")
     with pytest.raises(models.ModelsError, match="no promoted model version"):
         (tmp_path / "reg" / "versions").mkdir(parents=True)
@@ -122,7 +151,9 @@ def test_offline_metrics_from_train_log_and_evaluation(astec_predictor, evaluati
     assert (v1, "retrain holdout: parent None") not in by
     vers = models.version_rows(runs)
     assert [(v["version"], v["current"], v["decision"]) for v in vers] == [
-        (v2, True, "decision 1"), (v1, False, "decision 0")]
+        (v2, True, "decision 1"),
+        (v1, False, "decision 0"),
+    ]
     mods = {(m["learner"], m["module"]): m for m in models.module_rows(runs[0])}
     for name in ("I", "II", "IV", "reranker"):
         assert mods[("0", name)]["seconds"] == log["learners"][0]["modules"][name]["seconds"]
@@ -132,7 +163,8 @@ def test_offline_metrics_in_a_plain_run_directory(astec_predictor, evaluation_js
     run = tmp_path / "runs" / "exp1"
     (run / "model").mkdir(parents=True)
     (run / "model/train_log.json").write_text(
-        (Path(astec_predictor).parent / "model/train_log.json").read_text())
+        (Path(astec_predictor).parent / "model/train_log.json").read_text()
+    )
     (run / "model/metrics.json").write_text(evaluation_json.read_text())
     (run / "model/notes.json").write_text('{"metrics": "not a table"}')
     runs = models.collect_runs(tmp_path / "runs")
@@ -144,18 +176,25 @@ def test_offline_metrics_in_a_plain_run_directory(astec_predictor, evaluation_js
 # ---- users -------------------------------------------------------------------------------------
 def _store_visits(settings, predictor, titles, user, k=4):
     from personalization.state import UserState
-    from stream.state import StateStore, connect
+    from stream.state_store import StateStore, connect
+
     ids, scores, z = predictor.predict_with_features(titles, 5)
-    states = [UserState.from_visit(f"{user}-e{i}", 1.7e9 + i, f"https://x/{i}", t, z[i], ids[i],
-                                   scores[i]) for i, t in enumerate(titles)]
+    states = [
+        UserState.from_visit(
+            f"{user}-e{i}", 1.7e9 + i, f"https://x/{i}", t, z[i], ids[i], scores[i]
+        )
+        for i, t in enumerate(titles)
+    ]
     store = StateStore(connect(settings.redis_url), settings.redis_key_prefix, k=k)
     store.append_batch([user] * len(states), states)
     return ids, scores
 
 
-def test_user_states_read_back_with_names_and_choice(redis_settings, astec_predictor,
-                                                     stream_corpus):
+def test_user_states_read_back_with_names_and_choice(
+    redis_settings, astec_predictor, stream_corpus
+):
     from engine.predictor import Predictor
+
     s = redis_settings
     pred = Predictor.load(astec_predictor)
     titles = stream_corpus[0][:6]
@@ -170,8 +209,8 @@ def test_user_states_read_back_with_names_and_choice(redis_settings, astec_predi
         assert v.chosen == names[ids[i][int(np.argmax(scores[i]))]]
         assert len(v.top_queries) == 3
     rows = users.visit_rows(vs)
-    assert rows[0]["event"] == "u1-e5"                      # newest first
-    assert rows[0]["time (UTC)"] == "2023-11-14 22:13:25"   # 1.7e9 + 5
+    assert rows[0]["event"] == "u1-e5"  # newest first
+    assert rows[0]["time (UTC)"] == "2023-11-14 22:13:25"  # 1.7e9 + 5
     assert "u1" in users.recent_users(client, s.redis_key_prefix)
     # a record the stream did not write is counted, not fatal
     client.lpush(users.states_key(s.redis_key_prefix, "u1"), b"garbage")
@@ -182,12 +221,14 @@ def test_user_states_read_back_with_names_and_choice(redis_settings, astec_predi
 
 # ---- stream health -----------------------------------------------------------------------------
 def _publish(settings, cid, version, events, dead):
-    from stream.metrics import ConsumerMetrics, publish
-    from stream.state import connect
+    from stream.consumer_metrics import ConsumerMetrics, publish
+    from stream.state_store import connect
+
     m = ConsumerMetrics(cid, policy="top1", model_version=version)
     m.no_query = 2
-    m.record_batch(events, dead, 1, 0.02, np.linspace(5, 50, events),
-                   {"predict": 0.5, "redis": 0.25})
+    m.record_batch(
+        events, dead, 1, 0.02, np.linspace(5, 50, events), {"predict": 0.5, "redis": 0.25}
+    )
     publish(connect(settings.redis_url), settings.redis_key_prefix, m)
 
 
@@ -205,7 +246,7 @@ def test_consumer_health_totals_versions_and_staleness(redis_settings):
     assert a["status"] == "live" and a["model_version"] == "v1" and a["events"] == 100
     assert a["e2a_ms_p50"] == pytest.approx(27.5, abs=0.01)
     assert a["no_query"] == 2 and a["batch_ms_p50"] == 20
-    assert "updated_at" not in a and "predict_s" not in a   # shown as age_s / stage chart
+    assert "updated_at" not in a and "predict_s" not in a  # shown as age_s / stage chart
     # a field a newer worker publishes is shown too, after the known columns
     client.hset(f"{s.redis_key_prefix}:metrics:consumer:w-a", "inflight_batches", "3")
     a = health.consumer_health(client, s.redis_key_prefix).rows[0]
@@ -230,7 +271,8 @@ def test_users_chosen_query_by_a_trained_gru_policy(redis_settings, tmp_path):
     from test_personalization_policy import CFG, synthetic_visits, window_states
     from personalization.policy import GruPolicy
     from personalization.train import publish, train_policy
-    from stream.state import StateStore, connect
+    from stream.state_store import StateStore, connect
+
     v, rows_w, _, _ = synthetic_visits()
     weights, report = train_policy(v, rows_w, CFG, progress=False)
     publish(tmp_path / "gru", weights, CFG, {"engine_version": "synthetic", "train": report})
@@ -252,7 +294,7 @@ def test_users_chosen_query_by_a_trained_gru_policy(redis_settings, tmp_path):
 
 # ---- time series of the stream metrics ----------------------------------------------------------
 class FakeClock:
-    """Stands in for the `time` module inside stream.metrics: publishes at chosen instants."""
+    """Stands in for the `time` module inside stream.consumer_metrics: publishes at chosen instants."""
 
     def __init__(self, t0: float):
         self.t = t0
@@ -266,10 +308,11 @@ class FakeClock:
 
 def publish_series(settings, cid, points, t0, step=2.0, version="v1", series_len=None, m=None):
     """Publish one snapshot per (events, dead, latencies) tuple, `step` seconds apart, through
-    stream.metrics.publish as a worker does (continuing `m` when given); returns the
+    stream.consumer_metrics.publish as a worker does (continuing `m` when given); returns the
     ConsumerMetrics."""
-    from stream import metrics as sm
-    from stream.state import connect
+    from stream import consumer_metrics as sm
+    from stream.state_store import connect
+
     clock = FakeClock(t0)
     client = connect(settings.redis_url)
     with mock.patch.object(sm, "time", clock):
@@ -283,27 +326,38 @@ def publish_series(settings, cid, points, t0, step=2.0, version="v1", series_len
 
 
 def test_metrics_series_is_capped_expiring_and_per_interval(redis_settings):
-    from stream.metrics import SERIES_TTL_S, read_all, read_series, series_key
+    from stream.consumer_metrics import SERIES_TTL_S, read_all, read_series, series_key
+
     s = redis_settings
     client = redis_client(s.redis_url)
     t0 = time.time() - 100
     pts = [(10, 0, [5.0] * 10)] * 5 + [(10, 1, [100.0] * 9 + [400.0])] + [(0, 0, [])]
     publish_series(s, "w-1", pts, t0, series_len=4)
     key = series_key(s.redis_key_prefix, "w-1")
-    assert client.llen(key) == 4                       # capped: the 7 publishes keep 4 points
-    assert 0 < client.ttl(key) <= SERIES_TTL_S         # and it expires
+    assert client.llen(key) == 4  # capped: the 7 publishes keep 4 points
+    assert 0 < client.ttl(key) <= SERIES_TTL_S  # and it expires
     assert 0 < client.ttl(f"{s.redis_key_prefix}:metrics:consumers") <= SERIES_TTL_S
     series = read_series(client, s.redis_key_prefix)["w-1"]
     assert [p["t"] for p in series] == pytest.approx([t0 + 2 * i for i in range(3, 7)], abs=0.01)
     assert [p["events"] for p in series] == [40, 50, 60, 60]
-    assert series[-3]["e2a_ms_p50"] == 5.0             # percentiles of that interval only
+    assert series[-3]["e2a_ms_p50"] == 5.0  # percentiles of that interval only
     assert series[-2]["e2a_ms_p50"] == 100.0 and series[-2]["e2a_ms_p99"] > 300
     assert series[-1]["e2a_ms_p50"] is None and series[-1]["n_e2a"] == 0
     assert series[-1]["dead_letters"] == 1 and "lag" not in series[-1]
     # the snapshot `astec stream metrics` prints keeps its fields and cumulative percentiles
     snap = read_all(client, s.redis_key_prefix)[0]
-    for k in ("events", "events_per_s", "dead_letters", "e2a_ms_p50", "e2a_ms_p95",
-              "e2a_ms_p99", "batch_ms_p50", "model_version", "updated_at", "predict_s"):
+    for k in (
+        "events",
+        "events_per_s",
+        "dead_letters",
+        "e2a_ms_p50",
+        "e2a_ms_p95",
+        "e2a_ms_p99",
+        "batch_ms_p50",
+        "model_version",
+        "updated_at",
+        "predict_s",
+    ):
         assert k in snap
     assert snap["events"] == "60" and float(snap["e2a_ms_p50"]) == 5.0
     # a point that is not JSON (written by something else) is skipped, not fatal
@@ -316,14 +370,15 @@ def test_series_frame_rates_and_lag(redis_settings):
     now = time.time()
     m = publish_series(s, "w-a", [(20, 0, [10.0] * 20)] * 10, now - 30, step=2.0)
     m.lag = 7
-    from stream.metrics import publish
-    from stream.state import connect
+    from stream.consumer_metrics import publish
+    from stream.state_store import connect
+
     publish(connect(s.redis_url), s.redis_key_prefix, m)
     publish_series(s, "w-b", [(10, 0, [30.0] * 10)] * 10, now - 30, step=2.0)
     client = redis_client(s.redis_url)
     f = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now)
     a = f[f["consumer"] == "w-a"]
-    assert a["events_per_s"].iloc[1:10].tolist() == [10.0] * 9      # 20 events per 2 s
+    assert a["events_per_s"].iloc[1:10].tolist() == [10.0] * 9  # 20 events per 2 s
     assert a["lag"].dropna().tolist() == [7]
     wide = health.pivot(f, "events_per_s")
     assert {"w-a", "w-b", "all"} <= set(wide.columns)
@@ -332,14 +387,16 @@ def test_series_frame_rates_and_lag(redis_settings):
     old = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now + 3000)
     assert old.empty
     # once the workers stopped, the window can end at their last point instead of now
-    last = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now + 3000,
-                               anchor_last=True)
+    last = health.series_frame(
+        client, s.redis_key_prefix, window_s=600, now=now + 3000, anchor_last=True
+    )
     assert set(last["consumer"]) == {"w-a", "w-b"} and len(last) == 21
 
 
 # ---- predict: evidence and sources -----------------------------------------------------------
 def test_predict_known_words_no_evidence_and_sources(astec_predictor):
     from engine.predictor import Predictor
+
     pred = Predictor.load(astec_predictor)
     ws = predict.title_words(pred, "Debian openssh server zzqxv")
     assert [w.word for w in ws] == ["debian", "openssh", "server", "zzqxv"]
@@ -368,7 +425,7 @@ def test_demo_layout_policy_and_logs_found_beside_the_models(tmp_path):
     (demo / "live-logs/ad_impressions").mkdir(parents=True)
     assert find_policy(demo / "models/engine") == (demo / "models/gru").absolute()
     assert find_logs(demo / "models/engine") == (demo / "live-logs").absolute()
-    (demo / "models/engine/gru").mkdir()           # MODELS/gru wins over the sibling
+    (demo / "models/engine/gru").mkdir()  # MODELS/gru wins over the sibling
     assert find_policy(demo / "models/engine") == (demo / "models/engine/gru").absolute()
 
 
@@ -376,19 +433,43 @@ def test_demo_layout_policy_and_logs_found_beside_the_models(tmp_path):
 def write_click_log(log_dir, user, titles, t0, clicked=(0,)):
     """Impressions (as `astec stream log-clicks` writes them) for events <user>-e<i>, and clicks."""
     from engine.clicklog import ClickLogWriter
+
     with ClickLogWriter(log_dir, "ad_impressions", writer_id="t") as w:
-        w.write_many([{"event_id": f"{user}-e{i}", "user_id": user, "ts": t0 + i,
-                       "query": f"shown-{i}", "candidates": [f"shown-{i}", "other"],
-                       "url": f"https://x/{i}", "title": t, "policy": "gru"}
-                      for i, t in enumerate(titles)])
+        w.write_many(
+            [
+                {
+                    "event_id": f"{user}-e{i}",
+                    "user_id": user,
+                    "ts": t0 + i,
+                    "query": f"shown-{i}",
+                    "candidates": [f"shown-{i}", "other"],
+                    "url": f"https://x/{i}",
+                    "title": t,
+                    "policy": "gru",
+                }
+                for i, t in enumerate(titles)
+            ]
+        )
     with ClickLogWriter(log_dir, "ad_clicks", writer_id="t") as w:
-        w.write_many([{"event_id": f"{user}-e{i}", "user_id": user, "query": f"shown-{i}",
-                       "clicked": True, "ts": t0 + i + 0.5} for i in clicked])
+        w.write_many(
+            [
+                {
+                    "event_id": f"{user}-e{i}",
+                    "user_id": user,
+                    "query": f"shown-{i}",
+                    "clicked": True,
+                    "ts": t0 + i + 0.5,
+                }
+                for i in clicked
+            ]
+        )
 
 
-def test_user_visits_show_titles_shown_query_and_clicks(redis_settings, astec_predictor,
-                                                        stream_corpus, tmp_path):
+def test_user_visits_show_titles_shown_query_and_clicks(
+    redis_settings, astec_predictor, stream_corpus, tmp_path
+):
     from engine.predictor import Predictor
+
     s = redis_settings
     pred = Predictor.load(astec_predictor)
     titles = stream_corpus[0][20:24]
@@ -401,7 +482,7 @@ def test_user_visits_show_titles_shown_query_and_clicks(redis_settings, astec_pr
     assert [c["query"] for c in clicks] == ["shown-1"]
     states, _ = users.read_states(redis_client(s.redis_url), s.redis_key_prefix, "carol")
     rows = users.visit_rows(users.visits(states, pred.label_names, None, logged=imps))
-    assert [r["title"] for r in rows[1:]] == titles[:3][::-1]        # newest first
+    assert [r["title"] for r in rows[1:]] == titles[:3][::-1]  # newest first
     assert rows[0]["title"].startswith("(not in the click log; title hash ")
     assert [r["clicked"] for r in rows] == ["", "no", "yes", "no"]
     assert rows[2]["shown then"] == "shown-1"
@@ -409,12 +490,35 @@ def test_user_visits_show_titles_shown_query_and_clicks(redis_settings, astec_pr
 
 
 # ---- offline: peers, P@k against k, label-frequency bins ---------------------------------------
-BENCH = [{"method": "astec", "P@1": 60.0, "P@3": 40.0, "P@5": 30.0, "nDCG@5": 55.0, "PSP@1": 30.0,
-          "PSP@3": 33.0, "PSP@5": 36.0, "train_s": 100.0, "predict_s": 2.0, "peak_rss_mb": 900},
-         {"method": "parabel", "P@1": 58.0, "P@3": 38.0, "P@5": 29.0, "nDCG@5": 53.0,
-          "PSP@1": 25.0, "PSP@3": 28.0, "PSP@5": 31.0, "train_s": 20.0, "predict_s": 1.0,
-          "peak_rss_mb": 400},
-         {"method": "napkinxc-plt", "error": "exit status 1: boom"}]
+BENCH = [
+    {
+        "method": "astec",
+        "P@1": 60.0,
+        "P@3": 40.0,
+        "P@5": 30.0,
+        "nDCG@5": 55.0,
+        "PSP@1": 30.0,
+        "PSP@3": 33.0,
+        "PSP@5": 36.0,
+        "train_s": 100.0,
+        "predict_s": 2.0,
+        "peak_rss_mb": 900,
+    },
+    {
+        "method": "parabel",
+        "P@1": 58.0,
+        "P@3": 38.0,
+        "P@5": 29.0,
+        "nDCG@5": 53.0,
+        "PSP@1": 25.0,
+        "PSP@3": 28.0,
+        "PSP@5": 31.0,
+        "train_s": 20.0,
+        "predict_s": 1.0,
+        "peak_rss_mb": 400,
+    },
+    {"method": "napkinxc-plt", "error": "exit status 1: boom"},
+]
 
 
 def test_bench_rows_and_pk_points(tmp_path):
@@ -435,7 +539,7 @@ def test_label_frequency_bins_add_up_to_p_at_5(evaluation_json):
     assert [b["bin"] for b in res["bins"]] == [1, 2, 3, 4, 5]
     assert sum(b["labels"] for b in res["bins"]) == ev["num_labels"]
     means = [b["mean_freq"] for b in res["bins"]]
-    assert means == sorted(means) and means[0] < means[-1]          # rarest bin first
+    assert means == sorted(means) and means[0] < means[-1]  # rarest bin first
     assert res["P@5"] == pytest.approx(ev["metrics"]["P@5"], abs=1e-3)
     assert sum(b["share"] for b in res["bins"]) == pytest.approx(res["P@5"], abs=0.01)
     with pytest.raises(ValueError, match="no longer readable"):

@@ -1,4 +1,5 @@
 """Astec building blocks: balanced clustering, sparse top-k, shortlists exclude positives."""
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -14,15 +15,15 @@ def test_balanced_clusters_sizes_differ_by_at_most_one_level():
     a = balanced_clusters(C, 64, seed=0, progress=False)
     sizes = np.bincount(a, minlength=64)
     assert sizes.min() >= 15 and sizes.max() <= 16 and a.max() == 63
-    assert balanced_clusters(C[:3], 64, progress=False).max() <= 2   # L < clusters: no crash
+    assert balanced_clusters(C[:3], 64, progress=False).max() <= 2  # L < clusters: no crash
 
 
 def test_clusters_group_similar_labels():
     base = np.eye(4, dtype=np.float32)
-    C = sp.csr_matrix(np.repeat(base, 8, axis=0) + 0.01)   # 4 groups of 8 identical labels
+    C = sp.csr_matrix(np.repeat(base, 8, axis=0) + 0.01)  # 4 groups of 8 identical labels
     a = balanced_clusters(C, 4, seed=1, progress=False)
     for g in range(4):
-        assert len(set(a[g * 8:(g + 1) * 8])) == 1
+        assert len(set(a[g * 8 : (g + 1) * 8])) == 1
 
 
 def test_meta_labels():
@@ -34,7 +35,10 @@ def test_meta_labels():
 def test_topk_rows_and_dense():
     M = sp.csr_matrix(np.array([[0.1, 0.5, 0.3, 0], [0, 0, 0, 0], [0.2, 0, 0, 0.9]], np.float32))
     T = topk_rows(M, 2).toarray()
-    assert T.tolist() == np.array([[0, 0.5, 0.3, 0], [0, 0, 0, 0], [0.2, 0, 0, 0.9]], np.float32).tolist()
+    assert (
+        T.tolist()
+        == np.array([[0, 0.5, 0.3, 0], [0, 0, 0, 0], [0.2, 0, 0, 0.9]], np.float32).tolist()
+    )
     ids, sc = topk_dense_from_csr(M, 3)
     assert ids.tolist() == [[1, 2, 0], [-1, -1, -1], [3, 0, -1]]
 
@@ -63,14 +67,19 @@ def test_sparse_ranker_learns_word_cues_from_shortlisted_negatives():
     weights under the threshold are dropped; a label nobody shortlisted scores -1 (a sure
     negative, not 0, which would outscore the labels it learnt to reject)."""
     from engine.astec.sparse_ranker import SparseRanker, ranker_features
+
     rng = np.random.default_rng(0)
     n, F, L = 400, 30, 4
     words = rng.integers(0, F, size=(n, 3))
-    X = sp.csr_matrix((np.ones(words.size, np.float32), (np.repeat(np.arange(n), 3), words.ravel())),
-                      shape=(n, F))
+    X = sp.csr_matrix(
+        (np.ones(words.size, np.float32), (np.repeat(np.arange(n), 3), words.ravel())), shape=(n, F)
+    )
     # label l is present exactly when word l occurs; label 3 has no point and no negatives
-    Y = sp.csr_matrix(np.stack([(words == l).any(1) for l in range(3)] + [np.zeros(n, bool)], 1)
-                      .astype(np.float32))
+    Y = sp.csr_matrix(
+        np.stack([(words == l).any(1) for l in range(3)] + [np.zeros(n, bool)], 1).astype(
+            np.float32
+        )
+    )
     neg = sp.csr_matrix(np.tile([1, 1, 1, 0], (n, 1)).astype(np.float32))
     Xr = ranker_features(X)
     assert Xr.shape == (n, F + 1) and np.allclose(Xr[:, F].toarray(), 1.0)
@@ -80,7 +89,7 @@ def test_sparse_ranker_learns_word_cues_from_shortlisted_negatives():
     Yd = Y.toarray() > 0
     for lab in range(3):
         assert u[Yd[:, lab], lab].min() > u[~Yd[:, lab], lab].max(), lab
-    assert np.all(u[:, 3] == -1.0) and r.W[3].nnz == 1   # never seen: bias -1 only
+    assert np.all(u[:, 3] == -1.0) and r.W[3].nnz == 1  # never seen: bias -1 only
     assert np.all(np.abs(r.W.data[r.W.indices != F]) >= 0.1)
     with pytest.raises(ValueError, match="columns"):
         r.scores(Xr[:, :F], C)

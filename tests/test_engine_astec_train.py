@@ -1,5 +1,6 @@
 """Astec end to end on tiny data: it learns, saves/loads bit-identically, and survives the inputs
 users bring (tiny label sets, labels without points, empty or unknown texts, duplicates)."""
+
 import json
 
 import numpy as np
@@ -8,12 +9,25 @@ import scipy.sparse as sp
 
 from engine.astec import Astec, AstecConfig
 from engine.astec.io import ModelDirError
-from engine.metrics import evaluate
+from engine.ranking_metrics import evaluate
 from engine.synthetic import zipf_dataset
 
-FAST = dict(embedding_dim=32, surrogate_epochs=4, extreme_epochs=4, reranker_epochs=2, batch_size=64,
-            surrogate_lr=0.02, extreme_lr=0.01, finetune_lr=0.005, num_threads=1, shortlist_size=50,
-            predict_shortlist=50, knn_neighbours=10, centroid_neighbours=20, head_min_points=30)
+FAST = dict(
+    embedding_dim=32,
+    surrogate_epochs=4,
+    extreme_epochs=4,
+    reranker_epochs=2,
+    batch_size=64,
+    surrogate_lr=0.02,
+    extreme_lr=0.01,
+    finetune_lr=0.005,
+    num_threads=1,
+    shortlist_size=50,
+    predict_shortlist=50,
+    knn_neighbours=10,
+    centroid_neighbours=20,
+    head_min_points=30,
+)
 
 
 def fast(**kw) -> AstecConfig:
@@ -22,15 +36,25 @@ def fast(**kw) -> AstecConfig:
 
 @pytest.fixture(scope="module")
 def data():
-    texts, Y = zipf_dataset(1500, 60, labels_per_point=2, words_per_point=4, words_per_label=2,
-                            vocab_size=400, noise=0.1, seed=1)
+    texts, Y = zipf_dataset(
+        1500,
+        60,
+        labels_per_point=2,
+        words_per_point=4,
+        words_per_label=2,
+        vocab_size=400,
+        noise=0.1,
+        seed=1,
+    )
     return texts[:1200], Y[:1200], texts[1200:], Y[1200:]
 
 
 @pytest.fixture(scope="module")
 def model(data):
     tr, Ytr, _, _ = data
-    return Astec.train(tr, Ytr, fast(), label_names=[f"lab{i}" for i in range(Ytr.shape[1])], progress=False)
+    return Astec.train(
+        tr, Ytr, fast(), label_names=[f"lab{i}" for i in range(Ytr.shape[1])], progress=False
+    )
 
 
 def test_learns_keyword_labels(model, data):
@@ -104,7 +128,11 @@ def test_load_refuses_corrupt_dir(model, tmp_path, damage):
         (root / "manifest.json").unlink()
     with pytest.raises(ModelDirError) as e:
         Astec.load(root)
-    assert ("manifest.json" in str(e.value)) if damage == "manifest" else ("model.safetensors" in str(e.value))
+    assert (
+        ("manifest.json" in str(e.value))
+        if damage == "manifest"
+        else ("model.safetensors" in str(e.value))
+    )
 
 
 def test_empty_and_unknown_texts_get_frequent_labels(model, data):
@@ -117,14 +145,19 @@ def test_empty_and_unknown_texts_get_frequent_labels(model, data):
 
 def test_tiny_label_sets_and_labels_without_points():
     texts = ["red apple", "green apple", "red car", "blue car", "apple pie", "fast car"] * 4
-    Y = sp.csr_matrix(np.array([[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]] * 4,
-                               dtype=np.float32))   # label 2 has no training point
+    Y = sp.csr_matrix(
+        np.array(
+            [[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]] * 4, dtype=np.float32
+        )
+    )  # label 2 has no training point
     m = Astec.train(texts, Y, fast(), progress=False)
     ids, scores = m.predict(["apple", "car", ""], k=5)
     assert ids.shape == (3, 5)
     assert ids[0, 0] == 0 and ids[1, 0] == 1
     assert (ids[:, 3:] == -1).all(), "only 3 labels exist, the rest is padding"
-    one = Astec.train(["a", "b", "a b"], sp.csr_matrix(np.ones((3, 1), np.float32)), fast(), progress=False)
+    one = Astec.train(
+        ["a", "b", "a b"], sp.csr_matrix(np.ones((3, 1), np.float32)), fast(), progress=False
+    )
     assert one.predict(["a"], k=2)[0].tolist() == [[0, -1]]
 
 
@@ -137,7 +170,11 @@ def test_duplicate_texts_and_ensemble(tmp_path):
     # mean or max, chosen on the validation split (both tried and logged)
     sel = m.train_log["ensemble"]["ensemble_selection"]
     assert [r["ensemble"] for r in sel] == ["mean", "max"]
-    assert m.ensemble == m.train_log["ensemble"]["ensemble"] == max(sel, key=lambda r: r["objective"])["ensemble"]
+    assert (
+        m.ensemble
+        == m.train_log["ensemble"]["ensemble"]
+        == max(sel, key=lambda r: r["objective"])["ensemble"]
+    )
     m.save(tmp_path / "e")
     loaded = Astec.load(tmp_path / "e")
     assert len(loaded.learners) == 2 and loaded.ensemble == m.ensemble
@@ -145,8 +182,10 @@ def test_duplicate_texts_and_ensemble(tmp_path):
     (tmp_path / "e" / "manifest.json").write_text(json.dumps({**man, "ensemble": "median"}))
     with pytest.raises(ModelDirError, match="manifest.json.*ensemble.*median"):
         Astec.load(tmp_path / "e")
-    (tmp_path / "e" / "manifest.json").write_text(json.dumps({k: v for k, v in man.items() if k != "ensemble"}))
-    assert Astec.load(tmp_path / "e").ensemble == "mean"    # saved before the choice existed
+    (tmp_path / "e" / "manifest.json").write_text(
+        json.dumps({k: v for k, v in man.items() if k != "ensemble"})
+    )
+    assert Astec.load(tmp_path / "e").ensemble == "mean"  # saved before the choice existed
     (tmp_path / "e" / "manifest.json").write_text(json.dumps(man))
     a = m.predict(texts[:20], k=3)
     b = loaded.predict(texts[:20], k=3)
@@ -156,6 +195,7 @@ def test_duplicate_texts_and_ensemble(tmp_path):
 def test_feature_matrix_input():
     texts, Y = zipf_dataset(400, 15, labels_per_point=1, words_per_point=3, vocab_size=80, seed=4)
     from engine.text import TfidfVectorizer
+
     X = TfidfVectorizer().fit_transform(texts)
     m = Astec.train(X, Y, fast(reranker=False), progress=False)
     ids, _ = m.predict(X[:50], k=1)
@@ -174,7 +214,9 @@ def test_config_json_round_trip_and_errors(tmp_path):
     (tmp_path / "bad2.json").write_text('{"embedding_dim": "x"}')
     with pytest.raises(ValueError, match="embedding_dim"):
         AstecConfig.load(tmp_path / "bad2.json")
-    assert AstecConfig().resolve(3).num_clusters <= 3 and AstecConfig().resolve(3).shortlist_size <= 3
+    assert (
+        AstecConfig().resolve(3).num_clusters <= 3 and AstecConfig().resolve(3).shortlist_size <= 3
+    )
     # a model saved while classifier_init existed still loads; a non-default value is refused
     assert AstecConfig.from_dict({**c.to_dict(), "classifier_init": "xavier"}) == c
     with pytest.raises(ValueError, match="classifier_init"):
@@ -194,10 +236,15 @@ def test_ensemble_scores_mean_and_max_over_the_union():
     """A label only one learner shortlists counts 0 in the others: the mean divides it by the
     number of learners, the max keeps it."""
     from engine.astec.predict import ensemble_scores
+
     a = sp.csr_matrix(np.array([[0.8, 0.0, 0.2]], np.float32))
     b = sp.csr_matrix(np.array([[0.4, 0.6, 0.0]], np.float32))
-    np.testing.assert_allclose(ensemble_scores([a, b], "mean").toarray(), [[0.6, 0.3, 0.1]], rtol=1e-6)
-    np.testing.assert_allclose(ensemble_scores([a, b], "max").toarray(), [[0.8, 0.6, 0.2]], rtol=1e-6)
+    np.testing.assert_allclose(
+        ensemble_scores([a, b], "mean").toarray(), [[0.6, 0.3, 0.1]], rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        ensemble_scores([a, b], "max").toarray(), [[0.8, 0.6, 0.2]], rtol=1e-6
+    )
     assert ensemble_scores([a], "mean").toarray().tolist() == a.toarray().tolist()
     with pytest.raises(ValueError, match="ensemble"):
         ensemble_scores([a, b], "median")
@@ -212,24 +259,30 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
     from engine.astec import model as astec_model
     from engine.astec.network import dense_bag
     from test_engine_predictor import _corpus, _train
+
     texts, labels, names = _corpus()
     model = _train(tmp_path / "model")
     rows = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
-    Y = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
-                      shape=(len(texts), len(names)))
+    Y = sp.csr_matrix(
+        (np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
+        shape=(len(texts), len(names)),
+    )
     X, Xr = model.transform(texts), model.ranker_features(texts)
     lr, cfg = model.learners[0], model.config
-    V = dense_bag(lr.encoder, X)    # the final index holds every training point, in order
+    V = dense_bag(lr.encoder, X)  # the final index holds every training point, in order
 
     def three():
-        return (astec_model._module2_negatives(lr.index, V, Y, cfg, 0),
-                astec_model._reranker_negatives(lr, X, Y, cfg),
-                astec_model._fit_ranker(lr, X[:480], Y[:480], Xr[:480], cfg, 0).W)
+        return (
+            astec_model._module2_negatives(lr.index, V, Y, cfg, 0),
+            astec_model._reranker_negatives(lr, X, Y, cfg),
+            astec_model._fit_ranker(lr, X[:480], Y[:480], Xr[:480], cfg, 0).W,
+        )
+
     whole = three()
     monkeypatch.setattr(astec_model, "_ROW_CHUNK", 37)
     chunked = three()
     for w, c in zip(whole, chunked):
         assert w.shape == c.shape and w.nnz > 0 and (w != c).nnz == 0
     m2, rr = whole[:2]
-    assert m2.multiply(Y).nnz == 0 and rr.multiply(Y).nnz == 0   # never a positive
+    assert m2.multiply(Y).nnz == 0 and rr.multiply(Y).nnz == 0  # never a positive
     assert np.diff(rr.indptr).max() <= cfg.reranker_negatives

@@ -1,6 +1,7 @@
 """`astec bench scale` at a tiny size: every module's time and peak memory reach the JSON and a
 well-formed table (one column per header cell), the sparse ranker included; progress bars when
 asked for (an hour-long size must not run silently), none in captured output by default."""
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,37 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _scale(tmp_path, *extra: str) -> subprocess.CompletedProcess:
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps({"surrogate_epochs": 1, "extreme_epochs": 1, "reranker_epochs": 1,
-                               "embedding_dim": 32, "num_threads": 1}))
-    res = subprocess.run([sys.executable, "-m", "infra.cli", "bench", "scale", "--sizes", "300",
-                          "--config", str(cfg), "--json-out", str(tmp_path / "scale.json"), *extra],
-                         capture_output=True, text=True, timeout=280, cwd=ROOT)
+    cfg.write_text(
+        json.dumps(
+            {
+                "surrogate_epochs": 1,
+                "extreme_epochs": 1,
+                "reranker_epochs": 1,
+                "embedding_dim": 32,
+                "num_threads": 1,
+            }
+        )
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infra.cli",
+            "bench",
+            "scale",
+            "--sizes",
+            "300",
+            "--config",
+            str(cfg),
+            "--json-out",
+            str(tmp_path / "scale.json"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res
 
@@ -48,4 +75,4 @@ def test_bench_scale_progress_shows_each_module(tmp_path):
     res = _scale(tmp_path, "--progress")
     for stage in ("Module I", "Module II", "Module IV", "Re-ranker", "Sparse ranker: refit"):
         assert stage in res.stderr, res.stderr[-2000:]
-    assert "Module" not in res.stdout   # the table alone on stdout
+    assert "Module" not in res.stdout  # the table alone on stdout

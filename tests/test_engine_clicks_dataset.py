@@ -1,4 +1,5 @@
 """Search clicks -> title->queries TSV: min clicks, dedupe, split by page, corrupt lines counted."""
+
 import json
 
 from engine.clicklog import ClickLogWriter
@@ -10,7 +11,8 @@ T0 = 1_767_571_200.0  # 2026-01-05T00:00:00Z
 
 def _clicks(tmp_path, recs):
     ClickLogWriter(tmp_path / "logs", "search_clicks").write_many(
-        [{"query": q, "url": u, "title": t, "ts": T0 + i} for i, (q, u, t) in enumerate(recs)])
+        [{"query": q, "url": u, "title": t, "ts": T0 + i} for i, (q, u, t) in enumerate(recs)]
+    )
 
 
 def _rows(path, names):
@@ -22,17 +24,19 @@ def test_min_clicks_dedupe_and_labels(tmp_path):
     recs = (
         [("cheap flights", "u/1", "Flights to Rome")] * 3
         + [("rome hotels", "u/1", "Flights to Rome")] * 2
-        + [("misclick", "u/1", "Flights to Rome")]            # one click: noise, dropped
+        + [("misclick", "u/1", "Flights to Rome")]  # one click: noise, dropped
         + [("Cheap  Flights", "u/2", "flights to rome")] * 2  # same title at another url: merged
-        + [("pasta recipe", "u/3", "Pasta\tcarbonara")] * 2    # tab in a title is normalised
+        + [("pasta recipe", "u/3", "Pasta\tcarbonara")] * 2  # tab in a title is normalised
     )
     _clicks(tmp_path, recs)
     stats = build_training_set(tmp_path / "logs", tmp_path / "ds", min_clicks=2, test_fraction=0.0)
     names = read_label_names(tmp_path / "ds" / "labels.txt")
     assert names == ["cheap flights", "rome hotels", "pasta recipe"]  # by total clicks
     rows = _rows(tmp_path / "ds" / "train.tsv", names)
-    assert rows == {"flights to rome": ["cheap flights", "rome hotels"],
-                    "pasta carbonara": ["pasta recipe"]}
+    assert rows == {
+        "flights to rome": ["cheap flights", "rome hotels"],
+        "pasta carbonara": ["pasta recipe"],
+    }
     assert stats["clicks"] == len(recs) and stats["pairs"] == 4 and stats["pairs_kept"] == 3
     assert json.loads((tmp_path / "ds" / "clicks_dataset.json").read_text())["labels"] == 3
 

@@ -1,5 +1,6 @@
 """Data-set figures: hand-checked on a tiny matrix, matched to the published debian-related
 figures, and `astec data stats` on TSV/XC input and on malformed input."""
+
 import json
 from pathlib import Path
 
@@ -16,12 +17,17 @@ DEBIAN = Path("/work/shared/data/debian-related")
 
 def test_stats_by_hand():
     # 4 points (one unlabelled), 6 labels (two never used)
-    Y = sp.csr_matrix(np.array([
-        [1, 1, 0, 0, 0, 1],
-        [1, 0, 0, 0, 0, 1],
-        [1, 0, 1, 0, 0, 1],
-        [0, 0, 0, 0, 0, 0],
-    ], dtype=np.float32))
+    Y = sp.csr_matrix(
+        np.array(
+            [
+                [1, 1, 0, 0, 0, 1],
+                [1, 0, 0, 0, 0, 1],
+                [1, 0, 1, 0, 0, 1],
+                [0, 0, 0, 0, 0, 0],
+            ],
+            dtype=np.float32,
+        )
+    )
     s = dataset_stats(Y, texts=["a b c", "d", "e  f", ""])
     assert s["N"] == 4 and s["L"] == 6 and s["nnz"] == 8
     assert s["labels_per_point_mean"] == 2.0 and s["labels_per_point_median"] == 2.5
@@ -49,8 +55,9 @@ def test_cli_stats_matches_published_debian_figures(tmp_path):
     assert s["points_per_label_mean"] == pytest.approx(ref["avg_points_per_label"], abs=5e-4)
     assert s["words_per_point_mean"] == pytest.approx(ref["avg_words_per_point"], abs=5e-4)
     assert s["labels_with_0_points"] == ref["labels_with_0_train_points"]
-    assert s["frac_labels_le5_points"] == pytest.approx(ref["frac_labels_le5_train_points"],
-                                                         abs=5e-5)
+    assert s["frac_labels_le5_points"] == pytest.approx(
+        ref["frac_labels_le5_train_points"], abs=5e-5
+    )
     assert s["label_freq_quantiles"]["max"] == ref["max_label_train_freq"]
     assert s["points_per_label_median"] == ref["median_label_train_freq"]
 

@@ -2,6 +2,7 @@
 torch path that a GPU runs (exercised here on the CPU so it cannot rot), thread-count
 independence of the sparse ranker's fit, one home for the thread default, and the bench's
 training-time ratios."""
+
 import copy
 
 import numpy as np
@@ -14,7 +15,7 @@ from engine.astec.config import available_cores, resolve_device, resolve_threads
 from engine.astec.network import Classifier, Encoder
 from engine.astec.sparse_ranker import SparseRanker, ranker_features
 from engine.astec.trainer import train_shortlisted, train_surrogate
-from engine.bench_peers import train_ratios
+from bench.engine_peers import train_ratios
 from engine.synthetic import zipf_dataset
 
 
@@ -33,13 +34,20 @@ def test_fused_classifier_matches_torch_path():
     torch.manual_seed(0)
     enc, clf = Encoder(X.shape[1], 16, 1.0, 0.0), Classifier(Y.shape[1], 16)
     enc2, clf2 = copy.deepcopy(enc), copy.deepcopy(clf)
-    a = train_shortlisted(enc, clf, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, fused=True)
-    b = train_shortlisted(enc2, clf2, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, device="cpu",
-                          fused=False)
+    a = train_shortlisted(
+        enc, clf, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, fused=True
+    )
+    b = train_shortlisted(
+        enc2, clf2, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, device="cpu", fused=False
+    )
     for ea, eb in zip(a, b):
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
-    pairs = [(clf.weight.weight, clf2.weight.weight), (clf.bias.weight, clf2.bias.weight),
-             (enc.embed.weight, enc2.embed.weight), (enc.residual.weight, enc2.residual.weight)]
+    pairs = [
+        (clf.weight.weight, clf2.weight.weight),
+        (clf.bias.weight, clf2.bias.weight),
+        (enc.embed.weight, enc2.embed.weight),
+        (enc.residual.weight, enc2.residual.weight),
+    ]
     for p, q in pairs:
         assert torch.allclose(p.detach(), q.detach(), atol=1e-4), float((p - q).abs().max())
 
@@ -48,7 +56,9 @@ def test_surrogate_device_argument_runs_on_cpu():
     """The device path of Module I (what a GPU runs), on the CPU."""
     X, Y, _ = _toy()
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)
-    logs = train_surrogate(enc, X, Y, 2, 0.02, 64, 0, progress=False, valid=(X[:50], Y[:50]), device="cpu")
+    logs = train_surrogate(
+        enc, X, Y, 2, 0.02, 64, 0, progress=False, valid=(X[:50], Y[:50]), device="cpu"
+    )
     assert len(logs) == 2 and logs[1]["loss"] < logs[0]["loss"] and "valid_meta_P@1" in logs[1]
     assert enc.embed.weight.device.type == "cpu"
 
@@ -71,25 +81,40 @@ def test_thread_default_has_one_home():
 
 
 def test_sparse_ranker_fit_does_not_depend_on_threads():
-    texts, Y = zipf_dataset(1200, 2500, labels_per_point=2, words_per_point=5, words_per_label=2,
-                            vocab_size=800, noise=0.1, seed=3)
+    texts, Y = zipf_dataset(
+        1200,
+        2500,
+        labels_per_point=2,
+        words_per_point=5,
+        words_per_label=2,
+        vocab_size=800,
+        noise=0.1,
+        seed=3,
+    )
     from engine.text import TfidfVectorizer
+
     Xr = ranker_features(TfidfVectorizer(word_ngrams=2).fit_transform(texts))
     Y = sp.csr_matrix(Y, dtype=np.float32)
     rng = np.random.default_rng(0)
     n, L = Y.shape
-    negs = sp.csr_matrix((np.ones(n * 20, np.float32), rng.integers(0, L, n * 20), np.arange(0, n * 20 + 1, 20)),
-                         shape=(n, L))
+    negs = sp.csr_matrix(
+        (np.ones(n * 20, np.float32), rng.integers(0, L, n * 20), np.arange(0, n * 20 + 1, 20)),
+        shape=(n, L),
+    )
     negs.sum_duplicates()
     a = SparseRanker.fit(Xr, Y, negs, threads=1).W
     b = SparseRanker.fit(Xr, Y, negs, threads=2).W
-    assert a.shape == b.shape == (L, Xr.shape[1]) and L > 2048   # several label chunks
+    assert a.shape == b.shape == (L, Xr.shape[1]) and L > 2048  # several label chunks
     assert (a != b).nnz == 0
 
 
 def test_train_ratios_to_fastest_peer():
-    rows = [{"method": "astec", "train_s": 80.0}, {"method": "bonsai", "train_s": 16.0},
-            {"method": "parabel", "train_s": 8.0}, {"method": "napkinxc-plt", "error": "x"}]
+    rows = [
+        {"method": "astec", "train_s": 80.0},
+        {"method": "bonsai", "train_s": 16.0},
+        {"method": "parabel", "train_s": 8.0},
+        {"method": "napkinxc-plt", "error": "x"},
+    ]
     assert train_ratios(rows) == {"astec": 10.0, "bonsai": 2.0, "parabel": 1.0}
     assert train_ratios([{"method": "astec", "train_s": 5.0}]) == {"astec": 1.0}
 
@@ -97,11 +122,31 @@ def test_train_ratios_to_fastest_peer():
 def test_model_trained_by_the_torch_path_predicts_like_a_cpu_model(tmp_path):
     """fused=False (the GPU path, here on the CPU) gives a model of the same kind: it saves,
     loads and predicts with the same accuracy as the fused default."""
-    texts, Y = zipf_dataset(900, 40, labels_per_point=2, words_per_point=4, words_per_label=2,
-                            vocab_size=300, noise=0.1, seed=1)
-    cfg = dict(embedding_dim=16, surrogate_epochs=2, extreme_epochs=2, reranker_epochs=1, batch_size=64,
-               num_threads=1, shortlist_size=20, predict_shortlist=20, knn_neighbours=5, centroid_neighbours=10,
-               sparse_ranker=False, label_text=False, fused_kernels=False)
+    texts, Y = zipf_dataset(
+        900,
+        40,
+        labels_per_point=2,
+        words_per_point=4,
+        words_per_label=2,
+        vocab_size=300,
+        noise=0.1,
+        seed=1,
+    )
+    cfg = dict(
+        embedding_dim=16,
+        surrogate_epochs=2,
+        extreme_epochs=2,
+        reranker_epochs=1,
+        batch_size=64,
+        num_threads=1,
+        shortlist_size=20,
+        predict_shortlist=20,
+        knn_neighbours=5,
+        centroid_neighbours=10,
+        sparse_ranker=False,
+        label_text=False,
+        fused_kernels=False,
+    )
     m = Astec.train(texts[:700], Y[:700], AstecConfig.from_dict(cfg), progress=False)
     assert m.config.fused_kernels is False
     m.save(tmp_path / "m")
@@ -114,6 +159,7 @@ def test_row_adam_kernel_matches_torch_ops():
     """RowAdam on a float32 CPU table runs the compiled kernel; on float64 (like a GPU table)
     it runs the torch ops: the same lazy Adam."""
     from engine.astec.trainer import RowAdam
+
     torch.manual_seed(0)
     T32 = torch.randn(50, 8)
     T64 = T32.double()
@@ -132,10 +178,18 @@ def test_openmp_waits_passively_unless_told_otherwise():
     import os
     import subprocess
     import sys
+
     code = "import engine.astec, os; print(os.environ['OMP_WAIT_POLICY'])"
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "PASSIVE"
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "ACTIVE"

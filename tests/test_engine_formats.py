@@ -1,4 +1,5 @@
 """Data I/O: every format reads what users have on disk, round-trips, and names the bad line."""
+
 import json
 from pathlib import Path
 
@@ -6,11 +7,25 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from engine.formats import (FormatError, detect_format, load_dataset, read_label_names,
-                            read_npz, read_predictions, read_text_lines, read_text_tsv,
-                            read_xc_matrix, read_xc_sparse, write_label_names, write_npz,
-                            write_predictions, write_predictions_csr, write_text_tsv,
-                            write_xc_matrix, write_xc_sparse)
+from engine.formats import (
+    FormatError,
+    detect_format,
+    load_dataset,
+    read_label_names,
+    read_npz,
+    read_predictions,
+    read_text_lines,
+    read_text_tsv,
+    read_xc_matrix,
+    read_xc_sparse,
+    write_label_names,
+    write_npz,
+    write_predictions,
+    write_predictions_csr,
+    write_text_tsv,
+    write_xc_matrix,
+    write_xc_sparse,
+)
 
 DEBIAN = Path("/work/shared/data/debian-related")
 
@@ -31,6 +46,7 @@ def _raises(path, line, fragment, fn, *args):
 
 
 # --- text TSV -------------------------------------------------------------------------------
+
 
 def test_tsv_reads_texts_labels_and_unlabelled_points(tmp_path):
     p = _w(tmp_path, "d.tsv", "a game of chess\t3,1,1\nno labels here\t\nx y\t0\n")
@@ -58,15 +74,18 @@ def test_tsv_writer_rejects_tabs_in_text(tmp_path):
         write_text_tsv(tmp_path / "o.tsv", ["a\tb"], sp.csr_matrix((1, 2), dtype=np.float32))
 
 
-@pytest.mark.parametrize("content,line,fragment", [
-    ("ok\t1\nmissing tab 2\n", 2, "tab missing"),
-    ("ok\t1\nin\tside\t2\n", 2, "tabs are not allowed"),
-    ("ok\t1\nbad\tx,2\n", 2, "'x'"),
-    ("ok\t1\nbad\t1,,2\n", 2, "empty label id"),
-    ("ok\t1\nbad\t1,2,\n", 2, "empty label id"),
-    ("ok\t1\nbad\t2.5\n", 2, "'2.5'"),
-    ("ok\t1\nok\t2\nneg\t-3\n", 3, "-3 out of range"),
-])
+@pytest.mark.parametrize(
+    "content,line,fragment",
+    [
+        ("ok\t1\nmissing tab 2\n", 2, "tab missing"),
+        ("ok\t1\nin\tside\t2\n", 2, "tabs are not allowed"),
+        ("ok\t1\nbad\tx,2\n", 2, "'x'"),
+        ("ok\t1\nbad\t1,,2\n", 2, "empty label id"),
+        ("ok\t1\nbad\t1,2,\n", 2, "empty label id"),
+        ("ok\t1\nbad\t2.5\n", 2, "'2.5'"),
+        ("ok\t1\nok\t2\nneg\t-3\n", 3, "-3 out of range"),
+    ],
+)
 def test_tsv_errors_name_the_line(tmp_path, content, line, fragment):
     _raises(_w(tmp_path, "bad.tsv", content), line, fragment, read_text_tsv)
 
@@ -78,8 +97,9 @@ def test_tsv_label_id_beyond_num_labels(tmp_path):
 
 def test_empty_file_and_bad_encoding(tmp_path):
     _raises(_w(tmp_path, "e.tsv", b""), None, "empty file", read_text_tsv)
-    msg = _raises(_w(tmp_path, "enc.tsv", b"ok\t1\ncaf\xe9\t2\n"), 2, "not valid UTF-8",
-                  read_text_tsv)
+    msg = _raises(
+        _w(tmp_path, "enc.tsv", b"ok\t1\ncaf\xe9\t2\n"), 2, "not valid UTF-8", read_text_tsv
+    )
     assert "byte offset 8" in msg
 
 
@@ -113,20 +133,23 @@ def test_xc_sparse_round_trip(tmp_path):
     assert np.allclose(X2.toarray(), X.toarray()) and (Y2 != Y).nnz == 0
 
 
-@pytest.mark.parametrize("content,line,fragment", [
-    ("3 5 4\n0 0:1\n1 1:1\n", 3, "header says N=3"),
-    ("1 5 4\n0 0:1\n1 1:1\n", 3, "header says N=1"),
-    ("2 5 4\n0 0:1\n4 1:1\n", 3, "label id 4 out of range (must be < 4)"),
-    ("2 5 4\n0 0:1\n1 5:1\n", 3, "feature id 5 out of range (must be < 5)"),
-    ("2 5 4\n0 0:1\n1 3:abc\n", 3, "'abc'"),
-    ("2 5 4\n0 0:1\nx,2 3:1\n", 3, "'x'"),
-    ("2 5 4\n0 0:1\n1 3: 1\n", 3, "in pair '3:'"),
-    ("2 5\n0 0:1\n1 1:1\n", 1, "bad header"),
-    ("2 5 4\n0 0:1\n1 1:2:3 4\n", 3, "bad pair '1:2:3'"),
-    ("2 5 4\n0 0:1 2\n1 1:2\n", 2, "bad pair '2'"),
-    ("2 5 4\n0 0:1\n1 1:nan\n", 3, "not finite"),
-    ("2 5 4\n0 0:1\n1 1.5:2\n", 3, "'1.5'"),
-])
+@pytest.mark.parametrize(
+    "content,line,fragment",
+    [
+        ("3 5 4\n0 0:1\n1 1:1\n", 3, "header says N=3"),
+        ("1 5 4\n0 0:1\n1 1:1\n", 3, "header says N=1"),
+        ("2 5 4\n0 0:1\n4 1:1\n", 3, "label id 4 out of range (must be < 4)"),
+        ("2 5 4\n0 0:1\n1 5:1\n", 3, "feature id 5 out of range (must be < 5)"),
+        ("2 5 4\n0 0:1\n1 3:abc\n", 3, "'abc'"),
+        ("2 5 4\n0 0:1\nx,2 3:1\n", 3, "'x'"),
+        ("2 5 4\n0 0:1\n1 3: 1\n", 3, "in pair '3:'"),
+        ("2 5\n0 0:1\n1 1:1\n", 1, "bad header"),
+        ("2 5 4\n0 0:1\n1 1:2:3 4\n", 3, "bad pair '1:2:3'"),
+        ("2 5 4\n0 0:1 2\n1 1:2\n", 2, "bad pair '2'"),
+        ("2 5 4\n0 0:1\n1 1:nan\n", 3, "not finite"),
+        ("2 5 4\n0 0:1\n1 1.5:2\n", 3, "'1.5'"),
+    ],
+)
 def test_xc_sparse_errors_name_the_line(tmp_path, content, line, fragment):
     _raises(_w(tmp_path, "bad.txt", content), line, fragment, read_xc_sparse)
 
@@ -138,19 +161,24 @@ def test_xc_split_files_pairs_and_bare_labels(tmp_path):
     assert Y.toarray().tolist() == [[1, 0, 1], [0, 1, 0]]
     bare = read_xc_matrix(_w(tmp_path, "bare_X_Y.txt", "2 3\n0,2\n1\n"))
     assert (bare != Y).nnz == 0
-    _raises(_w(tmp_path, "oob_X_Y.txt", "2 3\n0:1\n3:1\n"), 3, "column id 3 out of range",
-            read_xc_matrix)
+    _raises(
+        _w(tmp_path, "oob_X_Y.txt", "2 3\n0:1\n3:1\n"),
+        3,
+        "column id 3 out of range",
+        read_xc_matrix,
+    )
     write_xc_matrix(tmp_path / "o.txt", Xf)
     assert np.allclose(read_xc_matrix(tmp_path / "o.txt").toarray(), Xf.toarray())
 
 
 # --- predictions and npz ------------------------------------------------------------------------
 
+
 def test_predictions_keep_best_first_order(tmp_path):
     p = _w(tmp_path, "pred.txt", "7:0.9 2:0.5 4:0.1\n\n3:0.7\n")
     M = read_predictions(p, num_labels=10)
     assert M.shape == (3, 10)
-    assert M.indices[M.indptr[0]:M.indptr[1]].tolist() == [7, 2, 4]
+    assert M.indices[M.indptr[0] : M.indptr[1]].tolist() == [7, 2, 4]
     assert M.indptr.tolist() == [0, 3, 3, 4]
     _raises(_w(tmp_path, "bad.txt", "1:0.5\n2:zz\n"), 2, "'zz'", read_predictions)
 
@@ -174,6 +202,7 @@ def test_npz_round_trip_without_pickle(tmp_path):
 
 
 # --- load_dataset -------------------------------------------------------------------------------
+
 
 def test_load_dataset_tsv_uses_sibling_label_names(tmp_path):
     _w(tmp_path, "labels.txt", "a\nb\nc\nd\ne\n")

@@ -1,5 +1,6 @@
 """engine.hugepages: memory a loader mallocs inside the block ends up in huge pages (where the
 kernel supports MADV_COLLAPSE), and nothing breaks where it does not."""
+
 from __future__ import annotations
 
 import ctypes
@@ -40,8 +41,8 @@ def test_memory_malloced_inside_is_collapsed_into_huge_pages(monkeypatch):
     libc.free.argtypes = [ctypes.c_void_p]
     n = 64 << 20
     with huge_pages_for("test buffer"):
-        p = libc.malloc(n)            # a private anonymous mapping, like hnswlib's graph
-        ctypes.memset(p, 1, n)        # faulted in as small pages
+        p = libc.malloc(n)  # a private anonymous mapping, like hnswlib's graph
+        ctypes.memset(p, 1, n)  # faulted in as small pages
     try:
         if _anon_huge_kb(p) == 0:
             # kernels before 6.1 (or a container that forbids it) refuse MADV_COLLAPSE
@@ -50,6 +51,6 @@ def test_memory_malloced_inside_is_collapsed_into_huge_pages(monkeypatch):
             if madvise((p + (2 << 20)) & ~((2 << 20) - 1), 2 << 20, 25) != 0:
                 pytest.skip("MADV_COLLAPSE not supported here")
         assert _anon_huge_kb(p) >= 32 << 10
-        assert ctypes.string_at(p + n // 2, 4) == b"\x01" * 4   # contents kept
+        assert ctypes.string_at(p + n // 2, 4) == b"\x01" * 4  # contents kept
     finally:
         libc.free(p)

@@ -1,5 +1,6 @@
 """The label-name match: what it scores, that training chooses its weight on validation, and
 that the exported predictor adds exactly what the model adds."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,13 @@ def test_match_is_the_idf_share_of_the_name_in_the_title():
     names = ["python3-requests", "libssl3", "ant", "python3-lxml", "++", "Émile-2"]
     lt = LabelText(names)
     L = len(names)
-    titles = ["Python HTTP for humans: requests", "SSL library libssl", "Another Neat Tool",
-              "", "émile reader"]
+    titles = [
+        "Python HTTP for humans: requests",
+        "SSL library libssl",
+        "Another Neat Tool",
+        "",
+        "émile reader",
+    ]
     rows = np.repeat(np.arange(len(titles)), L)
     labels = np.tile(np.arange(L), len(titles))
     m = lt.scores([lt.title_ids(t) for t in titles], rows, labels).reshape(len(titles), L)
@@ -36,10 +42,12 @@ def test_match_is_the_idf_share_of_the_name_in_the_title():
     assert m[1, 1] == pytest.approx(1.0)
     # a name is not matched by words it does not contain, nor by an empty title
     assert m[2, 2] == 0 and (m[3] == 0).all()
-    assert (m[:, 4] == 0).all()              # a name with no words scores 0, no crash
-    assert m[4, 5] == pytest.approx(_idf(L, 1) / (_idf(L, 1) + _idf(L, 1)))   # unicode, lower-cased
-    assert lt.add_to(titles, rows, labels, np.ones(labels.size, np.float32), 0.0).tolist() == \
-        [1.0] * labels.size
+    assert (m[:, 4] == 0).all()  # a name with no words scores 0, no crash
+    assert m[4, 5] == pytest.approx(_idf(L, 1) / (_idf(L, 1) + _idf(L, 1)))  # unicode, lower-cased
+    assert (
+        lt.add_to(titles, rows, labels, np.ones(labels.size, np.float32), 0.0).tolist()
+        == [1.0] * labels.size
+    )
 
 
 @pytest.mark.parametrize("theta", [0.3, 0.5, 1.0])
@@ -50,15 +58,16 @@ def test_candidates_are_every_label_matched_at_least_theta(theta):
     lt = LabelText(names)
     titles = [lt.title_ids(t) for t in texts[:120] + names[:40] + ["", "zzzz"]]
     rows, labels = lt.candidates(titles, theta)
-    assert (np.diff(rows * len(names) + labels) > 0).all()      # grouped by row, ascending
+    assert (np.diff(rows * len(names) + labels) > 0).all()  # grouped by row, ascending
     want = set()
     for i, t in enumerate(titles):
         m = lt.scores([t], np.zeros(len(names), np.int64), np.arange(len(names)))
         want |= {(i, j) for j in np.nonzero(m >= theta - 1e-6)[0].tolist()}
     assert set(zip(rows.tolist(), labels.tolist())) == want
-    assert len(want) >= 40          # at least every name finds itself
+    assert len(want) >= 40  # at least every name finds itself
     # the predictor's compiled kernels find the same labels and add the same matches
     from engine import kernels
+
     ptr = np.cumsum([0] + [t.size for t in titles])
     ids = np.concatenate(titles)
     kr, kl = kernels.name_candidates_rows(ptr, ids, *lt._index(theta), lt.piece, lt.weight, theta)
@@ -96,8 +105,10 @@ def test_predictor_adds_what_the_model_adds(tmp_path):
     X = model.transform(probe)
     plain = lr.shortlist(X, model.config)[0]
     named = lr.shortlist(X, model.config, extra=model._name_candidates(probe))[0]
-    added = [(i, j) for i in range(len(probe)) for j in set(named[i].indices) - set(plain[i].indices)]
-    assert any(j == i for i, j in added)          # a title that is a label's name finds it
+    added = [
+        (i, j) for i in range(len(probe)) for j in set(named[i].indices) - set(plain[i].indices)
+    ]
+    assert any(j == i for i, j in added)  # a title that is a label's name finds it
     rows, labels = p._name_candidates(p._title_rows(probe))
     assert set(added) <= set(zip(rows.tolist(), labels.tolist()))
     # without the match the same learners rank differently on some titles
@@ -111,15 +122,20 @@ def test_predictor_adds_what_the_model_adds(tmp_path):
         for pos, lab in enumerate(ids_t[r]):
             if lab >= 0 and lab in ids_0[r]:
                 m = lt.scores([lt.title_ids(t)], np.zeros(1, np.int64), np.array([lab]))[0]
-                assert sc_t[r][pos] == pytest.approx(sc_0[r][list(ids_0[r]).index(lab)] + 0.2 * m, abs=1e-5)
+                assert sc_t[r][pos] == pytest.approx(
+                    sc_0[r][list(ids_0[r]).index(lab)] + 0.2 * m, abs=1e-5
+                )
                 checked += m > 0
     assert checked >= 10
     # a title that is exactly a label's name matches that name fully
-    assert lt.scores([lt.title_ids(names[3])], np.zeros(1, np.int64), np.array([3]))[0] == pytest.approx(1.0)
+    assert lt.scores([lt.title_ids(names[3])], np.zeros(1, np.int64), np.array([3]))[
+        0
+    ] == pytest.approx(1.0)
 
 
 def test_bad_weight_in_predictor_config_is_refused(tmp_path):
     from engine.manifest import write_manifest
+
     _train(tmp_path / "model")
     export_model(tmp_path / "model", tmp_path / "pred", progress=False)
     cfg_path = tmp_path / "pred" / "predictor.json"
@@ -137,10 +153,13 @@ def test_export_without_label_text_serves_the_model_without_it(tmp_path):
     bench predict's parity then compares against)."""
     from click.testing import CliRunner
     from engine.cli_export import export as export_cmd
+
     texts, _, names = _corpus()
     model = _train(tmp_path / "model", label_text_weight=0.2)
-    r = CliRunner().invoke(export_cmd, ["--model", str(tmp_path / "model"), "--out", str(tmp_path / "p"),
-                                        "--no-label-text"])
+    r = CliRunner().invoke(
+        export_cmd,
+        ["--model", str(tmp_path / "model"), "--out", str(tmp_path / "p"), "--no-label-text"],
+    )
     assert r.exit_code == 0, r.output
     p = Predictor.load(tmp_path / "p")
     assert p.label_text is None and p.label_text_weight == 0
@@ -148,4 +167,3 @@ def test_export_without_label_text_serves_the_model_without_it(tmp_path):
     m = _model_like(model, tmp_path / "p")
     assert m.label_text is None
     assert_model_parity(m, p, test)
-

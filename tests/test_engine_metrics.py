@@ -1,11 +1,20 @@
 """XML metrics: hand-computed cases and a loop-based reference with pyxclib's definitions."""
+
 from math import log, log2
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from engine.metrics import evaluate, inv_propensity, ndcg, precision, psndcg, psprecision, topk
+from engine.ranking_metrics import (
+    evaluate,
+    inv_propensity,
+    ndcg,
+    precision,
+    psndcg,
+    psprecision,
+    topk,
+)
 
 
 def csr(rows, L):
@@ -87,7 +96,7 @@ def test_inv_propensity_formula_and_unseen_labels():
     A, B = 0.55, 1.5
     C = (log(100) - 1) * (B + 1) ** A
     ip = inv_propensity(Y, A=A, B=B, num_labels=3)  # label 2 never seen in training
-    assert ip == pytest.approx([1 + C * 11.5 ** -A, 1 + C * 1.5 ** -A, 1 + C * 1.5 ** -A])
+    assert ip == pytest.approx([1 + C * 11.5**-A, 1 + C * 1.5**-A, 1 + C * 1.5**-A])
     from_counts = inv_propensity(np.array([10, 0, 0]), n_train=100, A=A, B=B)
     assert from_counts == pytest.approx(ip)
     with pytest.raises(ValueError, match="n_train"):
@@ -116,11 +125,16 @@ def test_bad_predictions_raise_clear_errors():
 
 # ---- loop-based reference (test only), written straight from the definitions -------------
 
+
 def reference(Y_rows, ranked, ip, k):
     """pyxclib's metrics, one point at a time."""
     n = len(Y_rows)
-    P = np.zeros(k); N = np.zeros(k); psp_num = np.zeros(k); psp_den = np.zeros(k)
-    psn_num = np.zeros(k); psn_den = np.zeros(k)
+    P = np.zeros(k)
+    N = np.zeros(k)
+    psp_num = np.zeros(k)
+    psp_den = np.zeros(k)
+    psn_num = np.zeros(k)
+    psn_den = np.zeros(k)
     for true, pred in zip(Y_rows, ranked):
         true = set(true)
         best = sorted(true, key=lambda l: (-ip[l], l))
@@ -132,8 +146,9 @@ def reference(Y_rows, ranked, ip, k):
             N[kk - 1] += sum(h / log2(j + 2) for j, h in enumerate(hits)) / idcg
             psp_num[kk - 1] += sum(ip[l] for l, h in zip(top, hits) if h) / kk
             psp_den[kk - 1] += sum(ip[l] for l in best[:kk]) / kk
-            psn_num[kk - 1] += sum(ip[l] / log2(j + 2)
-                                   for j, (l, h) in enumerate(zip(top, hits)) if h) / idcg
+            psn_num[kk - 1] += (
+                sum(ip[l] / log2(j + 2) for j, (l, h) in enumerate(zip(top, hits)) if h) / idcg
+            )
             psn_den[kk - 1] += sum(ip[l] / log2(j + 2) for j, l in enumerate(best[:kk])) / idcg
     return {"P": P / n, "nDCG": N / n, "PSP": psp_num / psp_den, "PSnDCG": psn_num / psn_den}
 
@@ -142,18 +157,28 @@ def reference(Y_rows, ranked, ip, k):
 def test_vectorised_metrics_match_loop_reference_on_random_data(seed):
     rng = np.random.default_rng(seed)
     n, L, k = 200, 30, 7
-    Y_rows = [sorted(rng.choice(L, size=rng.integers(0, 6), replace=False).tolist())
-              for _ in range(n)]
+    Y_rows = [
+        sorted(rng.choice(L, size=rng.integers(0, 6), replace=False).tolist()) for _ in range(n)
+    ]
     Y = csr(Y_rows, L)
     Y_train = csr([rng.choice(L, size=3, replace=False).tolist() for _ in range(50)], L)
     ip = inv_propensity(Y_train)
     # scores on a coarse grid so ties happen; each point predicts 0..12 labels
-    pred_rows = [{int(l): float(rng.integers(0, 4)) for l in
-                  rng.choice(L, size=rng.integers(0, 13), replace=False)} for _ in range(n)]
+    pred_rows = [
+        {
+            int(l): float(rng.integers(0, 4))
+            for l in rng.choice(L, size=rng.integers(0, 13), replace=False)
+        }
+        for _ in range(n)
+    ]
     P = scores(pred_rows, L)
     ranked = [[l for l, _ in sorted(r.items(), key=lambda ls: (-ls[1], ls[0]))] for r in pred_rows]
     ref = reference(Y_rows, ranked, ip, k)
-    got = {"P": precision(Y, P, k), "nDCG": ndcg(Y, P, k), "PSP": psprecision(Y, P, ip, k),
-           "PSnDCG": psndcg(Y, P, ip, k)}
+    got = {
+        "P": precision(Y, P, k),
+        "nDCG": ndcg(Y, P, k),
+        "PSP": psprecision(Y, P, ip, k),
+        "PSnDCG": psndcg(Y, P, ip, k),
+    }
     for name in ref:
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-10, err_msg=name)

@@ -1,5 +1,6 @@
 """The exported CPU predictor: parity with the torch model, no torch on the predict path,
 corrupt directories refused, the API the stream and GRU code rely on, and the CLI commands."""
+
 from __future__ import annotations
 
 import json
@@ -34,12 +35,21 @@ def _corpus():
 def _train(out: Path, **over):
     import scipy.sparse as sp
     from engine.astec import Astec, AstecConfig
+
     texts, labels, names = _corpus()
     rows = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
-    Y = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
-                      shape=(len(texts), len(names)))
-    cfg = AstecConfig(embedding_dim=32, surrogate_epochs=2, extreme_epochs=2, reranker_epochs=1,
-                      num_threads=1, **over)
+    Y = sp.csr_matrix(
+        (np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
+        shape=(len(texts), len(names)),
+    )
+    cfg = AstecConfig(
+        embedding_dim=32,
+        surrogate_epochs=2,
+        extreme_epochs=2,
+        reranker_epochs=1,
+        num_threads=1,
+        **over,
+    )
     model = Astec.train(texts[:480], Y[:480], cfg, label_names=names, progress=False)
     model.save(out)
     return model
@@ -52,7 +62,7 @@ def built(tmp_path_factory):
     model = _train(d / "model")
     export_model(d / "model", d / "predictor", progress=False)
     texts, _, _ = _corpus()
-    test = texts[480:] + ["", "zzzz qqqq unknownword", texts[0]]   # held out + edge cases
+    test = texts[480:] + ["", "zzzz qqqq unknownword", texts[0]]  # held out + edge cases
     return model, d, test
 
 
@@ -65,7 +75,8 @@ def _parity(ids_a, sc_a, ids_b, sc_b):
 def _model_like(model, predictor_dir: Path):
     """The torch model searching as much as the predictor does (the export's serving profile
     searches fewer neighbours than the model's own defaults)."""
-    from engine.bench_predict import match_search
+    from bench.engine_predict import match_search
+
     match_search(model, predictor_dir)
     return model
 
@@ -125,7 +136,7 @@ def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
         ids_p, sc_p = p.predict(test, k=10)
         same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
         assert same5 >= 0.99 and close >= 0.99, (how, same5, close)
-        one = [p.predict_one(t, 10) for t in test]      # the ensemble on the single-text path
+        one = [p.predict_one(t, 10) for t in test]  # the ensemble on the single-text path
         same5, close = _parity(ids_p, sc_p, [o[0] for o in one], [o[1] for o in one])
         assert same5 >= 0.99 and close >= 0.99, (how, same5, close)
     # the two joins really differ: max keeps a label one learner alone shortlists at full score
@@ -137,10 +148,10 @@ def test_api_shapes_padding_and_edge_texts(built):
     model, d, test = built
     p = Predictor.load(d / "predictor")
     L, D = p.num_labels, p.dim
-    ids, sc = p.predict(["", "zzzz qqqq"], k=L + 7)     # more slots than candidates: padded
+    ids, sc = p.predict(["", "zzzz qqqq"], k=L + 7)  # more slots than candidates: padded
     assert ids.shape == (2, L + 7) and ids.dtype == np.int64 and sc.dtype == np.float32
     assert (ids[:, -1] == -1).all() and (sc[:, -1] == 0).all()
-    assert (ids[:, 0] >= 0).all()                          # empty texts still get frequent labels
+    assert (ids[:, 0] >= 0).all()  # empty texts still get frequent labels
     assert (np.diff(sc[ids >= 0].reshape(2, -1), axis=1) <= 0).all()
     i1, s1 = p.predict_one("", k=5)
     assert i1.shape == (5,) and (i1 == ids[0, :5]).all()
@@ -160,10 +171,12 @@ def test_api_shapes_padding_and_edge_texts(built):
 
 def test_predict_path_never_imports_torch(built):
     _, d, test = built
-    code = ("import sys, engine.predictor as m; assert 'torch' not in sys.modules, 'import';"
-            f"p = m.Predictor.load({str(d / 'predictor')!r}); p.predict_one('gnome editor');"
-            "p.predict(['a b', '']); p.features(['x']); p.classifier_rows([0]);"
-            "assert 'torch' not in sys.modules, 'predict'; print('ok')")
+    code = (
+        "import sys, engine.predictor as m; assert 'torch' not in sys.modules, 'import';"
+        f"p = m.Predictor.load({str(d / 'predictor')!r}); p.predict_one('gnome editor');"
+        "p.predict(['a b', '']); p.features(['x']); p.classifier_rows([0]);"
+        "assert 'torch' not in sys.modules, 'predict'; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -174,8 +187,9 @@ def _copy(d: Path, tmp: Path) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated", "tampered", "no-manifest",
-                                    "bad-manifest", "bit-flip"])
+@pytest.mark.parametrize(
+    "damage", ["missing", "truncated", "tampered", "no-manifest", "bad-manifest", "bit-flip"]
+)
 def test_corrupt_predictor_is_refused(built, tmp_path, damage):
     _, d, _ = built
     p = _copy(d, tmp_path)
@@ -184,7 +198,7 @@ def test_corrupt_predictor_is_refused(built, tmp_path, damage):
         target.unlink()
     elif damage == "truncated":
         target.write_bytes(target.read_bytes()[:-100])
-    elif damage == "tampered":   # same size, one byte changed
+    elif damage == "tampered":  # same size, one byte changed
         b = bytearray(target.read_bytes())
         b[-1] ^= 0xFF
         target.write_bytes(bytes(b))
@@ -192,7 +206,7 @@ def test_corrupt_predictor_is_refused(built, tmp_path, damage):
         (p / "manifest.json").unlink()
     elif damage == "bad-manifest":
         (p / "manifest.json").write_text('{"format": "astec-predictor", ')
-    elif damage == "bit-flip":   # one bit deep inside a memory-mapped table
+    elif damage == "bit-flip":  # one bit deep inside a memory-mapped table
         target = p / "learner_0" / "reranker_embeddings.npy"
         b = bytearray(target.read_bytes())
         b[len(b) // 2] ^= 0x01
@@ -206,25 +220,50 @@ def test_corrupt_predictor_is_refused(built, tmp_path, damage):
 
 def test_cli_export_and_bench_predict(built, tmp_path):
     from infra.cli import cli
+
     _, d, _ = built
     runner = CliRunner()
     out = tmp_path / "exported"
     r = runner.invoke(cli, ["export", "--model", str(d / "model"), "--out", str(out)])
     assert r.exit_code == 0, r.output
-    info = json.loads(r.output[r.output.index("{"):])
+    info = json.loads(r.output[r.output.index("{") :])
     assert info["labels"] == 1880 and Path(info["predictor"]) == out
     r = runner.invoke(cli, ["export", "--model", str(d / "model"), "--out", str(out)])
-    assert r.exit_code != 0 and "--overwrite" in r.output          # never clobbers silently
+    assert r.exit_code != 0 and "--overwrite" in r.output  # never clobbers silently
     tsv = tmp_path / "test.tsv"
-    tsv.write_text("".join(line + "\n" for line in
-                           (DATA / "train.tsv").read_text(encoding="utf-8").splitlines()[480:]))
-    r = runner.invoke(cli, ["bench", "predict", "--predictor", str(out), "--input", str(tsv),
-                            "--model", str(d / "model"), "--systems", "predictor,torch",
-                            "--n", "64", "--n-latency", "32"])
+    tsv.write_text(
+        "".join(
+            line + "\n"
+            for line in (DATA / "train.tsv").read_text(encoding="utf-8").splitlines()[480:]
+        )
+    )
+    r = runner.invoke(
+        cli,
+        [
+            "bench",
+            "predict",
+            "--predictor",
+            str(out),
+            "--input",
+            str(tsv),
+            "--model",
+            str(d / "model"),
+            "--systems",
+            "predictor,torch",
+            "--n",
+            "64",
+            "--n-latency",
+            "32",
+        ],
+    )
     assert r.exit_code == 0, r.output
     rep = json.loads(r.output)
     pr = rep["systems"]["predictor"]
-    assert pr["latency_one_text"]["p50_ms"] > 0 and set(pr["throughput_texts_per_s"]) == {"1", "32", "256"}
+    assert pr["latency_one_text"]["p50_ms"] > 0 and set(pr["throughput_texts_per_s"]) == {
+        "1",
+        "32",
+        "256",
+    }
     assert pr["rss_mb"]["after_run"] > 0 and pr["load_s"] > 0
     assert rep["parity_vs_torch"]["top5_same_set"] >= 0.99
     assert "ratio_to_predictor" in rep["systems"]["torch"]
@@ -251,12 +290,13 @@ def test_single_text_path_is_repeatable_and_thread_safe(built):
     """The single-text path keeps per-thread scratch state: answers must not depend on what was
     predicted before or on other threads predicting at the same time (e.g. a dashboard)."""
     from concurrent.futures import ThreadPoolExecutor
+
     _, d, test = built
     p = Predictor.load(d / "predictor")
     want = [p.predict_one(t, 10) for t in test]
     again = [p.predict_one(t, 10) for t in reversed(test)][::-1]
     with ThreadPoolExecutor(4) as ex:
-        threaded = list(ex.map(lambda t: p.predict_one(t, 10), test * 3))[:len(test)]
+        threaded = list(ex.map(lambda t: p.predict_one(t, 10), test * 3))[: len(test)]
     for a, b, c in zip(want, again, threaded):
         assert (a[0] == b[0]).all() and (a[0] == c[0]).all()
         np.testing.assert_array_equal(a[1], b[1])
@@ -271,14 +311,15 @@ def test_single_text_kernels_agree_with_batch_path(built, tmp_path, dtype):
     _, d, test = built
     src = d / "predictor"
     if dtype == "float16":
-        src = export_model(d / "model", tmp_path / "p16", ExportOptions(dtype="float16"),
-                           progress=False)
+        src = export_model(
+            d / "model", tmp_path / "p16", ExportOptions(dtype="float16"), progress=False
+        )
     p = Predictor.load(src)
     for cut in (None, 3):
         if cut:
             for lr in p.learners:
                 lr.shortlist_size = cut
-        assert len(test) >= 16    # predict takes the batch path (smaller batches: the kernels)
+        assert len(test) >= 16  # predict takes the batch path (smaller batches: the kernels)
         ids_b, sc_b = p.predict(test, k=10)
         ids_s, sc_s, z_s = p.predict_with_features(test[:5], k=10)
         assert (ids_s == ids_b[:5]).all()
@@ -288,7 +329,7 @@ def test_single_text_kernels_agree_with_batch_path(built, tmp_path, dtype):
         sc_o = np.stack([o[1] for o in one])
         assert (ids_o == ids_b).all(axis=1).mean() >= 0.99, (dtype, cut)
         np.testing.assert_allclose(sc_o, sc_b, atol=1e-5)
-        if cut:   # a cut shortlist scores at most `cut` labels plus the prior ones
+        if cut:  # a cut shortlist scores at most `cut` labels plus the prior ones
             n_prior = p.learners[0].prior.size
             assert ((ids_o >= 0).sum(1) <= cut + n_prior).all()
     assert p.predict_one("gnome editor", 0)[0].shape == (0,)
@@ -300,6 +341,7 @@ def test_sparse_ranker_kernels_agree_with_scipy():
     import scipy.sparse as sp
     from engine.kernels import sparse_entry_scores, sparse_scores_split
     from engine.predictor import _split_ranker
+
     L, F, n = 300, 3000, 40
     rng = np.random.default_rng(0)
     W = sp.random(L, F - 1, density=0.02, format="csr", random_state=1, dtype=np.float32)
@@ -311,12 +353,26 @@ def test_sparse_ranker_kernels_agree_with_scipy():
     X = sp.csr_matrix(sp.hstack([X, sp.csr_matrix(np.ones((n, 1), np.float32))]))
     X.sort_indices()
     C = sp.csr_matrix(np.ones((n, L), np.float32))
-    i64 = lambda a: a.astype(np.int64)   # noqa: E731
-    a = sparse_entry_scores(i64(C.indptr), i64(C.indices), i64(X.indptr), i64(X.indices), X.data,
-                            i64(W.indptr), i64(W.indices), W.data)
-    b = sparse_scores_split(i64(C.indptr), i64(C.indices), i64(X.indptr), i64(X.indices), X.data,
-                            *_split_ranker(W.indptr, W.indices, W.data, L, F))
-    assert (np.diff(W.indptr) > 128).sum() >= 10          # the transposed path is exercised
+    i64 = lambda a: a.astype(np.int64)  # noqa: E731
+    a = sparse_entry_scores(
+        i64(C.indptr),
+        i64(C.indices),
+        i64(X.indptr),
+        i64(X.indices),
+        X.data,
+        i64(W.indptr),
+        i64(W.indices),
+        W.data,
+    )
+    b = sparse_scores_split(
+        i64(C.indptr),
+        i64(C.indices),
+        i64(X.indptr),
+        i64(X.indices),
+        X.data,
+        *_split_ranker(W.indptr, W.indices, W.data, L, F),
+    )
+    assert (np.diff(W.indptr) > 128).sum() >= 10  # the transposed path is exercised
     assert np.array_equal(a, b)
     assert np.allclose(a, (X @ W.T).toarray().ravel(), atol=1e-5)
 
@@ -326,12 +382,14 @@ def test_export_without_sparse_ranker_serves_gamma_one(built, tmp_path):
     model's predictions with gamma = 1 (the paper's combination), which bench predict's parity
     compares it against."""
     from engine.export import ExportOptions
+
     model, d, test = built
     export_model(d / "model", tmp_path / "p", ExportOptions(sparse_ranker=False), progress=False)
     assert not (tmp_path / "p" / "ranker_vectorizer").exists()
     p = Predictor.load(tmp_path / "p")
     assert p.ranker_vectorizer is None and p.learners[0].sparse is None
     from engine.astec import Astec
+
     m = _model_like(Astec.load(d / "model"), tmp_path / "p")
     assert m.learners[0].gamma == 1.0
     ids_t, sc_t = m.predict(test, k=10)
@@ -339,4 +397,4 @@ def test_export_without_sparse_ranker_serves_gamma_one(built, tmp_path):
     same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
     assert same5 >= 0.99 and close >= 0.99, (same5, close)
     ids_r, _ = Predictor.load(d / "predictor").predict(test, k=10)
-    assert not np.array_equal(ids_r, ids_p)        # the ranker did change the answers
+    assert not np.array_equal(ids_r, ids_p)  # the ranker did change the answers

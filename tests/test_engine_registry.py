@@ -1,4 +1,5 @@
 """Model registry: atomic promotion, keep-last-N, and crashes that must not move CURRENT."""
+
 import json
 import os
 import subprocess

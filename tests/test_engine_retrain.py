@@ -1,4 +1,5 @@
 """Retrain from click logs: promote only if not worse, and a kill -9 mid-way changes nothing."""
+
 import json
 import os
 import signal
@@ -9,14 +10,22 @@ import time
 import pytest
 
 from engine.registry import Registry
-from stream.simulator.logs import LogSettings, simulate_logs
-from stream.simulator.world import generate_world
+from simulator.traffic import LogSettings, simulate_logs
+from simulator.world import generate_world
 
 pytestmark = pytest.mark.slow
 
-TINY = {"embedding_dim": 32, "surrogate_epochs": 1, "extreme_epochs": 1, "reranker": False,
-        "num_threads": 1, "shortlist_size": 50, "predict_shortlist": 50, "centroid_neighbours": 20,
-        "knn_neighbours": 10}
+TINY = {
+    "embedding_dim": 32,
+    "surrogate_epochs": 1,
+    "extreme_epochs": 1,
+    "reranker": False,
+    "num_threads": 1,
+    "shortlist_size": 50,
+    "predict_shortlist": 50,
+    "centroid_neighbours": 20,
+    "knn_neighbours": 10,
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +38,24 @@ def logs(tmp_path_factory):
 
 
 def _retrain(root, models, *extra, wait=True):
-    cmd = [sys.executable, "-m", "infra.cli", "retrain", "--logs", str(root / "logs"),
-           "--models", str(models), "--config", str(root / "tiny.json"), "--quiet", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "infra.cli",
+        "retrain",
+        "--logs",
+        str(root / "logs"),
+        "--models",
+        str(models),
+        "--config",
+        str(root / "tiny.json"),
+        "--quiet",
+        *extra,
+    ]
     if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=os.getcwd())
+        return subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=os.getcwd()
+        )
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=os.getcwd(), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
@@ -56,7 +79,7 @@ def test_promotes_first_then_only_when_not_worse(logs, tmp_path):
     assert second["metrics_current"]["P@1"] == pytest.approx(first["metrics_new"]["P@1"], abs=1e-6)
     third = _retrain(logs, models, "--keep", "2", "--tolerance", "1000")
     assert third["promoted"] and reg.current() == third["version"]
-    assert reg.versions() == [second["version"], third["version"]]   # keep=2 pruned the oldest
+    assert reg.versions() == [second["version"], third["version"]]  # keep=2 pruned the oldest
 
 
 def test_killed_retrain_leaves_current_version_untouched(logs, tmp_path):
@@ -68,18 +91,21 @@ def test_killed_retrain_leaves_current_version_untouched(logs, tmp_path):
     deadline = time.time() + 120
     staged = None
     while time.time() < deadline and proc.poll() is None:
-        staged = [d for d in (models / "versions").iterdir()
-                  if d.name.startswith(".staging-") and (d / "data" / "labels.txt").exists()]
+        staged = [
+            d
+            for d in (models / "versions").iterdir()
+            if d.name.startswith(".staging-") and (d / "data" / "labels.txt").exists()
+        ]
         if staged:
             break
         time.sleep(0.02)
     assert staged and proc.poll() is None, "retrain finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)          # mid-training: dataset written, model not yet
+    os.kill(proc.pid, signal.SIGKILL)  # mid-training: dataset written, model not yet
     proc.wait()
     assert (models / "CURRENT").read_bytes() == pointer
     assert reg.current() == first["version"] and reg.versions() == [first["version"]]
-    assert staged[0].exists()                  # the half-built version is left in staging only
-    again = _retrain(logs, models)             # the next retrain cleans up and succeeds
+    assert staged[0].exists()  # the half-built version is left in staging only
+    again = _retrain(logs, models)  # the next retrain cleans up and succeeds
     assert not staged[0].exists()
     assert again["promoted"] and reg.current() == again["version"]
     assert len(reg.versions()) == 2

@@ -1,4 +1,5 @@
 """Tokenizer and TF-IDF vectoriser: token rules, idf/normalisation, fast path, persistence."""
+
 import json
 from math import log, sqrt
 
@@ -28,15 +29,24 @@ SETTINGS = [
 
 def test_words_keep_programming_names_and_split_punctuation():
     assert words("C++ and GTK+ on x86_64, libc6 e-mail C# python3.11 Übersetzung") == [
-        "c++", "and", "gtk+", "on", "x86_64", "libc6", "e", "mail", "c#", "python3", "11",
-        "übersetzung"]
+        "c++",
+        "and",
+        "gtk+",
+        "on",
+        "x86_64",
+        "libc6",
+        "e",
+        "mail",
+        "c#",
+        "python3",
+        "11",
+        "übersetzung",
+    ]
 
 
 def test_analyze_bigrams_and_marked_char_ngrams():
-    assert analyze("GNU C library", word_ngrams=2) == [
-        "gnu", "c", "library", "gnu c", "c library"]
-    assert analyze("libc6", char_ngrams=(3, 3)) == [
-        "libc6", "~<li", "~lib", "~ibc", "~bc6", "~c6>"]
+    assert analyze("GNU C library", word_ngrams=2) == ["gnu", "c", "library", "gnu c", "c library"]
+    assert analyze("libc6", char_ngrams=(3, 3)) == ["libc6", "~<li", "~lib", "~ibc", "~bc6", "~c6>"]
     # a short word yields only the n-grams that fit inside its markers
     assert analyze("C", char_ngrams=(3, 5)) == ["c", "~<c>"]
 
@@ -51,8 +61,7 @@ def test_idf_is_smooth_and_rows_are_l2_normalised():
     assert X == pytest.approx(raw / np.linalg.norm(raw), rel=1e-6)
     s = TfidfVectorizer(sublinear_tf=True).fit(["a b", "a c", "a"])
     raw = np.array([s.idf_[0], (1 + log(2)) * s.idf_[1], 0.0])
-    assert s.transform(["b b a"]).toarray()[0] == pytest.approx(raw / np.linalg.norm(raw),
-                                                                  rel=1e-6)
+    assert s.transform(["b b a"]).toarray()[0] == pytest.approx(raw / np.linalg.norm(raw), rel=1e-6)
 
 
 def test_empty_and_unknown_texts_give_zero_rows_not_nan():
@@ -131,19 +140,27 @@ def test_fit_is_deterministic_regardless_of_input_hashing():
     assert np.array_equal(a.idf_, b.idf_)
 
 
-@pytest.mark.parametrize("params,ngram_range", [({}, (1, 1)), ({"word_ngrams": 2}, (1, 2)),
-                                                ({"sublinear_tf": True}, (1, 1))])
+@pytest.mark.parametrize(
+    "params,ngram_range",
+    [({}, (1, 1)), ({"word_ngrams": 2}, (1, 2)), ({"sublinear_tf": True}, (1, 1))],
+)
 def test_matches_scikit_learn(params, ngram_range):
     sk = pytest.importorskip("sklearn.feature_extraction.text")
     from engine.text import TOKEN_PATTERN
-    ref = sk.TfidfVectorizer(token_pattern=TOKEN_PATTERN, ngram_range=ngram_range,
-                             sublinear_tf=params.get("sublinear_tf", False), dtype=np.float64)
+
+    ref = sk.TfidfVectorizer(
+        token_pattern=TOKEN_PATTERN,
+        ngram_range=ngram_range,
+        sublinear_tf=params.get("sublinear_tf", False),
+        dtype=np.float64,
+    )
     R = ref.fit_transform(CORPUS)
     v = TfidfVectorizer(**params).fit(CORPUS)
     assert set(ref.vocabulary_) == set(v.vocabulary_)
     perm = [ref.vocabulary_[t] for t in v.feature_names]
-    np.testing.assert_allclose(v.transform(CORPUS).toarray(), R.toarray()[:, perm], rtol=1e-5,
-                               atol=1e-7)
+    np.testing.assert_allclose(
+        v.transform(CORPUS).toarray(), R.toarray()[:, perm], rtol=1e-5, atol=1e-7
+    )
 
 
 def test_unfitted_vectoriser_says_so():

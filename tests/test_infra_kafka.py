@@ -1,6 +1,7 @@
 """The local Apache Kafka broker as an operator meets it: data that survives `down`/`up` and a
 crash, SASL that refuses a wrong password with one clear line (no retry storm), passwords never
 printed, files only their owner reads, and a clear line when Java or the jars are missing."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,16 @@ import pytest
 from click.testing import CliRunner
 
 from infra.cli import cli
-from infra.config import load_settings
-from infra.services import (ServiceError, kafka_classpath, java_binary, read_info, restart_kafka,
-                            start_services, stop_services)
+from stream.settings import load_settings
+from infra.services import (
+    ServiceError,
+    kafka_classpath,
+    java_binary,
+    read_info,
+    restart_kafka,
+    start_services,
+    stop_services,
+)
 from stream.topics import KafkaUnavailable, check_kafka, ensure_topics, make_consumer, make_producer
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
@@ -58,14 +66,14 @@ def test_data_survives_down_up_and_kill9(tmp_path):
         topic, group = f"keep-{uuid.uuid4().hex[:6]}", "keep-group"
         ensure_topics(s, [topic])
         _produce(s, topic, [b"a", b"b"])
-        assert sorted(_read_group(s, topic, group, 2)) == [b"a", b"b"]   # offsets committed
+        assert sorted(_read_group(s, topic, group, 2)) == [b"a", b"b"]  # offsets committed
 
         # graceful down / up: topic, messages and the group's committed offsets are all there
         port = read_info(d).kafka.port
         assert runner.invoke(cli, ["infra", "down", "--data-dir", str(d)]).exit_code == 0
         up2 = runner.invoke(cli, ["infra", "up", "--data-dir", str(d)])
         assert up2.exit_code == 0, up2.output
-        assert read_info(d).kafka.port == port          # clients configured before still find it
+        assert read_info(d).kafka.port == port  # clients configured before still find it
         s = load_settings(services_dir=str(d), env={})
         _produce(s, topic, [b"c"])
         assert _read_group(s, topic, group, 1) == [b"c"]  # resumed after a, b
@@ -79,14 +87,22 @@ def test_data_survives_down_up_and_kill9(tmp_path):
         t0 = time.monotonic()
         assert _read_group(s, topic, group, 1, timeout=150) == [b"d"]
         print(f"\nfirst read after kill -9 and restart: {time.monotonic() - t0:.1f} s")
-        assert sorted(_read_group(s, topic, f"fresh-{uuid.uuid4().hex[:4]}", 4)) == \
-            [b"a", b"b", b"c", b"d"]
+        assert sorted(_read_group(s, topic, f"fresh-{uuid.uuid4().hex[:4]}", 4)) == [
+            b"a",
+            b"b",
+            b"c",
+            b"d",
+        ]
 
         # files only their owner reads
         for path in (d, d / "kafka", d / "kafka" / "data", d / "redis"):
             assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
-        for path in (d / "services.json", d / "kafka" / "server.properties",
-                     d / "kafka" / "state.json", d / "kafka" / "server.log"):
+        for path in (
+            d / "services.json",
+            d / "kafka" / "server.properties",
+            d / "kafka" / "state.json",
+            d / "kafka" / "server.log",
+        ):
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
         # `infra status` finds the JVM (its command line has no port) and prints no password
@@ -103,19 +119,39 @@ def test_wrong_password_is_one_clear_error_without_retry_storm(services, tmp_pat
     with pytest.raises(KafkaUnavailable, match="refused the credentials of user 'astec'"):
         check_kafka(bad)
     assert time.monotonic() - t0 < 15
-    check_kafka(services)   # the right one passes
+    check_kafka(services)  # the right one passes
 
     # `astec stream run` with the wrong password: one line, exit 1, no worker started
-    env = {**os.environ, "KAFKA_BOOTSTRAP": services.kafka_bootstrap,
-           "REDIS_URL": services.redis_url, "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
-           "KAFKA_SASL_USERNAME": "astec", "KAFKA_SASL_PASSWORD": "not-the-password",
-           "ASTEC_SERVICES_DIR": str(tmp_path / "none")}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP": services.kafka_bootstrap,
+        "REDIS_URL": services.redis_url,
+        "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "KAFKA_SASL_USERNAME": "astec",
+        "KAFKA_SASL_PASSWORD": "not-the-password",
+        "ASTEC_SERVICES_DIR": str(tmp_path / "none"),
+    }
     model = tmp_path / "m"
     model.mkdir()
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "infra.cli", "stream", "simulate", "--world",
-                          str(model), "--duration", "1"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infra.cli",
+            "stream",
+            "simulate",
+            "--world",
+            str(model),
+            "--duration",
+            "1",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1 and time.monotonic() - t0 < 30
     assert "refused the credentials" in res.stderr and "Traceback" not in res.stderr
     assert "not-the-password" not in res.stderr + res.stdout
@@ -124,8 +160,10 @@ def test_wrong_password_is_one_clear_error_without_retry_storm(services, tmp_pat
 
 def test_no_broker_is_one_clear_error_within_seconds(tmp_path):
     from infra.services import free_port
-    s = load_settings(services_dir=str(tmp_path), env={},
-                      kafka_bootstrap=f"127.0.0.1:{free_port()}")
+
+    s = load_settings(
+        services_dir=str(tmp_path), env={}, kafka_bootstrap=f"127.0.0.1:{free_port()}"
+    )
     t0 = time.monotonic()
     with pytest.raises(KafkaUnavailable, match="no Kafka broker answers .*astec infra up"):
         check_kafka(s, timeout_s=3)

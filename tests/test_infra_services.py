@@ -1,5 +1,6 @@
 """`astec infra up|status|down` starts real services, records them, and stops exactly those PIDs;
 settings resolve defaults < config file < env."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import redis
 from click.testing import CliRunner
 
 from infra.cli import cli
-from infra.config import ConfigError, Settings, load_settings
+from stream.settings import ConfigError, Settings, load_settings
 from infra.services import pid_alive
 
 
@@ -54,10 +55,13 @@ def test_infra_up_status_down(tmp_path):
 def test_settings_precedence(tmp_path):
     cfg = tmp_path / "astec.toml"
     cfg.write_text('[astec]\nkafka_bootstrap = "broker-a:9092"\npartitions = 12\nstate_k = 8\n')
-    s = load_settings(cfg, env={"KAFKA_BOOTSTRAP": "broker-b:9092", "ASTEC_STATE_K": "32"},
-                      services_dir=str(tmp_path))
-    assert s.kafka_bootstrap == "broker-b:9092"   # env beats file
-    assert s.partitions == 12                      # file beats default
+    s = load_settings(
+        cfg,
+        env={"KAFKA_BOOTSTRAP": "broker-b:9092", "ASTEC_STATE_K": "32"},
+        services_dir=str(tmp_path),
+    )
+    assert s.kafka_bootstrap == "broker-b:9092"  # env beats file
+    assert s.partitions == 12  # file beats default
     assert s.state_k == 32
     assert s.redis_url == "redis://127.0.0.1:6379/0"
     assert load_settings(cfg, env={}, state_k=4, services_dir=str(tmp_path)).state_k == 4
@@ -72,8 +76,12 @@ def test_settings_errors_name_source_and_field(tmp_path):
         load_settings(env={"ASTEC_PARTITIONS": "four"}, services_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="ASTEC_PRODUCER_CLIENT.*'producer_client'.*'librdkafka'"):
         load_settings(env={"ASTEC_PRODUCER_CLIENT": "librdkafka"}, services_dir=str(tmp_path))
-    assert load_settings(env={"ASTEC_PRODUCER_CLIENT": "kafka-python"},
-                         services_dir=str(tmp_path)).producer_client == "kafka-python"
+    assert (
+        load_settings(
+            env={"ASTEC_PRODUCER_CLIENT": "kafka-python"}, services_dir=str(tmp_path)
+        ).producer_client
+        == "kafka-python"
+    )
     with pytest.raises(ConfigError, match="ASTEC_CONSUMER_CLIENT.*'consumer_client'.*'rdkafka'"):
         load_settings(env={"ASTEC_CONSUMER_CLIENT": "rdkafka"}, services_dir=str(tmp_path))
 
@@ -82,9 +90,12 @@ def test_consumer_retry_backoff_reaches_every_consumer(tmp_path):
     # kafka-python's poll sleeps min(poll timeout, retry_backoff_ms) after an empty fetch, and
     # records that arrive meanwhile wait: the setting must reach the consumers the stream builds
     from stream.topics import make_consumer
+
     s = load_settings(env={"ASTEC_CONSUMER_RETRY_BACKOFF_MS": "7"}, services_dir=str(tmp_path))
     assert s.consumer_retry_backoff_ms == 7
-    assert Settings().consumer_retry_backoff_ms < 100   # kafka-python's default stalled paced streams
+    assert (
+        Settings().consumer_retry_backoff_ms < 100
+    )  # kafka-python's default stalled paced streams
     c = make_consumer(s.replace(kafka_bootstrap="127.0.0.1:1"), [], None, api_version=(2, 5))
     try:
         assert c.config["retry_backoff_ms"] == 7
@@ -94,8 +105,10 @@ def test_consumer_retry_backoff_reaches_every_consumer(tmp_path):
 
 def test_deploy_example_config_loads(tmp_path):
     import os
+
     path = os.path.join(os.path.dirname(__file__), "..", "infra", "deploy", "astec.example.toml")
-    s = load_settings(path, env={"REDIS_URL": "redis://:pw@redis.internal:6379/0"},
-                      services_dir=str(tmp_path))
+    s = load_settings(
+        path, env={"REDIS_URL": "redis://:pw@redis.internal:6379/0"}, services_dir=str(tmp_path)
+    )
     assert s.kafka_bootstrap.count(",") == 2 and s.replication_factor == 3
     assert s.redis_url == "redis://:pw@redis.internal:6379/0"

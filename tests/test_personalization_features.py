@@ -1,5 +1,6 @@
 """The sim_* candidate features: the batched computation equals the definition written as a
 plain loop, padding never leaks into them, and the query vectors come out unit-length."""
+
 import numpy as np
 import pytest
 
@@ -30,12 +31,18 @@ def test_sim_features_match_their_definition():
     assert np.allclose(np.linalg.norm(T[:L], axis=1), 1.0, atol=1e-5) and not T[L].any()
     norm = np.array([0.3, 0.2], np.float32)
     seqs = []
-    for n in (5, 3, 1):   # full window, partial window, current page only
+    for n in (5, 3, 1):  # full window, partial window, current page only
         ids = rng.choice(L, (n, k), replace=False) if n * k <= L else None
-        ids[0, -1] = -1    # a state with fewer queries
+        ids[0, -1] = -1  # a state with fewer queries
         ts = 1.7e9 + np.array([0, 4000, 4040, 4080, 4120][:n], float)  # a block starts at 1
-        seqs.append((rng.random((n, D)).astype(np.float32), ids,
-                     -np.sort(-rng.random((n, k)).astype(np.float32), 1), ts))
+        seqs.append(
+            (
+                rng.random((n, D)).astype(np.float32),
+                ids,
+                -np.sort(-rng.random((n, k)).astype(np.float32), 1),
+                ts,
+            )
+        )
     z, ids, sc, mask, ts = pad_states(seqs, K)
     b = build_batch(z, ids, sc, mask, np.zeros(L, np.float32), ts, T, norm)
     cols = [F["sim_current"], F["sim_block"], F["sim_window"]]
@@ -43,8 +50,9 @@ def test_sim_features_match_their_definition():
         in_block = np.zeros(K, bool)
         n = len(seqs[r][0])
         gaps = np.diff(seqs[r][3])
-        first_in_block = K - n + (np.flatnonzero(gaps >= 1800).max() + 1 if (gaps >= 1800).any()
-                                  else 0)
+        first_in_block = (
+            K - n + (np.flatnonzero(gaps >= 1800).max() + 1 if (gaps >= 1800).any() else 0)
+        )
         in_block[first_in_block:] = True
         for c in np.flatnonzero(b.cand_mask[r]):
             want = _loop_sims(T, norm, ids[r], mask[r], in_block, b.cand_ids[r, c])
@@ -55,7 +63,16 @@ def test_sim_features_match_their_definition():
 def test_sim_features_are_zero_without_a_table():
     rng = np.random.default_rng(1)
     ids = rng.choice(20, (3, 4), replace=False)
-    z, I, S, m, ts = pad_states([(rng.random((3, 5)).astype(np.float32), ids,
-                                  np.ones((3, 4), np.float32), 1.7e9 + 40.0 * np.arange(3))], 4)
+    z, I, S, m, ts = pad_states(
+        [
+            (
+                rng.random((3, 5)).astype(np.float32),
+                ids,
+                np.ones((3, 4), np.float32),
+                1.7e9 + 40.0 * np.arange(3),
+            )
+        ],
+        4,
+    )
     b = build_batch(z, I, S, m, np.zeros(20, np.float32), ts)
     assert not b.feats[..., [F["sim_current"], F["sim_block"], F["sim_window"]]].any()

@@ -4,6 +4,7 @@ serving, torch/numpy/ONNX agreement and hot reload from the GRU registry.
 The policy under test is really trained (a few epochs, seconds) on a small synthetic visit log
 in which sessions keep one intent topic and a third of the pages are off-intent.
 """
+
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from personalization.artifact import ONNX, WEIGHTS, PolicyFileError
-from personalization.logs import VisitLog
+from personalization.visits import VisitLog
 from personalization.policy import NO_QUERY, GruPolicy
 from personalization.state import UserState
 from personalization.train import TrainConfig, make_batch, publish, split_rows, train_policy
@@ -33,7 +34,7 @@ def synthetic_visits(n_users=150, sessions=4, topics=6, per_topic=10, D=16, k=5,
     p_topic = rng.integers(0, topics, n_pages)
     Z = (np.maximum(centre[p_topic] + rng.standard_normal((n_pages, D)), 0)).astype(np.float16)
     IDS = np.stack([t * per_topic + rng.choice(per_topic, k, replace=False) for t in p_topic])
-    IDS[:, -1] = rng.integers(0, L, n_pages)           # one off-topic query per page
+    IDS[:, -1] = rng.integers(0, L, n_pages)  # one off-topic query per page
     SC = -np.sort(-rng.random((n_pages, k)).astype(np.float32), axis=1)
     user, ts, sess, page, intent = [], [], [], [], []
     s_id = 0
@@ -65,17 +66,43 @@ def synthetic_visits(n_users=150, sessions=4, topics=6, per_topic=10, D=16, k=5,
     prop = np.where(explore, 0.3 / (3 * k), 0.7 + 0.3 / (3 * k))
     p_click = np.where(q_topic[shown] == intent[sess], 0.45, 0.04)
     clicked = rng.random(n) < p_click
-    v = VisitLog(user=user, user_ids=[f"u{i}" for i in range(n_users)], ts=ts, session=sess,
-                 session_ids=[f"s{i}" for i in range(s_id)], event_ids=[f"e{i}" for i in range(n)],
-                 page=page, Z=Z, IDS=IDS, SC=SC, shown=shown, clicked=clicked,
-                 propensity=prop, search_indptr=np.zeros(n + 1, np.int64),
-                 search_ids=np.zeros(0, np.int64), pop_q=shown[clicked], pop_ts=ts[clicked],
-                 n_labels=L, engine_version="synthetic")
+    v = VisitLog(
+        user=user,
+        user_ids=[f"u{i}" for i in range(n_users)],
+        ts=ts,
+        session=sess,
+        session_ids=[f"s{i}" for i in range(s_id)],
+        event_ids=[f"e{i}" for i in range(n)],
+        page=page,
+        Z=Z,
+        IDS=IDS,
+        SC=SC,
+        shown=shown,
+        clicked=clicked,
+        propensity=prop,
+        search_indptr=np.zeros(n + 1, np.int64),
+        search_ids=np.zeros(0, np.int64),
+        pop_q=shown[clicked],
+        pop_ts=ts[clicked],
+        n_labels=L,
+        engine_version="synthetic",
+    )
     return v, rows_w, q_topic, intent
 
 
-CFG = TrainConfig(K=4, topk=5, hidden=16, query_dim=8, mlp_hidden=16, epochs=4, batch_size=128,
-                  lr=1e-2, threads=1, val_frac=0.25, objective="losses")
+CFG = TrainConfig(
+    K=4,
+    topk=5,
+    hidden=16,
+    query_dim=8,
+    mlp_hidden=16,
+    epochs=4,
+    batch_size=128,
+    lr=1e-2,
+    threads=1,
+    val_frac=0.25,
+    objective="losses",
+)
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +132,9 @@ def state(i, z, ids, scores, ts=1.7e9):
 def window_states(v, row, n):
     """The n states ending at visit `row` of the synthetic log, as UserState records."""
     rows = list(range(row - n + 1, row + 1))
-    return [state(r, v.Z[v.page[r]], v.IDS[v.page[r]], v.SC[v.page[r]], v.ts[r] - 30 * r)
-            for r in rows]
+    return [
+        state(r, v.Z[v.page[r]], v.IDS[v.page[r]], v.SC[v.page[r]], v.ts[r] - 30 * r) for r in rows
+    ]
 
 
 def test_cold_start_gets_current_pages_top_query(registry, world):
@@ -125,9 +153,9 @@ def test_k_boundaries(registry, world):
     long = window_states(v, 40, K + 5)
     cur = long[-1]
     for n_hist in (0, 1, K - 1, K, K + 4):
-        hist = long[-1 - n_hist:-1] if n_hist else []
+        hist = long[-1 - n_hist : -1] if n_hist else []
         q, s = pol.choose(hist, cur)
-        allowed = set(np.concatenate([st.query_ids for st in hist[-(K - 1):] + [cur]]).tolist())
+        allowed = set(np.concatenate([st.query_ids for st in hist[-(K - 1) :] + [cur]]).tolist())
         assert q in allowed and 0.0 < s <= 1.0, n_hist
     # only the last K-1 history states count: older ones change nothing
     assert pol.choose(long[:-1], cur) == pol.choose(long[-K:-1], cur)
@@ -142,15 +170,18 @@ def test_bad_history_states_are_skipped_not_fatal(registry, world):
     good = window_states(v, 30, 3)
     wrong_dim = state(90, np.zeros(7), [1, 2], [0.5, 0.4])
     no_queries = state(91, v.Z[0], [], [])
-    out_of_space = state(92, v.Z[0], [10 ** 6, 3], [0.9, 0.1])
+    out_of_space = state(92, v.Z[0], [10**6, 3], [0.9, 0.1])
     q, s = pol.choose([wrong_dim, no_queries, good[0], out_of_space, good[1]], good[2])
-    assert q >= 0 and q != 10 ** 6
+    assert q >= 0 and q != 10**6
     assert pol.choose([good[0], wrong_dim, good[1]], good[2]) == pol.choose(good[:2], good[2])
     # nothing usable left in the history (expired / corrupt state): the cold-start rule
     top = int(good[2].query_ids[np.argmax(good[2].scores)])
     assert pol.choose([wrong_dim, no_queries], good[2])[0] == top
     # an unusable current page falls back to its own top query (or none), never raises
-    assert pol.choose(good[:2], state(93, np.zeros(3), [5, 6], [0.1, 0.8])) == (6, pytest.approx(0.8))
+    assert pol.choose(good[:2], state(93, np.zeros(3), [5, 6], [0.1, 0.8])) == (
+        6,
+        pytest.approx(0.8),
+    )
     assert pol.choose(good[:2], no_queries) == (NO_QUERY, 0.0)
 
 
@@ -167,17 +198,23 @@ def test_choose_batch_equals_choose(registry, world):
 def test_torch_numpy_onnx_agree(trained, world, registry):
     import torch
     from personalization.features import log_popularity
-    from personalization.model import GruPolicyNet
+    from personalization.gru import GruPolicyNet
     from personalization.scoring import candidate_logits
+
     v, rows_w, _, _ = world
     weights, _ = trained
-    net = GruPolicyNet(CFG.gru_config(), rows_w.shape[1],
-                       rows_w / np.linalg.norm(rows_w, axis=1, keepdims=True), weights["log_pop"])
+    net = GruPolicyNet(
+        CFG.gru_config(),
+        rows_w.shape[1],
+        rows_w / np.linalg.norm(rows_w, axis=1, keepdims=True),
+        weights["log_pop"],
+    )
     net.load_state_dict({**net.state_dict(), **_state_from_weights(net, weights)})
     b = make_batch(v, np.arange(5, 400), CFG.K, CFG.ttl_s, weights["log_pop"])
     with torch.no_grad():
-        lt = net(*[torch.from_numpy(x) for x in (b.z, b.state_mask, b.cand_ids, b.cand_mask,
-                                                   b.feats)]).numpy()
+        lt = net(
+            *[torch.from_numpy(x) for x in (b.z, b.state_mask, b.cand_ids, b.cand_mask, b.feats)]
+        ).numpy()
     ln = candidate_logits(dict(weights), b)
     lo = GruPolicy.load(registry[2], backend="onnx").logits(b)
     fin = np.isfinite(lt)
@@ -190,13 +227,21 @@ def test_torch_numpy_onnx_agree(trained, world, registry):
 def _state_from_weights(net, w):
     """Torch parameters equal to the exported weights (query_table comes from query_proj)."""
     import torch
+
     t = lambda a: torch.from_numpy(np.asarray(a))  # noqa: E731
-    sd = {"cell.weight_ih": t(w["gru.w_ih"]), "cell.bias_ih": t(w["gru.b_ih"]),
-          "cell.weight_hh": t(w["gru.w_hh"]), "cell.bias_hh": t(w["gru.b_hh"]),
-          "user.weight": t(w["user.w"]), "user.bias": t(w["user.b"]),
-          "mlp1.weight": t(w["mlp.w1"]), "mlp1.bias": t(w["mlp.b1"]),
-          "mlp2.weight": t(w["mlp.w2"]), "mlp2.bias": t(w["mlp.b2"]),
-          "lin.weight": t(w["lin.w"][None])}
+    sd = {
+        "cell.weight_ih": t(w["gru.w_ih"]),
+        "cell.bias_ih": t(w["gru.b_ih"]),
+        "cell.weight_hh": t(w["gru.w_hh"]),
+        "cell.bias_hh": t(w["gru.b_hh"]),
+        "user.weight": t(w["user.w"]),
+        "user.bias": t(w["user.b"]),
+        "mlp1.weight": t(w["mlp.w1"]),
+        "mlp1.bias": t(w["mlp.b1"]),
+        "mlp2.weight": t(w["mlp.w2"]),
+        "mlp2.bias": t(w["mlp.b2"]),
+        "lin.weight": t(w["lin.w"][None]),
+    }
     # solve query_proj from the exported table: rows_n @ P^T = table (least squares, exact here)
     rows = net.rows.numpy()
     P, *_ = np.linalg.lstsq(rows, w["query_table"], rcond=None)
@@ -204,8 +249,9 @@ def _state_from_weights(net, w):
     return sd
 
 
-@pytest.mark.parametrize("damage", ["flip_weights", "flip_onnx", "truncate_manifest",
-                                    "missing_weights", "wrong_format"])
+@pytest.mark.parametrize(
+    "damage", ["flip_weights", "flip_onnx", "truncate_manifest", "missing_weights", "wrong_format"]
+)
 def test_corrupt_model_is_refused_with_the_file_named(registry, damage):
     vdir = registry[2]
     if damage == "flip_weights" or damage == "flip_onnx":
@@ -229,7 +275,7 @@ def test_corrupt_model_is_refused_with_the_file_named(registry, damage):
         match = "field 'format'"
     with pytest.raises(PolicyFileError, match=match):
         GruPolicy.load(vdir)
-    with pytest.raises(PolicyFileError):      # through the registry root too
+    with pytest.raises(PolicyFileError):  # through the registry root too
         GruPolicy.load(registry[0])
 
 
@@ -244,7 +290,7 @@ def test_hot_reload_switches_version_and_refuses_a_corrupt_one(registry, trained
     assert np.allclose(pol.weights["mlp.b2"], w2["mlp.b2"])
     v3, p3 = publish(root, weights, CFG, {"engine_version": "synthetic", "train": report})
     (p3 / WEIGHTS).write_bytes(b"garbage")
-    assert not pol.maybe_reload()            # refused: keeps serving v2
+    assert not pol.maybe_reload()  # refused: keeps serving v2
     assert pol.version == v2
 
 
@@ -266,8 +312,9 @@ def test_serving_never_imports_torch(registry, world):
         assert "torch" not in sys.modules, "serving imported torch"
         print("ok")
     """)
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
 
 
@@ -288,10 +335,11 @@ def test_serving_explores_over_exactly_the_ranked_candidates(registry, world):
     win = window_states(v, 45, 4)
     ids, probs = pol.rank_batch([win[:-1]], [win[-1]])[0]
     n = 4000
-    sv = pol.serve_batch([win[:-1]] * n, [win[-1]] * n, epsilon=0.3, temperature=1.0,
-                         rng=np.random.default_rng(0))
+    sv = pol.serve_batch(
+        [win[:-1]] * n, [win[-1]] * n, epsilon=0.3, temperature=1.0, rng=np.random.default_rng(0)
+    )
     m = sv.cand_ids[0] >= 0
-    assert sv.cand_ids[0][m].tolist() == ids.tolist()          # same candidates, best first
+    assert sv.cand_ids[0][m].tolist() == ids.tolist()  # same candidates, best first
     np.testing.assert_allclose(sv.cand_scores[0][m], probs, atol=1e-5)
     assert np.isclose(sv.cand_prop[0].sum(), 1.0, atol=1e-5) and (sv.cand_prop[0][m] > 0).all()
     freq = (sv.query[:, None] == ids[None, :]).mean(0)

@@ -1,6 +1,7 @@
 """`--policy gru` in the real stream (Tansu + Redis + a real exported Astec predictor): every
 event gets a query from its user's window (the page's top query on a first visit), and a newly
 promoted GRU version is picked up while the worker runs (a corrupt one is refused)."""
+
 from __future__ import annotations
 
 import threading
@@ -13,8 +14,8 @@ import pytest
 from personalization.artifact import WEIGHTS
 from personalization.policy import GruPolicy
 from personalization.train import TrainConfig, publish, train_policy
-from stream.model import ModelHandle
-from stream.policy import GruStreamPolicy
+from stream.model_handle import ModelHandle
+from stream.policy_handle import GruStreamPolicy
 from stream.schemas import decode, encode
 from stream.topics import make_consumer, make_producer
 from stream.worker import StreamWorker
@@ -27,24 +28,33 @@ def gru_weights(astec_predictor, tmp_path_factory):
     """A GRU trained (2 epochs) on simulator logs over the stream test corpus."""
     from conftest import STREAM_DATA
     from engine.predictor import Predictor
-    from personalization.logs import load_visits
-    from stream.simulator.logs import LogSettings, simulate_logs
-    from stream.simulator.world import world_from_dataset
+    from personalization.visits import load_visits
+    from simulator.traffic import LogSettings, simulate_logs
+    from simulator.world import world_from_dataset
+
     d = tmp_path_factory.mktemp("gru-stream")
     world = world_from_dataset(STREAM_DATA, n_users=100, seed=5)
     simulate_logs(world, d / "logs", LogSettings(days=2, seed=5))
     pred = Predictor.load(astec_predictor)
     v = load_visits(d / "logs", pred, k=10)
     cfg = TrainConfig(epochs=2, threads=1)
-    w, report = train_policy(v, pred.classifier_rows(np.arange(pred.num_labels)), cfg,
-                             progress=False)
+    w, report = train_policy(
+        v, pred.classifier_rows(np.arange(pred.num_labels)), cfg, progress=False
+    )
     return w, report, cfg
 
 
 def _views(titles, n, users, tag):
-    return [{"event_id": f"{tag}-{i}", "user_id": f"{tag}-u{i % users}", "ts": time.time() + i,
-             "url": f"https://example.org/{i}", "title": titles[(7 * i) % len(titles)]}
-            for i in range(n)]
+    return [
+        {
+            "event_id": f"{tag}-{i}",
+            "user_id": f"{tag}-u{i % users}",
+            "ts": time.time() + i,
+            "url": f"https://example.org/{i}",
+            "title": titles[(7 * i) % len(titles)],
+        }
+        for i in range(n)
+    ]
 
 
 def _produce(settings, msgs):
@@ -65,8 +75,9 @@ def _read(settings, n, timeout=90.0):
     return out
 
 
-def test_gru_policy_in_the_stream_with_hot_reload(stream_settings, astec_predictor, stream_corpus,
-                                                  gru_weights, tmp_path):
+def test_gru_policy_in_the_stream_with_hot_reload(
+    stream_settings, astec_predictor, stream_corpus, gru_weights, tmp_path
+):
     s = stream_settings
     w, report, cfg = gru_weights
     root = tmp_path / "gru"
@@ -74,8 +85,9 @@ def test_gru_policy_in_the_stream_with_hot_reload(stream_settings, astec_predict
     gru = GruPolicy.load(root, reload_every_s=0.1)
     # greedy here (exploration is tested in test_personalization_policy): what is served must be
     # the policy's own top choice, with every candidate it ranked logged beside it
-    worker = StreamWorker(s, ModelHandle.open(astec_predictor), GruStreamPolicy(gru, epsilon=0.0),
-                          "w-gru")
+    worker = StreamWorker(
+        s, ModelHandle.open(astec_predictor), GruStreamPolicy(gru, epsilon=0.0), "w-gru"
+    )
     t = threading.Thread(target=worker.run, daemon=True)
     t.start()
     tag = uuid.uuid4().hex[:6]
@@ -108,5 +120,5 @@ def test_gru_policy_in_the_stream_with_hot_reload(stream_settings, astec_predict
         assert a["query_id"] == a["candidate_ids"][0] and a["propensity"] == 1.0
         assert not a["explored"] and len(a["candidate_scores"]) == len(a["candidate_ids"])
         assert a["candidate_scores"] == sorted(a["candidate_scores"], reverse=True)
-    assert any(len(a["candidate_ids"]) > 10 for a in ads)   # the window, not just the page
+    assert any(len(a["candidate_ids"]) > 10 for a in ads)  # the window, not just the page
     assert reloaded == v2 and after_corrupt == v2 and v3 != v2

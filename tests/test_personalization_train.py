@@ -1,6 +1,7 @@
 """GRU training and offline evaluation: it beats the baselines where history matters, the
 bootstrap interval brackets the lift, and `astec personalize train|evaluate` run end to end on
 simulator logs with a real exported Astec predictor."""
+
 import dataclasses
 import json
 import os
@@ -15,7 +16,7 @@ from personalization.policy import GruPolicy
 from personalization.train import publish, split_rows, train_policy
 
 
-HELD = dataclasses.replace(CFG, holdout=CFG.val_frac)   # never reads the evaluated sessions
+HELD = dataclasses.replace(CFG, holdout=CFG.val_frac)  # never reads the evaluated sessions
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +27,9 @@ def evaluated(tmp_path_factory):
     pol = GruPolicy.load(path)
     _, rows, _ = split_rows(v, HELD.holdout)
     truth = Truth({f"s{i}": int(x) for i, x in enumerate(intent)}, q_topic)
-    return evaluate_policies(pol, v, rows, w["log_pop"], CFG.K, CFG.ttl_s, truth,
-                             progress=False), report
+    return evaluate_policies(
+        pol, v, rows, w["log_pop"], CFG.K, CFG.ttl_s, truth, progress=False
+    ), report
 
 
 def test_gru_beats_every_baseline_on_intent_when_pages_are_noisy(evaluated):
@@ -39,8 +41,9 @@ def test_gru_beats_every_baseline_on_intent_when_pages_are_noisy(evaluated):
         assert m["gru"]["intent_hit"] > 1.05 * m[base]["intent_hit"], (base, m)
         assert m["gru"]["intent_MRR"] > m[base]["intent_MRR"], (base, m)
     s = summarize(res, "intent_hit")
-    assert s["best_baseline"] == max(("top1", "most_frequent", "popularity"),
-                                     key=lambda p: m[p]["intent_hit"])
+    assert s["best_baseline"] == max(
+        ("top1", "most_frequent", "popularity"), key=lambda p: m[p]["intent_hit"]
+    )
     assert s["ci95"][0] <= s["lift"] <= s["ci95"][1] and s["ci95"][0] > 0
 
 
@@ -59,8 +62,9 @@ def test_first_visits_get_the_top1_choice():
     with tempfile.TemporaryDirectory() as d:
         _, path = publish(d, w, CFG, {"train": report})
         pol = GruPolicy.load(path)
-        res = evaluate_policies(pol, v, np.arange(v.n), w["log_pop"], CFG.K, CFG.ttl_s, None,
-                                progress=False)
+        res = evaluate_policies(
+            pol, v, np.arange(v.n), w["log_pop"], CFG.K, CFG.ttl_s, None, progress=False
+        )
     assert res.n_cold == 40 == res.cold.sum()
     assert np.array_equal(res.chosen["gru"][res.cold], res.chosen["top1"][res.cold])
     assert not np.array_equal(res.chosen["gru"][~res.cold], res.chosen["top1"][~res.cold])
@@ -68,8 +72,8 @@ def test_first_visits_get_the_top1_choice():
 
 def test_bootstrap_lift_on_known_numbers():
     users = np.repeat(np.arange(50), 4)
-    num = np.tile([1.0, 1.0, 1.0, 0.0], 50)     # 0.75
-    den = np.tile([1.0, 0.0, 1.0, 0.0], 50)     # 0.50
+    num = np.tile([1.0, 1.0, 1.0, 0.0], 50)  # 0.75
+    den = np.tile([1.0, 0.0, 1.0, 0.0], 50)  # 0.50
     s = bootstrap_lift(num, den, users, n_boot=200)
     assert s["lift"] == pytest.approx(0.5)
     assert s["ci95"][0] == pytest.approx(0.5) and s["ci95"][1] == pytest.approx(0.5)
@@ -82,19 +86,38 @@ def test_bootstrap_lift_on_known_numbers():
 def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
     """World on the stream test corpus -> simulated logs -> train -> evaluate (real CLI)."""
     from conftest import STREAM_DATA, astec
-    from stream.simulator.logs import LogSettings, simulate_logs
-    from stream.simulator.world import save_world, world_from_dataset
+    from simulator.traffic import LogSettings, simulate_logs
+    from simulator.world import save_world, world_from_dataset
+
     world = world_from_dataset(STREAM_DATA, n_users=150, seed=3)
     save_world(world, tmp_path / "world")
-    simulate_logs(world, tmp_path / "logs", LogSettings(days=3, seed=3),
-                  world_dir=str(tmp_path / "world"))
-    out = astec("personalize", "train", "--logs", str(tmp_path / "logs"), "--models",
-                astec_predictor, "--out", str(tmp_path / "gru"), "--epochs", "2", "--threads",
-                "1", "--holdout", "0.2", "--objective", "dr", "--quiet")
+    simulate_logs(
+        world, tmp_path / "logs", LogSettings(days=3, seed=3), world_dir=str(tmp_path / "world")
+    )
+    out = astec(
+        "personalize",
+        "train",
+        "--logs",
+        str(tmp_path / "logs"),
+        "--models",
+        astec_predictor,
+        "--out",
+        str(tmp_path / "gru"),
+        "--epochs",
+        "2",
+        "--threads",
+        "1",
+        "--holdout",
+        "0.2",
+        "--objective",
+        "dr",
+        "--quiet",
+    )
     assert "promoted" in out and "not read" in out and "validation DR CTR" in out
     # promoted only when its validation DR gain has a lower bound above zero; either way the
     # version is published and named
     import re
+
     cur = re.search(r"GRU policy (\S+) -> ", out).group(1)
     promoted = (tmp_path / "gru" / "CURRENT").is_file()
     assert promoted == ("not promoted" not in out)
@@ -102,12 +125,34 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
     manifest = json.loads((vdir / "manifest.json").read_text())
     assert manifest["train"]["val_visits"] > 0 and manifest["config"]["K"] == 8
     rep_path = tmp_path / "eval.json"
-    out = astec("personalize", "evaluate", "--logs", str(tmp_path / "logs"), "--models",
-                astec_predictor, "--policy", str(vdir), "--bootstrap", "100",
-                "--json-out", str(rep_path), "--oracle", "--quiet")
+    out = astec(
+        "personalize",
+        "evaluate",
+        "--logs",
+        str(tmp_path / "logs"),
+        "--models",
+        astec_predictor,
+        "--policy",
+        str(vdir),
+        "--bootstrap",
+        "100",
+        "--json-out",
+        str(rep_path),
+        "--oracle",
+        "--quiet",
+    )
     rep = json.loads(rep_path.read_text())
-    assert set(rep["metrics"]) == {"gru", "top1", "most_frequent", "popularity", "sim_rank",
-                                   "oracle", "oracle_no_user", "knows_intent", "bayes_window"}
+    assert set(rep["metrics"]) == {
+        "gru",
+        "top1",
+        "most_frequent",
+        "popularity",
+        "sim_rank",
+        "oracle",
+        "oracle_no_user",
+        "knows_intent",
+        "bayes_window",
+    }
     m = rep["metrics"]
     # value: the simulator's click model judges every row; knowing the intent bounds them all
     val = rep["value"]["policies"]
@@ -115,8 +160,7 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
         assert 0 < val[p]["actual_ctr"] <= val["knows_intent"]["actual_ctr"] + 1e-9, (p, val)
         lo, hi = val[p]["dr_ci95"]
         assert lo <= val[p]["dr"] <= hi and 0 <= val[p]["in_support"] <= 1 and val[p]["ess"] > 0
-    assert set(rep["value"]["vs_baselines"]) == {"top1", "most_frequent", "popularity",
-                                                 "sim_rank"}
+    assert set(rep["value"]["vs_baselines"]) == {"top1", "most_frequent", "popularity", "sim_rank"}
     assert "actual_ctr" in out and "DR" in out and "targets:" in out
     # the Bayes posterior with the world's true parameters bounds every policy on intent hit
     for p in ("gru", "top1", "most_frequent", "popularity", "sim_rank"):
@@ -125,8 +169,9 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
     assert rep["lift"]["intent_hit"]["best_baseline"] in ("top1", "most_frequent", "popularity")
     assert "intent_hit" in rep["metrics"]["gru"] and "intent_hit" in rep["lift"]
     assert rep["held_out_visits"] > 0 and "lift" in out
-    bench = json.loads(astec("bench", "gru", "--policy", str(vdir), "--events", "200",
-                             "--batch", "1,32"))
+    bench = json.loads(
+        astec("bench", "gru", "--policy", str(vdir), "--events", "200", "--batch", "1,32")
+    )
     assert {r["backend"] for r in bench["results"]} == {"onnx", "numpy"}
     assert all(r["mean_us"] > 0 for r in bench["results"])
     assert os.path.isdir(vdir)
@@ -157,8 +202,9 @@ def test_holdout_sessions_are_never_read():
 
 
 def test_evaluate_refuses_a_policy_that_read_the_evaluated_sessions(tmp_path):
-    from personalization.cli import run_evaluation
+    from personalization.cli_policy import run_evaluation
     from personalization.evaluate import OverlapError
+
     v, rows_w, _, _ = synthetic_visits(n_users=60, seed=5)
     cfg0, cfgh = dataclasses.replace(CFG, epochs=1), dataclasses.replace(HELD, epochs=1)
     policies = {}
@@ -196,8 +242,9 @@ def test_sim_rank_start_is_the_fixed_ranking_and_competes_for_best_epoch(tmp_pat
     res = evaluate_policies(pol, v, rows, w["log_pop"], cfg.K, cfg.ttl_s, truth, progress=False)
     same = res.chosen["gru"] == res.chosen["sim_rank"]
     assert same.mean() > 0.99, same.mean()
-    w_rand, rep_rand = train_policy(v, rows_w, dataclasses.replace(cfg, init="random"),
-                                    progress=False)
+    w_rand, rep_rand = train_policy(
+        v, rows_w, dataclasses.replace(cfg, init="random"), progress=False
+    )
     assert rep_rand["epochs"][0]["epoch"] == 1 and "init_scale" not in rep_rand
 
 
@@ -216,20 +263,24 @@ def test_dr_training_earns_more_clicks_than_every_baseline():
     truth = Truth({f"s{i}": int(x) for i, x in enumerate(intent)}, q_topic)
     res = evaluate_policies(pol, v, rows, w["log_pop"], cfg.K, cfg.ttl_s, truth, progress=False)
     sess_intent = intent[v.session[rows]]
-    ctr = {p: float(np.where(q_topic[np.maximum(c, 0)] == sess_intent, 0.45, 0.04).mean())
-           for p, c in res.chosen.items()}
+    ctr = {
+        p: float(np.where(q_topic[np.maximum(c, 0)] == sess_intent, 0.45, 0.04).mean())
+        for p, c in res.chosen.items()
+    }
     for base in ("top1", "most_frequent", "popularity"):
         assert ctr["gru"] > 1.05 * ctr[base], (base, ctr)
-    assert ctr["gru"] >= ctr["sim_rank"], ctr   # the start it learns a residual from
+    assert ctr["gru"] >= ctr["sim_rank"], ctr  # the start it learns a residual from
 
 
 def test_promotion_needs_a_dr_lower_bound_above_zero():
     from personalization.train import promotion_check
+
     win = {"diff": 0.01, "diff_ci95": [0.002, 0.02]}
     lose = {"diff": 0.01, "diff_ci95": [-0.002, 0.02]}
     assert promotion_check({"val_vs_best_baseline": win, "val_vs_current_policy": None})[0]
     ok, why = promotion_check({"val_vs_best_baseline": lose, "val_best_baseline": "top1"})
     assert not ok and "top1" in why
-    ok, why = promotion_check({"val_vs_best_baseline": win, "val_vs_current_policy": lose,
-                               "current_policy": "v7"})
+    ok, why = promotion_check(
+        {"val_vs_best_baseline": win, "val_vs_current_policy": lose, "current_policy": "v7"}
+    )
     assert not ok and "v7" in why

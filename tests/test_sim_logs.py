@@ -1,14 +1,20 @@
 """Simulated logs: readable by the click-log reader, intents persist, and history decides the best query."""
+
 import json
 
 import numpy as np
 import pytest
 
 from engine.clicklog import ReadReport, ad_outcomes, partitions, read_log
-from stream.simulator.clickmodel import click_probability
-from stream.simulator.logs import (LogSettings, _start_ts, logging_policy, simulate_logs,
-                                   simulate_sessions)
-from stream.simulator.world import generate_world
+from simulator.clickmodel import click_probability
+from simulator.traffic import (
+    LogSettings,
+    _start_ts,
+    logging_policy,
+    simulate_logs,
+    simulate_sessions,
+)
+from simulator.world import generate_world
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +38,7 @@ def test_logs_are_valid_partitioned_and_time_ordered(logs):
         assert ts == sorted(ts), kind
         assert partitions(out, kind) == ["2026-01-05", "2026-01-06"], kind
     views = list(read_log(out, "page_views"))
-    assert not {"topic", "subtopic", "intent"} & set(views[0])   # ground truth stays out
+    assert not {"topic", "subtopic", "intent"} & set(views[0])  # ground truth stays out
 
 
 def test_search_clicks_are_zipfian_over_pages(logs):
@@ -52,9 +58,11 @@ def test_sessions_follow_a_persistent_latent_intent(world, logs):
     intent = {t["session_id"]: t["subtopic"] for t in truth}
     by_session = {}
     for v in read_log(out, "page_views"):
-        by_session.setdefault(v["session_id"], []).append(sub_of_url[v["url"]] == intent[v["session_id"]])
+        by_session.setdefault(v["session_id"], []).append(
+            sub_of_url[v["url"]] == intent[v["session_id"]]
+        )
     hits = np.concatenate([np.array(h) for h in by_session.values()])
-    assert 0.55 < hits.mean() < 0.8           # on-intent most of the time, with off-intent pages
+    assert 0.55 < hits.mean() < 0.8  # on-intent most of the time, with off-intent pages
     long = [h for h in by_session.values() if len(h) >= 4]
     assert long and np.mean([np.mean(h) for h in long]) > 0.5
 
@@ -65,10 +73,15 @@ def test_best_query_depends_on_history(world):
     ss = simulate_sessions(world, rng, _start_ts(s.start), s)
     cand, _, _ = logging_policy(world, ss, rng, s)
     intent = ss.intent[ss.v_session]
-    p = np.stack([click_probability(cand[:, j], intent, ss.v_page, world=world)
-                  for j in range(cand.shape[1])], axis=1)
-    top_now = p[:, 0]                          # the current page's strongest query
-    best = p.max(axis=1)                       # the best query among the recent pages' queries
+    p = np.stack(
+        [
+            click_probability(cand[:, j], intent, ss.v_page, world=world)
+            for j in range(cand.shape[1])
+        ],
+        axis=1,
+    )
+    top_now = p[:, 0]  # the current page's strongest query
+    best = p.max(axis=1)  # the best query among the recent pages' queries
     off = ~ss.v_on
     assert best[off].mean() > 1.5 * top_now[off].mean()
     assert best.mean() > 1.15 * top_now.mean()
@@ -82,7 +95,10 @@ def test_best_query_depends_on_history(world):
 
 def test_logged_ad_clicks_follow_the_click_model(world, logs):
     out, _ = logs
-    truth = {t["session_id"]: t["subtopic"] for t in map(json.loads, open(out / "truth" / "intents.jsonl"))}
+    truth = {
+        t["session_id"]: t["subtopic"]
+        for t in map(json.loads, open(out / "truth" / "intents.jsonl"))
+    }
     q_sub = dict(zip(world.query_text, world.query_subtopic.tolist()))
     rel, clicked = [], []
     for o in ad_outcomes(out):

@@ -1,6 +1,7 @@
 """The closed loop: the served GRU explores over its own candidates, its logs carry what a
 successor needs (propensity, every candidate with score and propensity), and the trainer reads
 them back to train the next round's policy."""
+
 import json
 
 import numpy as np
@@ -11,32 +12,46 @@ from engine.clicklog import read_log
 def test_loop_serves_logs_and_retrains(astec_predictor, tmp_path):
     from conftest import STREAM_DATA
     from engine.predictor import Predictor
-    from personalization.logs import load_visits
+    from personalization.visits import load_visits
     from personalization.train import TrainConfig, publish, train_policy
-    from stream.simulator.logs import LogSettings, simulate_logs
-    from stream.simulator.loop import run_loop
-    from stream.simulator.world import save_world, world_from_dataset
+    from simulator.traffic import LogSettings, simulate_logs
+    from personalization.closed_loop import run_loop
+    from simulator.world import save_world, world_from_dataset
+
     world = world_from_dataset(STREAM_DATA, n_users=80, seed=4)
     save_world(world, tmp_path / "world")
-    simulate_logs(world, tmp_path / "logs", LogSettings(days=2, seed=4),
-                  world_dir=str(tmp_path / "world"))
+    simulate_logs(
+        world, tmp_path / "logs", LogSettings(days=2, seed=4), world_dir=str(tmp_path / "world")
+    )
     pred = Predictor.load(astec_predictor)
     v = load_visits(tmp_path / "logs", pred, progress=False)
     cfg = TrainConfig(epochs=1, reward_epochs=1, rows_per_epoch=3000, threads=1, objective="dr")
-    w, rep = train_policy(v, pred.classifier_rows(np.arange(pred.num_labels)), cfg,
-                          progress=False)
+    w, rep = train_policy(v, pred.classifier_rows(np.arange(pred.num_labels)), cfg, progress=False)
     _, first = publish(tmp_path / "gru0", w, cfg, {"train": rep})
-    res = run_loop(tmp_path / "world", astec_predictor, first, tmp_path / "loop", rounds=2,
-                   days=1, seed=1, train_cfg=cfg, echo=lambda *_: None)
+    res = run_loop(
+        tmp_path / "world",
+        astec_predictor,
+        first,
+        tmp_path / "loop",
+        rounds=2,
+        days=1,
+        seed=1,
+        train_cfg=cfg,
+        echo=lambda *_: None,
+    )
     assert [r["round"] for r in res] == [0, 1] and res[1]["policy"] == res[0]["next_policy"]
     for r in res:
         assert 0 < r["served_ctr"] < 0.3 and 0 < r["greedy_ctr"] < 0.3
-        assert 0.02 < r["explored"] < 0.3           # epsilon 0.1 of the draws, minus repeats
+        assert 0.02 < r["explored"] < 0.3  # epsilon 0.1 of the draws, minus repeats
     imps = list(read_log(tmp_path / "loop" / "logs", "ad_impressions"))
     assert imps and all(r["query"] in r["candidates"] for r in imps)
     for r in imps[:200]:
-        assert len(r["candidate_ids"]) == len(r["candidate_propensities"]) == \
-            len(r["candidate_scores"]) == len(r["candidates"])
+        assert (
+            len(r["candidate_ids"])
+            == len(r["candidate_propensities"])
+            == len(r["candidate_scores"])
+            == len(r["candidates"])
+        )
         assert abs(sum(r["candidate_propensities"]) - 1) < 1e-3
         assert r["propensity"] == r["candidate_propensities"][r["candidates"].index(r["query"])]
     # the trainer reads the logged candidates and their propensities back

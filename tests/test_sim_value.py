@@ -1,15 +1,16 @@
 """What a policy earns in the simulator: the evaluation's click judge is the simulator's own
 click model, and the doubly-robust estimate from exploring logs covers the actual CTR."""
+
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from personalization.policy import explore
-from personalization.value import (crossfit_reward, load_judge, off_policy, paired_bootstrap)
-from stream.simulator.clickmodel import click_probability
-from stream.simulator.logs import LogSettings, simulate_logs, simulate_sessions
-from stream.simulator.world import generate_world, save_world
+from personalization.value import crossfit_reward, load_judge, off_policy, paired_bootstrap
+from simulator.clickmodel import click_probability
+from simulator.traffic import LogSettings, simulate_logs, simulate_sessions
+from simulator.world import generate_world, save_world
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,7 @@ def test_judge_equals_the_simulators_click_model(world, tmp_path):
     """personalization reads the click model as data (no stream import); on every visit and
     any query its probability is the simulator's, so "actual CTR" is the simulator's truth."""
     import json
+
     wdir, ldir = tmp_path / "w", tmp_path / "l"
     save_world(world, wdir)
     simulate_logs(world, ldir, LogSettings(days=1, seed=1), world_dir=str(wdir))
@@ -33,16 +35,21 @@ def test_judge_equals_the_simulators_click_model(world, tmp_path):
     sess = truth[:200]
     pages = rng.choice(np.flatnonzero(uniq), len(sess), replace=False)
     titles = [world.page_title[p] for p in pages]
-    v = SimpleNamespace(titles=titles, session_ids=[s["session_id"] for s in sess],
-                        session=np.arange(len(sess)), page=np.arange(len(sess)), n=len(sess))
+    v = SimpleNamespace(
+        titles=titles,
+        session_ids=[s["session_id"] for s in sess],
+        session=np.arange(len(sess)),
+        page=np.arange(len(sess)),
+        n=len(sess),
+    )
     judge = load_judge(wdir, ldir, v, world.query_text)
     q = rng.integers(-1, world.n_queries, (len(sess), 30))
-    q[:, :5] = world.top_queries(pages, 5)          # linked queries too
+    q[:, :5] = world.top_queries(pages, 5)  # linked queries too
     intent = np.array([s["subtopic"] for s in sess])
     want = click_probability(q, intent[:, None], pages[:, None], world=world)
     got = judge.p_click(np.arange(len(sess)), q)
-    np.testing.assert_allclose(got, want, atol=1e-6)   # queries.tsv rounds popularity
-    assert (got > 0.1).any() and (got == 0).any()   # both intent hits and "nothing shown"
+    np.testing.assert_allclose(got, want, atol=1e-6)  # queries.tsv rounds popularity
+    assert (got > 0.1).any() and (got == 0).any()  # both intent hits and "nothing shown"
 
 
 def test_dr_interval_covers_the_actual_ctr_from_exploring_logs(world):
@@ -57,12 +64,15 @@ def test_dr_interval_covers_the_actual_ctr_from_exploring_logs(world):
     cols = []
     for lag in range(3):
         ok = ss.v_pos >= lag
-        cols.append(np.where(ok[:, None], world.top_queries(ss.v_page[np.maximum(
-            np.arange(V) - lag, 0)], 3), -1))
+        cols.append(
+            np.where(
+                ok[:, None], world.top_queries(ss.v_page[np.maximum(np.arange(V) - lag, 0)], 3), -1
+            )
+        )
     cand = np.concatenate(cols, 1)
     mask = cand >= 0
     lag_of = np.repeat(np.arange(3), 3)[None, :].repeat(V, 0).astype(np.float64)
-    logits = np.where(mask, -lag_of, -np.inf).astype(np.float32)   # logger prefers the page
+    logits = np.where(mask, -lag_of, -np.inf).astype(np.float32)  # logger prefers the page
     col, prop, _ = explore(logits, mask, 0.5, 4.0, rng)
     R = np.arange(V)
     shown, p_shown = cand[R, col], prop[R, col]
@@ -75,15 +85,17 @@ def test_dr_interval_covers_the_actual_ctr_from_exploring_logs(world):
     users = ss.user[ss.v_session]
     feats = np.stack([lag_of[R, col] == 0, lag_of[R, col] == 1, lag_of[R, col] == 2], 1)
     tfeats = np.stack([tcol == 0, tcol == 3, np.zeros(V, bool)], 1)
-    r_shown, (r_t,) = crossfit_reward(feats.astype(float), clicked, np.ones(V, bool), users,
-                                      [tfeats.astype(float)])
-    est = off_policy(target, shown, clicked, p_shown, mask[R, tcol], r_t, r_shown, users,
-                     n_boot=400)
+    r_shown, (r_t,) = crossfit_reward(
+        feats.astype(float), clicked, np.ones(V, bool), users, [tfeats.astype(float)]
+    )
+    est = off_policy(
+        target, shown, clicked, p_shown, mask[R, tcol], r_t, r_shown, users, n_boot=400
+    )
     lo, hi = est["dr_ci95"]
     assert lo <= actual <= hi, (actual, est)
     assert hi - lo < 0.08 and est["in_support"] == 1.0 and est["ess"] > 0.1 * V
     greedy = click_probability(cand[:, 0], intent, ss.v_page, world=world).mean()
-    assert abs(greedy - actual) > (hi - lo) / 4   # a different policy, a different value
+    assert abs(greedy - actual) > (hi - lo) / 4  # a different policy, a different value
 
 
 def test_paired_bootstrap_sees_a_consistent_gain_and_no_gain():

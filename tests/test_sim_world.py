@@ -1,11 +1,12 @@
 """The simulated world has the statistics the paper describes, deterministically, on disk and back."""
+
 import collections
 import hashlib
 
 import numpy as np
 import pytest
 
-from stream.simulator.world import generate_world, load_world, save_world, world_from_dataset
+from simulator.world import generate_world, load_world, save_world, world_from_dataset
 
 
 @pytest.fixture(scope="module")
@@ -48,26 +49,30 @@ def test_queries_paraphrase_titles(world):
     overlap, contained = [], 0
     for p in range(3000):
         title = set(world.page_title[p].split())
-        for q in world.link_query[world.link_indptr[p]:world.link_indptr[p + 1]]:
+        for q in world.link_query[world.link_indptr[p] : world.link_indptr[p + 1]]:
             words = set(world.query_text[q].split())
             o = len(words & title) / len(words)
             overlap.append(o)
             contained += o == 1.0
     overlap = np.array(overlap)
     assert 0.1 < overlap.mean() < 0.6
-    assert contained / len(overlap) < 0.25       # titles rarely copy a query whole
-    assert (overlap > 0).mean() > 0.3            # but often share words with it
+    assert contained / len(overlap) < 0.25  # titles rarely copy a query whole
+    assert (overlap > 0).mean() > 0.3  # but often share words with it
     # the strongest query of a page shares words with its title more than a weaker one
     firsts = world.link_query[world.link_indptr[:-1]]
-    o1 = np.mean([len(set(world.query_text[q].split()) & set(world.page_title[p].split())) > 0
-                  for p, q in enumerate(firsts[:3000])])
+    o1 = np.mean(
+        [
+            len(set(world.query_text[q].split()) & set(world.page_title[p].split())) > 0
+            for p, q in enumerate(firsts[:3000])
+        ]
+    )
     assert o1 > 0.6
 
 
 def test_pages_and_queries_organised_by_subtopic(world):
     lp = world.link_pages()
     same = world.page_subtopic[lp] == world.query_subtopic[world.link_query]
-    assert 0.7 < same.mean() < 0.95           # mostly its subtopic, some cross-links
+    assert 0.7 < same.mean() < 0.95  # mostly its subtopic, some cross-links
     assert len(np.unique(world.query_subtopic)) > 0.9 * world.n_subtopics
     assert (world.subtopic_topic[world.query_subtopic] == world.query_topic).all()
 
@@ -87,7 +92,9 @@ def test_deterministic_and_round_trips(tmp_path):
         assert h1 == h2, name
     r = load_world(tmp_path / "w1")
     assert r.query_text == a.query_text and r.page_url == a.page_url
-    assert np.array_equal(r.link_indptr, a.link_indptr) and np.array_equal(r.link_query, a.link_query)
+    assert np.array_equal(r.link_indptr, a.link_indptr) and np.array_equal(
+        r.link_query, a.link_query
+    )
     assert np.array_equal(r.interest_subtopic, a.interest_subtopic)
     assert np.allclose(r.page_pop, a.page_pop, rtol=1e-4)
 
@@ -105,8 +112,9 @@ def test_world_from_dataset_clusters_cooccurring_labels(tmp_path):
     w = world_from_dataset(tmp_path, n_users=20, seed=0, n_topics=2, subtopics_per_topic=2)
     assert w.n_pages == 400 and w.n_queries == 20 and w.query_text[5] == "label 5"
     assert w.page_split[:300] == ["train"] * 300 and w.page_split[300] == "test"
-    assert sorted(w.link_query[w.link_indptr[0]:w.link_indptr[1]].tolist()) == \
-        [int(x) for x in lines[0].split("\t")[1].split(",")]
+    assert sorted(w.link_query[w.link_indptr[0] : w.link_indptr[1]].tolist()) == [
+        int(x) for x in lines[0].split("\t")[1].split(",")
+    ]
     assert len(set(w.query_topic[:10])) == 1 and len(set(w.query_topic[10:])) == 1
     assert w.query_topic[0] != w.query_topic[10]
     assert (w.page_topic[::2] == w.query_topic[0]).all()

@@ -1,6 +1,7 @@
 """`astec bench stream` end to end, as a user runs it: it starts its own broker and Redis, every
 event of both phases gets its ad, exactly once in exactly-once mode, both delivery modes run side
 by side, and the run leaves no service data behind."""
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,42 @@ def test_bench_stream_answers_every_event_and_removes_its_services(astec_predict
     tmp.mkdir()
     out = tmp_path / "bench.json"
     env = {**os.environ, "TMPDIR": str(tmp)}
-    for k in ("KAFKA_BOOTSTRAP", "REDIS_URL"):   # the bench must start its own services
+    for k in ("KAFKA_BOOTSTRAP", "REDIS_URL"):  # the bench must start its own services
         env.pop(k, None)
-    res = subprocess.run([sys.executable, "-m", "infra.cli", "bench", "stream", "--model", astec_predictor,
-                          "--events", "150", "--workers", "1", "--rate", "40", "--paced-seconds", "3",
-                          "--delivery", "exactly-once", "--delivery", "at-least-once",
-                          "--titles", os.path.join(STREAM_DATA, "train.tsv"), "--users", "20",
-                          "--out", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=220)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infra.cli",
+            "bench",
+            "stream",
+            "--model",
+            astec_predictor,
+            "--events",
+            "150",
+            "--workers",
+            "1",
+            "--rate",
+            "40",
+            "--paced-seconds",
+            "3",
+            "--delivery",
+            "exactly-once",
+            "--delivery",
+            "at-least-once",
+            "--titles",
+            os.path.join(STREAM_DATA, "train.tsv"),
+            "--users",
+            "20",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=220,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(out.read_text())
     assert [run["delivery"] for run in r["runs"]] == ["exactly-once", "at-least-once"]
@@ -43,7 +73,7 @@ def test_bench_stream_answers_every_event_and_removes_its_services(astec_predict
         assert paced["cpu"]["peak_rss_mb"]["broker"] > 0
     assert r["runs"][0]["duplicates_on_output"] == 0
     assert not list(tmp.glob("astec-bench-services-*"))
-    assert Path(r["worker_log"]).exists()   # the workers' log stays: the JSON points at it
+    assert Path(r["worker_log"]).exists()  # the workers' log stays: the JSON points at it
 
 
 @pytest.mark.parametrize("command", [["stream", "run"], ["bench", "stream", "--events", "10"]])
@@ -51,8 +81,14 @@ def test_a_directory_that_is_no_predictor_is_refused_before_anything_starts(comm
     """One clear error naming the missing manifest, not workers restarting on it for minutes."""
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
-    res = subprocess.run([sys.executable, "-m", "infra.cli", *command, "--model", str(tmp_path)],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "infra.cli", *command, "--model", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert res.returncode != 0
     assert f"{tmp_path / 'manifest.json'}: missing" in res.stderr
-    assert not list((tmp_path / "tmp").iterdir())   # no services, no workers' log
+    assert not list((tmp_path / "tmp").iterdir())  # no services, no workers' log

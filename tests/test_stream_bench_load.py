@@ -1,11 +1,12 @@
 """The librdkafka clients against the real broker: the bench's load generator (every page view
 arrives, in the partition kafka-python and Java clients would pick, so per-user order and the
 workers' split are the product's), its ad reader, and the workers' consumer's commit refusals."""
+
 from __future__ import annotations
 
 import pytest
 
-from stream.bench_load import ConfluentProducer, KafkaPythonProducer
+from bench.stream_load import ConfluentProducer, KafkaPythonProducer
 from stream.topics import ensure_topics, make_consumer
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
@@ -16,7 +17,9 @@ def _read_all(settings, topic, n):
     got = []
     try:
         for _ in range(200):
-            got += [(r.key, r.partition, r.value) for rs in c.poll(timeout_ms=100).values() for r in rs]
+            got += [
+                (r.key, r.partition, r.value) for rs in c.poll(timeout_ms=100).values() for r in rs
+            ]
             if len(got) >= n:
                 break
     finally:
@@ -39,7 +42,7 @@ def test_confluent_load_producer_delivers_everything_to_the_kafka_python_partiti
     assert sorted(v for _, _, v in ck) == sorted(f"view-{i}".encode() for i in range(300))
     part_ck = {k: p for k, p, _ in ck}
     assert part_ck == {k: p for k, p, _ in kp}
-    assert len(set(part_ck.values())) > 1          # the keys really were spread
+    assert len(set(part_ck.values())) > 1  # the keys really were spread
     # one partition per user: the user's views keep their order
     for k in set(keys):
         views = [int(v[5:]) for kk, _, v in ck if kk == k]
@@ -50,11 +53,13 @@ def test_rdkafka_producer_reports_an_undelivered_message_as_an_error():
     """The worker commits a batch's offsets only after every message it produced is
     acknowledged: a message the broker never took must raise, not count as done."""
     pytest.importorskip("confluent_kafka")
-    from infra.config import Settings
+    from stream.settings import Settings
     from infra.services import free_port
     from stream.rdkafka_producer import DeliveryError, RdProducer
-    p = RdProducer(Settings(kafka_bootstrap=f"127.0.0.1:{free_port()}"), "test",
-                   **{"message.timeout.ms": 300})   # nobody listens there
+
+    p = RdProducer(
+        Settings(kafka_bootstrap=f"127.0.0.1:{free_port()}"), "test", **{"message.timeout.ms": 300}
+    )  # nobody listens there
     d = p.send("page-views", b"v", b"k")
     assert not d.is_done
     with pytest.raises(DeliveryError):
@@ -73,16 +78,20 @@ def test_ad_reader_records_every_ad_query_once_and_counts_replays(stream_setting
     import json
     import time
 
-    from stream.bench_load import AdReader
+    from bench.stream_load import AdReader
+
     if client == "confluent":
         pytest.importorskip("confluent_kafka")
     s = stream_settings
     ensure_topics(s, [s.topic_ad_queries])
     prod = KafkaPythonProducer(s)
     ids = [f"e{i}" for i in range(200)]
-    for i, e in enumerate(ids + ids[:7]):   # the first 7 are produced twice (a replay)
-        prod.send(s.topic_ad_queries, f"u{i % 23}".encode(),
-                  json.dumps({"event_id": e, "event_ts": 1.0, "ts": 2.0}).encode())
+    for i, e in enumerate(ids + ids[:7]):  # the first 7 are produced twice (a replay)
+        prod.send(
+            s.topic_ad_queries,
+            f"u{i % 23}".encode(),
+            json.dumps({"event_id": e, "event_ts": 1.0, "ts": 2.0}).encode(),
+        )
     prod.flush()
     prod.close()
     reader = AdReader(s, client)
@@ -107,16 +116,20 @@ def test_rdkafka_consumer_commit_refusal_is_a_commit_failure(stream_settings, mo
     from kafka.structs import OffsetAndMetadata, TopicPartition
 
     from stream.rdkafka_consumer import RdConsumer
+
     s = stream_settings
     ensure_topics(s, [s.topic_page_views])
     c = RdConsumer(s, [s.topic_page_views], s.consumer_group, "test-commit")
     try:
-        def refuse(*_a, **_k):   # what librdkafka raises once the group moved on without us
+
+        def refuse(*_a, **_k):  # what librdkafka raises once the group moved on without us
             raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION))
-        monkeypatch.setattr(c, "_c", type("C", (), {"commit": staticmethod(refuse),
-                                                    "close": c._c.close})())
+
+        monkeypatch.setattr(
+            c, "_c", type("C", (), {"commit": staticmethod(refuse), "close": c._c.close})()
+        )
         with pytest.raises(CommitFailedError, match="ILLEGAL_GENERATION|generation"):
             c.commit({TopicPartition(s.topic_page_views, 0): OffsetAndMetadata(5, None, -1)})
-        c.commit({})   # nothing to commit: no request at all
+        c.commit({})  # nothing to commit: no request at all
     finally:
         c.close()

@@ -3,6 +3,7 @@ SIGKILL mid-stream and restarted, the broker killed with SIGKILL and restarted, 
 mid-stream (a rebalance with batches in flight), Redis restarted mid-stream. Nothing acknowledged
 is lost, no visit is counted twice in user state, and in exactly-once mode a read-committed
 reader sees no duplicate ad query."""
+
 from __future__ import annotations
 
 import os
@@ -18,10 +19,10 @@ from collections import Counter
 import psutil
 import pytest
 
-from infra.config import settings_env
-from stream.metrics import read_all
+from stream.settings import settings_env
+from stream.consumer_metrics import read_all
 from stream.schemas import decode, encode
-from stream.state import StateStore, connect
+from stream.state_store import StateStore, connect
 from stream.topics import make_consumer, make_producer
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
@@ -31,11 +32,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def start_stream(settings, predictor, workers=2):
     """`astec stream run` as a user starts it, configured through the environment."""
-    log = tempfile.TemporaryFile()   # a file, not a pipe: a chatty worker never blocks
+    log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks
     env = {**os.environ, **settings_env(settings), "ASTEC_LOG_LEVEL": "30"}
-    p = subprocess.Popen([sys.executable, "-m", "infra.cli", "stream", "run", "--workers",
-                          str(workers), "--model", predictor], cwd=ROOT, env=env,
-                         stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "infra.cli",
+            "stream",
+            "run",
+            "--workers",
+            str(workers),
+            "--model",
+            predictor,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     p.log = log
     return p
 
@@ -54,8 +69,11 @@ def running(pid: int) -> bool:
 
 def live_consumers(settings) -> list[dict]:
     """Metrics of the consumers whose process still runs."""
-    return [m for m in read_all(connect(settings.redis_url), settings.redis_key_prefix)
-            if running(int(m["pid"]))]
+    return [
+        m
+        for m in read_all(connect(settings.redis_url), settings.redis_key_prefix)
+        if running(int(m["pid"]))
+    ]
 
 
 def wait_for(cond, timeout, what):
@@ -71,10 +89,15 @@ def wait_sharing(settings, workers: int, timeout: float = 90) -> None:
     """Until exactly `workers` live consumers each own partitions and together own them all. A
     worker publishes metrics before it joins the group, so counting consumers alone would let
     traffic start before the last rebalance (whose replays then count as events twice)."""
+
     def shared() -> bool:
         ms = live_consumers(settings)
-        return (len(ms) == workers and all(int(m["partitions"]) > 0 for m in ms)
-                and sum(int(m["partitions"]) for m in ms) == settings.partitions)
+        return (
+            len(ms) == workers
+            and all(int(m["partitions"]) > 0 for m in ms)
+            and sum(int(m["partitions"]) for m in ms) == settings.partitions
+        )
+
     wait_for(shared, timeout, f"{workers} worker(s) sharing the partitions")
 
 
@@ -88,18 +111,31 @@ def produce_paced(settings, titles, n, users, rate, tag, stop=None):
     retries through a broker restart for up to two minutes; idempotent, as a front end should
     be, so a retried produce never stores a page view twice)."""
     from stream.rdkafka_producer import RdProducer
-    p = RdProducer(settings, "test-load", 2, **{"message.timeout.ms": 120000,
-                                                "enable.idempotence": True})
+
+    p = RdProducer(
+        settings, "test-load", 2, **{"message.timeout.ms": 120000, "enable.idempotence": True}
+    )
     sent = []
     t0 = time.monotonic()
     for i in range(n):
         if stop is not None and stop.is_set():
             break
         eid = f"{tag}-{i}"
-        msg = {"event_id": eid, "user_id": f"u{i % users}", "ts": time.time(),
-               "url": f"https://example.org/{i}", "title": titles[i % len(titles)]}
-        sent.append((eid, p.send(settings.topic_page_views, encode("page_view", msg),
-                                 msg["user_id"].encode())))
+        msg = {
+            "event_id": eid,
+            "user_id": f"u{i % users}",
+            "ts": time.time(),
+            "url": f"https://example.org/{i}",
+            "title": titles[i % len(titles)],
+        }
+        sent.append(
+            (
+                eid,
+                p.send(
+                    settings.topic_page_views, encode("page_view", msg), msg["user_id"].encode()
+                ),
+            )
+        )
         ahead = (i + 1) / rate - (time.monotonic() - t0)
         if ahead > 0:
             time.sleep(ahead)
@@ -132,27 +168,41 @@ def assert_state_exact(settings, users, ids):
 
 
 @pytest.mark.parametrize("delivery", ["exactly-once", "at-least-once"])
-def test_kill9_worker_mid_stream_loses_nothing_counts_nothing_twice(stream_settings, stream_corpus,
-                                                                     astec_predictor, delivery):
-    s = stream_settings.replace(state_k=64, metrics_interval_s=0.2, batch_max=64,
-                                delivery=delivery)
+def test_kill9_worker_mid_stream_loses_nothing_counts_nothing_twice(
+    stream_settings, stream_corpus, astec_predictor, delivery
+):
+    s = stream_settings.replace(state_k=64, metrics_interval_s=0.2, batch_max=64, delivery=delivery)
     users, n = 50, 2500
     sup = start_stream(s, astec_predictor)
     tag = uuid.uuid4().hex[:6]
     result = {}
-    prod = threading.Thread(target=lambda: result.update(
-        ids=produce_paced(s, stream_corpus[0], n, users, rate=250, tag=tag)))
+    prod = threading.Thread(
+        target=lambda: result.update(
+            ids=produce_paced(s, stream_corpus[0], n, users, rate=250, tag=tag)
+        )
+    )
     try:
         wait_sharing(s, 2)
         prod.start()
-        wait_for(lambda: min((int(m["events"]) for m in live_consumers(s)), default=0) >= 100, 60,
-                 "both workers busy")
+        wait_for(
+            lambda: min((int(m["events"]) for m in live_consumers(s)), default=0) >= 100,
+            60,
+            "both workers busy",
+        )
         victim = live_consumers(s)[0]
-        os.kill(int(victim["pid"]), signal.SIGKILL)          # mid-stream, mid-batch likely
+        os.kill(int(victim["pid"]), signal.SIGKILL)  # mid-stream, mid-batch likely
         # the supervisor restarts it: a new consumer joins and takes partitions again
-        wait_for(lambda: any(m["consumer"] not in (victim["consumer"],) and int(m["events"]) > 0
-                             for m in live_consumers(s)) and len(live_consumers(s)) == 2, 90,
-                 "the restarted worker")
+        wait_for(
+            lambda: (
+                any(
+                    m["consumer"] not in (victim["consumer"],) and int(m["events"]) > 0
+                    for m in live_consumers(s)
+                )
+                and len(live_consumers(s)) == 2
+            ),
+            90,
+            "the restarted worker",
+        )
         prod.join(60)
         seen = collect_ads(s, set(result["ids"]))
     finally:
@@ -163,8 +213,10 @@ def test_kill9_worker_mid_stream_loses_nothing_counts_nothing_twice(stream_setti
     missing = set(ids) - set(seen)
     assert not missing, f"{len(missing)} events lost"
     dup = sum(seen.values()) - len(seen)
-    print(f"\nkill -9 test ({delivery}): {len(ids)} events, 0 lost, {dup} duplicate ad queries "
-          f"seen by a read-committed reader")
+    print(
+        f"\nkill -9 test ({delivery}): {len(ids)} events, 0 lost, {dup} duplicate ad queries "
+        f"seen by a read-committed reader"
+    )
     if delivery == "exactly-once":
         assert dup == 0
     else:
@@ -178,11 +230,13 @@ def test_kill9_worker_mid_stream_loses_nothing_counts_nothing_twice(stream_setti
 
 
 def test_broker_kill9_and_restart_mid_stream_loses_no_acknowledged_event(
-        stream_settings, stream_corpus, services, astec_predictor):
+    stream_settings, stream_corpus, services, astec_predictor
+):
     """The broker dies (SIGKILL) mid-stream and comes back on the same port after a few seconds:
     every page view it acknowledged is answered exactly once, and the workers recover by
     themselves (no worker restart)."""
     from infra.services import read_info, restart_kafka
+
     if read_info(services.services_dir) is None:
         pytest.skip("broker not started by this test session (KAFKA_BOOTSTRAP/REDIS_URL given)")
     s = stream_settings.replace(state_k=64, metrics_interval_s=0.2, delivery="exactly-once")
@@ -190,13 +244,17 @@ def test_broker_kill9_and_restart_mid_stream_loses_no_acknowledged_event(
     sup = start_stream(s, astec_predictor)
     tag = uuid.uuid4().hex[:6]
     result = {}
-    prod = threading.Thread(target=lambda: result.update(
-        ids=produce_paced(s, stream_corpus[0], n, users, rate=100, tag=tag)))
+    prod = threading.Thread(
+        target=lambda: result.update(
+            ids=produce_paced(s, stream_corpus[0], n, users, rate=100, tag=tag)
+        )
+    )
     try:
         wait_sharing(s, 2)
         prod.start()
-        wait_for(lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 300, 60,
-                 "events flowing")
+        wait_for(
+            lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 300, 60, "events flowing"
+        )
         restart_kafka(services.services_dir, kill=True, down_s=2.0)
         prod.join(240)
         seen = collect_ads(s, set(result["ids"]), timeout=150)
@@ -209,36 +267,46 @@ def test_broker_kill9_and_restart_mid_stream_loses_no_acknowledged_event(
     assert not missing, f"{len(missing)} acknowledged events lost"
     assert sum(seen.values()) == len(seen), "duplicate ad queries after the broker restart"
     store = StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
-    stored = Counter(st.event_id for h in store.histories([f"u{u}" for u in range(users)])
-                     for st in h)
+    stored = Counter(
+        st.event_id for h in store.histories([f"u{u}" for u in range(users)]) for st in h
+    )
     assert not [e for e, c in stored.items() if c > 1], "a visit was counted twice"
     assert set(ids) <= set(stored)
     assert rc == 0 and "0 worker restarts" in tail(sup), tail(sup)
 
 
 def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
-        stream_settings, stream_corpus, astec_predictor):
+    stream_settings, stream_corpus, astec_predictor
+):
     """A second `astec stream run` joins the group while the first has batches in flight: the
     partitions are split between them, nothing is lost and nothing is answered twice."""
-    s = stream_settings.replace(state_k=256, metrics_interval_s=0.2, batch_max=32,
-                                delivery="exactly-once")
+    s = stream_settings.replace(
+        state_k=256, metrics_interval_s=0.2, batch_max=32, delivery="exactly-once"
+    )
     users, n = 50, 12000
     first = start_stream(s, astec_predictor, workers=1)
     tag = uuid.uuid4().hex[:6]
     result = {}
-    enough = threading.Event()   # traffic goes on until the added worker has taken some
-    prod = threading.Thread(target=lambda: result.update(
-        ids=produce_paced(s, stream_corpus[0], n, users, rate=200, tag=tag, stop=enough)))
+    enough = threading.Event()  # traffic goes on until the added worker has taken some
+    prod = threading.Thread(
+        target=lambda: result.update(
+            ids=produce_paced(s, stream_corpus[0], n, users, rate=200, tag=tag, stop=enough)
+        )
+    )
     second = None
     try:
         wait_sharing(s, 1)
         prod.start()
-        wait_for(lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 400, 60,
-                 "events flowing")
+        wait_for(
+            lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 400, 60, "events flowing"
+        )
         second = start_stream(s, astec_predictor, workers=1)
         wait_sharing(s, 2)
-        wait_for(lambda: len([m for m in live_consumers(s) if int(m["events"]) > 0]) == 2,
-                 60, "the added worker answering")
+        wait_for(
+            lambda: len([m for m in live_consumers(s) if int(m["events"]) > 0]) == 2,
+            60,
+            "the added worker answering",
+        )
         enough.set()
         prod.join(120)
         seen = collect_ads(s, set(result["ids"]))
@@ -257,13 +325,14 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
     assert rcs == [0, 0]
 
 
-def test_redis_kill9_mid_stream_keeps_state_and_consumers_reconnect(stream_settings,
-                                                                     stream_corpus, services,
-                                                                     astec_predictor):
+def test_redis_kill9_mid_stream_keeps_state_and_consumers_reconnect(
+    stream_settings, stream_corpus, services, astec_predictor
+):
     """Redis is killed (SIGKILL, no AOF flush on the way out) and restarted mid-stream: every
     visit whose input offset was committed is in the state (the AOF is fsynced before Redis
     answers), the workers reconnect by themselves."""
     from infra.services import read_info, restart_redis
+
     if read_info(services.services_dir) is None:
         pytest.skip("Redis not started by this test session (KAFKA_BOOTSTRAP/REDIS_URL given)")
     s = stream_settings.replace(state_k=64, metrics_interval_s=0.2)
@@ -271,17 +340,20 @@ def test_redis_kill9_mid_stream_keeps_state_and_consumers_reconnect(stream_setti
     sup = start_stream(s, astec_predictor)
     tag = uuid.uuid4().hex[:6]
     result = {}
-    prod = threading.Thread(target=lambda: result.update(
-        ids=produce_paced(s, stream_corpus[0], n, users, rate=200, tag=tag)))
+    prod = threading.Thread(
+        target=lambda: result.update(
+            ids=produce_paced(s, stream_corpus[0], n, users, rate=200, tag=tag)
+        )
+    )
     store = lambda: StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
     try:
         wait_sharing(s, 2)
         prod.start()
         wait_for(lambda: stored_visits(s) >= 300, 60, "events flowing")
         before = stored_visits(s)
-        restart_redis(services.services_dir, kill=True)      # SIGKILL; same port and AOF
+        restart_redis(services.services_dir, kill=True)  # SIGKILL; same port and AOF
         after = store().histories([f"u{u}" for u in range(users)])
-        assert sum(map(len, after)) >= before                 # state survived the restart
+        assert sum(map(len, after)) >= before  # state survived the restart
         prod.join(60)
         seen = collect_ads(s, set(result["ids"]))
     finally:
@@ -289,4 +361,4 @@ def test_redis_kill9_mid_stream_keeps_state_and_consumers_reconnect(stream_setti
         rc = sup.wait(60)
     assert set(result["ids"]) <= set(seen), "events lost across the Redis restart"
     assert_state_exact(s, users, result["ids"])
-    assert rc == 0 and "0 worker restarts" in tail(sup), tail(sup)   # reconnected, no crash
+    assert rc == 0 and "0 worker restarts" in tail(sup), tail(sup)  # reconnected, no crash

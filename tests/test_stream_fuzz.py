@@ -2,6 +2,7 @@
 mutated page views (random JSON, unicode edge cases, lone surrogates, huge and empty fields,
 hostile ids that try to forge another user's Redis key, duplicates). The worker stays up, and
 every record is either answered or dead-lettered: the counts match exactly."""
+
 from __future__ import annotations
 
 import json
@@ -12,25 +13,56 @@ import uuid
 
 import pytest
 
-from stream.model import ModelHandle
-from stream.policy import Top1Policy
+from stream.model_handle import ModelHandle
+from stream.policy_handle import Top1Policy
 from stream.schemas import decode, encode
-from stream.state import StateStore, connect
+from stream.state_store import StateStore, connect
 from stream.topics import make_consumer
 from stream.worker import StreamWorker
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
 
-HOSTILE_IDS = ["u}:seen:x", "{user:victim}", "victim}:states", "a:b:c", "*", "?", "\\", "%7D",
-               "victim", "\u00e9\u0301", "\U0001f600", " ", "x" * 128]
-ODD_TEXT = ["", " ", "\u0000", "\ud800", "a\udfffb", "\u202e\u200b", "\U0001f600" * 300,
-            "x" * 5000, "<script>", "null", "\\u0000", "caf\u00e9", "ﬁ", "\t\n"]
+HOSTILE_IDS = [
+    "u}:seen:x",
+    "{user:victim}",
+    "victim}:states",
+    "a:b:c",
+    "*",
+    "?",
+    "\\",
+    "%7D",
+    "victim",
+    "\u00e9\u0301",
+    "\U0001f600",
+    " ",
+    "x" * 128,
+]
+ODD_TEXT = [
+    "",
+    " ",
+    "\u0000",
+    "\ud800",
+    "a\udfffb",
+    "\u202e\u200b",
+    "\U0001f600" * 300,
+    "x" * 5000,
+    "<script>",
+    "null",
+    "\\u0000",
+    "caf\u00e9",
+    "ﬁ",
+    "\t\n",
+]
 
 
 def _valid(rng, i, titles, tag):
-    return {"event_id": f"{tag}-{i}", "user_id": rng.choice(HOSTILE_IDS + [f"u{i % 30}"] * 8),
-            "ts": time.time(), "url": f"https://example.org/{i}",
-            "title": rng.choice(titles)}
+    return {
+        "event_id": f"{tag}-{i}",
+        "user_id": rng.choice(HOSTILE_IDS + [f"u{i % 30}"] * 8),
+        "ts": time.time(),
+        "url": f"https://example.org/{i}",
+        "title": rng.choice(titles),
+    }
 
 
 def _mutate(rng, msg) -> bytes:
@@ -38,7 +70,7 @@ def _mutate(rng, msg) -> bytes:
     m = dict(msg)
     kind = rng.randrange(12)
     if kind == 0:
-        return bytes(rng.randrange(256) for _ in range(rng.randrange(0, 64)))   # not UTF-8/JSON
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(0, 64)))  # not UTF-8/JSON
     if kind == 1:
         return json.dumps(rng.choice([[], 1, "x", None, {"v": 1}])).encode()
     if kind == 2:
@@ -47,7 +79,7 @@ def _mutate(rng, msg) -> bytes:
         m.pop(rng.choice(list(m)))
     if kind == 4:
         m["ts"] = rng.choice([0, -1, 1e20, float("inf"), "now", True])
-    if kind == 5:   # lone surrogates as JSON escapes (valid JSON, no valid text)
+    if kind == 5:  # lone surrogates as JSON escapes (valid JSON, no valid text)
         return json.dumps({"v": 1, **m}).replace('"title": "', '"title": "\\ud800', 1).encode()
     if kind == 6:
         m["title"] = rng.choice(ODD_TEXT)
@@ -55,15 +87,16 @@ def _mutate(rng, msg) -> bytes:
         m["user_id"] = rng.choice(HOSTILE_IDS)
         m["event_id"] = rng.choice(HOSTILE_IDS) + str(rng.random())
     if kind == 8:
-        m["extra"] = "y" * rng.randrange(10, 20000)   # extra fields are allowed, size is not
+        m["extra"] = "y" * rng.randrange(10, 20000)  # extra fields are allowed, size is not
     try:
         return encode("page_view", m)
     except (TypeError, ValueError):
         return json.dumps({"v": 1, **m}, default=str).encode()
 
 
-def test_fuzzed_page_views_are_each_answered_or_dead_lettered(stream_settings, knn_predictor,
-                                                             stream_corpus, tmp_path):
+def test_fuzzed_page_views_are_each_answered_or_dead_lettered(
+    stream_settings, knn_predictor, stream_corpus, tmp_path
+):
     s = stream_settings.replace(batch_max=64, state_k=8)
     rng = random.Random(1234)
     titles = stream_corpus[0]
@@ -74,22 +107,23 @@ def test_fuzzed_page_views_are_each_answered_or_dead_lettered(stream_settings, k
         raw = encode("page_view", msg) if rng.random() < 0.4 else _mutate(rng, msg)
         raws.append(raw)
         if rng.random() < 0.05:
-            raws.append(raw)                                  # duplicates
+            raws.append(raw)  # duplicates
     from stream.rdkafka_producer import RdProducer
+
     p = RdProducer(s, "fuzz", 2)
     for i, raw in enumerate(raws):
         p.send(s.topic_page_views, raw, rng.choice([b"k", None, str(i).encode()]))
     p.flush(60)
     p.close()
 
-    w = StreamWorker(s, ModelHandle.open(tmp_path, loader=lambda _p: knn_predictor),
-                     Top1Policy(), "w-fuzz")
+    w = StreamWorker(
+        s, ModelHandle.open(tmp_path, loader=lambda _p: knn_predictor), Top1Policy(), "w-fuzz"
+    )
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     try:
         deadline = time.monotonic() + 150
-        while time.monotonic() < deadline and \
-                w.metrics.events + w.metrics.dead_letters < len(raws):
+        while time.monotonic() < deadline and w.metrics.events + w.metrics.dead_letters < len(raws):
             assert t.is_alive(), "the worker died"
             time.sleep(0.2)
     finally:
@@ -123,7 +157,7 @@ def _read_all(s, topic, n, timeout=60.0):
         for recs in c.poll(timeout_ms=200).values():
             out += [r.value for r in recs]
     extra_deadline = time.monotonic() + 1.0
-    while time.monotonic() < extra_deadline:   # nothing beyond what was counted
+    while time.monotonic() < extra_deadline:  # nothing beyond what was counted
         for recs in c.poll(timeout_ms=200).values():
             out += [r.value for r in recs]
     c.close()

@@ -1,6 +1,7 @@
 """The stream worker against the real broker and Redis: every event yields an ad query, workers
 split partitions, bad messages go to the dead-letter topic, user state and metrics are written,
 and a promoted model is picked up between batches (a broken one refused)."""
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,11 @@ import numpy as np
 import pytest
 
 from personalization.state import UserState
-from stream.metrics import read_all
-from stream.model import ModelHandle
-from stream.policy import Top1Policy
+from stream.consumer_metrics import read_all
+from stream.model_handle import ModelHandle
+from stream.policy_handle import Top1Policy
 from stream.schemas import dead_letter_raw, decode, encode
-from stream.state import StateStore, connect
+from stream.state_store import StateStore, connect
 from stream.topics import make_consumer, make_producer
 from stream.worker import StreamWorker
 
@@ -25,8 +26,16 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
 
 def page_views(titles, n, users=20, tag=None):
     tag = tag or uuid.uuid4().hex[:6]
-    return [{"event_id": f"{tag}-{i}", "user_id": f"u{i % users}", "ts": time.time(),
-             "url": f"https://example.org/{i}", "title": titles[i % len(titles)]} for i in range(n)]
+    return [
+        {
+            "event_id": f"{tag}-{i}",
+            "user_id": f"u{i % users}",
+            "ts": time.time(),
+            "url": f"https://example.org/{i}",
+            "title": titles[i % len(titles)],
+        }
+        for i in range(n)
+    ]
 
 
 def produce(settings, msgs, raw: list[bytes] = ()):
@@ -53,8 +62,9 @@ def read_topic(settings, topic, until_n, timeout=60.0):
 
 def start_worker(settings, model_path, cid, metrics_port=0):
     """A worker thread on the real exported predictor (or a model registry root)."""
-    w = StreamWorker(settings, ModelHandle.open(model_path, check_every_s=0.1), Top1Policy(), cid,
-                     metrics_port)
+    w = StreamWorker(
+        settings, ModelHandle.open(model_path, check_every_s=0.1), Top1Policy(), cid, metrics_port
+    )
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     return w, t
@@ -68,6 +78,7 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
     from urllib.request import urlopen
 
     from infra.services import free_port
+
     port = free_port()
     w, t = start_worker(s, astec_predictor, "w-test-0", metrics_port=port)
     try:
@@ -84,7 +95,7 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
     ids, scores, _ = pred.predict_with_features([by_id[a["event_id"]]["title"] for a in ads], 10)
     assert (np.diff(scores, axis=1) <= 0).all()
     for a, row in zip(ads, ids):
-        assert a["query_id"] == row[0] and a["query"] == names[row[0]]   # top1 of this page
+        assert a["query_id"] == row[0] and a["query"] == names[row[0]]  # top1 of this page
         assert a["candidates"] == [names[j] for j in row]
         assert a["model_version"] == pred.version and a["event_ts"] <= a["ts"]
         assert {r.key for r in got} <= {f"u{i}".encode() for i in range(25)}
@@ -93,10 +104,12 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
     store = StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
     hist = store.history("u3")
     mine = [m for m in msgs if m["user_id"] == "u3"]
-    assert [h.event_id for h in hist] == [m["event_id"] for m in mine][-s.state_k:]
+    assert [h.event_id for h in hist] == [m["event_id"] for m in mine][-s.state_k :]
     assert hist[-1].z.shape == (pred.dim,) and hist[-1].query_ids.shape == (10,)
     z_now = pred.features([mine[-1]["title"]])[0]
-    assert np.allclose(hist[-1].z.astype(np.float32), z_now, atol=1e-2 * max(1, np.abs(z_now).max()))
+    assert np.allclose(
+        hist[-1].z.astype(np.float32), z_now, atol=1e-2 * max(1, np.abs(z_now).max())
+    )
     assert store.client.ttl(store.states_key("u3")) > 0
 
     # metrics for the dashboard
@@ -112,12 +125,14 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
 def test_two_workers_split_partitions(stream_settings, astec_predictor, stream_corpus, client):
     # group membership, the partition split and delivery are what differs between the clients
     # (exactly-once needs librdkafka's transactions: kafka-python's consumer runs at-least-once)
-    s = stream_settings.replace(consumer_client=client, delivery="exactly-once"
-                                if client == "confluent" else "at-least-once")
+    s = stream_settings.replace(
+        consumer_client=client,
+        delivery="exactly-once" if client == "confluent" else "at-least-once",
+    )
     workers = [start_worker(s, astec_predictor, f"w-split-{i}") for i in range(2)]
     try:
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:   # wait until the group settled on both members
+        while time.monotonic() < deadline:  # wait until the group settled on both members
             a = [w.consumer.assignment() for w, _ in workers]
             if all(a) and len(a[0] | a[1]) == s.partitions and not (a[0] & a[1]):
                 break
@@ -132,19 +147,25 @@ def test_two_workers_split_partitions(stream_settings, astec_predictor, stream_c
             w.stop()
         for _, t in workers:
             t.join(30)
-    assert {decode("ad_query", r.value, 1 << 20)["event_id"] for r in got} == \
-        {m["event_id"] for m in msgs}
+    assert {decode("ad_query", r.value, 1 << 20)["event_id"] for r in got} == {
+        m["event_id"] for m in msgs
+    }
     assert all(w.metrics.events > 0 for w, _ in workers)
     assert sum(w.metrics.events for w, _ in workers) == len(msgs)
 
 
-def test_bad_messages_go_to_dead_letters_and_stream_goes_on(stream_settings, astec_predictor,
-                                                           stream_corpus):
+def test_bad_messages_go_to_dead_letters_and_stream_goes_on(
+    stream_settings, astec_predictor, stream_corpus
+):
     s = stream_settings
     good = page_views(stream_corpus[0], 50)
-    bad = [b"{not json", b"\xff\xfe\x00garbage", json.dumps({"v": 1, "event_id": "x"}).encode(),
-           encode("page_view", {**good[0], "title": "x" * (s.max_message_bytes + 10)}),
-           json.dumps({**good[0], "v": 99}).encode()]
+    bad = [
+        b"{not json",
+        b"\xff\xfe\x00garbage",
+        json.dumps({"v": 1, "event_id": "x"}).encode(),
+        encode("page_view", {**good[0], "title": "x" * (s.max_message_bytes + 10)}),
+        json.dumps({**good[0], "v": 99}).encode(),
+    ]
     produce(s, good[:25], raw=bad)
     produce(s, good[25:])
     w, t = start_worker(s, astec_predictor, "w-dlq")
@@ -154,8 +175,9 @@ def test_bad_messages_go_to_dead_letters_and_stream_goes_on(stream_settings, ast
     finally:
         w.stop()
         t.join(30)
-    assert {decode("ad_query", r.value, 1 << 20)["event_id"] for r in got} == \
-        {m["event_id"] for m in good}
+    assert {decode("ad_query", r.value, 1 << 20)["event_id"] for r in got} == {
+        m["event_id"] for m in good
+    }
     letters = [decode("dead_letter", r.value, 1 << 22) for r in dls]
     assert sorted(dead_letter_raw(d) for d in letters) == sorted(bad)
     reasons = " | ".join(d["reason"] for d in letters)
@@ -165,20 +187,24 @@ def test_bad_messages_go_to_dead_letters_and_stream_goes_on(stream_settings, ast
     assert w.metrics.dead_letters == len(bad)
 
 
-def test_hot_reload_switches_between_batches_and_refuses_broken(stream_settings, stream_corpus,
-                                                                astec_predictor, tmp_path):
+def test_hot_reload_switches_between_batches_and_refuses_broken(
+    stream_settings, stream_corpus, astec_predictor, tmp_path
+):
     import shutil
 
     from engine.registry import Registry
+
     s = stream_settings
     reg = Registry(tmp_path / "models")
 
     def add_version(broken=False):
         st = reg.stage()
         shutil.copytree(astec_predictor, st.path / "predictor")
-        if broken:   # a corrupted file: the verifying loader must refuse the whole version
-            victim = max((p for p in (st.path / "predictor").rglob("*") if p.is_file()),
-                         key=lambda p: p.stat().st_size)
+        if broken:  # a corrupted file: the verifying loader must refuse the whole version
+            victim = max(
+                (p for p in (st.path / "predictor").rglob("*") if p.is_file()),
+                key=lambda p: p.stat().st_size,
+            )
             victim.write_bytes(victim.read_bytes()[:-8] + b"corrupt!")
         reg.commit(st)
         reg.promote(st.version)
@@ -200,27 +226,33 @@ def test_hot_reload_switches_between_batches_and_refuses_broken(stream_settings,
     finally:
         w.stop()
         t.join(30)
-    version_of = lambda recs, tag: {decode("ad_query", r.value, 1 << 20)["model_version"]
-                                    for r in recs if r.value and f'"{tag}-' in r.value.decode()}
+    version_of = lambda recs, tag: {
+        decode("ad_query", r.value, 1 << 20)["model_version"]
+        for r in recs
+        if r.value and f'"{tag}-' in r.value.decode()
+    }
     assert version_of(first, "a") == {v1}
     assert version_of(second, "b") == {v2}
-    assert version_of(third, "c") == {v2}       # corrupted v3 refused, v2 kept
+    assert version_of(third, "c") == {v2}  # corrupted v3 refused, v2 kept
     assert v3 in w.model.refused and w.model.version == v2
 
 
-def test_offsets_committed_at_interval_and_on_graceful_stop(stream_settings, astec_predictor,
-                                                            stream_corpus):
+def test_offsets_committed_at_interval_and_on_graceful_stop(
+    stream_settings, astec_predictor, stream_corpus
+):
     """At-least-once: offsets are committed at most every commit_interval_ms (not per batch), and
     a graceful stop commits everything settled: a restarted group resumes after the last event."""
     from kafka import KafkaConsumer, TopicPartition
+
     s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16, delivery="at-least-once")
     titles, _, _ = stream_corpus
     msgs = page_views(titles, 120)
     produce(s, msgs)
     w, t = start_worker(s, astec_predictor, "w-commit")
     tps = [TopicPartition(s.topic_page_views, p) for p in range(s.partitions)]
-    probe = KafkaConsumer(**s.kafka_python_options(), group_id=s.consumer_group,
-                          enable_auto_commit=False)
+    probe = KafkaConsumer(
+        **s.kafka_python_options(), group_id=s.consumer_group, enable_auto_commit=False
+    )
     try:
         read_topic(s, s.topic_ad_queries, len(msgs))
         time.sleep(0.5)
@@ -234,20 +266,23 @@ def test_offsets_committed_at_interval_and_on_graceful_stop(stream_settings, ast
     probe.close()
 
 
-def test_exactly_once_commits_offsets_with_each_transaction(stream_settings, astec_predictor,
-                                                            stream_corpus):
+def test_exactly_once_commits_offsets_with_each_transaction(
+    stream_settings, astec_predictor, stream_corpus
+):
     """Exactly-once: the input offsets are part of each batch's transaction, so once the ad
     queries are visible to a read-committed reader, the offsets that produced them are committed
     too (nothing waits for an interval), and a read-uncommitted reader sees no extra copies."""
     from kafka import KafkaConsumer, TopicPartition
+
     s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16, delivery="exactly-once")
     titles, _, _ = stream_corpus
     msgs = page_views(titles, 120)
     produce(s, msgs)
     w, t = start_worker(s, astec_predictor, "w-eos")
     tps = [TopicPartition(s.topic_page_views, p) for p in range(s.partitions)]
-    probe = KafkaConsumer(**s.kafka_python_options(), group_id=s.consumer_group,
-                          enable_auto_commit=False)
+    probe = KafkaConsumer(
+        **s.kafka_python_options(), group_id=s.consumer_group, enable_auto_commit=False
+    )
     try:
         got = read_topic(s, s.topic_ad_queries, len(msgs))
         committed = sum(probe.committed(tp) or 0 for tp in tps)

@@ -1,4 +1,5 @@
 """Astec (DeepXML, WSDM'21) on CPU: four modules, re-ranker, ensembles. See docs/model-format.md."""
+
 import os
 
 # torch's OpenMP threads spin while they wait for each other; on a machine whose cores other

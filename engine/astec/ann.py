@@ -4,6 +4,7 @@ At tens of thousands of points a blocked exact search is faster than building an
 has perfect recall; hnswlib (inner product on L2-normalised vectors = cosine) takes over above
 `exact_max` vectors so that cost stays O(N log N). Similarities are cosines in [-1, 1].
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,16 +19,24 @@ from .sparse import normalize_rows
 
 @dataclass
 class AnnIndex:
-    kind: str                      # "exact" or "hnsw"
+    kind: str  # "exact" or "hnsw"
     dim: int
     count: int
-    vectors: np.ndarray | None = None     # exact: the normalised vectors
+    vectors: np.ndarray | None = None  # exact: the normalised vectors
     hnsw: hnswlib.Index | None = None
     ef_search: int = 100
 
     @classmethod
-    def build(cls, vectors: np.ndarray, exact_max: int, M: int = 50, ef_construction: int = 100,
-              ef_search: int = 100, num_threads: int = 2, seed: int = 0) -> "AnnIndex":
+    def build(
+        cls,
+        vectors: np.ndarray,
+        exact_max: int,
+        M: int = 50,
+        ef_construction: int = 100,
+        ef_search: int = 100,
+        num_threads: int = 2,
+        seed: int = 0,
+    ) -> "AnnIndex":
         V = normalize_rows(np.ascontiguousarray(vectors, dtype=np.float32))
         n, d = V.shape
         if n <= exact_max:
@@ -56,12 +65,12 @@ class AnnIndex:
         # exported predictor: take a margin past k, then order by (-sim, id)
         kk = int(min(k + 32, self.count))
         for s in range(0, n, block):
-            S = torch.from_numpy(Q[s:s + block]) @ B.T
+            S = torch.from_numpy(Q[s : s + block]) @ B.T
             v, i = torch.topk(S, kk, dim=1)
             v, i = v.numpy(), i.numpy().astype(np.int64)
             order = np.lexsort((i, -v), axis=1)[:, :k]
-            ids[s:s + block] = np.take_along_axis(i, order, axis=1)
-            sims[s:s + block] = np.take_along_axis(v, order, axis=1)
+            ids[s : s + block] = np.take_along_axis(i, order, axis=1)
+            sims[s : s + block] = np.take_along_axis(v, order, axis=1)
         return ids, sims
 
     def save(self, path: Path) -> str:
@@ -82,10 +91,18 @@ class AnnIndex:
             V = np.load(path, allow_pickle=False)
             if V.shape != (count, dim):
                 raise ValueError(f"{path}: shape {V.shape}, expected {(count, dim)}")
-            return cls("exact", dim, count, vectors=np.ascontiguousarray(V, np.float32), ef_search=ef_search)
+            return cls(
+                "exact",
+                dim,
+                count,
+                vectors=np.ascontiguousarray(V, np.float32),
+                ef_search=ef_search,
+            )
         index = hnswlib.Index(space="ip", dim=dim)
         index.load_index(str(path), max_elements=count)
         if index.get_current_count() != count:
-            raise ValueError(f"{path}: hnsw index holds {index.get_current_count()} items, expected {count}")
+            raise ValueError(
+                f"{path}: hnsw index holds {index.get_current_count()} items, expected {count}"
+            )
         index.set_ef(ef_search)
         return cls("hnsw", dim, count, hnsw=index, ef_search=ef_search)

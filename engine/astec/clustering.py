@@ -1,4 +1,5 @@
 """Module I's surrogate labels: balanced 2-means over label centroids, applied recursively."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,9 @@ from .sparse import normalize_rows
 
 def label_centroids(X: sp.csr_matrix, Y: sp.csr_matrix) -> sp.csr_matrix:
     """mu_l = normalised sum of the features of label l's positive points (zero row if none)."""
-    return normalize_rows(sp.csr_matrix(Y.T.astype(np.float32)) @ sp.csr_matrix(X, dtype=np.float32))
+    return normalize_rows(
+        sp.csr_matrix(Y.T.astype(np.float32)) @ sp.csr_matrix(X, dtype=np.float32)
+    )
 
 
 def _split(C, rng, iters: int = 10):
@@ -31,7 +34,7 @@ def _split(C, rng, iters: int = 10):
         diff = S[:, 0] - S[:, 1]
         order = np.argsort(-diff, kind="stable")
         left[:] = False
-        left[order[:half + (n % 2) * (rng.random() < 0.5)]] = True
+        left[order[: half + (n % 2) * (rng.random() < 0.5)]] = True
         if prev is not None and np.array_equal(prev, left):
             break
         prev = left.copy()
@@ -42,7 +45,9 @@ def _split(C, rng, iters: int = 10):
     return left
 
 
-def balanced_clusters(centroids, num_clusters: int, seed: int = 0, progress: bool = True) -> np.ndarray:
+def balanced_clusters(
+    centroids, num_clusters: int, seed: int = 0, progress: bool = True
+) -> np.ndarray:
     """Cluster id in [0, num_clusters) for each label: recursive balanced 2-means (Parabel/Astec).
 
     Splits continue until there are num_clusters leaves (a power of two need not be asked for:
@@ -52,9 +57,18 @@ def balanced_clusters(centroids, num_clusters: int, seed: int = 0, progress: boo
     L = centroids.shape[0]
     num_clusters = max(1, min(num_clusters, L))
     rng = np.random.default_rng(seed)
-    C = sp.csr_matrix(centroids, dtype=np.float32) if sp.issparse(centroids) else np.asarray(centroids, np.float32)
+    C = (
+        sp.csr_matrix(centroids, dtype=np.float32)
+        if sp.issparse(centroids)
+        else np.asarray(centroids, np.float32)
+    )
     leaves = [np.arange(L)]
-    bar = tqdm(total=num_clusters - 1, desc="Module I: clustering labels", disable=not progress, leave=False)
+    bar = tqdm(
+        total=num_clusters - 1,
+        desc="Module I: clustering labels",
+        disable=not progress,
+        leave=False,
+    )
     while len(leaves) < num_clusters:
         # split the largest leaves of the current level (keeps sizes balanced)
         leaves.sort(key=len, reverse=True)

@@ -1,4 +1,5 @@
 """Astec hyper-parameters: one dataclass, JSON round-trip, defaults from the paper adapted to size."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,9 @@ def resolve_threads(n: int | None) -> int:
 
 
 def resolve_device(device: str) -> str:
-    """"auto" -> "cuda" when torch sees a GPU, else "cpu"; "cuda" without one is an error."""
+    """ "auto" -> "cuda" when torch sees a GPU, else "cpu"; "cuda" without one is an error."""
     import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if str(device).startswith("cuda") and not torch.cuda.is_available():
@@ -47,42 +49,48 @@ class AstecConfig:
     """
 
     # features (passed to engine.text.TfidfVectorizer when training from raw text)
-    word_ngrams: int = 1             # 1 = words (2 adds word pairs: rare bigrams hurt v with random init, -4 recall)
-    char_ngrams: tuple = ()          # e.g. (3, 5) for character n-grams (the paper's query features)
+    word_ngrams: int = (
+        1  # 1 = words (2 adds word pairs: rare bigrams hurt v with random init, -4 recall)
+    )
+    char_ngrams: tuple = ()  # e.g. (3, 5) for character n-grams (the paper's query features)
     min_df: int = 1
     embedding_dim: int = 300
     # Module I: surrogate task on balanced label clusters
-    num_clusters: int = 0            # 0 = auto: power of two nearest cluster_fraction * L
+    num_clusters: int = 0  # 0 = auto: power of two nearest cluster_fraction * L
     cluster_fraction: float = 0.1
-    max_clusters: int = 65536        # the paper's 2^16
+    max_clusters: int = 65536  # the paper's 2^16
     # 20 epochs, lr halved after 70% of them (the reference implementation's 20 epochs with a step
     # at 14), lr 0.02 from the paper's grid. debian-related 90/10 split, against 10 epochs at a
     # constant 0.01: shortlist recall@300 77.7 -> 78.2, P@1 66.5 -> 66.7, P@5 35.3 -> 36.0,
     # PSP@5 23.2 -> 25.6 (training-time graphs, full search); 0.03 lost P@1, 0.01 lost PSP
     surrogate_epochs: int = 20
     surrogate_lr: float = 0.02
-    surrogate_decay: float = 0.7     # > 0: fraction of surrogate epochs after which the lr halves
-    embedding_init: str = "random"   # "random" or "svd": token-label co-occurrence SVD of the training data
+    surrogate_decay: float = 0.7  # > 0: fraction of surrogate epochs after which the lr halves
+    embedding_init: str = (
+        "random"  # "random" or "svd": token-label co-occurrence SVD of the training data
+    )
     # residual blocks
     spectral_lambda: float = 1.0
     dropout: float = 0.5
     batch_size: int = 255
     # Module II: negatives / shortlist
-    knn_neighbours: int = 40         # neighbours from ANNS^x
-    centroid_neighbours: int = 300   # label centres from ANNS^mu (100 -> 300: valid recall 70.7 -> 76.1)
-    centroid_weight: float = 0.5     # s = w * centroid_sim + (1 - w) * knn_score
-    knn_power: float = 1.0           # neighbour weight cos^p (p > 1 favours near-duplicates)
-    head_centres: int = 4            # k-means centres for head labels
-    head_min_points: int = 200       # a label with at least this many points is a head label
-    shortlist_size: int = 100        # hard negatives per training point (paper: 500; O(log L) suffices)
-    predict_shortlist: int = 300     # candidates scored per test point
+    knn_neighbours: int = 40  # neighbours from ANNS^x
+    centroid_neighbours: int = (
+        300  # label centres from ANNS^mu (100 -> 300: valid recall 70.7 -> 76.1)
+    )
+    centroid_weight: float = 0.5  # s = w * centroid_sim + (1 - w) * knn_score
+    knn_power: float = 1.0  # neighbour weight cos^p (p > 1 favours near-duplicates)
+    head_centres: int = 4  # k-means centres for head labels
+    head_min_points: int = 200  # a label with at least this many points is a head label
+    shortlist_size: int = 100  # hard negatives per training point (paper: 500; O(log L) suffices)
+    predict_shortlist: int = 300  # candidates scored per test point
     random_negatives: int = 16
-    prior_labels: int = 10           # most frequent labels always scored (empty texts get these)
+    prior_labels: int = 10  # most frequent labels always scored (empty texts get these)
     # exact search up to this many vectors, hnswlib above: real data sets get log-time search, and
     # the exported predictor copies the same graphs, so it gives the model's answers exactly
     exact_knn_max_points: int = 5000
-    hnsw_x: tuple = (50, 100, 100)   # M, efC, efS for ANNS^x (instances)
-    hnsw_mu: tuple = (100, 300, 300) # M, efC, efS for ANNS^mu (label centres)
+    hnsw_x: tuple = (50, 100, 100)  # M, efC, efS for ANNS^x (instances)
+    hnsw_mu: tuple = (100, 300, 300)  # M, efC, efS for ANNS^mu (label centres)
     # Modules III/IV: extreme classifier
     extreme_epochs: int = 6
     extreme_lr: float = 0.002
@@ -91,7 +99,7 @@ class AstecConfig:
     # re-ranker
     reranker: bool = True
     reranker_epochs: int = 4
-    reranker_negatives: int = 50     # base model's top mispredictions per training point
+    reranker_negatives: int = 50  # base model's top mispredictions per training point
     # sparse ranker (sparse_ranker.py): per-label squared-hinge linear models on TF-IDF words +
     # word pairs, trained on each point's positives and its `sparse_negatives` shortlisted labels
     # (C, threshold: liblinear's / Parabel's defaults); joins the score combination with gamma.
@@ -106,9 +114,9 @@ class AstecConfig:
     alpha_grid: tuple = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
     beta_grid: tuple = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
     gamma_grid: tuple = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-    alpha: float = -1.0              # < 0: choose on validation
+    alpha: float = -1.0  # < 0: choose on validation
     beta: float = -1.0
-    gamma: float = -1.0              # weight of Astec's score against the sparse ranker's
+    gamma: float = -1.0  # weight of Astec's score against the sparse ranker's
     select_metrics: tuple = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5")
     # how an ensemble joins its learners' scores over the union of their candidates: "mean" (the
     # paper's average; a label one learner alone shortlists gets a third of its score in Astec-3)
@@ -130,7 +138,7 @@ class AstecConfig:
     # points of the full search's validation objective (debian-related: 1/3 matched the full)
     search_fractions: tuple = (1 / 3, 1 / 2, 1.0)
     search_tolerance: float = 0.25
-    predict_graph_m: int = 16        # HNSW degree of the indexes prediction searches (0: as training)
+    predict_graph_m: int = 16  # HNSW degree of the indexes prediction searches (0: as training)
     valid_fraction: float = 0.1
     max_valid_points: int = 5000
     propensity_a: float = 0.55
@@ -138,7 +146,7 @@ class AstecConfig:
     # run
     learners: int = 1
     seed: int = 0
-    num_threads: int = 0             # torch / numba / hnswlib threads; 0 = the cores this process may use
+    num_threads: int = 0  # torch / numba / hnswlib threads; 0 = the cores this process may use
     # where Modules I-IV and the re-ranker train: "cpu", "cuda" (a GPU; same model directory and
     # CPU predictor) or "auto" (cuda when torch sees one). Module II's indexes, the sparse ranker
     # and prediction always run on the CPU.
@@ -150,7 +158,9 @@ class AstecConfig:
 
     def __post_init__(self):
         if self.embedding_init not in ("random", "svd"):
-            raise ValueError(f"embedding_init must be 'random' or 'svd', got {self.embedding_init!r}")
+            raise ValueError(
+                f"embedding_init must be 'random' or 'svd', got {self.embedding_init!r}"
+            )
         if self.ensemble not in ("auto", "mean", "max"):
             raise ValueError(f"ensemble must be 'auto', 'mean' or 'max', got {self.ensemble!r}")
         if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
@@ -177,7 +187,9 @@ class AstecConfig:
         return c
 
     def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "config") -> "AstecConfig":
@@ -185,7 +197,9 @@ class AstecConfig:
         d = {k: v for k, v in d.items() if not (k in _RETIRED and v == _RETIRED[k])}
         unknown = sorted(set(d) - set(names))
         if unknown:
-            raise ValueError(f"{source}: unknown AstecConfig field(s) {unknown}; known: {sorted(names)}")
+            raise ValueError(
+                f"{source}: unknown AstecConfig field(s) {unknown}; known: {sorted(names)}"
+            )
         kw = {}
         for k, v in d.items():
             default = names[k].default

@@ -8,6 +8,7 @@ pass updates each touched row once (gradient, Adam moments and the row, in place
 small [B, D] gradient of z goes back to torch for the encoder. Same loss and the same lazy-Adam
 update as `trainer.RowAdam`; float32 sums are ordered differently, so results match to rounding.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,9 @@ def _scores_and_dz(lo, hi, z, ptr, lab, y, W, b, scale, g, dz, loss_rows):
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
-def _adam_rows(lo, hi, z, order, seg, labels, owner, g, W, b, mW, vW, mb, vb, step, b1, b2, eps, rc2):
+def _adam_rows(
+    lo, hi, z, order, seg, labels, owner, g, W, b, mW, vW, mb, vb, step, b1, b2, eps, rc2
+):
     """Touched labels [lo, hi) once each: gradient sum_e g_e z_owner(e), then Adam on the row
     and the bias (float32 throughout; step = lr / (1 - b1^t), rc2 = 1 / sqrt(1 - b2^t))."""
     D = z.shape[1]
@@ -91,8 +94,15 @@ class FusedClassifierAdam:
     place and saved as before.
     """
 
-    def __init__(self, W: np.ndarray, b: np.ndarray, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
-                 threads: int = 1):
+    def __init__(
+        self,
+        W: np.ndarray,
+        b: np.ndarray,
+        lr: float,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        threads: int = 1,
+    ):
         self.W, self.b = W, b
         # plain threads over GIL-free kernels: no second OpenMP pool spinning beside torch's
         self.threads = max(1, int(threads))
@@ -121,9 +131,27 @@ class FusedClassifierAdam:
         owner = np.repeat(np.arange(B, dtype=np.int64), np.diff(ptr))
         self.t += 1
         b1, b2 = self.betas
-        self._run(_adam_rows, starts.size, z, order, seg, sl[starts], owner, g, self.W, self.b, self.mW, self.vW,
-                  self.mb, self.vb, np.float32(self.lr / (1 - b1 ** self.t)), np.float32(b1), np.float32(b2),
-                  np.float32(self.eps), np.float32(1 / math.sqrt(1 - b2 ** self.t)))
+        self._run(
+            _adam_rows,
+            starts.size,
+            z,
+            order,
+            seg,
+            sl[starts],
+            owner,
+            g,
+            self.W,
+            self.b,
+            self.mW,
+            self.vW,
+            self.mb,
+            self.vb,
+            np.float32(self.lr / (1 - b1**self.t)),
+            np.float32(b1),
+            np.float32(b2),
+            np.float32(self.eps),
+            np.float32(1 / math.sqrt(1 - b2**self.t)),
+        )
         return float(loss_rows.sum()) / max(n, 1), dz
 
     def _run(self, kernel, n, *args):

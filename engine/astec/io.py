@@ -3,6 +3,7 @@
 `write_model_manifest` is called last when saving (via a temporary file + rename), so a directory
 whose save was interrupted has no manifest and `verify_model_dir` refuses it, naming the file.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,14 +38,21 @@ def load_tensors(path: Path, shapes: dict[str, list[int]] | None = None) -> dict
         if k not in out:
             raise ModelDirError(f"{path}: tensor {k!r} missing")
         if list(out[k].shape) != list(shape):
-            raise ModelDirError(f"{path}: tensor {k!r} has shape {list(out[k].shape)}, expected {list(shape)}")
+            raise ModelDirError(
+                f"{path}: tensor {k!r} has shape {list(out[k].shape)}, expected {list(shape)}"
+            )
     return out
 
 
 def save_csr(path: Path, M: sp.csr_matrix) -> None:
     M = sp.csr_matrix(M, dtype=np.float32)
-    np.savez(path, indptr=M.indptr.astype(np.int64), indices=M.indices.astype(np.int32),
-             data=M.data, shape=np.asarray(M.shape, np.int64))
+    np.savez(
+        path,
+        indptr=M.indptr.astype(np.int64),
+        indices=M.indices.astype(np.int32),
+        data=M.data,
+        shape=np.asarray(M.shape, np.int64),
+    )
 
 
 def load_csr(path: Path) -> sp.csr_matrix:
@@ -81,7 +89,9 @@ def verify_model_dir(root: Path, check_hashes: bool = True) -> dict:
     if not root.is_dir():
         raise ModelDirError(f"{root}: model directory does not exist")
     if not mpath.is_file():
-        raise ModelDirError(f"{mpath}: missing (not an Astec model directory, or saving was interrupted)")
+        raise ModelDirError(
+            f"{mpath}: missing (not an Astec model directory, or saving was interrupted)"
+        )
     try:
         m = json.loads(mpath.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -89,7 +99,9 @@ def verify_model_dir(root: Path, check_hashes: bool = True) -> dict:
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise ModelDirError(f"{mpath}: field 'format' is not {FORMAT!r}")
     if m.get("format_version") != VERSION:
-        raise ModelDirError(f"{mpath}: format_version {m.get('format_version')!r}, this code reads {VERSION}")
+        raise ModelDirError(
+            f"{mpath}: format_version {m.get('format_version')!r}, this code reads {VERSION}"
+        )
     files = m.get("files")
     if not isinstance(files, dict) or not files:
         raise ModelDirError(f"{mpath}: field 'files' missing or empty")

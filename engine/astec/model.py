@@ -3,6 +3,7 @@
 One model directory holds one or more learners (an ensemble: Astec-3 = 3 learners with different
 seeds whose final scores are averaged). See docs/model-format.md for the files.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,16 +22,29 @@ import torch
 from tqdm import tqdm
 
 from engine.label_text import NAME_ONLY_S, LabelText
-from engine.metrics import evaluate, inv_propensity
+from engine.ranking_metrics import evaluate, inv_propensity
 from engine.text import TfidfVectorizer
 
 from . import io as mio
 from .ann import AnnIndex
 from .clustering import balanced_clusters, label_centroids, meta_labels
 from .config import AstecConfig, resolve_device, resolve_threads
-from .network import Classifier, Encoder, SpectralResidual, bag_inputs, dense_bag, svd_embedding_init
+from .network import (
+    Classifier,
+    Encoder,
+    SpectralResidual,
+    bag_inputs,
+    dense_bag,
+    svd_embedding_init,
+)
 from .predict import classifier_logits, combine, ensemble_scores
-from .shortlist import ShortlistIndex, add_random_negatives, hard_negatives, label_centres, recall_at
+from .shortlist import (
+    ShortlistIndex,
+    add_random_negatives,
+    hard_negatives,
+    label_centres,
+    recall_at,
+)
 from .sparse import topk_dense_from_csr, topk_rows
 from .sparse_ranker import SparseRanker, ranker_features
 from .trainer import train_shortlisted, train_surrogate
@@ -40,6 +54,7 @@ def _set_threads(n: int) -> None:
     """torch's and numba's thread pools (the fused classifier kernels run in numba's)."""
     torch.set_num_threads(max(1, n))
     import numba
+
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
@@ -54,7 +69,7 @@ def _peak_rss_mb() -> float:
 
 
 def _rss_mb() -> float:
-    return round(psutil.Process().memory_info().rss / 2 ** 20, 1)
+    return round(psutil.Process().memory_info().rss / 2**20, 1)
 
 
 @dataclass
@@ -68,7 +83,7 @@ class Learner:
     rr_clf: Classifier | None = None
     alpha: float = 0.5
     beta: float = 1.0
-    search: tuple | None = None     # (knn, kmu) chosen on validation for prediction; None: cfg's
+    search: tuple | None = None  # (knn, kmu) chosen on validation for prediction; None: cfg's
     sparse: SparseRanker | None = None
     gamma: float = 1.0
 
@@ -78,7 +93,13 @@ class Learner:
         return self.search or (cfg.knn_neighbours, cfg.centroid_neighbours)
 
     # ---- prediction pieces (numpy in, numpy out) --------------------------------------------
-    def shortlist(self, X: sp.csr_matrix, cfg: AstecConfig, exclude_self=None, extra: sp.csr_matrix | None = None):
+    def shortlist(
+        self,
+        X: sp.csr_matrix,
+        cfg: AstecConfig,
+        exclude_self=None,
+        extra: sp.csr_matrix | None = None,
+    ):
         """(C, Z): top candidates with base similarity s as data, and final features z; `extra`
         (label-name candidates, data NAME_ONLY_S) joins C."""
         V = dense_bag(self.encoder, X)
@@ -86,13 +107,26 @@ class Learner:
             self.encoder.eval()
             Z = self.encoder.residual(torch.from_numpy(V)).numpy()
         knn, kmu = self.search_sizes(cfg)
-        S = self.index.scores(V, knn, kmu, cfg.centroid_weight,
-                              cfg.num_threads, exclude_self=exclude_self, knn_power=cfg.knn_power)
+        S = self.index.scores(
+            V,
+            knn,
+            kmu,
+            cfg.centroid_weight,
+            cfg.num_threads,
+            exclude_self=exclude_self,
+            knn_power=cfg.knn_power,
+        )
         C = topk_rows(S, cfg.predict_shortlist)
         if self.index.prior.size:  # frequent labels are always scored (covers empty texts)
             n, k = X.shape[0], self.index.prior.size
-            P = sp.csr_matrix((np.tile(self.index.prior_score, n).astype(np.float32), np.tile(self.index.prior, n),
-                               np.arange(0, n * k + 1, k)), shape=C.shape)
+            P = sp.csr_matrix(
+                (
+                    np.tile(self.index.prior_score, n).astype(np.float32),
+                    np.tile(self.index.prior, n),
+                    np.arange(0, n * k + 1, k),
+                ),
+                shape=C.shape,
+            )
             C = sp.csr_matrix(C.maximum(P))
         if extra is not None:
             C = sp.csr_matrix(C.maximum(extra))
@@ -106,8 +140,12 @@ class Learner:
         rr = None
         if self.reranker is not None:
             Zr = dense_bag(self.reranker, X, what="z")
-            rr = classifier_logits(Zr, self.rr_clf.weight.weight.detach().numpy(),
-                                   self.rr_clf.bias.weight.detach().numpy().ravel(), C)
+            rr = classifier_logits(
+                Zr,
+                self.rr_clf.weight.weight.detach().numpy(),
+                self.rr_clf.bias.weight.detach().numpy().ravel(),
+                C,
+            )
         return base, rr
 
     def sparse_scores(self, Xr: sp.csr_matrix | None, C: sp.csr_matrix) -> np.ndarray | None:
@@ -115,18 +153,32 @@ class Learner:
         if self.sparse is None:
             return None
         if Xr is None:
-            raise ValueError("this learner has a sparse ranker: pass its features (Astec.ranker_features)")
+            raise ValueError(
+                "this learner has a sparse ranker: pass its features (Astec.ranker_features)"
+            )
         return self.sparse.scores(Xr, C)
 
-    def scores(self, X: sp.csr_matrix, cfg: AstecConfig, Xr: sp.csr_matrix | None = None,
-               extra: sp.csr_matrix | None = None) -> sp.csr_matrix:
+    def scores(
+        self,
+        X: sp.csr_matrix,
+        cfg: AstecConfig,
+        Xr: sp.csr_matrix | None = None,
+        extra: sp.csr_matrix | None = None,
+    ) -> sp.csr_matrix:
         C, Z = self.shortlist(X, cfg, extra=extra)
         base, rr = self.logits(X, C, Z)
         return combine(C, base, self.alpha, rr, self.beta, self.sparse_scores(Xr, C), self.gamma)
 
 
-def _build_index(encoder: Encoder, X: sp.csr_matrix, Y: sp.csr_matrix, cfg: AstecConfig, seed: int,
-                 V: np.ndarray | None = None, serving: bool = False) -> ShortlistIndex:
+def _build_index(
+    encoder: Encoder,
+    X: sp.csr_matrix,
+    Y: sp.csr_matrix,
+    cfg: AstecConfig,
+    seed: int,
+    V: np.ndarray | None = None,
+    serving: bool = False,
+) -> ShortlistIndex:
     """Shortlist indexes over X's v. serving=True: the graphs prediction searches, of degree
     `predict_graph_m` and ef = k (hnswlib searches with max(ef, k)): fewer links per node than
     the training-time graphs, so fewer vectors pulled through the cache per query, at the small
@@ -141,10 +193,17 @@ def _build_index(encoder: Encoder, X: sp.csr_matrix, Y: sp.csr_matrix, cfg: Aste
     cents, owner = label_centres(V, Y, cfg.head_centres, cfg.head_min_points, seed)
     centres = AnnIndex.build(cents, cfg.exact_knn_max_points, Mm, cm, em, cfg.num_threads, seed)
     counts = np.diff(sp.csc_matrix(Y).indptr)
-    prior = np.argsort(-counts, kind="stable")[:cfg.prior_labels]
+    prior = np.argsort(-counts, kind="stable")[: cfg.prior_labels]
     prior = prior[counts[prior] > 0].astype(np.int64)
-    return ShortlistIndex(points, sp.csr_matrix(Y, dtype=np.float32), centres, owner, Y.shape[1], prior,
-                          _prior_score(counts[prior]))
+    return ShortlistIndex(
+        points,
+        sp.csr_matrix(Y, dtype=np.float32),
+        centres,
+        owner,
+        Y.shape[1],
+        prior,
+        _prior_score(counts[prior]),
+    )
 
 
 def _prior_score(counts: np.ndarray) -> np.ndarray:
@@ -166,22 +225,31 @@ def _select(name, grid, make_scores, Yv, inv_prop, metrics, log):
     return best
 
 
-def _combination_weight(name, fixed, grid, make_scores, Yv, inv_prop, cfg: AstecConfig, log: dict,
-                        default: float) -> float:
+def _combination_weight(
+    name, fixed, grid, make_scores, Yv, inv_prop, cfg: AstecConfig, log: dict, default: float
+) -> float:
     """One weight of the score combination (alpha, beta or gamma): `fixed` when configured
     (>= 0), else the grid value best on the validation split (`default` without one). With a
     validation split, logs its metrics at the chosen weight under "valid"; logs the weight."""
     if Yv.shape[0]:
-        w = fixed if fixed >= 0 else _select(name, grid, make_scores, Yv, inv_prop, cfg.select_metrics, log)
+        w = (
+            fixed
+            if fixed >= 0
+            else _select(name, grid, make_scores, Yv, inv_prop, cfg.select_metrics, log)
+        )
         ids, sc = topk_dense_from_csr(make_scores(w), 5)
-        log["valid"] = {k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
+        log["valid"] = {
+            k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()
+        }
     else:
         w = fixed if fixed >= 0 else default
     log[name] = w
     return w
 
 
-def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dict, Xrv=None) -> tuple | None:
+def select_search(
+    learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dict, Xrv=None
+) -> tuple | None:
     """The cheapest prediction search (knn, kmu) = the configured one scaled by each of
     `search_fractions`, whose validation objective (mean of `select_metrics`) is within
     `search_tolerance` points of the full search's. Searching fewer neighbours is the bulk of a
@@ -197,8 +265,14 @@ def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dic
         ids, sc = topk_dense_from_csr(learner.scores(Xv, cfg, Xrv), 5)
         m = evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5))
         objective[cand] = float(np.mean([m[k] for k in cfg.select_metrics]))
-        table.append({"knn": cand[0], "kmu": cand[1], "objective": round(objective[cand], 3),
-                      **{k: round(m[k], 2) for k in cfg.select_metrics}})
+        table.append(
+            {
+                "knn": cand[0],
+                "kmu": cand[1],
+                "objective": round(objective[cand], 3),
+                **{k: round(m[k], 2) for k in cfg.select_metrics},
+            }
+        )
     learner.search = None
     ok = [c for c in objective if objective[c] >= objective[full] - cfg.search_tolerance]
     best = min(ok, key=lambda c: (c[0] + c[1], c))
@@ -206,13 +280,17 @@ def select_search(learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dic
     return None if best == full else best
 
 
-def name_candidates(lt: LabelText, texts: list[str], min_match: float, L: int) -> sp.csr_matrix | None:
+def name_candidates(
+    lt: LabelText, texts: list[str], min_match: float, L: int
+) -> sp.csr_matrix | None:
     """[n, L] pattern of the labels whose name each text matches at least min_match (data
     NAME_ONLY_S), or None when min_match is 0."""
     if min_match <= 0:
         return None
     rows, labels = lt.candidates([lt.title_ids(t) for t in texts], min_match)
-    return sp.csr_matrix((np.full(rows.size, NAME_ONLY_S, np.float32), (rows, labels)), shape=(len(texts), L))
+    return sp.csr_matrix(
+        (np.full(rows.size, NAME_ONLY_S, np.float32), (rows, labels)), shape=(len(texts), L)
+    )
 
 
 def _raw_texts(texts) -> list[str] | None:
@@ -222,7 +300,9 @@ def _raw_texts(texts) -> list[str] | None:
     return [texts] if isinstance(texts, str) else list(texts)
 
 
-def add_label_text(S: sp.csr_matrix, lt: LabelText, texts: list[str], weight: float) -> sp.csr_matrix:
+def add_label_text(
+    S: sp.csr_matrix, lt: LabelText, texts: list[str], weight: float
+) -> sp.csr_matrix:
     """S + weight * label-name match on S's pattern (texts: S's rows)."""
     S = sp.csr_matrix(S)
     rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
@@ -230,8 +310,9 @@ def add_label_text(S: sp.csr_matrix, lt: LabelText, texts: list[str], weight: fl
     return sp.csr_matrix((y, S.indices, S.indptr), shape=S.shape)
 
 
-def _label_text_weight(lt: LabelText, texts_v: list[str], Sv, Yv, inv_prop, cfg: AstecConfig, log: dict,
-                       progress: bool) -> float:
+def _label_text_weight(
+    lt: LabelText, texts_v: list[str], Sv, Yv, inv_prop, cfg: AstecConfig, log: dict, progress: bool
+) -> float:
     """The label-name match's weight: configured (>= 0) or the grid value best on the validation
     split, scored on the final (joined) scores the learners gave before the validation points
     joined their indexes: Sv = (without, with the label-name candidates or None); a weight > 0
@@ -244,10 +325,25 @@ def _label_text_weight(lt: LabelText, texts_v: list[str], Sv, Yv, inv_prop, cfg:
         plain, named = Sv[0], Sv[1] if Sv[1] is not None else Sv[0]
         rows = np.repeat(np.arange(named.shape[0]), np.diff(named.indptr))
         m = lt.scores([lt.title_ids(t) for t in texts_v], rows, named.indices)
-        make = lambda d: plain if d == 0 else sp.csr_matrix(
-            ((named.data + np.float32(d) * m).astype(np.float32), named.indices, named.indptr), shape=named.shape)
-        w = _combination_weight("label_text_weight", cfg.label_text_weight, list(cfg.label_text_grid), make,
-                                Yv, inv_prop, cfg, tlog, 0.0)
+        make = lambda d: (
+            plain
+            if d == 0
+            else sp.csr_matrix(
+                ((named.data + np.float32(d) * m).astype(np.float32), named.indices, named.indptr),
+                shape=named.shape,
+            )
+        )
+        w = _combination_weight(
+            "label_text_weight",
+            cfg.label_text_weight,
+            list(cfg.label_text_grid),
+            make,
+            Yv,
+            inv_prop,
+            cfg,
+            tlog,
+            0.0,
+        )
     log["label_text"] = tlog
     if progress:
         tqdm.write(f"  Label names: weight={w} valid={tlog.get('valid', {})}")
@@ -260,50 +356,93 @@ def _by_rows(n: int, L: int, part) -> sp.csr_matrix:
     those arrays stay bounded (N = 200k: 6.4 GB in one piece). Rows are independent: the result
     is that of one call."""
     parts = [part(a, min(n, a + _ROW_CHUNK)) for a in range(0, n, _ROW_CHUNK)]
-    return sp.csr_matrix(sp.vstack(parts), dtype=np.float32) if parts else sp.csr_matrix((0, L), dtype=np.float32)
+    return (
+        sp.csr_matrix(sp.vstack(parts), dtype=np.float32)
+        if parts
+        else sp.csr_matrix((0, L), dtype=np.float32)
+    )
 
 
 _ROW_CHUNK = 8192
 
 
-def _module2_negatives(index: ShortlistIndex, V: np.ndarray, Y: sp.csr_matrix, cfg: AstecConfig,
-                       seed: int) -> sp.csr_matrix:
+def _module2_negatives(
+    index: ShortlistIndex, V: np.ndarray, Y: sp.csr_matrix, cfg: AstecConfig, seed: int
+) -> sp.csr_matrix:
     """Module II's shortlist for each indexed point (V: the index's own points, in order): its
     hard negatives from both indexes, itself excluded, plus random negatives."""
+
     def hard(a, b):
-        S = index.scores(V[a:b], cfg.knn_neighbours, cfg.centroid_neighbours, cfg.centroid_weight,
-                         cfg.num_threads, exclude_self=np.arange(a, b), knn_power=cfg.knn_power)
+        S = index.scores(
+            V[a:b],
+            cfg.knn_neighbours,
+            cfg.centroid_neighbours,
+            cfg.centroid_weight,
+            cfg.num_threads,
+            exclude_self=np.arange(a, b),
+            knn_power=cfg.knn_power,
+        )
         return hard_negatives(S, Y[a:b], cfg.shortlist_size)
-    return add_random_negatives(_by_rows(V.shape[0], Y.shape[1], hard), Y, cfg.random_negatives, seed)
+
+    return add_random_negatives(
+        _by_rows(V.shape[0], Y.shape[1], hard), Y, cfg.random_negatives, seed
+    )
 
 
 def _reranker_negatives(learner: Learner, X, Y, cfg: AstecConfig) -> sp.csr_matrix:
     """The base model's top mispredictions of each indexed point (X: the index's own points, in
     order; itself excluded), `reranker_negatives` deep, as a 0/1 csr."""
+
     def mispredicted(a, b):
         C, Z = learner.shortlist(X[a:b], cfg, exclude_self=np.arange(a, b))
         base, _ = learner.logits(X[a:b], C, Z)
         return hard_negatives(combine(C, base, learner.alpha), Y[a:b], cfg.reranker_negatives)
+
     return _by_rows(X.shape[0], Y.shape[1], mispredicted)
 
 
 def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> SparseRanker:
     """The sparse ranker on (Xr, Y); negatives: the learner's full-search shortlist of each
     point (itself excluded), `sparse_negatives` labels deep."""
-    pool = dataclasses.replace(cfg, predict_shortlist=cfg.sparse_negatives,
-                               centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives))
+    pool = dataclasses.replace(
+        cfg,
+        predict_shortlist=cfg.sparse_negatives,
+        centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives),
+    )
     search, learner.search = learner.search, None
     try:
-        C = _by_rows(X.shape[0], Y.shape[1],
-                     lambda a, b: learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0])
+        C = _by_rows(
+            X.shape[0],
+            Y.shape[1],
+            lambda a, b: learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0],
+        )
     finally:
         learner.search = search
-    return SparseRanker.fit(Xr, Y, C, cfg.sparse_cost, cfg.sparse_threshold, cfg.sparse_iters, seed,
-                            threads=resolve_threads(cfg.num_threads))
+    return SparseRanker.fit(
+        Xr,
+        Y,
+        C,
+        cfg.sparse_cost,
+        cfg.sparse_threshold,
+        cfg.sparse_iters,
+        seed,
+        threads=resolve_threads(cfg.num_threads),
+    )
 
 
-def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progress: bool = True, Xr=None,
-                  valid_scores: bool = False, valid_extra: sp.csr_matrix | None = None):
+def train_learner(
+    X,
+    Y,
+    fit,
+    valid,
+    cfg: AstecConfig,
+    seed: int,
+    inv_prop,
+    progress: bool = True,
+    Xr=None,
+    valid_scores: bool = False,
+    valid_extra: sp.csr_matrix | None = None,
+):
     """Train Modules I-IV, the re-ranker and the sparse ranker (on Xr, the ranker features; None:
     no sparse ranker) for one learner; returns (Learner, log dict, validation scores). The last is
     the learner's final scores of the validation points before they join its indexes (for an
@@ -327,43 +466,82 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     if cfg.embedding_init == "svd":
         with torch.no_grad():
             encoder.embed.weight.copy_(torch.from_numpy(svd_embedding_init(Xf, Yf, D, seed)))
-    epochs_log = train_surrogate(encoder, Xf, Ym, cfg.surrogate_epochs, cfg.surrogate_lr, cfg.batch_size, seed,
-                                 progress, valid=(Xv, meta_labels(Yv, assign, cfg.num_clusters)),
-                                 decay_epoch=int(round(cfg.surrogate_decay * cfg.surrogate_epochs)), device=device)
-    log["modules"]["I"] = {"seconds": round(time.time() - t0, 1), "cpu_seconds": round(_cpu_s() - c0, 1),
-                           "peak_rss_mb": _peak_rss_mb(),
-                           "clusters": int(cfg.num_clusters), "epochs": epochs_log}
+    epochs_log = train_surrogate(
+        encoder,
+        Xf,
+        Ym,
+        cfg.surrogate_epochs,
+        cfg.surrogate_lr,
+        cfg.batch_size,
+        seed,
+        progress,
+        valid=(Xv, meta_labels(Yv, assign, cfg.num_clusters)),
+        decay_epoch=int(round(cfg.surrogate_decay * cfg.surrogate_epochs)),
+        device=device,
+    )
+    log["modules"]["I"] = {
+        "seconds": round(time.time() - t0, 1),
+        "cpu_seconds": round(_cpu_s() - c0, 1),
+        "peak_rss_mb": _peak_rss_mb(),
+        "clusters": int(cfg.num_clusters),
+        "epochs": epochs_log,
+    }
 
     # Module II: frozen E -> indexes -> hard-negative shortlists
     t0, c0 = time.time(), _cpu_s()
-    if progress:   # no bar inside the index builds and searches: say what runs (minutes at L=500k)
+    if progress:  # no bar inside the index builds and searches: say what runs (minutes at L=500k)
         tqdm.write(f"  Module II: indexes and hard negatives for {Xf.shape[0]} points ...")
     Vf = dense_bag(encoder, Xf)
     index = _build_index(encoder, Xf, Yf, cfg, seed, Vf)
     negatives = _module2_negatives(index, Vf, Yf, cfg, seed)
     m2 = {"seconds": None, "index_kind": index.points.kind, "centres": int(index.centres.count)}
     if Xv.shape[0]:
-        Sv = index.scores(dense_bag(encoder, Xv), cfg.knn_neighbours, cfg.centroid_neighbours,
-                          cfg.centroid_weight, cfg.num_threads, knn_power=cfg.knn_power)
-        m2[f"valid_recall@{cfg.predict_shortlist}"] = round(recall_at(Sv, Yv, cfg.predict_shortlist), 2)
+        Sv = index.scores(
+            dense_bag(encoder, Xv),
+            cfg.knn_neighbours,
+            cfg.centroid_neighbours,
+            cfg.centroid_weight,
+            cfg.num_threads,
+            knn_power=cfg.knn_power,
+        )
+        m2[f"valid_recall@{cfg.predict_shortlist}"] = round(
+            recall_at(Sv, Yv, cfg.predict_shortlist), 2
+        )
         ids, sc = topk_dense_from_csr(Sv, 5)
-        m2["valid_shortlist_only"] = {k: round(v, 2) for k, v in
-                                      evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()}
+        m2["valid_shortlist_only"] = {
+            k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()
+        }
         del Sv
     m2["seconds"] = round(time.time() - t0, 1)
     m2["cpu_seconds"] = round(_cpu_s() - c0, 1)
     m2["peak_rss_mb"] = _peak_rss_mb()
     log["modules"]["II"] = m2
     if progress:
-        tqdm.write(f"  Module II: {json.dumps({k: v for k, v in m2.items() if k != 'valid_shortlist_only'})}")
+        tqdm.write(
+            f"  Module II: {json.dumps({k: v for k, v in m2.items() if k != 'valid_shortlist_only'})}"
+        )
 
     # Modules III/IV: new residual R (identity), classifier on positives + shortlist
     t0, c0 = time.time(), _cpu_s()
     encoder.residual = SpectralResidual(D, cfg.spectral_lambda)
     clf = Classifier(L, D)
-    ep = train_shortlisted(encoder, clf, Xf, Yf, negatives, cfg.extreme_epochs, cfg.extreme_lr, cfg.batch_size,
-                           seed, cfg.finetune_embeddings, cfg.finetune_lr, "Module IV", progress, device,
-                           cfg.fused_kernels)
+    ep = train_shortlisted(
+        encoder,
+        clf,
+        Xf,
+        Yf,
+        negatives,
+        cfg.extreme_epochs,
+        cfg.extreme_lr,
+        cfg.batch_size,
+        seed,
+        cfg.finetune_embeddings,
+        cfg.finetune_lr,
+        "Module IV",
+        progress,
+        device,
+        cfg.fused_kernels,
+    )
     del negatives
     # E may have been fine-tuned: rebuild the indexes on the final v
     index = _build_index(encoder, Xf, Yf, cfg, seed)
@@ -372,8 +550,17 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
     if Xv.shape[0]:
         C, Z = learner.shortlist(Xv, cfg)
         base, _ = learner.logits(Xv, C, Z)
-    learner.alpha = _combination_weight("alpha", cfg.alpha, cfg.alpha_grid, lambda a: combine(C, base, a),
-                                        Yv, inv_prop, cfg, m4, learner.alpha)
+    learner.alpha = _combination_weight(
+        "alpha",
+        cfg.alpha,
+        cfg.alpha_grid,
+        lambda a: combine(C, base, a),
+        Yv,
+        inv_prop,
+        cfg,
+        m4,
+        learner.alpha,
+    )
     m4["seconds"] = round(time.time() - t0, 1)
     m4["cpu_seconds"] = round(_cpu_s() - c0, 1)
     m4["peak_rss_mb"] = _peak_rss_mb()
@@ -392,17 +579,39 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
         with torch.no_grad():
             rr_clf.weight.weight.copy_(clf.weight.weight)
             rr_clf.bias.weight.copy_(clf.bias.weight)
-        ep = train_shortlisted(rr, rr_clf, Xf, Yf, hard, cfg.reranker_epochs, cfg.extreme_lr, cfg.batch_size,
-                               seed + 1, True, cfg.finetune_lr, "Re-ranker", progress, device,
-                               cfg.fused_kernels)
+        ep = train_shortlisted(
+            rr,
+            rr_clf,
+            Xf,
+            Yf,
+            hard,
+            cfg.reranker_epochs,
+            cfg.extreme_lr,
+            cfg.batch_size,
+            seed + 1,
+            True,
+            cfg.finetune_lr,
+            "Re-ranker",
+            progress,
+            device,
+            cfg.fused_kernels,
+        )
         learner.reranker, learner.rr_clf = rr, rr_clf
         mr = {"epochs": ep}
         if Xv.shape[0]:
             C, Z = learner.shortlist(Xv, cfg)
             base, rrl = learner.logits(Xv, C, Z)
-        learner.beta = _combination_weight("beta", cfg.beta, cfg.beta_grid,
-                                           lambda b: combine(C, base, learner.alpha, rrl, b),
-                                           Yv, inv_prop, cfg, mr, learner.beta)
+        learner.beta = _combination_weight(
+            "beta",
+            cfg.beta,
+            cfg.beta_grid,
+            lambda b: combine(C, base, learner.alpha, rrl, b),
+            Yv,
+            inv_prop,
+            cfg,
+            mr,
+            learner.beta,
+        )
         mr["seconds"] = round(time.time() - t0, 1)
         mr["cpu_seconds"] = round(_cpu_s() - c0, 1)
         mr["peak_rss_mb"] = _peak_rss_mb()
@@ -424,9 +633,17 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
             base, rrl = learner.logits(Xv, C, Z)
             us = learner.sparse_scores(Xrv, C)
         # without a validation split (tiny data): an even mix
-        learner.gamma = _combination_weight("gamma", cfg.gamma, cfg.gamma_grid,
-                                            lambda g: combine(C, base, learner.alpha, rrl, learner.beta, us, g),
-                                            Yv, inv_prop, cfg, ms, 0.5)
+        learner.gamma = _combination_weight(
+            "gamma",
+            cfg.gamma,
+            cfg.gamma_grid,
+            lambda g: combine(C, base, learner.alpha, rrl, learner.beta, us, g),
+            Yv,
+            inv_prop,
+            cfg,
+            ms,
+            0.5,
+        )
         ms["seconds"] = round(time.time() - t0, 1)
         ms["cpu_seconds"] = round(_cpu_s() - c0, 1)
         ms["peak_rss_mb"] = _peak_rss_mb()
@@ -442,8 +659,10 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
 
     Sv = None
     if valid_scores and Xv.shape[0]:
-        Sv = (learner.scores(Xv, cfg, Xrv),
-              learner.scores(Xv, cfg, Xrv, extra=valid_extra) if valid_extra is not None else None)
+        Sv = (
+            learner.scores(Xv, cfg, Xrv),
+            learner.scores(Xv, cfg, Xrv, extra=valid_extra) if valid_extra is not None else None,
+        )
     # final indexes over all training points (the validation points' labels help prediction)
     learner.index = _build_index(encoder, X, Y, cfg, seed, serving=True)
     if learner.sparse is not None and Xv.shape[0]:
@@ -462,17 +681,28 @@ def train_learner(X, Y, fit, valid, cfg: AstecConfig, seed: int, inv_prop, progr
 class Astec:
     """A trained Astec model: vectoriser + one or more learners + label names."""
 
-    def __init__(self, config: AstecConfig, learners: list[Learner], num_labels: int,
-                 vectorizer: TfidfVectorizer | None = None, label_names: list[str] | None = None,
-                 train_log: dict | None = None, ranker_vectorizer: TfidfVectorizer | None = None,
-                 ensemble: str = "mean", label_text_weight: float = 0.0):
+    def __init__(
+        self,
+        config: AstecConfig,
+        learners: list[Learner],
+        num_labels: int,
+        vectorizer: TfidfVectorizer | None = None,
+        label_names: list[str] | None = None,
+        train_log: dict | None = None,
+        ranker_vectorizer: TfidfVectorizer | None = None,
+        ensemble: str = "mean",
+        label_text_weight: float = 0.0,
+    ):
         self.config = config
         # label-name match (engine/label_text.py): rebuilt from the names, used at weight > 0
         self.label_text_weight = float(label_text_weight)
-        self.label_text = (LabelText(label_names) if label_names is not None and self.label_text_weight > 0
-                           else None)
-        self.ensemble = ensemble                     # how learners join: "mean" or "max"
-        self.ranker_vectorizer = ranker_vectorizer   # words + word pairs for the sparse ranker
+        self.label_text = (
+            LabelText(label_names)
+            if label_names is not None and self.label_text_weight > 0
+            else None
+        )
+        self.ensemble = ensemble  # how learners join: "mean" or "max"
+        self.ranker_vectorizer = ranker_vectorizer  # words + word pairs for the sparse ranker
         self.learners = learners
         self.num_labels = num_labels
         self.vectorizer = vectorizer
@@ -481,9 +711,17 @@ class Astec:
 
     # ---- training --------------------------------------------------------------------------
     @classmethod
-    def train(cls, texts, Y, config: AstecConfig | None = None, label_names: list[str] | None = None,
-              valid_fraction: float | None = None, seed: int | None = None, learners: int | None = None,
-              progress: bool = True) -> "Astec":
+    def train(
+        cls,
+        texts,
+        Y,
+        config: AstecConfig | None = None,
+        label_names: list[str] | None = None,
+        valid_fraction: float | None = None,
+        seed: int | None = None,
+        learners: int | None = None,
+        progress: bool = True,
+    ) -> "Astec":
         """Train on raw texts (list of str) or a ready feature matrix (csr, XC sparse format).
 
         A validation split (valid_fraction of the points, at most max_valid_points) is carved out
@@ -512,8 +750,11 @@ class Astec:
             texts = list(texts)
             if len(texts) != n:
                 raise ValueError(f"Astec.train: {len(texts)} texts but Y has {n} rows")
-            vectorizer = TfidfVectorizer(min_df=cfg.min_df, word_ngrams=cfg.word_ngrams,
-                                         char_ngrams=tuple(cfg.char_ngrams) if cfg.char_ngrams else None)
+            vectorizer = TfidfVectorizer(
+                min_df=cfg.min_df,
+                word_ngrams=cfg.word_ngrams,
+                char_ngrams=tuple(cfg.char_ngrams) if cfg.char_ngrams else None,
+            )
             X = vectorizer.fit_transform(texts, progress=progress)
         ranker_vec, Xr = None, None
         if cfg.sparse_ranker:
@@ -528,22 +769,44 @@ class Astec:
         perm = rng.permutation(n)
         n_valid = min(int(cfg.valid_fraction * n), cfg.max_valid_points) if n >= 20 else 0
         valid, fit = np.sort(perm[:n_valid]), np.sort(perm[n_valid:])
-        inv_prop = inv_propensity(Y, A=cfg.propensity_a, B=cfg.propensity_b) if n >= 2 else np.ones(L)
-        log = {"num_points": n, "num_labels": L, "num_features": int(X.shape[1]), "valid_points": int(n_valid),
-               "features_seconds": round(time.time() - t_start, 1), "learners": []}
+        inv_prop = (
+            inv_propensity(Y, A=cfg.propensity_a, B=cfg.propensity_b) if n >= 2 else np.ones(L)
+        )
+        log = {
+            "num_points": n,
+            "num_labels": L,
+            "num_features": int(X.shape[1]),
+            "valid_points": int(n_valid),
+            "features_seconds": round(time.time() - t_start, 1),
+            "learners": [],
+        }
         models, valid_scores = [], []
         # the label-name match needs titles and names; its weight is chosen on validation
         use_names = bool(cfg.label_text and label_names is not None and vectorizer is not None)
         if label_names is not None and len(label_names) != L:
             raise ValueError(f"Astec.train: {len(label_names)} label names for {L} labels")
         lt = LabelText(label_names) if use_names else None
-        valid_extra = (name_candidates(lt, [texts[i] for i in valid], cfg.label_text_min_match, L)
-                       if use_names and n_valid else None)
+        valid_extra = (
+            name_candidates(lt, [texts[i] for i in valid], cfg.label_text_min_match, L)
+            if use_names and n_valid
+            else None
+        )
         for j in range(cfg.learners):
             if progress:
                 tqdm.write(f"learner {j + 1}/{cfg.learners}")
-            lr, llog, Sv = train_learner(X, Y, fit, valid, cfg, cfg.seed + 1000 * j, inv_prop, progress, Xr,
-                                         valid_scores=cfg.learners > 1 or use_names, valid_extra=valid_extra)
+            lr, llog, Sv = train_learner(
+                X,
+                Y,
+                fit,
+                valid,
+                cfg,
+                cfg.seed + 1000 * j,
+                inv_prop,
+                progress,
+                Xr,
+                valid_scores=cfg.learners > 1 or use_names,
+                valid_extra=valid_extra,
+            )
             models.append(lr)
             valid_scores.append(Sv)
             log["learners"].append(llog)
@@ -552,21 +815,32 @@ class Astec:
             ens_log: dict = {}
             if n_valid:
                 # each learner's scores from before the validation points joined its indexes
-                ensemble = _select("ensemble", ["mean", "max"] if cfg.ensemble == "auto" else [cfg.ensemble],
-                                   lambda how: ensemble_scores([v[0] for v in valid_scores], how), Y[valid], inv_prop,
-                                   cfg.select_metrics, ens_log)
+                ensemble = _select(
+                    "ensemble",
+                    ["mean", "max"] if cfg.ensemble == "auto" else [cfg.ensemble],
+                    lambda how: ensemble_scores([v[0] for v in valid_scores], how),
+                    Y[valid],
+                    inv_prop,
+                    cfg.select_metrics,
+                    ens_log,
+                )
             ens_log["ensemble"] = ensemble
             log["ensemble"] = ens_log
             if progress:
-                tqdm.write(f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}")
+                tqdm.write(
+                    f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}"
+                )
         text_weight = 0.0
         if use_names:
             joined = None
             if n_valid:
-                joined = tuple(ensemble_scores(list(v), ensemble) if v[0] is not None else None
-                               for v in zip(*valid_scores))
-            text_weight = _label_text_weight(lt, [texts[i] for i in valid], joined, Y[valid], inv_prop, cfg,
-                                             log, progress)
+                joined = tuple(
+                    ensemble_scores(list(v), ensemble) if v[0] is not None else None
+                    for v in zip(*valid_scores)
+                )
+            text_weight = _label_text_weight(
+                lt, [texts[i] for i in valid], joined, Y[valid], inv_prop, cfg, log, progress
+            )
         del valid_scores
         model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec, ensemble, text_weight)
         log["train_seconds"] = round(time.time() - t_start, 1)
@@ -585,7 +859,9 @@ class Astec:
                 X = sp.csr_matrix((X.data, X.indices, X.indptr), shape=(X.shape[0], V))
             return X
         if self.vectorizer is None:
-            raise ValueError("this model was trained on feature vectors (XC sparse format): pass a csr matrix")
+            raise ValueError(
+                "this model was trained on feature vectors (XC sparse format): pass a csr matrix"
+            )
         if isinstance(texts, str):
             texts = [texts]
         return self.vectorizer.transform(list(texts))
@@ -613,7 +889,9 @@ class Astec:
     def _scores(self, X, Xr, raw: list[str] | None) -> sp.csr_matrix:
         """predict_scores on features (raw: the texts, for the label-name match, or None)."""
         extra = self._name_candidates(raw)
-        S = ensemble_scores([lr.scores(X, self.config, Xr, extra) for lr in self.learners], self.ensemble)
+        S = ensemble_scores(
+            [lr.scores(X, self.config, Xr, extra) for lr in self.learners], self.ensemble
+        )
         if self.label_text is not None and raw is not None:
             S = add_label_text(S, self.label_text, raw, self.label_text_weight)
         return S
@@ -621,7 +899,9 @@ class Astec:
     def _name_candidates(self, raw: list[str] | None) -> sp.csr_matrix | None:
         if self.label_text is None or raw is None:
             return None
-        return name_candidates(self.label_text, raw, self.config.label_text_min_match, self.num_labels)
+        return name_candidates(
+            self.label_text, raw, self.config.label_text_min_match, self.num_labels
+        )
 
     def predict(self, texts, k: int = 10, batch: int | None = None):
         """(ids int64 [n, k], scores float32 [n, k]), best first; -1 pads when < k candidates."""
@@ -633,9 +913,15 @@ class Astec:
         scores = np.zeros((X.shape[0], k), np.float32)
         _set_threads(resolve_threads(self.config.num_threads))
         for s in range(0, X.shape[0], batch):
-            i, sc = topk_dense_from_csr(self._scores(X[s:s + batch], None if Xr is None else Xr[s:s + batch],
-                                                     None if raw is None else raw[s:s + batch]), k)
-            ids[s:s + batch], scores[s:s + batch] = i, sc
+            i, sc = topk_dense_from_csr(
+                self._scores(
+                    X[s : s + batch],
+                    None if Xr is None else Xr[s : s + batch],
+                    None if raw is None else raw[s : s + batch],
+                ),
+                k,
+            )
+            ids[s : s + batch], scores[s : s + batch] = i, sc
         return ids, scores
 
     def features(self, texts) -> np.ndarray:
@@ -663,21 +949,27 @@ class Astec:
         for j, lr in enumerate(self.learners):
             d = root / f"learner_{j}"
             d.mkdir()
-            enc = {"E": lr.encoder.embed.weight.detach().numpy(),
-                   "R_raw": lr.encoder.residual.weight.detach().numpy(),
-                   "R_u": lr.encoder.residual.u.numpy(),
-                   "R": lr.encoder.baked_residual(),
-                   "W": lr.clf.weight.weight.detach().numpy(),
-                   "b": lr.clf.bias.weight.detach().numpy().ravel()}
+            enc = {
+                "E": lr.encoder.embed.weight.detach().numpy(),
+                "R_raw": lr.encoder.residual.weight.detach().numpy(),
+                "R_u": lr.encoder.residual.u.numpy(),
+                "R": lr.encoder.baked_residual(),
+                "W": lr.clf.weight.weight.detach().numpy(),
+                "b": lr.clf.bias.weight.detach().numpy().ravel(),
+            }
             mio.save_tensors(d / "model.safetensors", enc)
             if lr.reranker is not None:
-                mio.save_tensors(d / "reranker.safetensors",
-                                 {"E": lr.reranker.embed.weight.detach().numpy(),
-                                  "R_raw": lr.reranker.residual.weight.detach().numpy(),
-                                  "R_u": lr.reranker.residual.u.numpy(),
-                                  "R": lr.reranker.baked_residual(),
-                                  "W": lr.rr_clf.weight.weight.detach().numpy(),
-                                  "b": lr.rr_clf.bias.weight.detach().numpy().ravel()})
+                mio.save_tensors(
+                    d / "reranker.safetensors",
+                    {
+                        "E": lr.reranker.embed.weight.detach().numpy(),
+                        "R_raw": lr.reranker.residual.weight.detach().numpy(),
+                        "R_u": lr.reranker.residual.u.numpy(),
+                        "R": lr.reranker.baked_residual(),
+                        "W": lr.rr_clf.weight.weight.detach().numpy(),
+                        "b": lr.rr_clf.bias.weight.detach().numpy().ravel(),
+                    },
+                )
             ix = lr.index
             pfile = ix.points.save(d / "ann_points")
             cfile = ix.centres.save(d / "ann_centres")
@@ -686,22 +978,42 @@ class Astec:
             np.save(d / "prior.npy", ix.prior, allow_pickle=False)
             if lr.sparse is not None:
                 mio.save_csr(d / "sparse_ranker.npz", lr.sparse.W)
-            meta = {"alpha": lr.alpha, "beta": lr.beta, "reranker": lr.reranker is not None,
-                    "gamma": lr.gamma, "sparse_ranker": lr.sparse is not None,
-                    "search": list(lr.search) if lr.search else None,
-                    "vocab_size": int(lr.encoder.embed.num_embeddings), "dim": int(lr.encoder.embed.embedding_dim),
-                    "num_labels": self.num_labels,
-                    "points": {"file": pfile, "kind": ix.points.kind, "count": ix.points.count,
-                               "ef_search": ix.points.ef_search},
-                    "centres": {"file": cfile, "kind": ix.centres.kind, "count": ix.centres.count,
-                                "ef_search": ix.centres.ef_search}}
+            meta = {
+                "alpha": lr.alpha,
+                "beta": lr.beta,
+                "reranker": lr.reranker is not None,
+                "gamma": lr.gamma,
+                "sparse_ranker": lr.sparse is not None,
+                "search": list(lr.search) if lr.search else None,
+                "vocab_size": int(lr.encoder.embed.num_embeddings),
+                "dim": int(lr.encoder.embed.embedding_dim),
+                "num_labels": self.num_labels,
+                "points": {
+                    "file": pfile,
+                    "kind": ix.points.kind,
+                    "count": ix.points.count,
+                    "ef_search": ix.points.ef_search,
+                },
+                "centres": {
+                    "file": cfile,
+                    "kind": ix.centres.kind,
+                    "count": ix.centres.count,
+                    "ef_search": ix.centres.ef_search,
+                },
+            }
             (d / "learner.json").write_text(json.dumps(meta, indent=1))
             learners_meta.append(f"learner_{j}")
-        mio.write_model_manifest(root, {"num_labels": self.num_labels, "learners": learners_meta,
-                                        "ensemble": self.ensemble,
-                                        "label_text_weight": self.label_text_weight,
-                                        "has_vectorizer": self.vectorizer is not None,
-                                        "has_ranker_vectorizer": self.ranker_vectorizer is not None})
+        mio.write_model_manifest(
+            root,
+            {
+                "num_labels": self.num_labels,
+                "learners": learners_meta,
+                "ensemble": self.ensemble,
+                "label_text_weight": self.label_text_weight,
+                "has_vectorizer": self.vectorizer is not None,
+                "has_ranker_vectorizer": self.ranker_vectorizer is not None,
+            },
+        )
         return root
 
     @classmethod
@@ -712,19 +1024,40 @@ class Astec:
         cfg = AstecConfig.load(root / "config.json")
         L = int(man["num_labels"])
         vec = TfidfVectorizer.load(root / "vectorizer") if man.get("has_vectorizer") else None
-        rvec = TfidfVectorizer.load(root / "ranker_vectorizer") if man.get("has_ranker_vectorizer") else None
-        names = json.loads((root / "labels.json").read_text()) if (root / "labels.json").exists() else None
+        rvec = (
+            TfidfVectorizer.load(root / "ranker_vectorizer")
+            if man.get("has_ranker_vectorizer")
+            else None
+        )
+        names = (
+            json.loads((root / "labels.json").read_text())
+            if (root / "labels.json").exists()
+            else None
+        )
         if names is not None and len(names) != L:
             raise mio.ModelDirError(f"{root / 'labels.json'}: {len(names)} names for {L} labels")
-        log = json.loads((root / "train_log.json").read_text()) if (root / "train_log.json").exists() else {}
+        log = (
+            json.loads((root / "train_log.json").read_text())
+            if (root / "train_log.json").exists()
+            else {}
+        )
         learners = []
         for name in man["learners"]:
             d = root / name
             meta = json.loads((d / "learner.json").read_text())
             V, D = meta["vocab_size"], meta["dim"]
             if vec is not None and vec.num_features > V:
-                raise mio.ModelDirError(f"{d / 'model.safetensors'}: vocabulary {vec.num_features} > E rows {V}")
-            shapes = {"E": [V, D], "R_raw": [D, D], "R_u": [D], "R": [D, D], "W": [max(L, 1), D], "b": [max(L, 1)]}
+                raise mio.ModelDirError(
+                    f"{d / 'model.safetensors'}: vocabulary {vec.num_features} > E rows {V}"
+                )
+            shapes = {
+                "E": [V, D],
+                "R_raw": [D, D],
+                "R_u": [D],
+                "R": [D, D],
+                "W": [max(L, 1), D],
+                "b": [max(L, 1)],
+            }
             t = mio.load_tensors(d / "model.safetensors", shapes)
             enc, clf = _encoder_from(t, V, D, cfg), _clf_from(t, L, D)
             rr = rr_clf = None
@@ -732,10 +1065,20 @@ class Astec:
                 t = mio.load_tensors(d / "reranker.safetensors", shapes)
                 rr, rr_clf = _encoder_from(t, V, D, cfg), _clf_from(t, L, D)
             try:
-                points = AnnIndex.load(d / meta["points"]["file"], meta["points"]["kind"], D,
-                                       meta["points"]["count"], meta["points"]["ef_search"])
-                centres = AnnIndex.load(d / meta["centres"]["file"], meta["centres"]["kind"], D,
-                                        meta["centres"]["count"], meta["centres"]["ef_search"])
+                points = AnnIndex.load(
+                    d / meta["points"]["file"],
+                    meta["points"]["kind"],
+                    D,
+                    meta["points"]["count"],
+                    meta["points"]["ef_search"],
+                )
+                centres = AnnIndex.load(
+                    d / meta["centres"]["file"],
+                    meta["centres"]["kind"],
+                    D,
+                    meta["centres"]["count"],
+                    meta["centres"]["ef_search"],
+                )
                 plab = mio.load_csr(d / "point_labels.npz")
                 owner = np.load(d / "centre_owner.npy", allow_pickle=False)
                 prior = np.load(d / "prior.npy", allow_pickle=False)
@@ -744,26 +1087,53 @@ class Astec:
                     ranker = SparseRanker(mio.load_csr(d / "sparse_ranker.npz"))
                     F = (rvec.num_features if rvec is not None else V) + 1
                     if ranker.W.shape != (L, F):
-                        raise ValueError(f"sparse_ranker.npz has shape {ranker.W.shape}, expected {(L, F)}")
+                        raise ValueError(
+                            f"sparse_ranker.npz has shape {ranker.W.shape}, expected {(L, F)}"
+                        )
             except (ValueError, RuntimeError, OSError) as e:
                 raise mio.ModelDirError(f"{d}: {e}") from None
             if plab.shape != (points.count, L) or owner.shape != (centres.count,):
                 raise mio.ModelDirError(f"{d}: index label arrays do not match the indexes")
             counts = np.diff(sp.csc_matrix(plab).indptr)
-            index = ShortlistIndex(points, plab, centres, owner.astype(np.int64), L, prior.astype(np.int64),
-                                   _prior_score(counts[prior.astype(np.int64)]))
+            index = ShortlistIndex(
+                points,
+                plab,
+                centres,
+                owner.astype(np.int64),
+                L,
+                prior.astype(np.int64),
+                _prior_score(counts[prior.astype(np.int64)]),
+            )
             search = meta.get("search")
-            learners.append(Learner(enc, clf, index, rr, rr_clf, float(meta["alpha"]), float(meta["beta"]),
-                                    (int(search[0]), int(search[1])) if search else None,
-                                    ranker, float(meta.get("gamma", 1.0))))
-        ensemble = man.get("ensemble", "mean")   # models saved before the choice: the average
+            learners.append(
+                Learner(
+                    enc,
+                    clf,
+                    index,
+                    rr,
+                    rr_clf,
+                    float(meta["alpha"]),
+                    float(meta["beta"]),
+                    (int(search[0]), int(search[1])) if search else None,
+                    ranker,
+                    float(meta.get("gamma", 1.0)),
+                )
+            )
+        ensemble = man.get("ensemble", "mean")  # models saved before the choice: the average
         if ensemble not in ("mean", "max"):
-            raise mio.ModelDirError(f"{root / mio.MANIFEST}: field 'ensemble' is {ensemble!r}, "
-                                    "expected 'mean' or 'max'")
-        text_weight = man.get("label_text_weight", 0.0)   # models saved before it: none
-        if isinstance(text_weight, bool) or not isinstance(text_weight, (int, float)) or not 0 <= text_weight <= 1e3:
-            raise mio.ModelDirError(f"{root / mio.MANIFEST}: field 'label_text_weight' is "
-                                    f"{text_weight!r}, expected a number >= 0")
+            raise mio.ModelDirError(
+                f"{root / mio.MANIFEST}: field 'ensemble' is {ensemble!r}, expected 'mean' or 'max'"
+            )
+        text_weight = man.get("label_text_weight", 0.0)  # models saved before it: none
+        if (
+            isinstance(text_weight, bool)
+            or not isinstance(text_weight, (int, float))
+            or not 0 <= text_weight <= 1e3
+        ):
+            raise mio.ModelDirError(
+                f"{root / mio.MANIFEST}: field 'label_text_weight' is "
+                f"{text_weight!r}, expected a number >= 0"
+            )
         if text_weight > 0 and names is None:
             raise mio.ModelDirError(f"{root}: label_text_weight > 0 but labels.json is missing")
         return cls(cfg, learners, L, vec, names, log, rvec, ensemble, float(text_weight))

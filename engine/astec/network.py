@@ -3,6 +3,7 @@
 Inputs are EmbeddingBag-style (flat token ids, offsets, TF-IDF weights) so that the CPU predictor
 can be exported without this package; `baked_residual()` gives R with the spectral norm applied.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,9 +16,11 @@ from torch import nn
 def bag_inputs(X: sp.csr_matrix):
     """(ids int64, offsets int64, weights float32) torch tensors for an EmbeddingBag from csr rows."""
     X = sp.csr_matrix(X)
-    return (torch.from_numpy(X.indices.astype(np.int64)),
-            torch.from_numpy(X.indptr[:-1].astype(np.int64)),
-            torch.from_numpy(X.data.astype(np.float32)))
+    return (
+        torch.from_numpy(X.indices.astype(np.int64)),
+        torch.from_numpy(X.indptr[:-1].astype(np.int64)),
+        torch.from_numpy(X.data.astype(np.float32)),
+    )
 
 
 class SpectralResidual(nn.Module):
@@ -61,7 +64,7 @@ class Encoder(nn.Module):
     def __init__(self, vocab_size: int, dim: int, lam: float = 1.0, dropout: float = 0.5):
         super().__init__()
         self.embed = nn.EmbeddingBag(max(vocab_size, 1), dim, mode="sum", sparse=True)
-        nn.init.normal_(self.embed.weight, std=dim ** -0.5)
+        nn.init.normal_(self.embed.weight, std=dim**-0.5)
         self.residual = SpectralResidual(dim, lam)
         self.drop = nn.Dropout(dropout)
 
@@ -104,20 +107,25 @@ def svd_embedding_init(X: sp.csr_matrix, Y: sp.csr_matrix, dim: int, seed: int =
     L2-normalised token-label co-occurrence matrix X^T Y (tokens that share labels start close),
     rescaled to the random init's per-row norm. Nothing is downloaded (the paper used fastText)."""
     from .sparse import normalize_rows
+
     M = normalize_rows(sp.csr_matrix(X.T.astype(np.float32)) @ sp.csr_matrix(Y, dtype=np.float32))
     k = int(min(dim, min(M.shape) - 1))
     V = M.shape[0]
-    E = np.random.default_rng(seed).normal(0, dim ** -0.5, (V, dim)).astype(np.float32)
+    E = np.random.default_rng(seed).normal(0, dim**-0.5, (V, dim)).astype(np.float32)
     if k < 1 or M.nnz == 0:
         return E
     torch.manual_seed(seed)
-    A = torch.sparse_csr_tensor(torch.from_numpy(M.indptr.astype(np.int64)), torch.from_numpy(M.indices.astype(np.int64)),
-                                torch.from_numpy(M.data), size=M.shape).to_sparse_coo()
+    A = torch.sparse_csr_tensor(
+        torch.from_numpy(M.indptr.astype(np.int64)),
+        torch.from_numpy(M.indices.astype(np.int64)),
+        torch.from_numpy(M.data),
+        size=M.shape,
+    ).to_sparse_coo()
     U, S, _ = torch.svd_lowrank(A, q=k, niter=3)
     F_ = (U * S.sqrt()).numpy()
     norms = np.linalg.norm(F_, axis=1, keepdims=True)
     has = norms[:, 0] > 1e-8
-    E[has, :k] = F_[has] / norms[has]    # unit rows, like N(0, 1/D) rows in expectation
+    E[has, :k] = F_[has] / norms[has]  # unit rows, like N(0, 1/D) rows in expectation
     if k < dim:
         E[has, k:] *= 0.1
     return E
@@ -130,9 +138,9 @@ def dense_bag(encoder: Encoder, X: sp.csr_matrix, batch: int = 4096, what: str =
     out = np.zeros((X.shape[0], encoder.embed.embedding_dim), dtype=np.float32)
     with torch.no_grad():
         for s in range(0, X.shape[0], batch):
-            v = encoder.v(*bag_inputs(X[s:s + batch]))
+            v = encoder.v(*bag_inputs(X[s : s + batch]))
             if what == "z":
                 v = encoder.residual(v)
-            out[s:s + batch] = v.numpy()
+            out[s : s + batch] = v.numpy()
     encoder.train(was)
     return out

@@ -8,6 +8,7 @@
     y      = gamma * y_bar + (1 - gamma) * sigmoid(u_l^T x)     (sparse ranker, sparse_ranker.py)
 An ensemble averages y_bar over learners (a label a learner did not shortlist counts 0).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,9 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return (1.0 / (1.0 + np.exp(-np.clip(x, -30, 30)))).astype(np.float32)
 
 
-def classifier_logits(Z: np.ndarray, W: np.ndarray, b: np.ndarray, C: sp.csr_matrix,
-                      chunk: int = 1 << 16) -> np.ndarray:
+def classifier_logits(
+    Z: np.ndarray, W: np.ndarray, b: np.ndarray, C: sp.csr_matrix, chunk: int = 1 << 16
+) -> np.ndarray:
     """w_l^T z_i + b_l for every stored entry (i, l) of C, in C's entry order (float32 [nnz]).
 
     Chunks of 65k entries keep the gathered [chunk, D] rows at ~80 MB (1M-entry chunks cost 2.4 GB).
@@ -29,14 +31,20 @@ def classifier_logits(Z: np.ndarray, W: np.ndarray, b: np.ndarray, C: sp.csr_mat
     cols = C.indices
     out = np.empty(cols.size, np.float32)
     for s in range(0, cols.size, chunk):
-        r, c = rows[s:s + chunk], cols[s:s + chunk]
-        out[s:s + chunk] = np.einsum("ij,ij->i", W[c], Z[r]) + b[c]
+        r, c = rows[s : s + chunk], cols[s : s + chunk]
+        out[s : s + chunk] = np.einsum("ij,ij->i", W[c], Z[r]) + b[c]
     return out
 
 
-def combine(C: sp.csr_matrix, logits: np.ndarray, alpha: float,
-            rerank_logits: np.ndarray | None = None, beta: float = 1.0,
-            sparse_scores: np.ndarray | None = None, gamma: float = 1.0) -> sp.csr_matrix:
+def combine(
+    C: sp.csr_matrix,
+    logits: np.ndarray,
+    alpha: float,
+    rerank_logits: np.ndarray | None = None,
+    beta: float = 1.0,
+    sparse_scores: np.ndarray | None = None,
+    gamma: float = 1.0,
+) -> sp.csr_matrix:
     """Final scores on C's pattern: the paper's alpha/beta combination (C.data holds s), then
     the sparse ranker's gamma."""
     y = alpha * sigmoid(logits) + (1.0 - alpha) * sigmoid(C.data)

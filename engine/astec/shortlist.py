@@ -5,6 +5,7 @@ The base similarity s of a candidate label l for a point with features v is
 over the label's centres c and the k nearest training points j. Everything is sparse-matrix
 algebra on whole batches; no per-point Python loops.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +39,9 @@ def spherical_kmeans(V: np.ndarray, k: int, rng, iters: int = 10) -> np.ndarray:
     return C
 
 
-def label_centres(V: np.ndarray, Y: sp.csr_matrix, head_centres: int, head_min_points: int, seed: int = 0):
+def label_centres(
+    V: np.ndarray, Y: sp.csr_matrix, head_centres: int, head_min_points: int, seed: int = 0
+):
     """Centres in v-space: one per label (normalised mean), several k-means centres per head label.
 
     Returns (centres float32 [C, D], owner int64 [C]) for labels with at least one point.
@@ -52,7 +55,7 @@ def label_centres(V: np.ndarray, Y: sp.csr_matrix, head_centres: int, head_min_p
     if head_centres > 1:
         rng = np.random.default_rng(seed)
         for l in np.flatnonzero(counts >= head_min_points):
-            pts = Yc.indices[Yc.indptr[l]:Yc.indptr[l + 1]]
+            pts = Yc.indices[Yc.indptr[l] : Yc.indptr[l + 1]]
             C = spherical_kmeans(Vn[pts], head_centres, rng)
             centres.append(C)
             owner.append(np.full(C.shape[0], l))
@@ -63,16 +66,24 @@ def label_centres(V: np.ndarray, Y: sp.csr_matrix, head_centres: int, head_min_p
 class ShortlistIndex:
     """The two ANNS structures plus what is needed to turn neighbours into label scores."""
 
-    points: AnnIndex             # ANNS^x over training points' v
+    points: AnnIndex  # ANNS^x over training points' v
     point_labels: sp.csr_matrix  # labels of the indexed points [N_index, L]
-    centres: AnnIndex            # ANNS^mu over label centres
-    centre_owner: np.ndarray     # label of each centre
+    centres: AnnIndex  # ANNS^mu over label centres
+    centre_owner: np.ndarray  # label of each centre
     num_labels: int
-    prior: np.ndarray            # most frequent labels, always candidates
-    prior_score: np.ndarray      # their tiny base score (ordered by frequency, < any real similarity)
+    prior: np.ndarray  # most frequent labels, always candidates
+    prior_score: np.ndarray  # their tiny base score (ordered by frequency, < any real similarity)
 
-    def scores(self, V: np.ndarray, knn: int, kmu: int, centroid_weight: float, num_threads: int = 2,
-               exclude_self: np.ndarray | None = None, knn_power: float = 1.0) -> sp.csr_matrix:
+    def scores(
+        self,
+        V: np.ndarray,
+        knn: int,
+        kmu: int,
+        centroid_weight: float,
+        num_threads: int = 2,
+        exclude_self: np.ndarray | None = None,
+        knn_power: float = 1.0,
+    ) -> sp.csr_matrix:
         """Base similarity s for every candidate label of every row of V (sparse [n, L]).
 
         exclude_self: for training rows, the row's own id in the point index (so a point is
@@ -91,10 +102,12 @@ class ShortlistIndex:
                 keep[drop_last, -1] = False
                 ids = ids[keep].reshape(n, -1)
                 sims = sims[keep].reshape(n, -1)
-            sims = np.clip(sims, 0, None) ** knn_power   # > 1 sharpens towards the closest points
+            sims = np.clip(sims, 0, None) ** knn_power  # > 1 sharpens towards the closest points
             k = ids.shape[1]
-            S = sp.csr_matrix((sims.ravel(), ids.ravel(), np.arange(0, n * k + 1, k)),
-                              shape=(n, self.points.count))
+            S = sp.csr_matrix(
+                (sims.ravel(), ids.ravel(), np.arange(0, n * k + 1, k)),
+                shape=(n, self.points.count),
+            )
             denom = np.asarray(S.sum(axis=1)).ravel()
             denom[denom == 0] = 1.0
             K = sp.diags((1.0 / denom).astype(np.float32)) @ (S @ self.point_labels)
@@ -102,13 +115,20 @@ class ShortlistIndex:
         if kmu > 0 and self.centres.count > 0:
             ids, sims = self.centres.query(V, kmu, num_threads)
             rows = np.repeat(np.arange(n), ids.shape[1])
-            M = from_pairs(rows, self.centre_owner[ids.ravel()], np.clip(sims.ravel(), 0, None), (n, L), "max")
+            M = from_pairs(
+                rows, self.centre_owner[ids.ravel()], np.clip(sims.ravel(), 0, None), (n, L), "max"
+            )
             parts.append(centroid_weight * M)
         if self.prior.size:
             # tiny positive score so that prior labels are stored entries (the classifier scores them)
-            P = sp.csr_matrix((np.tile(self.prior_score, n).astype(np.float32),
-                               np.tile(self.prior, n), np.arange(0, n * self.prior.size + 1, self.prior.size)),
-                              shape=(n, L))
+            P = sp.csr_matrix(
+                (
+                    np.tile(self.prior_score, n).astype(np.float32),
+                    np.tile(self.prior, n),
+                    np.arange(0, n * self.prior.size + 1, self.prior.size),
+                ),
+                shape=(n, L),
+            )
             parts.append(P)
         out = parts[0] if parts else sp.csr_matrix((n, L), dtype=np.float32)
         for p in parts[1:]:
@@ -126,19 +146,26 @@ def candidates(S: sp.csr_matrix, size: int, extra: sp.csr_matrix | None = None) 
 
 def hard_negatives(S: sp.csr_matrix, Y: sp.csr_matrix, size: int) -> sp.csr_matrix:
     """The top `size` labels of S that are not positives, as a 0/1 csr."""
-    H = topk_rows(remove_entries(S, Y), size)   # a new matrix: remove_entries copies S
+    H = topk_rows(remove_entries(S, Y), size)  # a new matrix: remove_entries copies S
     H.data[:] = 1.0
     return sp.csr_matrix(H, dtype=np.float32)
 
 
-def add_random_negatives(H: sp.csr_matrix, Y: sp.csr_matrix, random_negatives: int, seed: int) -> sp.csr_matrix:
+def add_random_negatives(
+    H: sp.csr_matrix, Y: sp.csr_matrix, random_negatives: int, seed: int
+) -> sp.csr_matrix:
     """H plus `random_negatives` uniformly drawn non-positive labels per row, as a 0/1 csr."""
     n, L = Y.shape
     if random_negatives > 0 and L > 0:
         rng = np.random.default_rng(seed)
-        R = sp.csr_matrix((np.ones(n * random_negatives, np.float32),
-                           rng.integers(0, L, n * random_negatives),
-                           np.arange(0, n * random_negatives + 1, random_negatives)), shape=(n, L))
+        R = sp.csr_matrix(
+            (
+                np.ones(n * random_negatives, np.float32),
+                rng.integers(0, L, n * random_negatives),
+                np.arange(0, n * random_negatives + 1, random_negatives),
+            ),
+            shape=(n, L),
+        )
         R.sum_duplicates()
         R = remove_entries(R, Y)
         R.data[:] = 1.0
@@ -149,7 +176,9 @@ def add_random_negatives(H: sp.csr_matrix, Y: sp.csr_matrix, random_negatives: i
 
 def recall_at(S: sp.csr_matrix, Y: sp.csr_matrix, size: int) -> float:
     """Fraction of all positive (point, label) pairs found in the top `size` of S (percent)."""
-    T = topk_rows(S, size).copy()   # topk_rows may return S itself: never overwrite the caller's scores
+    T = topk_rows(
+        S, size
+    ).copy()  # topk_rows may return S itself: never overwrite the caller's scores
     T.data[:] = 1.0
     hit = T.multiply(sp.csr_matrix(Y) != 0).sum()
     total = sp.csr_matrix(Y).nnz

@@ -1,4 +1,5 @@
 """Vectorised sparse helpers shared by shortlisting, training and prediction."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,8 +48,10 @@ def topk_rows(M: sp.csr_matrix, k: int) -> sp.csr_matrix:
     order = np.lexsort((M.indices, -M.data, rows))
     rank = np.arange(order.size) - M.indptr[rows[order]]
     keep = np.sort(order[rank < k])
-    return sp.csr_matrix((M.data[keep], M.indices[keep], np.concatenate([[0], np.cumsum(np.minimum(counts, k))])),
-                         shape=M.shape)
+    return sp.csr_matrix(
+        (M.data[keep], M.indices[keep], np.concatenate([[0], np.cumsum(np.minimum(counts, k))])),
+        shape=M.shape,
+    )
 
 
 def topk_dense_from_csr(M: sp.csr_matrix, k: int):

@@ -11,6 +11,7 @@ with gamma chosen on the validation split (gamma = 1 turns it off: the paper's A
 the sparse-plus-dense concatenation of XR-Transformer / PECOS, kept as a late fusion so the
 dense modules stay exactly the paper's.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ def _append(out_idx, out_val, n, f, v):
 
 
 @njit(cache=True, nogil=True)
-def _train_labels(pptr, pidx, py, xptr, xidx, xval, num_features, cost, max_iters, eps, threshold, seed):
+def _train_labels(
+    pptr, pidx, py, xptr, xidx, xval, num_features, cost, max_iters, eps, threshold, seed
+):
     """Dual coordinate descent for L2-regularised squared-hinge SVMs, one per label (column of
     the pair pattern pptr/pidx/py: the points and their +-1 targets). Returns the kept weights as
     CSR (indptr, indices, data) over labels."""
@@ -111,14 +114,14 @@ def _train_labels(pptr, pidx, py, xptr, xidx, xval, num_features, cost, max_iter
                     n_out += 1
                 w[f] = 0.0
                 seen[f] = False
-        else:   # never seen: a sure negative (the hinge target), leaving the label to Astec
+        else:  # never seen: a sure negative (the hinge target), leaving the label to Astec
             out_idx, out_val = _append(out_idx, out_val, n_out, bias, -1.0)
             n_out += 1
         out_ptr[lab + 1] = n_out
     return out_ptr, out_idx[:n_out].copy(), out_val[:n_out].copy()
 
 
-_LABEL_CHUNK = 1024   # labels per task of the fit (fixed: the result must not depend on threads)
+_LABEL_CHUNK = 1024  # labels per task of the fit (fixed: the result must not depend on threads)
 
 
 @dataclass
@@ -129,13 +132,21 @@ class SparseRanker:
 
     def __post_init__(self):
         self.W = sp.csr_matrix(self.W, dtype=np.float32)
-        self.W.sort_indices()   # the scoring kernel merges / bisects ascending feature ids
+        self.W.sort_indices()  # the scoring kernel merges / bisects ascending feature ids
         self._w = (self.W.indptr.astype(np.int64), self.W.indices.astype(np.int64), self.W.data)
 
     @classmethod
-    def fit(cls, Xr: sp.csr_matrix, Y: sp.csr_matrix, negatives: sp.csr_matrix, cost: float = 1.0,
-            threshold: float = 0.1, max_iters: int = 10, seed: int = 0,
-            threads: int = 1) -> "SparseRanker":
+    def fit(
+        cls,
+        Xr: sp.csr_matrix,
+        Y: sp.csr_matrix,
+        negatives: sp.csr_matrix,
+        cost: float = 1.0,
+        threshold: float = 0.1,
+        max_iters: int = 10,
+        seed: int = 0,
+        threads: int = 1,
+    ) -> "SparseRanker":
         """Xr: ranker_features of the training points; negatives: candidate labels per point
         (positives among them are ignored). A label with no example at all gets bias -1 only:
         a label the ranker never saw must not outscore the ones it learnt to reject (an empty
@@ -154,7 +165,11 @@ class SparseRanker:
         P.eliminate_zeros()
         P.sort_indices()
         F = Xr.shape[1]
-        xptr, xidx, xval = Xr.indptr.astype(np.int64), Xr.indices.astype(np.int64), Xr.data.astype(np.float64)
+        xptr, xidx, xval = (
+            Xr.indptr.astype(np.int64),
+            Xr.indices.astype(np.int64),
+            Xr.data.astype(np.float64),
+        )
         pp = P.indptr.astype(np.int64)
         L = Y.shape[1]
 
@@ -163,12 +178,25 @@ class SparseRanker:
             depend on how many threads share the chunks (the kernel releases the GIL)."""
             b = min(L, a + _LABEL_CHUNK)
             s0, s1 = pp[a], pp[b]
-            return _train_labels(pp[a:b + 1] - s0, P.indices[s0:s1], P.data[s0:s1], xptr, xidx, xval, F,
-                                 float(cost), int(max_iters), 0.1, float(threshold), int(seed) + a)
+            return _train_labels(
+                pp[a : b + 1] - s0,
+                P.indices[s0:s1],
+                P.data[s0:s1],
+                xptr,
+                xidx,
+                xval,
+                F,
+                float(cost),
+                int(max_iters),
+                0.1,
+                float(threshold),
+                int(seed) + a,
+            )
 
         starts = list(range(0, L, _LABEL_CHUNK))
         if threads > 1 and len(starts) > 1:
             from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(threads) as ex:
                 parts = list(ex.map(chunk, starts))
         else:
@@ -176,7 +204,7 @@ class SparseRanker:
         ptr = np.zeros(L + 1, np.int64)
         off = 0
         for a, (cp, _, _) in zip(starts, parts):
-            ptr[a + 1:a + cp.size] = cp[1:] + off
+            ptr[a + 1 : a + cp.size] = cp[1:] + off
             off += int(cp[-1])
         idx = np.concatenate([q[1] for q in parts]) if parts else np.zeros(0, np.int32)
         val = np.concatenate([q[2] for q in parts]) if parts else np.zeros(0, np.float32)
@@ -186,10 +214,17 @@ class SparseRanker:
         """w_l . x_i on every stored entry (i, l) of C, in C's entry order (float32 [nnz])."""
         C = sp.csr_matrix(C)
         if Xr.shape[1] != self.W.shape[1]:
-            raise ValueError(f"sparse ranker: features have {Xr.shape[1]} columns, weights {self.W.shape[1]}")
+            raise ValueError(
+                f"sparse ranker: features have {Xr.shape[1]} columns, weights {self.W.shape[1]}"
+            )
         Xr = sp.csr_matrix(Xr)
         if not Xr.has_sorted_indices:
             Xr = Xr.sorted_indices()
-        return sparse_entry_scores(C.indptr.astype(np.int64), C.indices.astype(np.int64),
-                                   Xr.indptr.astype(np.int64), Xr.indices.astype(np.int64),
-                                   Xr.data.astype(np.float32), *self._w)
+        return sparse_entry_scores(
+            C.indptr.astype(np.int64),
+            C.indices.astype(np.int64),
+            Xr.indptr.astype(np.int64),
+            Xr.indices.astype(np.int64),
+            Xr.data.astype(np.float32),
+            *self._w,
+        )

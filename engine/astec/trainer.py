@@ -5,6 +5,7 @@ shortlists, scored as one [B, U] matrix against gathered classifier rows; the em
 and classifier rows are gathered for the batch and updated by a row-wise (lazy) Adam, so only
 the rows a batch touched cost anything.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,7 +29,7 @@ class RowAdam:
 
     def __init__(self, table: torch.Tensor, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
         self.table, self.lr, self.betas, self.eps = table, lr, betas, eps
-        self.m = self.v = None      # allocated on the first step (frozen tables never pay for them)
+        self.m = self.v = None  # allocated on the first step (frozen tables never pay for them)
         self.t = 0
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
@@ -44,15 +45,25 @@ class RowAdam:
         b1, b2 = self.betas
         if self.table.device.type == "cpu" and self.table.dtype == torch.float32:
             from .fused import adam_on_rows
-            adam_on_rows(rows.numpy(), grad.contiguous().numpy(), self.table.detach().numpy(), self.m.numpy(),
-                         self.v.numpy(), np.float32(self.lr / (1 - b1 ** self.t)), np.float32(b1), np.float32(b2),
-                         np.float32(self.eps), np.float32((1 - b2 ** self.t) ** -0.5))
+
+            adam_on_rows(
+                rows.numpy(),
+                grad.contiguous().numpy(),
+                self.table.detach().numpy(),
+                self.m.numpy(),
+                self.v.numpy(),
+                np.float32(self.lr / (1 - b1**self.t)),
+                np.float32(b1),
+                np.float32(b2),
+                np.float32(self.eps),
+                np.float32((1 - b2**self.t) ** -0.5),
+            )
             return
         m = self.m.index_select(0, rows).mul_(b1).add_(grad, alpha=1 - b1)
         v = self.v.index_select(0, rows).mul_(b2).addcmul_(grad, grad, value=1 - b2)
         self.m.index_copy_(0, rows, m)
         self.v.index_copy_(0, rows, v)
-        upd = (m / (1 - b1 ** self.t)).div_((v / (1 - b2 ** self.t)).sqrt_().add_(self.eps))
+        upd = (m / (1 - b1**self.t)).div_((v / (1 - b2**self.t)).sqrt_().add_(self.eps))
         self.table.data.index_add_(0, rows, upd, alpha=-self.lr)
 
 
@@ -63,20 +74,37 @@ def gathered_v(opt: RowAdam, X: sp.csr_matrix, device: torch.device | None = Non
     uniq, inv = np.unique(X.indices, return_inverse=True)
     rows = torch.from_numpy(uniq.astype(np.int64)).to(dev)
     Eu = opt.gather(rows)
-    v = F.relu(F.embedding_bag(torch.from_numpy(inv.astype(np.int64).ravel()).to(dev), Eu,
-                               torch.from_numpy(X.indptr[:-1].astype(np.int64)).to(dev), mode="sum",
-                               per_sample_weights=torch.from_numpy(X.data.astype(np.float32)).to(dev)))
+    v = F.relu(
+        F.embedding_bag(
+            torch.from_numpy(inv.astype(np.int64).ravel()).to(dev),
+            Eu,
+            torch.from_numpy(X.indptr[:-1].astype(np.int64)).to(dev),
+            mode="sum",
+            per_sample_weights=torch.from_numpy(X.data.astype(np.float32)).to(dev),
+        )
+    )
     return v, rows, Eu
 
 
 def _batches(n: int, size: int, rng) -> list[np.ndarray]:
     perm = rng.permutation(n)
-    return [perm[s:s + size] for s in range(0, n, size)]
+    return [perm[s : s + size] for s in range(0, n, size)]
 
 
-def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, epochs: int, lr: float,
-                    batch_size: int, seed: int, progress: bool = True, valid=None,
-                    decay_epoch: int = 0, decay_factor: float = 0.5, device: str = "cpu") -> list[dict]:
+def train_surrogate(
+    encoder: Encoder,
+    X: sp.csr_matrix,
+    Ymeta: sp.csr_matrix,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    progress: bool = True,
+    valid=None,
+    decay_epoch: int = 0,
+    decay_factor: float = 0.5,
+    device: str = "cpu",
+) -> list[dict]:
     """Module I: train E, R0 and a dense meta-label classifier with BCE; returns per-epoch logs.
 
     valid: optional (X_valid, Ymeta_valid) on which meta-label P@1 is logged each epoch.
@@ -95,7 +123,9 @@ def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, ep
     residual = encoder.residual
     opt_s = RowAdam(encoder.embed.weight, lr=lr)
     # fused: one kernel per step instead of a loop of small ops per parameter (the same Adam)
-    opt_d = torch.optim.Adam(list(residual.parameters()) + list(head.parameters()), lr=lr, fused=True)
+    opt_d = torch.optim.Adam(
+        list(residual.parameters()) + list(head.parameters()), lr=lr, fused=True
+    )
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
     logs = []
     nb = -(-X.shape[0] // max(batch_size, 1))
@@ -119,18 +149,36 @@ def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, ep
             opt_s.step(rows, Eu.grad)
             opt_d.step()
             tot += loss.item() * len(idx)
-        entry = {"epoch": ep + 1, "loss": tot / max(X.shape[0], 1), "seconds": round(time.time() - t0, 2)}
+        entry = {
+            "epoch": ep + 1,
+            "loss": tot / max(X.shape[0], 1),
+            "seconds": round(time.time() - t0, 2),
+        }
         if valid is not None and valid[0].shape[0] > 0:
             Xv, Yv = valid
             encoder.eval()
             with torch.no_grad():
-                top = head(encoder(*(t.to(dev) for t in bag_inputs(Xv)))).argmax(dim=1).cpu().numpy().copy()
+                top = (
+                    head(encoder(*(t.to(dev) for t in bag_inputs(Xv))))
+                    .argmax(dim=1)
+                    .cpu()
+                    .numpy()
+                    .copy()
+                )
             Yv = sp.csr_matrix(Yv)
-            entry["valid_meta_P@1"] = round(100.0 * float(np.asarray(Yv[np.arange(Yv.shape[0]), top]).mean()), 2)
+            entry["valid_meta_P@1"] = round(
+                100.0 * float(np.asarray(Yv[np.arange(Yv.shape[0]), top]).mean()), 2
+            )
         logs.append(entry)
         if progress:
-            tqdm.write(f"  Module I epoch {ep + 1}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                                 for k, v in entry.items() if k != "epoch"))
+            tqdm.write(
+                f"  Module I epoch {ep + 1}: "
+                + ", ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in entry.items()
+                    if k != "epoch"
+                )
+            )
     bar.close()
     if dev.type != "cpu":
         encoder.to("cpu")
@@ -141,16 +189,31 @@ def train_surrogate(encoder: Encoder, X: sp.csr_matrix, Ymeta: sp.csr_matrix, ep
 def _candidates(Y: sp.csr_matrix, negatives: sp.csr_matrix) -> sp.csr_matrix:
     """Each point's positives (data 2) and shortlisted negatives (data 1), positives winning."""
     Y = sp.csr_matrix(Y, dtype=np.float32)
-    cand = sp.csr_matrix(2.0 * Y + sp.csr_matrix(negatives, dtype=np.float32) - 2.0 * Y.multiply(negatives != 0),
-                         dtype=np.float32)
+    cand = sp.csr_matrix(
+        2.0 * Y + sp.csr_matrix(negatives, dtype=np.float32) - 2.0 * Y.multiply(negatives != 0),
+        dtype=np.float32,
+    )
     cand.eliminate_zeros()
     return cand
 
 
-def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp.csr_matrix,
-                      negatives: sp.csr_matrix, epochs: int, lr: float, batch_size: int, seed: int,
-                      finetune_embeddings: bool, finetune_lr: float, name: str = "Module IV",
-                      progress: bool = True, device: str = "cpu", fused: bool = True) -> list[dict]:
+def train_shortlisted(
+    encoder: Encoder,
+    clf: Classifier,
+    X: sp.csr_matrix,
+    Y: sp.csr_matrix,
+    negatives: sp.csr_matrix,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    finetune_embeddings: bool,
+    finetune_lr: float,
+    name: str = "Module IV",
+    progress: bool = True,
+    device: str = "cpu",
+    fused: bool = True,
+) -> list[dict]:
     """Modules III/IV (and the re-ranker): 1-vs-all BCE over positives + shortlisted negatives.
 
     Each point is scored only on its own positives and shortlisted negatives (the paper's loss).
@@ -173,8 +236,13 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
     opt_e = RowAdam(encoder.embed.weight, lr=finetune_lr)
     if fused:
         from .fused import FusedClassifierAdam
-        fc = FusedClassifierAdam(clf.weight.weight.detach().numpy(), clf.bias.weight.detach().numpy().reshape(-1),
-                                 lr=lr, threads=torch.get_num_threads())
+
+        fc = FusedClassifierAdam(
+            clf.weight.weight.detach().numpy(),
+            clf.bias.weight.detach().numpy().reshape(-1),
+            lr=lr,
+            threads=torch.get_num_threads(),
+        )
     else:
         opt_w = RowAdam(clf.weight.weight, lr=lr)
         opt_b = RowAdam(clf.bias.weight, lr=lr)
@@ -195,8 +263,12 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
                 v = v.detach()
             z = encoder.z_from_v(encoder.drop(v))
             if fused:
-                loss, dz = fc.step(z.detach().numpy(), Cb.indptr.astype(np.int64), Cb.indices.astype(np.int64),
-                                   (Cb.data >= 2).astype(np.float32))
+                loss, dz = fc.step(
+                    z.detach().numpy(),
+                    Cb.indptr.astype(np.int64),
+                    Cb.indices.astype(np.int64),
+                    (Cb.data >= 2).astype(np.float32),
+                )
                 opt_r.zero_grad()
                 z.backward(torch.from_numpy(dz))
             else:
@@ -217,8 +289,12 @@ def train_shortlisted(encoder: Encoder, clf: Classifier, X: sp.csr_matrix, Y: sp
                 # each point is scored only on its own positives + shortlist: [B, K] gathered rows
                 logits = torch.bmm(Wu[st], z.unsqueeze(2)).squeeze(2) + bu[st].squeeze(2)
                 m = torch.from_numpy(mask).to(dev)
-                lossT = (F.binary_cross_entropy_with_logits(logits, torch.from_numpy(target).to(dev),
-                                                            reduction="none") * m).sum() / m.sum()
+                lossT = (
+                    F.binary_cross_entropy_with_logits(
+                        logits, torch.from_numpy(target).to(dev), reduction="none"
+                    )
+                    * m
+                ).sum() / m.sum()
                 opt_r.zero_grad()
                 lossT.backward()
                 opt_w.step(Ut, Wu.grad)

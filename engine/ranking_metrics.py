@@ -16,6 +16,7 @@ Predictions may be a CSR score matrix (every stored entry is a prediction, top-k
 ties broken by the lower label id) or top-k arrays `(ids [n, k], scores [n, k] or None)` where
 id -1 marks padding; with `scores=None` the ids are taken as already ranked best first.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -23,14 +24,28 @@ from typing import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["inv_propensity", "topk", "hit_matrix", "precision", "ndcg", "psprecision",
-           "psndcg", "evaluate", "METRIC_NAMES"]
+__all__ = [
+    "inv_propensity",
+    "topk",
+    "hit_matrix",
+    "precision",
+    "ndcg",
+    "psprecision",
+    "psndcg",
+    "evaluate",
+    "METRIC_NAMES",
+]
 
 METRIC_NAMES = ("P", "nDCG", "PSP", "PSnDCG")
 
 
-def inv_propensity(labels, n_train: int | None = None, A: float = 0.55, B: float = 1.5,
-                   num_labels: int | None = None) -> np.ndarray:
+def inv_propensity(
+    labels,
+    n_train: int | None = None,
+    A: float = 0.55,
+    B: float = 1.5,
+    num_labels: int | None = None,
+) -> np.ndarray:
     """Inverse propensities 1/p_l = 1 + C (N_l + B)^-A with C = (ln N - 1)(B + 1)^A (Jain et al. 2016).
 
     `labels` is the training label matrix (n_train x L; N_l = points with label l) or a vector of
@@ -52,8 +67,10 @@ def inv_propensity(labels, n_train: int | None = None, A: float = 0.55, B: float
         raise ValueError(f"inv_propensity: need at least 2 training points, got {n_train}")
     if num_labels is not None:
         if num_labels < counts.shape[0]:
-            raise ValueError(f"inv_propensity: num_labels={num_labels} is smaller than the "
-                             f"{counts.shape[0]} labels counted")
+            raise ValueError(
+                f"inv_propensity: num_labels={num_labels} is smaller than the "
+                f"{counts.shape[0]} labels counted"
+            )
         counts = np.concatenate([counts, np.zeros(num_labels - counts.shape[0])])
     C = (np.log(n_train) - 1.0) * (B + 1.0) ** A
     return 1.0 + C * np.power(counts + B, -A)
@@ -68,8 +85,9 @@ def _as_binary_csr(Y) -> sp.csr_matrix:
     return Y
 
 
-def _rank_rows(rows: np.ndarray, primary: np.ndarray, cols: np.ndarray, n: int, k: int,
-               pad_value=0.0):
+def _rank_rows(
+    rows: np.ndarray, primary: np.ndarray, cols: np.ndarray, n: int, k: int, pad_value=0.0
+):
     """Top-k per row of entries (row, value, col): value desc, ties by lower col; -1 pads ids."""
     order = np.lexsort((cols, -primary, rows))
     rows_s = rows[order]
@@ -93,11 +111,13 @@ def topk(pred, k: int, num_labels: int | None = None) -> np.ndarray:
         P = sp.csr_matrix(pred)
         n = P.shape[0]
         rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(P.indptr))
-        ids, _ = _rank_rows(rows, P.data.astype(np.float64), P.indices.astype(np.int64), n, k,
-                            pad_value=-np.inf)
+        ids, _ = _rank_rows(
+            rows, P.data.astype(np.float64), P.indices.astype(np.int64), n, k, pad_value=-np.inf
+        )
         if num_labels is not None and ids.max(initial=-1) >= num_labels:
-            raise ValueError(f"prediction label id {int(ids.max())} is >= the number of labels "
-                             f"{num_labels}")
+            raise ValueError(
+                f"prediction label id {int(ids.max())} is >= the number of labels {num_labels}"
+            )
         return ids
     if isinstance(pred, tuple):
         ids, scores = pred
@@ -110,8 +130,9 @@ def topk(pred, k: int, num_labels: int | None = None) -> np.ndarray:
         raise ValueError(f"prediction ids must be integers, got dtype {ids.dtype}")
     ids = ids.astype(np.int64)
     if num_labels is not None and ids.size and ids.max() >= num_labels:
-        raise ValueError(f"prediction label id {int(ids.max())} is >= the number of labels "
-                         f"{num_labels}")
+        raise ValueError(
+            f"prediction label id {int(ids.max())} is >= the number of labels {num_labels}"
+        )
     if ids.size and ids.min() < -1:
         raise ValueError(f"prediction label id {int(ids.min())} is negative (-1 is padding)")
     n, kk = ids.shape
@@ -135,7 +156,7 @@ def hit_matrix(Y_true, ids: np.ndarray) -> np.ndarray:
     if ids.shape[0] != n:
         raise ValueError(f"{ids.shape[0]} prediction rows but {n} test points")
     rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(Y.indptr))
-    true_keys = rows * (L + 1) + Y.indices.astype(np.int64)   # sorted: rows, then sorted indices
+    true_keys = rows * (L + 1) + Y.indices.astype(np.int64)  # sorted: rows, then sorted indices
     pred_keys = np.arange(n, dtype=np.int64)[:, None] * (L + 1) + ids
     if true_keys.shape[0] == 0:
         return np.zeros(ids.shape, dtype=bool)
@@ -178,8 +199,10 @@ def _prepare(Y_true, pred, k: int):
 def _check_inv_prop(inv_prop, L: int) -> np.ndarray:
     inv_prop = np.asarray(inv_prop, dtype=np.float64).ravel()
     if inv_prop.shape[0] < L:
-        raise ValueError(f"inv_prop has {inv_prop.shape[0]} entries but the test set has {L} "
-                         "labels (pass num_labels to inv_propensity)")
+        raise ValueError(
+            f"inv_prop has {inv_prop.shape[0]} entries but the test set has {L} "
+            "labels (pass num_labels to inv_propensity)"
+        )
     return inv_prop
 
 
@@ -245,5 +268,6 @@ def evaluate(Y_true, pred, inv_prop=None, ks: Sequence[int] = (1, 3, 5)) -> dict
         best = _best_ps_weights(Y, ip, K)
         curves["PSP"] = _safe_ratio(_prec_curve(w), _prec_curve(best))
         curves["PSnDCG"] = _safe_ratio(_dcg_curve(w, idcg), _dcg_curve(best, idcg))
-    return {f"{name}@{k}": float(100.0 * curve[k - 1]) for name, curve in curves.items()
-            for k in ks}
+    return {
+        f"{name}@{k}": float(100.0 * curve[k - 1]) for name, curve in curves.items() for k in ks
+    }

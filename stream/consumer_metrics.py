@@ -16,6 +16,7 @@ Redis layout, read by the dashboard:
         last 10 s, and the event->ad p50/p99 of the events since the previous point only
         (the snapshot's percentiles cover the last 20,000 events, too slow to show a spike).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 STAGES = ("decode", "predict", "redis", "policy", "kafka")
-SERIES_LEN = 600          # points kept per consumer: 10 minutes at the default 1 s interval
-SERIES_TTL_S = 3600       # a silent consumer's series disappears an hour after its last point
+SERIES_LEN = 600  # points kept per consumer: 10 minutes at the default 1 s interval
+SERIES_TTL_S = 3600  # a silent consumer's series disappears an hour after its last point
 SERIES_FIELDS = ("events", "events_per_s", "dead_letters", "no_query", "duplicates", "lag")
 
 
@@ -39,15 +40,15 @@ class Ring:
         self.n = 0
 
     def extend(self, xs: np.ndarray) -> None:
-        xs = np.asarray(xs, np.float64)[-self.buf.size:]
+        xs = np.asarray(xs, np.float64)[-self.buf.size :]
         i = self.n % self.buf.size
         first = min(xs.size, self.buf.size - i)
-        self.buf[i:i + first] = xs[:first]
-        self.buf[:xs.size - first] = xs[first:]
+        self.buf[i : i + first] = xs[:first]
+        self.buf[: xs.size - first] = xs[first:]
         self.n += xs.size
 
     def values(self) -> np.ndarray:
-        return self.buf[:min(self.n, self.buf.size)]
+        return self.buf[: min(self.n, self.buf.size)]
 
     def pct(self, q) -> np.ndarray:
         v = self.values()
@@ -64,17 +65,24 @@ class ConsumerMetrics:
     duplicates: int = 0
     batches: int = 0
     partitions: int = 0
-    no_query: int = 0   # events whose page got no predicted query (no ad query sent)
-    lag: int | None = None   # messages behind the assigned partitions' ends (set by the worker)
+    no_query: int = 0  # events whose page got no predicted query (no ad query sent)
+    lag: int | None = None  # messages behind the assigned partitions' ends (set by the worker)
     stage_s: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     e2a_ms: Ring = field(default_factory=Ring)
     batch_ms: Ring = field(default_factory=lambda: Ring(4000))
     started: float = field(default_factory=time.monotonic)
-    _window: list = field(default_factory=list)   # (monotonic time, events) of recent publishes
-    _since: Ring = field(default_factory=Ring)     # event->ad samples since the last series point
+    _window: list = field(default_factory=list)  # (monotonic time, events) of recent publishes
+    _since: Ring = field(default_factory=Ring)  # event->ad samples since the last series point
 
-    def record_batch(self, n_events: int, n_dead: int, n_dup: int, batch_s: float,
-                     e2a_ms: np.ndarray, stages: dict[str, float]) -> None:
+    def record_batch(
+        self,
+        n_events: int,
+        n_dead: int,
+        n_dup: int,
+        batch_s: float,
+        e2a_ms: np.ndarray,
+        stages: dict[str, float],
+    ) -> None:
         self.events += n_events
         self.dead_letters += n_dead
         self.duplicates += n_dup
@@ -94,19 +102,33 @@ class ConsumerMetrics:
         rate = (self.events - e0) / (now - t0) if now > t0 else 0.0
         b50, b99 = self.batch_ms.pct([50, 99])
         l50, l95, l99 = self.e2a_ms.pct([50, 95, 99])
-        snap = {"consumer": self.consumer_id, "pid": os.getpid(), "policy": self.policy,
-                "model_version": self.model_version, "events": self.events,
-                "events_per_s": round(rate, 1), "dead_letters": self.dead_letters,
-                "duplicates": self.duplicates, "batches": self.batches,
-                "partitions": self.partitions, "no_query": self.no_query,
-                "batch_ms_p50": b50, "batch_ms_p99": b99,
-                "e2a_ms_p50": l50, "e2a_ms_p95": l95, "e2a_ms_p99": l99,
-                "uptime_s": round(now - self.started, 1), "updated_at": time.time()}
+        snap = {
+            "consumer": self.consumer_id,
+            "pid": os.getpid(),
+            "policy": self.policy,
+            "model_version": self.model_version,
+            "events": self.events,
+            "events_per_s": round(rate, 1),
+            "dead_letters": self.dead_letters,
+            "duplicates": self.duplicates,
+            "batches": self.batches,
+            "partitions": self.partitions,
+            "no_query": self.no_query,
+            "batch_ms_p50": b50,
+            "batch_ms_p99": b99,
+            "e2a_ms_p50": l50,
+            "e2a_ms_p95": l95,
+            "e2a_ms_p99": l99,
+            "uptime_s": round(now - self.started, 1),
+            "updated_at": time.time(),
+        }
         if self.lag is not None:
             snap["lag"] = int(self.lag)
         snap.update({f"{k}_s": round(v, 4) for k, v in self.stage_s.items()})
-        return {k: (round(float(v), 3) if isinstance(v, (float, np.floating)) else v)
-                for k, v in snap.items()}
+        return {
+            k: (round(float(v), 3) if isinstance(v, (float, np.floating)) else v)
+            for k, v in snap.items()
+        }
 
     def series_point(self, snap: dict) -> dict:
         """One time-series point from `snap`: its counters and the event->ad p50/p99 of the
@@ -114,10 +136,13 @@ class ConsumerMetrics:
         p50, p99 = self._since.pct([50, 99])
         n = int(min(self._since.n, self._since.buf.size))
         self._since.n = 0
-        point = {"t": snap["updated_at"], "n_e2a": n,
-                 "e2a_ms_p50": None if n == 0 else round(float(p50), 3),
-                 "e2a_ms_p99": None if n == 0 else round(float(p99), 3),
-                 "model_version": snap.get("model_version", "")}
+        point = {
+            "t": snap["updated_at"],
+            "n_e2a": n,
+            "e2a_ms_p50": None if n == 0 else round(float(p50), 3),
+            "e2a_ms_p99": None if n == 0 else round(float(p99), 3),
+            "model_version": snap.get("model_version", ""),
+        }
         point.update({k: snap[k] for k in SERIES_FIELDS if snap.get(k) is not None})
         return point
 
@@ -126,8 +151,14 @@ def series_key(prefix: str, consumer_id: str) -> str:
     return f"{prefix}:metrics:series:{consumer_id}"
 
 
-def publish(client, prefix: str, metrics: ConsumerMetrics, ttl_s: int = 120,
-            series_len: int = SERIES_LEN, series_ttl_s: int = SERIES_TTL_S) -> dict:
+def publish(
+    client,
+    prefix: str,
+    metrics: ConsumerMetrics,
+    ttl_s: int = 120,
+    series_len: int = SERIES_LEN,
+    series_ttl_s: int = SERIES_TTL_S,
+) -> dict:
     """Write the snapshot and append a series point (one pipelined round trip).
 
     The consumers set expires with the series, so ids of consumers gone for an hour do not
@@ -138,8 +169,9 @@ def publish(client, prefix: str, metrics: ConsumerMetrics, ttl_s: int = 120,
     skey = series_key(prefix, metrics.consumer_id)
     ids = f"{prefix}:metrics:consumers"
     pipe = client.pipeline(transaction=False)
-    pipe.hset(key, mapping={k: ("nan" if isinstance(v, float) and v != v else v)
-                            for k, v in snap.items()})
+    pipe.hset(
+        key, mapping={k: ("nan" if isinstance(v, float) and v != v else v) for k, v in snap.items()}
+    )
     pipe.expire(key, ttl_s)
     pipe.sadd(ids, metrics.consumer_id)
     pipe.expire(ids, max(ttl_s, series_ttl_s))
@@ -154,8 +186,10 @@ def read_series(client, prefix: str, max_points: int = SERIES_LEN) -> dict[str, 
     """Every consumer's recent series points, oldest first (consumers gone < an hour included).
 
     A point that is not a JSON object (written by something else) is skipped."""
-    ids = sorted(x.decode() if isinstance(x, bytes) else x
-                 for x in client.smembers(f"{prefix}:metrics:consumers"))
+    ids = sorted(
+        x.decode() if isinstance(x, bytes) else x
+        for x in client.smembers(f"{prefix}:metrics:consumers")
+    )
     pipe = client.pipeline(transaction=False)
     for cid in ids:
         pipe.lrange(series_key(prefix, cid), 0, max_points - 1)
@@ -176,16 +210,24 @@ def read_series(client, prefix: str, max_points: int = SERIES_LEN) -> dict[str, 
 
 def read_all(client, prefix: str) -> list[dict]:
     """Every live consumer's last snapshot (what the dashboard shows)."""
-    ids = sorted(x.decode() if isinstance(x, bytes) else x
-                 for x in client.smembers(f"{prefix}:metrics:consumers"))
+    ids = sorted(
+        x.decode() if isinstance(x, bytes) else x
+        for x in client.smembers(f"{prefix}:metrics:consumers")
+    )
     pipe = client.pipeline(transaction=False)
     for cid in ids:
         pipe.hgetall(f"{prefix}:metrics:consumer:{cid}")
     out = []
     for h in pipe.execute():
         if h:
-            out.append({(k.decode() if isinstance(k, bytes) else k):
-                        (v.decode() if isinstance(v, bytes) else v) for k, v in h.items()})
+            out.append(
+                {
+                    (k.decode() if isinstance(k, bytes) else k): (
+                        v.decode() if isinstance(v, bytes) else v
+                    )
+                    for k, v in h.items()
+                }
+            )
     return out
 
 
@@ -193,30 +235,52 @@ class PromExporter:
     """Optional Prometheus endpoint mirroring the Redis metrics (metrics_port > 0)."""
 
     def __init__(self, port: int, consumer_id: str):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            Gauge,
+            Histogram,
+            start_http_server,
+        )
+
         self.reg = CollectorRegistry()
         lab = {"consumer": consumer_id}
-        self.events = Counter("astec_stream_events", "page views processed", ["consumer"],
-                              registry=self.reg).labels(**lab)
-        self.dead = Counter("astec_stream_dead_letters", "messages sent to the dead-letter topic",
-                            ["consumer"], registry=self.reg).labels(**lab)
-        self.batch = Histogram("astec_stream_batch_seconds", "batch latency", ["consumer"],
-                               registry=self.reg).labels(**lab)
-        self.e2a = Histogram("astec_stream_event_to_ad_seconds", "event ts -> ad query acked",
-                             ["consumer"], buckets=(.005, .01, .02, .05, .1, .2, .5, 1, 2, 5),
-                             registry=self.reg).labels(**lab)
-        self.version = Gauge("astec_stream_model_info", "model version in use",
-                             ["consumer", "version"], registry=self.reg)
+        self.events = Counter(
+            "astec_stream_events", "page views processed", ["consumer"], registry=self.reg
+        ).labels(**lab)
+        self.dead = Counter(
+            "astec_stream_dead_letters",
+            "messages sent to the dead-letter topic",
+            ["consumer"],
+            registry=self.reg,
+        ).labels(**lab)
+        self.batch = Histogram(
+            "astec_stream_batch_seconds", "batch latency", ["consumer"], registry=self.reg
+        ).labels(**lab)
+        self.e2a = Histogram(
+            "astec_stream_event_to_ad_seconds",
+            "event ts -> ad query acked",
+            ["consumer"],
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+            registry=self.reg,
+        ).labels(**lab)
+        self.version = Gauge(
+            "astec_stream_model_info",
+            "model version in use",
+            ["consumer", "version"],
+            registry=self.reg,
+        )
         self._last_version = None
         self.cid = consumer_id
         start_http_server(port, addr="127.0.0.1", registry=self.reg)
 
-    def observe(self, n_events: int, n_dead: int, batch_s: float, e2a_ms: np.ndarray,
-                version: str) -> None:
+    def observe(
+        self, n_events: int, n_dead: int, batch_s: float, e2a_ms: np.ndarray, version: str
+    ) -> None:
         self.events.inc(n_events)
         self.dead.inc(n_dead)
         self.batch.observe(batch_s)
-        for x in np.asarray(e2a_ms)[:: max(1, len(e2a_ms) // 64)]:   # sampled: bounded cost
+        for x in np.asarray(e2a_ms)[:: max(1, len(e2a_ms) // 64)]:  # sampled: bounded cost
             self.e2a.observe(float(x) / 1000.0)
         if version != self._last_version:
             if self._last_version is not None:

@@ -3,9 +3,10 @@
 Every method runs in its own subprocess (a fresh interpreter), so its peak RSS is measured alone
 (os.wait4's ru_maxrss) and one method's memory never inflates another's. Peers get the same
 TF-IDF features from engine.text (words + word pairs by default, --peer-ngrams; Astec uses its
-config's n-grams). Metrics: engine.metrics
+config's n-grams). Metrics: engine.ranking_metrics
 with propensities from the training labels (A=0.55, B=1.5 unless --propensity A,B).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,14 @@ def _load(train, test, labels, cfg):
     def pad(Y):
         Y = sp.csr_matrix(Y)
         return sp.csr_matrix((Y.data, Y.indices, Y.indptr), shape=(Y.shape[0], L))
+
     Ytr, Yte = pad(tr.Y), pad(te.Y)
     if tr.texts is not None:
-        vec = TfidfVectorizer(min_df=cfg.min_df, word_ngrams=cfg.word_ngrams,
-                              char_ngrams=tuple(cfg.char_ngrams) if cfg.char_ngrams else None)
+        vec = TfidfVectorizer(
+            min_df=cfg.min_df,
+            word_ngrams=cfg.word_ngrams,
+            char_ngrams=tuple(cfg.char_ngrams) if cfg.char_ngrams else None,
+        )
         Xtr = vec.fit_transform(tr.texts)
         Xte = vec.transform(te.texts)
         return tr.texts, te.texts, Xtr, Xte, Ytr, Yte, tr.label_names
@@ -62,7 +67,9 @@ def train_ratios(rows: list[dict]) -> dict:
     """Each method's training time over the fastest peer's (peers: the non-Astec methods; with
     none of them in the run, the fastest method's). Failed rows are left out."""
     ok = [r for r in rows if "error" not in r]
-    peers = [r["train_s"] for r in ok if not r["method"].startswith("astec")] or [r["train_s"] for r in ok]
+    peers = [r["train_s"] for r in ok if not r["method"].startswith("astec")] or [
+        r["train_s"] for r in ok
+    ]
     if not peers:
         return {}
     base = max(min(peers), 1e-9)
@@ -86,22 +93,29 @@ def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngra
         learners = 3 if method == "astec-3" else 1
         model = Astec.train(tr_in, Ytr, cfg, label_names=names, learners=learners, progress=False)
         train_s = time.time() - t0
-        if os.environ.get("ASTEC_BENCH_SAVE_DIR"):   # --save-models: keep it for export / bench
+        if os.environ.get("ASTEC_BENCH_SAVE_DIR"):  # --save-models: keep it for export / bench
             model.save(Path(os.environ["ASTEC_BENCH_SAVE_DIR"]) / method)
         t1 = time.time()
         ids, _ = model.predict(te_in, k=k)
-        extra = {"train_log": {j: _module_seconds(lg) for j, lg in enumerate(model.train_log["learners"])}}
+        extra = {
+            "train_log": {
+                j: _module_seconds(lg) for j, lg in enumerate(model.train_log["learners"])
+            }
+        }
     elif method in ("parabel", "bonsai"):
         import omikuji
 
         from engine.formats import write_xc_sparse
+
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "train.txt")
             write_xc_sparse(path, Xtr, Ytr)
-            hp = omikuji.Model.default_hyper_param()   # defaults = Parabel (k=2, balanced, depth 20, 3 trees)
+            hp = (
+                omikuji.Model.default_hyper_param()
+            )  # defaults = Parabel (k=2, balanced, depth 20, 3 trees)
             if method == "bonsai":
                 hp.cluster_k, hp.cluster_balanced, hp.max_depth = 100, False, 3
-            t0 = time.time()   # writing the file is not training
+            t0 = time.time()  # writing the file is not training
             model = omikuji.Model.train_on_data(path, hp, n_threads=threads)
         train_s = time.time() - t0
         t1 = time.time()
@@ -109,11 +123,14 @@ def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngra
         ids = np.full((Xte.shape[0], k), -1, np.int64)
         for i in range(Xte.shape[0]):
             a, b = Xte.indptr[i], Xte.indptr[i + 1]
-            pred = model.predict(list(zip(Xte.indices[a:b].tolist(), Xte.data[a:b].tolist())), top_k=k)
-            ids[i, :len(pred)] = [p[0] for p in pred]
+            pred = model.predict(
+                list(zip(Xte.indices[a:b].tolist(), Xte.data[a:b].tolist())), top_k=k
+            )
+            ids[i, : len(pred)] = [p[0] for p in pred]
         extra = {}
     elif method == "napkinxc-plt":
         from napkinxc.models import PLT
+
         with tempfile.TemporaryDirectory() as tmp:
             Ylist = [row.indices.tolist() for row in sp.csr_matrix(Ytr)]
             model = PLT(os.path.join(tmp, "plt"), threads=threads, seed=0)
@@ -123,7 +140,7 @@ def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngra
             preds = model.predict(sp.csr_matrix(Xte, dtype=np.float32), top_k=k)
         ids = np.full((Xte.shape[0], k), -1, np.int64)
         for i, p in enumerate(preds):
-            ids[i, :len(p)] = p[:k]
+            ids[i, : len(p)] = p[:k]
         extra = {}
     else:
         raise ValueError(method)
@@ -136,16 +153,33 @@ def _run(method, args, k, threads, peer_ngrams, save_dir: str | None = None) -> 
     env = dict(os.environ, **({"ASTEC_BENCH_SAVE_DIR": save_dir} if save_dir else {}))
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, "-m", "engine.bench_peers", method, *args, out, str(k), str(threads), str(peer_ngrams)]
-        logf = open(os.path.join(tmp, "log.txt"), "wb")   # omikuji prints a progress line per example
-        proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]), stdout=logf, stderr=logf,
-                                env=env)
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.engine_peers",
+            method,
+            *args,
+            out,
+            str(k),
+            str(threads),
+            str(peer_ngrams),
+        ]
+        logf = open(
+            os.path.join(tmp, "log.txt"), "wb"
+        )  # omikuji prints a progress line per example
+        proc = subprocess.Popen(
+            cmd, cwd=str(Path(__file__).resolve().parents[1]), stdout=logf, stderr=logf, env=env
+        )
         _, status, ru = os.wait4(proc.pid, 0)
         logf.close()
         if status != 0 or not os.path.exists(out):
             tail = Path(tmp, "log.txt").read_bytes()[-2000:].decode("utf-8", "replace")
-            return {"method": method, "error": f"exit status {status}: {tail.strip().splitlines()[-1:] }"}
+            return {
+                "method": method,
+                "error": f"exit status {status}: {tail.strip().splitlines()[-1:]}",
+            }
         import numpy as np
+
         r = json.loads(Path(out).read_text())
         r["ids"] = np.load(out + ".ids.npy")
         r["peak_rss_mb"] = ru.ru_maxrss / 1024.0
@@ -157,45 +191,93 @@ def _run(method, args, k, threads, peer_ngrams, save_dir: str | None = None) -> 
 @click.option("--train", "train_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--test", "test_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--labels", "labels_path", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="AstecConfig JSON for Astec (its n-gram settings also shape the peers' features).")
-@click.option("--methods", default="astec,parabel,bonsai,napkinxc-plt", show_default=True,
-              help=f"Comma-separated subset of {','.join(METHODS)}.")
-@click.option("--threads", type=click.IntRange(0, 256), default=0, show_default=True,
-              help="Threads for the peers (omikuji, napkinXC) and for Astec unless its config sets "
-                   "num_threads; 0 = every core this process may use.")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
-              help="Where Astec's Modules I-IV and re-ranker train (default: the config's, cpu).")
-@click.option("--peer-ngrams", type=click.IntRange(1, 2), default=2, show_default=True,
-              help="Word n-grams of the peers' TF-IDF features (2 = words + word pairs).")
-@click.option("--propensity", default="0.55,1.5", show_default=True, help="A,B of the propensity model.")
-@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the table as JSON.")
-@click.option("--save-models", type=click.Path(file_okay=False), default=None,
-              help="Save the trained Astec models as DIR/astec, DIR/astec-3 (saving is not timed), "
-                   "e.g. to export and `astec bench predict` the very model measured here.")
-def peers(train_path, test_path, labels_path, config_path, methods, threads, device, peer_ngrams, propensity,
-          json_out, save_models):
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="AstecConfig JSON for Astec (its n-gram settings also shape the peers' features).",
+)
+@click.option(
+    "--methods",
+    default="astec,parabel,bonsai,napkinxc-plt",
+    show_default=True,
+    help=f"Comma-separated subset of {','.join(METHODS)}.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(0, 256),
+    default=0,
+    show_default=True,
+    help="Threads for the peers (omikuji, napkinXC) and for Astec unless its config sets "
+    "num_threads; 0 = every core this process may use.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda", "auto"]),
+    default=None,
+    help="Where Astec's Modules I-IV and re-ranker train (default: the config's, cpu).",
+)
+@click.option(
+    "--peer-ngrams",
+    type=click.IntRange(1, 2),
+    default=2,
+    show_default=True,
+    help="Word n-grams of the peers' TF-IDF features (2 = words + word pairs).",
+)
+@click.option(
+    "--propensity", default="0.55,1.5", show_default=True, help="A,B of the propensity model."
+)
+@click.option(
+    "--json-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the table as JSON.",
+)
+@click.option(
+    "--save-models",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Save the trained Astec models as DIR/astec, DIR/astec-3 (saving is not timed), "
+    "e.g. to export and `astec bench predict` the very model measured here.",
+)
+def peers(
+    train_path,
+    test_path,
+    labels_path,
+    config_path,
+    methods,
+    threads,
+    device,
+    peer_ngrams,
+    propensity,
+    json_out,
+    save_models,
+):
     """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k, time, RSS."""
     from engine.astec import AstecConfig
     from engine.astec.config import resolve_threads
     from engine.formats import load_dataset
-    from engine.metrics import evaluate, inv_propensity
+    from engine.ranking_metrics import evaluate, inv_propensity
 
     wanted = [m.strip() for m in methods.split(",") if m.strip()]
     bad = [m for m in wanted if m not in METHODS]
     if bad:
-        raise click.BadParameter(f"unknown method(s) {bad}; choose from {METHODS}", param_hint="--methods")
+        raise click.BadParameter(
+            f"unknown method(s) {bad}; choose from {METHODS}", param_hint="--methods"
+        )
     A, B = (float(x) for x in propensity.split(","))
     tr = load_dataset(train_path, labels_path)
     te = load_dataset(test_path, labels_path)
     L = max(tr.num_labels, te.num_labels)
     import scipy.sparse as sp
+
     Yte = sp.csr_matrix((te.Y.data, te.Y.indices, te.Y.indptr), shape=(te.Y.shape[0], L))
     ip = inv_propensity(tr.Y, A=A, B=B, num_labels=L)
     cfg = AstecConfig.load(config_path) if config_path else AstecConfig()
     threads = resolve_threads(threads)
     astec_threads = cfg.num_threads if cfg.num_threads > 0 else threads
-    if device is not None:   # the worker reads the config file: write one with the device
+    if device is not None:  # the worker reads the config file: write one with the device
         cfg.device = device
         tmp_cfg = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
         tmp_cfg.close()
@@ -205,16 +287,29 @@ def peers(train_path, test_path, labels_path, config_path, methods, threads, dev
     rows = []
     for m in wanted:
         click.echo(f"running {m} ...", err=True)
-        r = _run(m, args, 5, astec_threads if m.startswith("astec") else threads, peer_ngrams, save_models)
+        r = _run(
+            m,
+            args,
+            5,
+            astec_threads if m.startswith("astec") else threads,
+            peer_ngrams,
+            save_models,
+        )
         if "error" in r:
             click.echo(f"  {m}: failed ({r['error']})", err=True)
             rows.append({"method": m, "error": r["error"]})
             continue
         met = evaluate(Yte, r["ids"], ip, ks=(1, 3, 5))
-        row = {"method": m, **{key: round(met[key], 2) for key in
-                               ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")},
-               "train_s": round(r["train_s"], 1), "predict_s": round(r["predict_s"], 1),
-               "peak_rss_mb": round(r["peak_rss_mb"])}
+        row = {
+            "method": m,
+            **{
+                key: round(met[key], 2)
+                for key in ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")
+            },
+            "train_s": round(r["train_s"], 1),
+            "predict_s": round(r["predict_s"], 1),
+            "peak_rss_mb": round(r["peak_rss_mb"]),
+        }
         if "train_log" in r:
             row["modules_s"] = r["train_log"]
         rows.append(row)
@@ -223,9 +318,28 @@ def peers(train_path, test_path, labels_path, config_path, methods, threads, dev
     for r in rows:
         if r["method"] in ratios:
             r["train_ratio"] = ratios[r["method"]]
-    cols = ["P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5", "train_s", "train_ratio", "peak_rss_mb"]
-    head = "| method | " + " | ".join(c.replace("peak_rss_mb", "peak RSS MB").replace("train_ratio", "train / fastest peer")
-                                    .replace("train_s", "train s") for c in cols) + " |"
+    cols = [
+        "P@1",
+        "P@3",
+        "P@5",
+        "nDCG@5",
+        "PSP@1",
+        "PSP@3",
+        "PSP@5",
+        "train_s",
+        "train_ratio",
+        "peak_rss_mb",
+    ]
+    head = (
+        "| method | "
+        + " | ".join(
+            c.replace("peak_rss_mb", "peak RSS MB")
+            .replace("train_ratio", "train / fastest peer")
+            .replace("train_s", "train s")
+            for c in cols
+        )
+        + " |"
+    )
     click.echo(head)
     click.echo("|" + "---|" * (len(cols) + 1))
     for r in rows:
@@ -235,12 +349,16 @@ def peers(train_path, test_path, labels_path, config_path, methods, threads, dev
             click.echo(f"| {r['method']} | " + " | ".join(str(r.get(c, "-")) for c in cols) + " |")
     for r in rows:
         for j, mods in (r.get("modules_s") or {}).items():
-            click.echo(f"{r['method']} learner {j} seconds per module: "
-                       + ", ".join(f"{k} {v}" for k, v in mods.items()))
+            click.echo(
+                f"{r['method']} learner {j} seconds per module: "
+                + ", ".join(f"{k} {v}" for k, v in mods.items())
+            )
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
     method, train, test, labels, config, out, k, threads, ngrams = sys.argv[1:10]
-    _worker(method, train, test, labels or None, config or None, out, int(k), int(threads), int(ngrams))
+    _worker(
+        method, train, test, labels or None, config or None, out, int(k), int(threads), int(ngrams)
+    )

@@ -11,6 +11,7 @@ Targets (no ground-truth intent is used; queries are matched to label ids by the
           `search_horizon_s`): the queries the user actually had in mind
   future  queries predicted for the user's next pages in the same session (weak, self-supervised)
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,30 +33,30 @@ SESSION_GAP_S = 30 * 60
 class VisitLog:
     """Page views sorted by (user, ts) with their states and log-derived targets."""
 
-    user: np.ndarray          # int64 [N] user index
+    user: np.ndarray  # int64 [N] user index
     user_ids: list[str]
-    ts: np.ndarray            # float64 [N]
-    session: np.ndarray       # int64 [N] session index (unique across users)
-    session_ids: list[str]    # per session index: the logged session_id (or user/first-visit)
+    ts: np.ndarray  # float64 [N]
+    session: np.ndarray  # int64 [N] session index (unique across users)
+    session_ids: list[str]  # per session index: the logged session_id (or user/first-visit)
     event_ids: list[str]
-    page: np.ndarray          # int64 [N] index into the page tables below
-    Z: np.ndarray             # float16 [P, D] Astec features per distinct title
-    IDS: np.ndarray           # int64 [P, k] top-k query ids, best first
-    SC: np.ndarray            # float32 [P, k] scores
-    shown: np.ndarray         # int64 [N] ad query id shown at the visit, -1 if none / unknown
-    clicked: np.ndarray       # bool [N]
-    propensity: np.ndarray    # float64 [N] logging policy's probability of the shown query
+    page: np.ndarray  # int64 [N] index into the page tables below
+    Z: np.ndarray  # float16 [P, D] Astec features per distinct title
+    IDS: np.ndarray  # int64 [P, k] top-k query ids, best first
+    SC: np.ndarray  # float32 [P, k] scores
+    shown: np.ndarray  # int64 [N] ad query id shown at the visit, -1 if none / unknown
+    clicked: np.ndarray  # bool [N]
+    propensity: np.ndarray  # float64 [N] logging policy's probability of the shown query
     search_indptr: np.ndarray  # int64 [N+1] CSR: queries searched by the user from this visit on
-    search_ids: np.ndarray    # int64
-    pop_q: np.ndarray         # int64: query id of every search click and clicked ad (popularity)
-    pop_ts: np.ndarray        # float64: their times
+    search_ids: np.ndarray  # int64
+    pop_q: np.ndarray  # int64: query id of every search click and clicked ad (popularity)
+    pop_ts: np.ndarray  # float64: their times
     n_labels: int = 0
-    titles: list[str] = field(default_factory=list)   # [P] the distinct page titles
+    titles: list[str] = field(default_factory=list)  # [P] the distinct page titles
     reports: dict = field(default_factory=dict)
     engine_version: str = ""
     logged_indptr: np.ndarray | None = None  # int64 [N+1] CSR: candidates the logger chose among
-    logged_ids: np.ndarray | None = None     # int64 label ids (-1: a name the engine lacks)
-    logged_prob: np.ndarray | None = None    # float64: logger's probability of each (NaN: unlogged)
+    logged_ids: np.ndarray | None = None  # int64 label ids (-1: a name the engine lacks)
+    logged_prob: np.ndarray | None = None  # float64: logger's probability of each (NaN: unlogged)
 
     @property
     def n(self) -> int:
@@ -67,8 +68,11 @@ class VisitLog:
         rows = np.asarray(rows, np.int64)
         idx = rows[:, None] - np.arange(K - 1, -1, -1)[None, :]
         safe = np.maximum(idx, 0)
-        mask = (idx >= 0) & (self.user[safe] == self.user[rows][:, None]) & \
-            (self.ts[rows][:, None] - self.ts[safe] <= ttl_s)
+        mask = (
+            (idx >= 0)
+            & (self.user[safe] == self.user[rows][:, None])
+            & (self.ts[rows][:, None] - self.ts[safe] <= ttl_s)
+        )
         # keep the mask right-aligned: a gap older than the TTL cuts everything before it
         mask = np.flip(np.cumprod(np.flip(mask, 1), axis=1), 1).astype(bool)
         return np.where(mask, idx, 0), mask
@@ -128,17 +132,27 @@ def _session_codes(user: np.ndarray, ts: np.ndarray, sid: list[str | None]) -> n
     return np.cumsum(new) - 1
 
 
-def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: float = 1800.0,
-                since: str | None = None, until: str | None = None,
-                batch: int = 2048, progress: bool = True) -> VisitLog:
+def load_visits(
+    log_dir: str | Path,
+    predictor,
+    k: int = 10,
+    search_horizon_s: float = 1800.0,
+    since: str | None = None,
+    until: str | None = None,
+    batch: int = 2048,
+    progress: bool = True,
+) -> VisitLog:
     """Read the logs under log_dir and compute every visited page's state with `predictor`."""
     log_dir = Path(log_dir)
-    reports = {kind: ReadReport(kind) for kind in
-               ("page_views", "ad_impressions", "ad_clicks", "search_clicks")}
+    reports = {
+        kind: ReadReport(kind)
+        for kind in ("page_views", "ad_impressions", "ad_clicks", "search_clicks")
+    }
     views = list(read_log(log_dir, "page_views", reports["page_views"], since, until))
     if not views:
-        raise FileNotFoundError(f"{log_dir / 'page_views'}: no page-view records "
-                                f"({reports['page_views'].summary()})")
+        raise FileNotFoundError(
+            f"{log_dir / 'page_views'}: no page-view records ({reports['page_views'].summary()})"
+        )
     name_to_id = {n: i for i, n in enumerate(predictor.label_names)}
     # --- visits sorted by (user, ts)
     uids = sorted({v["user_id"] for v in views})
@@ -150,8 +164,10 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
     user, ts = user[order], ts[order]
     sid = [v.get("session_id") for v in views]
     session = _session_codes(user, ts, sid)
-    session_ids = [sid[i] or f"{views[i]['user_id']}/{i}" for i in
-                   np.flatnonzero(np.r_[True, session[1:] != session[:-1]])]
+    session_ids = [
+        sid[i] or f"{views[i]['user_id']}/{i}"
+        for i in np.flatnonzero(np.r_[True, session[1:] != session[:-1]])
+    ]
     event_ids = [v["event_id"] for v in views]
     # --- ad impressions and clicks: joined to their visit by event id, else to the user's
     # latest visit at or before the impression (same title when logged)
@@ -165,12 +181,14 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
     if len(miss):
         iu = np.array([uidx.get(imps[j]["user_id"], -1) for j in miss], np.int64)
         its = np.array([imps[j]["ts"] for j in miss], np.float64)
-        key = user * 1e10 + ts                      # sorted: visits are sorted by (user, ts)
+        key = user * 1e10 + ts  # sorted: visits are sorted by (user, ts)
         cand = np.searchsorted(key, iu * 1e10 + its, side="right") - 1
         ok = (iu >= 0) & (cand >= 0)
         ok &= user[np.maximum(cand, 0)] == iu
-        titles_ok = np.array([imps[j].get("title") in (None, views[max(c, 0)]["title"])
-                              for j, c in zip(miss, cand)], bool)
+        titles_ok = np.array(
+            [imps[j].get("title") in (None, views[max(c, 0)]["title"]) for j, c in zip(miss, cand)],
+            bool,
+        )
         vi[miss] = np.where(ok & titles_ok, cand, -1)
     unknown_q = 0
     cand_of: dict[int, tuple[list, list]] = {}
@@ -184,18 +202,21 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
         propensity[i] = r.get("propensity") or 1.0
         names = r.get("candidates") or []
         probs = r.get("candidate_propensities")
-        cand_of[i] = ([name_to_id.get(n, -1) for n in names],
-                      probs if isinstance(probs, list) and len(probs) == len(names) else
-                      [np.nan] * len(names))
+        cand_of[i] = (
+            [name_to_id.get(n, -1) for n in names],
+            probs
+            if isinstance(probs, list) and len(probs) == len(names)
+            else [np.nan] * len(names),
+        )
     cnt = np.zeros(len(views), np.int64)
     for i, (c, _) in cand_of.items():
         cnt[i] = len(c)
     logged_indptr = np.r_[0, np.cumsum(cnt)].astype(np.int64)
     logged_ids = np.full(logged_indptr[-1], -1, np.int64)
     logged_prob = np.full(logged_indptr[-1], np.nan)
-    for i, (c, pr) in cand_of.items():   # one slice assignment per impression
-        logged_ids[logged_indptr[i]:logged_indptr[i + 1]] = c
-        logged_prob[logged_indptr[i]:logged_indptr[i + 1]] = pr
+    for i, (c, pr) in cand_of.items():  # one slice assignment per impression
+        logged_ids[logged_indptr[i] : logged_indptr[i + 1]] = c
+        logged_prob[logged_indptr[i] : logged_indptr[i + 1]] = pr
     # --- searches by the same user: each visit gets the ones in [ts, ts + horizon] and session
     s_user, s_ts, s_q, p_q, p_ts = [], [], [], [], []
     for rec in read_log(log_dir, "search_clicks", reports["search_clicks"], since, until):
@@ -211,9 +232,15 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
             s_q.append(q)
     p_q += shown[clicked].tolist()
     p_ts += ts[clicked].tolist()
-    search_indptr, search_ids = _search_targets(user, ts, session, np.array(s_user, np.int64),
-                                                np.array(s_ts, np.float64),
-                                                np.array(s_q, np.int64), search_horizon_s)
+    search_indptr, search_ids = _search_targets(
+        user,
+        ts,
+        session,
+        np.array(s_user, np.int64),
+        np.array(s_ts, np.float64),
+        np.array(s_q, np.int64),
+        search_horizon_s,
+    )
     # --- states of every distinct title
     titles = [v["title"] for v in views]
     uniq, page = np.unique(np.array(titles, dtype=object).astype(str), return_inverse=True)
@@ -222,25 +249,41 @@ def load_visits(log_dir: str | Path, predictor, k: int = 10, search_horizon_s: f
     Z = np.zeros((P, D), np.float16)
     IDS = np.full((P, k), -1, np.int64)
     SC = np.zeros((P, k), np.float32)
-    for a in tqdm(range(0, P, batch), desc="astec states", unit="batch", leave=False,
-                  disable=not progress):
-        ids, sc, z = predictor.predict_with_features(uniq[a:a + batch].tolist(), k)
-        IDS[a:a + batch, :ids.shape[1]] = ids
-        SC[a:a + batch, :sc.shape[1]] = sc
-        Z[a:a + batch] = z
+    for a in tqdm(
+        range(0, P, batch), desc="astec states", unit="batch", leave=False, disable=not progress
+    ):
+        ids, sc, z = predictor.predict_with_features(uniq[a : a + batch].tolist(), k)
+        IDS[a : a + batch, : ids.shape[1]] = ids
+        SC[a : a + batch, : sc.shape[1]] = sc
+        Z[a : a + batch] = z
     if unknown_q:
-        log.warning("%d logged ad queries are not in the engine's label names (ignored)",
-                    unknown_q)
-    return VisitLog(user=user, user_ids=uids, ts=ts, session=session, session_ids=session_ids,
-                    event_ids=event_ids, page=page.astype(np.int64), Z=Z, IDS=IDS, SC=SC,
-                    shown=shown, clicked=clicked, propensity=propensity,
-                    logged_indptr=logged_indptr, logged_ids=logged_ids, logged_prob=logged_prob,
-                    search_indptr=search_indptr,
-                    search_ids=search_ids, pop_q=np.array(p_q, np.int64),
-                    pop_ts=np.array(p_ts, np.float64), n_labels=len(predictor.label_names),
-                    titles=uniq.tolist(),
-                    reports={k_: r.to_dict() for k_, r in reports.items()},
-                    engine_version=str(getattr(predictor, "version", "")))
+        log.warning("%d logged ad queries are not in the engine's label names (ignored)", unknown_q)
+    return VisitLog(
+        user=user,
+        user_ids=uids,
+        ts=ts,
+        session=session,
+        session_ids=session_ids,
+        event_ids=event_ids,
+        page=page.astype(np.int64),
+        Z=Z,
+        IDS=IDS,
+        SC=SC,
+        shown=shown,
+        clicked=clicked,
+        propensity=propensity,
+        logged_indptr=logged_indptr,
+        logged_ids=logged_ids,
+        logged_prob=logged_prob,
+        search_indptr=search_indptr,
+        search_ids=search_ids,
+        pop_q=np.array(p_q, np.int64),
+        pop_ts=np.array(p_ts, np.float64),
+        n_labels=len(predictor.label_names),
+        titles=uniq.tolist(),
+        reports={k_: r.to_dict() for k_, r in reports.items()},
+        engine_version=str(getattr(predictor, "version", "")),
+    )
 
 
 def _search_targets(user, ts, session, s_user, s_ts, s_q, horizon):
@@ -280,8 +323,13 @@ def session_start_ts(v: VisitLog) -> np.ndarray:
     return v.ts[first][v.session]
 
 
-def targets_for(v: VisitLog, rows: np.ndarray, cand_ids: np.ndarray, weights: Sequence[float],
-                future_horizon: int = 3) -> np.ndarray:
+def targets_for(
+    v: VisitLog,
+    rows: np.ndarray,
+    cand_ids: np.ndarray,
+    weights: Sequence[float],
+    future_horizon: int = 3,
+) -> np.ndarray:
     """Target mass [B,C] over candidates: w_click * clicked ad + w_search * searched queries +
     w_future * (score of the candidate on the session's next pages)."""
     w_click, w_search, w_future = weights

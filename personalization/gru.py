@@ -2,6 +2,7 @@
 
 Only training imports this module; serving runs the exported numpy weights.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -17,9 +18,9 @@ from personalization.features import N_FEATURES
 class GruConfig:
     """Sizes of the policy network (recorded in the manifest)."""
 
-    K: int = 8            # states in the window, current page included
-    hidden: int = 32      # GRU hidden size H
-    query_dim: int = 16   # size Q of the user / query vectors
+    K: int = 8  # states in the window, current page included
+    hidden: int = 32  # GRU hidden size H
+    query_dim: int = 16  # size Q of the user / query vectors
     mlp_hidden: int = 32  # scorer hidden size M
 
     def to_dict(self) -> dict:
@@ -36,14 +37,15 @@ class GruPolicyNet(nn.Module):
     def __init__(self, cfg: GruConfig, D: int, classifier_rows: np.ndarray, log_pop: np.ndarray):
         super().__init__()
         self.cfg = cfg
-        self.cell = nn.GRUCell(D + 1, cfg.hidden)   # z + the block-start channel
+        self.cell = nn.GRUCell(D + 1, cfg.hidden)  # z + the block-start channel
         self.user = nn.Linear(cfg.hidden, cfg.query_dim)
         self.query_proj = nn.Linear(classifier_rows.shape[1], cfg.query_dim, bias=False)
         self.mlp1 = nn.Linear(N_FEATURES + cfg.query_dim, cfg.mlp_hidden)
         self.mlp2 = nn.Linear(cfg.mlp_hidden, 1)
         self.lin = nn.Linear(N_FEATURES, 1, bias=False)
-        self.register_buffer("rows", torch.from_numpy(np.ascontiguousarray(classifier_rows,
-                                                                           np.float32)))
+        self.register_buffer(
+            "rows", torch.from_numpy(np.ascontiguousarray(classifier_rows, np.float32))
+        )
         self.register_buffer("log_pop", torch.from_numpy(np.asarray(log_pop, np.float32)))
 
     def forward(self, z, state_mask, cand_ids, cand_mask, feats):
@@ -72,15 +74,22 @@ class GruPolicyNet(nn.Module):
     @torch.no_grad()
     def export_weights(self) -> dict[str, np.ndarray]:
         """The flat float32 weight dict that personalization.scoring serves."""
+
         def npy(t):
             return np.ascontiguousarray(t.detach().cpu().numpy().astype(np.float32))
+
         return {
-            "gru.w_ih": npy(self.cell.weight_ih), "gru.b_ih": npy(self.cell.bias_ih),
-            "gru.w_hh": npy(self.cell.weight_hh), "gru.b_hh": npy(self.cell.bias_hh),
-            "user.w": npy(self.user.weight), "user.b": npy(self.user.bias),
+            "gru.w_ih": npy(self.cell.weight_ih),
+            "gru.b_ih": npy(self.cell.bias_ih),
+            "gru.w_hh": npy(self.cell.weight_hh),
+            "gru.b_hh": npy(self.cell.bias_hh),
+            "user.w": npy(self.user.weight),
+            "user.b": npy(self.user.bias),
             "query_table": npy(self.query_proj(self.rows)),
             "log_pop": npy(self.log_pop),
-            "mlp.w1": npy(self.mlp1.weight), "mlp.b1": npy(self.mlp1.bias),
-            "mlp.w2": npy(self.mlp2.weight), "mlp.b2": npy(self.mlp2.bias),
+            "mlp.w1": npy(self.mlp1.weight),
+            "mlp.b1": npy(self.mlp1.bias),
+            "mlp.w2": npy(self.mlp2.weight),
+            "mlp.b2": npy(self.mlp2.bias),
             "lin.w": npy(self.lin.weight[0]),
         }

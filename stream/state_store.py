@@ -11,6 +11,7 @@ replay after a crash (at-least-once delivery) never appends the same visit twice
 pipelined round trip of EVALSHA (the script is loaded once, and again if Redis forgot it). The
 client retries connection errors with exponential backoff (Redis restarts).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,9 +53,13 @@ def key_part(value: str) -> str:
 def connect(url: str, retries: int = 10) -> redis.Redis:
     """A client that reconnects with exponential backoff (50 ms doubling, capped at 2 s)."""
     return redis.Redis.from_url(
-        url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10,
+        url,
+        socket_timeout=5,
+        socket_connect_timeout=2,
+        health_check_interval=10,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+    )
 
 
 @dataclass
@@ -79,8 +84,9 @@ class StateStore:
     def seen_key(self, user_id: str, event_id: str) -> str:
         return f"{self.prefix}:{{user:{key_part(user_id)}}}:seen:{key_part(event_id)}"
 
-    def append_batch(self, user_ids: list[str], states: list[UserState], with_history: bool = False
-                     ) -> tuple[list[bool], list[list[UserState]]]:
+    def append_batch(
+        self, user_ids: list[str], states: list[UserState], with_history: bool = False
+    ) -> tuple[list[bool], list[list[UserState]]]:
         """Append each state to its user's list unless its event id was seen; one round trip.
 
         Returns per event whether it was appended (False = replayed duplicate) and, when asked,
@@ -93,9 +99,9 @@ class StateStore:
                 raise redis.ResponseError(e)
         return fresh, hists
 
-    def append_batch_checked(self, user_ids: list[str], states: list[UserState],
-                             with_history: bool = False
-                             ) -> tuple[list[bool], list[list[UserState]], list[str | None]]:
+    def append_batch_checked(
+        self, user_ids: list[str], states: list[UserState], with_history: bool = False
+    ) -> tuple[list[bool], list[list[UserState]], list[str | None]]:
         """append_batch, with the events Redis refused reported one by one (their reason), so
         one event's error never holds back the others of its batch. Connection errors and OOM
         (RedisOutOfMemory) raise: they are not the event's fault, the caller retries."""
@@ -104,8 +110,17 @@ class StateStore:
             pipe = self.client.pipeline(transaction=False)
             sha = self._sha()
             for uid, st in zip(user_ids, states):
-                pipe.evalsha(sha, 2, self.states_key(uid), self.seen_key(uid, st.event_id),
-                             st.encode(), self.k, self.ttl_s, self.dedup_ttl_s, want)
+                pipe.evalsha(
+                    sha,
+                    2,
+                    self.states_key(uid),
+                    self.seen_key(uid, st.event_id),
+                    st.encode(),
+                    self.k,
+                    self.ttl_s,
+                    self.dedup_ttl_s,
+                    want,
+                )
             results = pipe.execute(raise_on_error=False)
             if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
                 # Redis restarted and forgot the script: nothing ran, so load it and run again
@@ -114,12 +129,15 @@ class StateStore:
                     raise next(r for r in results if isinstance(r, Exception))
                 continue
             break
-        oom = next((r for r in results if isinstance(r, redis.ResponseError)
-                    and str(r).startswith("OOM")), None)
+        oom = next(
+            (r for r in results if isinstance(r, redis.ResponseError) and str(r).startswith("OOM")),
+            None,
+        )
         if oom is not None:
             raise RedisOutOfMemory(f"Redis is out of memory (maxmemory): {oom}")
-        errors = [f"Redis: {type(r).__name__}: {r}" if isinstance(r, Exception) else None
-                  for r in results]
+        errors = [
+            f"Redis: {type(r).__name__}: {r}" if isinstance(r, Exception) else None for r in results
+        ]
         fresh = [e is None and bool(r[0]) for r, e in zip(results, errors)]
         if not with_history:
             return fresh, [[] for _ in states], errors
@@ -134,7 +152,10 @@ class StateStore:
 
     def history(self, user_id: str) -> list[UserState]:
         """A user's stored states, oldest first."""
-        return [UserState.decode(raw) for raw in reversed(self.client.lrange(self.states_key(user_id), 0, -1))]
+        return [
+            UserState.decode(raw)
+            for raw in reversed(self.client.lrange(self.states_key(user_id), 0, -1))
+        ]
 
     def histories(self, user_ids: list[str]) -> list[list[UserState]]:
         pipe = self.client.pipeline(transaction=False)

@@ -15,6 +15,7 @@ Where the time goes comes from the workers' own stage timers (decode, predict, R
 Kafka produce+ack) published to Redis, per event and as shares of the workers' wall time.
 Everything shares the machine's cores, the load generator included.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,12 +33,12 @@ from pathlib import Path
 import click
 import numpy as np
 
-from infra.config import Settings, load_settings, settings_env
-from stream.metrics import STAGES, read_all
+from stream.settings import Settings, load_settings, settings_env
+from stream.consumer_metrics import STAGES, read_all
 from stream.schemas import decode, encode
-from stream.state import connect
-from stream.bench_load import CLIENTS, AdReader, default_client, make_load_producer
-from stream.cli import checked_model
+from stream.state_store import connect
+from bench.stream_load import CLIENTS, AdReader, default_client, make_load_producer
+from stream.cli_stream import checked_model
 from stream.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +72,7 @@ class _CpuMeter:
 
     def __init__(self, service_pids: dict[str, int], supervisor_pid: int, every_s: float = 1.0):
         import psutil
+
         self.procs = {name: psutil.Process(pid) for name, pid in service_pids.items()}
         self.sup = psutil.Process(supervisor_pid)
         self.me = psutil.Process()
@@ -85,6 +87,7 @@ class _CpuMeter:
                 return t.user + t.system
             except psutil.Error:
                 return 0.0
+
         out = {name: cpu(p) for name, p in self.procs.items()}
         out["workers"] = sum(cpu(c) for c in [self.sup, *self.sup.children(recursive=True)])
         out["load_generator"] = cpu(self.me)
@@ -112,6 +115,7 @@ class _CpuMeter:
         def loop():
             while not self._stop.wait(self.every_s):
                 self.samples.append(self._now())
+
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()
 
@@ -121,7 +125,7 @@ class _CpuMeter:
         self.samples.append(self._now())
         out = self._cores(self.samples[0], self.samples[-1])
         n = len(self.samples)
-        if n >= 9:   # at least two samples per quarter
+        if n >= 9:  # at least two samples per quarter
             q = n // 4
             out["first_quarter"] = self._cores(self.samples[0], self.samples[q])
             out["last_quarter"] = self._cores(self.samples[n - 1 - q], self.samples[-1])
@@ -130,14 +134,26 @@ class _CpuMeter:
         return out
 
 
-def _send(producer, settings: Settings, titles: list[str], ids: list[str], users: int,
-          rate: float | None) -> float:
+def _send(
+    producer, settings: Settings, titles: list[str], ids: list[str], users: int, rate: float | None
+) -> float:
     t0 = time.monotonic()
     for i, eid in enumerate(ids):
         uid = f"bu{i % users}"
-        producer.send(settings.topic_page_views, uid.encode(), encode("page_view", {
-            "event_id": eid, "user_id": uid, "ts": time.time(), "url": f"https://bench/{i}",
-            "title": titles[i % len(titles)]}))
+        producer.send(
+            settings.topic_page_views,
+            uid.encode(),
+            encode(
+                "page_view",
+                {
+                    "event_id": eid,
+                    "user_id": uid,
+                    "ts": time.time(),
+                    "url": f"https://bench/{i}",
+                    "title": titles[i % len(titles)],
+                },
+            ),
+        )
         if rate:
             ahead = (i + 1) / rate - (time.monotonic() - t0)
             if ahead > 0:
@@ -148,7 +164,11 @@ def _send(producer, settings: Settings, titles: list[str], ids: list[str], users
 
 def _pct(x: np.ndarray) -> dict:
     p = np.percentile(x, [50, 95, 99]) if x.size else [float("nan")] * 3
-    return {"p50": round(float(p[0]), 2), "p95": round(float(p[1]), 2), "p99": round(float(p[2]), 2)}
+    return {
+        "p50": round(float(p[0]), 2),
+        "p95": round(float(p[1]), 2),
+        "p99": round(float(p[2]), 2),
+    }
 
 
 def _read_titles(path: str) -> list[str]:
@@ -167,15 +187,31 @@ class _Pipeline:
     state, a consumer lag to catch up on).
     """
 
-    def __init__(self, settings: Settings, model: str, workers: int, batch_max: int, wlog,
-                 titles: list[str], users: int, service_pids: dict[str, int], load_client: str,
-                 delivery: str):
+    def __init__(
+        self,
+        settings: Settings,
+        model: str,
+        workers: int,
+        batch_max: int,
+        wlog,
+        titles: list[str],
+        users: int,
+        service_pids: dict[str, int],
+        load_client: str,
+        delivery: str,
+    ):
         tag = uuid.uuid4().hex[:8]
         self.s = settings.replace(
-            topic_page_views=f"bench-pv-{tag}", topic_ad_queries=f"bench-aq-{tag}",
-            topic_ad_clicks=f"bench-ac-{tag}", topic_dead_letters=f"bench-dl-{tag}",
-            consumer_group=f"bench-{tag}", redis_key_prefix=f"bench-{tag}",
-            metrics_interval_s=0.5, batch_max=batch_max, delivery=delivery)
+            topic_page_views=f"bench-pv-{tag}",
+            topic_ad_queries=f"bench-aq-{tag}",
+            topic_ad_clicks=f"bench-ac-{tag}",
+            topic_dead_letters=f"bench-dl-{tag}",
+            consumer_group=f"bench-{tag}",
+            redis_key_prefix=f"bench-{tag}",
+            metrics_interval_s=0.5,
+            batch_max=batch_max,
+            delivery=delivery,
+        )
         self.model, self.workers, self.wlog = model, workers, wlog
         self.titles, self.users = titles, users
         self.service_pids = service_pids
@@ -185,9 +221,22 @@ class _Pipeline:
         s = self.s
         ensure_topics(s)
         self.sup = subprocess.Popen(
-            [sys.executable, "-m", "infra.cli", "stream", "run", "--workers", str(self.workers),
-             "--model", self.model], cwd=ROOT, stdout=self.wlog, stderr=subprocess.STDOUT,
-            env={**os.environ, **settings_env(s), "ASTEC_LOG_LEVEL": "30"})
+            [
+                sys.executable,
+                "-m",
+                "infra.cli",
+                "stream",
+                "run",
+                "--workers",
+                str(self.workers),
+                "--model",
+                self.model,
+            ],
+            cwd=ROOT,
+            stdout=self.wlog,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **settings_env(s), "ASTEC_LOG_LEVEL": "30"},
+        )
         self.reader = AdReader(s, self.load_client)
         self.reader.start()
         self.producer = make_load_producer(self.load_client, s)
@@ -197,7 +246,10 @@ class _Pipeline:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 ms = read_all(connect(s.redis_url), s.redis_key_prefix)
-                if len(ms) >= self.workers and sum(int(m["partitions"]) for m in ms) >= s.partitions:
+                if (
+                    len(ms) >= self.workers
+                    and sum(int(m["partitions"]) for m in ms) >= s.partitions
+                ):
                     break
                 if self.sup.poll() is not None:
                     raise click.ClickException(f"`astec stream run` exited; log {self.wlog.name}")
@@ -233,41 +285,104 @@ def _quarters(arr: np.ndarray, e2a: np.ndarray) -> dict:
         return {}
     order = np.argsort(arr[:, 1])
     q = e2a.size // 4
-    return {"first_quarter_p99": round(float(np.percentile(e2a[order[:q]], 99)), 2),
-            "last_quarter_p99": round(float(np.percentile(e2a[order[-q:]], 99)), 2)}
+    return {
+        "first_quarter_p99": round(float(np.percentile(e2a[order[:q]], 99)), 2),
+        "last_quarter_p99": round(float(np.percentile(e2a[order[-q:]], 99)), 2),
+    }
 
 
-def run_bench(settings: Settings, model: str, titles: list[str], events: int, workers: int,
-              rates: list[float], paced_seconds: float, users: int, batch_max: int,
-              service_pids: dict[str, int] | None = None, trace: str | None = None,
-              load_client: str | None = None, deliveries: list[str] | None = None,
-              log=click.echo) -> dict:
-    load0 = os.getloadavg()[0]   # the box is shared: say how busy it was
+def run_bench(
+    settings: Settings,
+    model: str,
+    titles: list[str],
+    events: int,
+    workers: int,
+    rates: list[float],
+    paced_seconds: float,
+    users: int,
+    batch_max: int,
+    service_pids: dict[str, int] | None = None,
+    trace: str | None = None,
+    load_client: str | None = None,
+    deliveries: list[str] | None = None,
+    log=click.echo,
+) -> dict:
+    load0 = os.getloadavg()[0]  # the box is shared: say how busy it was
     load_client = load_client or default_client()
     wlog = tempfile.NamedTemporaryFile(prefix="astec-bench-workers-", suffix=".log", delete=False)
     traces: list[dict] = []
     runs = []
     for delivery in deliveries or [settings.delivery]:
-        runs.append(_run_mode(settings, model, titles, events, workers, rates, paced_seconds,
-                              users, batch_max, service_pids or {}, load_client, delivery, wlog,
-                              traces, log))
+        runs.append(
+            _run_mode(
+                settings,
+                model,
+                titles,
+                events,
+                workers,
+                rates,
+                paced_seconds,
+                users,
+                batch_max,
+                service_pids or {},
+                load_client,
+                delivery,
+                wlog,
+                traces,
+                log,
+            )
+        )
     if trace:
         Path(trace).write_text(json.dumps({"paced": traces}) + "\n")
-    return {"workers": workers, "partitions": settings.partitions, "batch_max": batch_max,
-            "poll_timeout_ms": settings.poll_timeout_ms,
-            "consumer_retry_backoff_ms": settings.consumer_retry_backoff_ms,
-            "consumer_client": settings.consumer_client, "producer_client": settings.producer_client,
-            "model": model, "cpu_count": os.cpu_count(), "load_client": load_client,
-            "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
-            "runs": runs, "worker_log": wlog.name}
+    return {
+        "workers": workers,
+        "partitions": settings.partitions,
+        "batch_max": batch_max,
+        "poll_timeout_ms": settings.poll_timeout_ms,
+        "consumer_retry_backoff_ms": settings.consumer_retry_backoff_ms,
+        "consumer_client": settings.consumer_client,
+        "producer_client": settings.producer_client,
+        "model": model,
+        "cpu_count": os.cpu_count(),
+        "load_client": load_client,
+        "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "runs": runs,
+        "worker_log": wlog.name,
+    }
 
 
-def _run_mode(settings, model, titles, events, workers, rates, paced_seconds, users, batch_max,
-              service_pids, load_client, delivery, wlog, traces, log) -> dict:
+def _run_mode(
+    settings,
+    model,
+    titles,
+    events,
+    workers,
+    rates,
+    paced_seconds,
+    users,
+    batch_max,
+    service_pids,
+    load_client,
+    delivery,
+    wlog,
+    traces,
+    log,
+) -> dict:
     """Saturation, then each paced rate, with the workers in one delivery mode."""
+
     def pipeline() -> _Pipeline:
-        return _Pipeline(settings, model, workers, batch_max, wlog, titles, users,
-                         service_pids, load_client, delivery)
+        return _Pipeline(
+            settings,
+            model,
+            workers,
+            batch_max,
+            wlog,
+            titles,
+            users,
+            service_pids,
+            load_client,
+            delivery,
+        )
 
     duplicates = 0
     # phase 1: saturation
@@ -286,13 +401,19 @@ def _run_mode(settings, model, titles, events, workers, rates, paced_seconds, us
         after = _stage_totals(s)
         wall = t_last - t_first
         got = sum(e in reader.arrivals for e in ids)
-        sat = {"events": events, "answered": got, "complete": ok, "send_s": round(send_s, 2),
-               "wall_s": round(wall, 2), "events_per_s": round(got / wall, 1),
-               "where_time_goes": _breakdown(before, after, wall, workers), "cpu": cpu,
-               "join_s": p.join_s}
+        sat = {
+            "events": events,
+            "answered": got,
+            "complete": ok,
+            "send_s": round(send_s, 2),
+            "wall_s": round(wall, 2),
+            "events_per_s": round(got / wall, 1),
+            "where_time_goes": _breakdown(before, after, wall, workers),
+            "cpu": cpu,
+            "join_s": p.join_s,
+        }
         duplicates += reader.duplicates
-    log(f"[{delivery}] saturation: {sat['events_per_s']} events/s ({got}/{events} in "
-        f"{wall:.1f}s)")
+    log(f"[{delivery}] saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
 
     # phase 2: paced below saturation, one run per rate, each on fresh topics
     paced = []
@@ -312,81 +433,165 @@ def _run_mode(settings, model, titles, events, workers, rates, paced_seconds, us
             after = _stage_totals(s)
             arr = np.array([reader.arrivals[e] for e in ids2 if e in reader.arrivals])
             duplicates += reader.duplicates
-            traces.append({"delivery": delivery, "rate": r,
-                           "columns": ["event_ts", "ad_ts", "received_ts"],
-                           "events": arr[:, [1, 2, 0]].round(4).tolist() if arr.size else [],
-                           "cores_per_second": p.cpu.per_second})
+            traces.append(
+                {
+                    "delivery": delivery,
+                    "rate": r,
+                    "columns": ["event_ts", "ad_ts", "received_ts"],
+                    "events": arr[:, [1, 2, 0]].round(4).tolist() if arr.size else [],
+                    "cores_per_second": p.cpu.per_second,
+                }
+            )
         e2a = (arr[:, 0] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
         worker_side = (arr[:, 2] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
-        paced.append({"rate": r, "events": n2, "answered": int(len(arr)), "complete": ok2,
-                      "seconds": round(send_s, 1), "achieved_send_rate": round(n2 / send_s, 1),
-                      "e2a_ms": {**_pct(e2a), **_quarters(arr, e2a)},
-                      "worker_side_ms": _pct(worker_side),
-                      "where_time_goes": _breakdown(before, after, wall2, workers), "cpu": cpu,
-                      "join_s": p.join_s})
-        log(f"[{delivery}] paced at {r}/s for {send_s:.0f}s: e2a p50 "
-            f"{paced[-1]['e2a_ms']['p50']} ms, p99 {paced[-1]['e2a_ms']['p99']} ms")
-    return {"delivery": delivery, "saturation": sat, "paced": paced,
-            "duplicates_on_output": duplicates}
+        paced.append(
+            {
+                "rate": r,
+                "events": n2,
+                "answered": int(len(arr)),
+                "complete": ok2,
+                "seconds": round(send_s, 1),
+                "achieved_send_rate": round(n2 / send_s, 1),
+                "e2a_ms": {**_pct(e2a), **_quarters(arr, e2a)},
+                "worker_side_ms": _pct(worker_side),
+                "where_time_goes": _breakdown(before, after, wall2, workers),
+                "cpu": cpu,
+                "join_s": p.join_s,
+            }
+        )
+        log(
+            f"[{delivery}] paced at {r}/s for {send_s:.0f}s: e2a p50 "
+            f"{paced[-1]['e2a_ms']['p50']} ms, p99 {paced[-1]['e2a_ms']['p99']} ms"
+        )
+    return {
+        "delivery": delivery,
+        "saturation": sat,
+        "paced": paced,
+        "duplicates_on_output": duplicates,
+    }
 
 
 @click.command("stream")
-@click.option("--model", required=True, type=click.Path(exists=True, file_okay=False),
-              callback=checked_model, help="Exported predictor dir (or model registry root).")
-@click.option("--events", default=50000, show_default=True, help="Page views in the saturation phase.")
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    callback=checked_model,
+    help="Exported predictor dir (or model registry root).",
+)
+@click.option(
+    "--events", default=50000, show_default=True, help="Page views in the saturation phase."
+)
 @click.option("--workers", default=2, show_default=True)
-@click.option("--rate", "rates", type=float, multiple=True,
-              help="Paced phase rate; repeat for several runs (default: one run at 50% of the "
-                   "measured saturation throughput).")
-@click.option("--paced-seconds", default=60.0, show_default=True, type=click.FloatRange(1),
-              help="Length of each paced phase (its events: rate x seconds).")
-@click.option("--delivery", "deliveries", multiple=True,
-              type=click.Choice(["exactly-once", "at-least-once"]),
-              help="Workers' delivery mode; repeat to run both side by side (default: the "
-                   "`delivery` setting, at-least-once).")
-@click.option("--titles", type=click.Path(exists=True, dir_okay=False),
-              default=str(ROOT / "tests" / "data" / "stream" / "train.tsv"), show_default=True,
-              help="Page titles: first TSV column of this file.")
+@click.option(
+    "--rate",
+    "rates",
+    type=float,
+    multiple=True,
+    help="Paced phase rate; repeat for several runs (default: one run at 50% of the "
+    "measured saturation throughput).",
+)
+@click.option(
+    "--paced-seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Length of each paced phase (its events: rate x seconds).",
+)
+@click.option(
+    "--delivery",
+    "deliveries",
+    multiple=True,
+    type=click.Choice(["exactly-once", "at-least-once"]),
+    help="Workers' delivery mode; repeat to run both side by side (default: the "
+    "`delivery` setting, at-least-once).",
+)
+@click.option(
+    "--titles",
+    type=click.Path(exists=True, dir_okay=False),
+    default=str(ROOT / "tests" / "data" / "stream" / "train.tsv"),
+    show_default=True,
+    help="Page titles: first TSV column of this file.",
+)
 @click.option("--users", default=5000, show_default=True, help="Distinct simulated users.")
 @click.option("--batch-max", default=256, show_default=True)
-@click.option("--use-running", is_flag=True,
-              help="Use the configured services (env/config/`astec infra up`) instead of fresh "
-                   "temporary ones (those are removed after a successful run).")
-@click.option("--load-client", type=click.Choice(CLIENTS), default=None,
-              help="Client of the page-view load generator and the ad-queries reader (they stand "
-                   "in for off-box front ends and ad servers): confluent (librdkafka, ~1/4 of the "
-                   "CPU per message; the default when confluent-kafka is installed) or "
-                   "kafka-python. The workers follow ASTEC_CONSUMER_CLIENT and "
-                   "ASTEC_PRODUCER_CLIENT.")
+@click.option(
+    "--use-running",
+    is_flag=True,
+    help="Use the configured services (env/config/`astec infra up`) instead of fresh "
+    "temporary ones (those are removed after a successful run).",
+)
+@click.option(
+    "--load-client",
+    type=click.Choice(CLIENTS),
+    default=None,
+    help="Client of the page-view load generator and the ad-queries reader (they stand "
+    "in for off-box front ends and ad servers): confluent (librdkafka, ~1/4 of the "
+    "CPU per message; the default when confluent-kafka is installed) or "
+    "kafka-python. The workers follow ASTEC_CONSUMER_CLIENT and "
+    "ASTEC_PRODUCER_CLIENT.",
+)
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
-@click.option("--trace", type=click.Path(dir_okay=False), default=None,
-              help="Also write every paced event's (event, ad, received) times and each party's "
-                   "CPU cores per second here (JSON), to look at the tail.")
-def bench_stream(model, events, workers, rates, paced_seconds, titles, users, batch_max,
-                 use_running, load_client, deliveries, out, trace):
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write every paced event's (event, ad, received) times and each party's "
+    "CPU cores per second here (JSON), to look at the tail.",
+)
+def bench_stream(
+    model,
+    events,
+    workers,
+    rates,
+    paced_seconds,
+    titles,
+    users,
+    batch_max,
+    use_running,
+    load_client,
+    deliveries,
+    out,
+    trace,
+):
     """End-to-end events/s and event->ad latency p50/p99 of `astec stream run`, with a breakdown."""
     import logging
 
     from infra.services import read_info, start_services, stop_services
+
     # kafka-python warns when this 2-core box starves its I/O thread; the figures say it anyway
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     titles_list = _read_titles(titles)
     tmp = info = None
     if use_running:
         settings = load_settings()
-        info = read_info(settings.services_dir)   # None for services we did not start: no CPU
+        info = read_info(settings.services_dir)  # None for services we did not start: no CPU
     else:
         tmp = tempfile.mkdtemp(prefix="astec-bench-services-")
         info = start_services(tmp)
         # the user's config file / ASTEC_* environment apply (e.g. ASTEC_POLL_TIMEOUT_MS); only
         # the service addresses are this run's own
-        settings = load_settings(services_dir=tmp, kafka_bootstrap=info.kafka_bootstrap,
-                                 redis_url=info.redis_url)
+        settings = load_settings(
+            services_dir=tmp, kafka_bootstrap=info.kafka_bootstrap, redis_url=info.redis_url
+        )
     res = None
     try:
         pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
-        res = run_bench(settings, model, titles_list, events, workers, list(rates), paced_seconds,
-                        users, batch_max, pids, trace, load_client, list(deliveries))
+        res = run_bench(
+            settings,
+            model,
+            titles_list,
+            events,
+            workers,
+            list(rates),
+            paced_seconds,
+            users,
+            batch_max,
+            pids,
+            trace,
+            load_client,
+            list(deliveries),
+        )
     finally:
         if tmp:
             stop_services(tmp)

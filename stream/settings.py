@@ -4,6 +4,7 @@ One resolution order lets the same code run on loopback services started by `ast
 (their ports and password are read from DIR/services.json) and against a production Kafka
 cluster and Redis (a TOML/JSON config file, or `KAFKA_BOOTSTRAP` / `REDIS_URL` / `ASTEC_*` env).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,7 +50,7 @@ class Settings:
     topic_ad_queries: str = "ad-queries"
     topic_ad_clicks: str = "ad-clicks"
     topic_dead_letters: str = "dead-letters"
-    partitions: int = 4   # 16 / 32 measured: 500/s p99 50 -> 45 / 42 ms, 1000/s 70 -> 94 / 121 ms
+    partitions: int = 4  # 16 / 32 measured: 500/s p99 50 -> 45 / 42 ms, 1000/s 70 -> 94 / 121 ms
     replication_factor: int = 1
     # consumers (short timeouts: a killed worker's partitions move within the session timeout)
     consumer_group: str = "astec-stream"
@@ -85,56 +86,93 @@ class Settings:
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ConfigError(f"field {name!r} is {getattr(self, name)!r}, expected one of "
-                                  f"{', '.join(allowed)}")
+                raise ConfigError(
+                    f"field {name!r} is {getattr(self, name)!r}, expected one of "
+                    f"{', '.join(allowed)}"
+                )
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
 
     def kafka_python_options(self) -> dict[str, Any]:
         """Connection and security keyword arguments for kafka-python's clients."""
-        out: dict[str, Any] = {"bootstrap_servers": self.kafka_bootstrap,
-                               "security_protocol": self.kafka_security_protocol}
+        out: dict[str, Any] = {
+            "bootstrap_servers": self.kafka_bootstrap,
+            "security_protocol": self.kafka_security_protocol,
+        }
         if self.kafka_security_protocol.startswith("SASL"):
-            out.update(sasl_mechanism=self.kafka_sasl_mechanism,
-                       sasl_plain_username=self.kafka_sasl_username,
-                       sasl_plain_password=self.kafka_sasl_password)
+            out.update(
+                sasl_mechanism=self.kafka_sasl_mechanism,
+                sasl_plain_username=self.kafka_sasl_username,
+                sasl_plain_password=self.kafka_sasl_password,
+            )
         if self.kafka_security_protocol.endswith("SSL"):
-            out.update({k: v for k, v in (("ssl_cafile", self.kafka_ssl_cafile),
-                                          ("ssl_certfile", self.kafka_ssl_certfile),
-                                          ("ssl_keyfile", self.kafka_ssl_keyfile)) if v})
+            out.update(
+                {
+                    k: v
+                    for k, v in (
+                        ("ssl_cafile", self.kafka_ssl_cafile),
+                        ("ssl_certfile", self.kafka_ssl_certfile),
+                        ("ssl_keyfile", self.kafka_ssl_keyfile),
+                    )
+                    if v
+                }
+            )
         return out
 
     def librdkafka_options(self) -> dict[str, Any]:
         """The same connection and security settings in librdkafka's (confluent-kafka's) names."""
-        out: dict[str, Any] = {"bootstrap.servers": self.kafka_bootstrap,
-                               "security.protocol": self.kafka_security_protocol}
+        out: dict[str, Any] = {
+            "bootstrap.servers": self.kafka_bootstrap,
+            "security.protocol": self.kafka_security_protocol,
+        }
         if self.kafka_security_protocol.startswith("SASL"):
-            out.update({"sasl.mechanism": self.kafka_sasl_mechanism,
-                        "sasl.username": self.kafka_sasl_username,
-                        "sasl.password": self.kafka_sasl_password})
+            out.update(
+                {
+                    "sasl.mechanism": self.kafka_sasl_mechanism,
+                    "sasl.username": self.kafka_sasl_username,
+                    "sasl.password": self.kafka_sasl_password,
+                }
+            )
         if self.kafka_security_protocol.endswith("SSL"):
-            out.update({k: v for k, v in (("ssl.ca.location", self.kafka_ssl_cafile),
-                                          ("ssl.certificate.location", self.kafka_ssl_certfile),
-                                          ("ssl.key.location", self.kafka_ssl_keyfile)) if v})
+            out.update(
+                {
+                    k: v
+                    for k, v in (
+                        ("ssl.ca.location", self.kafka_ssl_cafile),
+                        ("ssl.certificate.location", self.kafka_ssl_certfile),
+                        ("ssl.key.location", self.kafka_ssl_keyfile),
+                    )
+                    if v
+                }
+            )
         return out
 
     def topics(self) -> list[str]:
-        return [self.topic_page_views, self.topic_ad_queries, self.topic_ad_clicks,
-                self.topic_dead_letters]
+        return [
+            self.topic_page_views,
+            self.topic_ad_queries,
+            self.topic_ad_clicks,
+            self.topic_dead_letters,
+        ]
 
 
 _FIELDS = {f.name: f for f in fields(Settings)}
-_CHOICES = {"producer_client": ("confluent", "kafka-python"),
-            "consumer_client": ("confluent", "kafka-python"),
-            "delivery": ("exactly-once", "at-least-once"),
-            "kafka_security_protocol": ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"),
-            "kafka_sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")}
-_ENV_ALIASES = {"KAFKA_BOOTSTRAP": "kafka_bootstrap", "REDIS_URL": "redis_url",
-                "KAFKA_SECURITY_PROTOCOL": "kafka_security_protocol",
-                "KAFKA_SASL_MECHANISM": "kafka_sasl_mechanism",
-                "KAFKA_SASL_USERNAME": "kafka_sasl_username",
-                "KAFKA_SASL_PASSWORD": "kafka_sasl_password"}
+_CHOICES = {
+    "producer_client": ("confluent", "kafka-python"),
+    "consumer_client": ("confluent", "kafka-python"),
+    "delivery": ("exactly-once", "at-least-once"),
+    "kafka_security_protocol": ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"),
+    "kafka_sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+}
+_ENV_ALIASES = {
+    "KAFKA_BOOTSTRAP": "kafka_bootstrap",
+    "REDIS_URL": "redis_url",
+    "KAFKA_SECURITY_PROTOCOL": "kafka_security_protocol",
+    "KAFKA_SASL_MECHANISM": "kafka_sasl_mechanism",
+    "KAFKA_SASL_USERNAME": "kafka_sasl_username",
+    "KAFKA_SASL_PASSWORD": "kafka_sasl_password",
+}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
@@ -168,7 +206,9 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     try:
         data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
+        raise ConfigError(
+            f"{p}: not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a table of settings at the top level")
     if isinstance(data.get("astec"), dict):
@@ -190,9 +230,12 @@ def services_overrides(services_dir: str | os.PathLike) -> dict[str, Any]:
         info = json.loads(path.read_text())
         out = {"kafka_bootstrap": info["kafka"]["bootstrap"], "redis_url": info["redis"]["url"]}
         if info["kafka"].get("sasl_username"):
-            out.update(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_mechanism="PLAIN",
-                       kafka_sasl_username=info["kafka"]["sasl_username"],
-                       kafka_sasl_password=info["kafka"]["sasl_password"])
+            out.update(
+                kafka_security_protocol="SASL_PLAINTEXT",
+                kafka_sasl_mechanism="PLAIN",
+                kafka_sasl_username=info["kafka"]["sasl_username"],
+                kafka_sasl_password=info["kafka"]["sasl_password"],
+            )
         return out
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: malformed services record: {exc}") from None
@@ -210,8 +253,11 @@ def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def load_settings(config_file: str | os.PathLike | None = None,
-                  env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+def load_settings(
+    config_file: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Settings:
     """Resolve settings: defaults < services.json < config file (or $ASTEC_CONFIG) < env < overrides.
 
     Explicit keyword overrides (from command-line options) win over everything; None values are
@@ -222,8 +268,12 @@ def load_settings(config_file: str | os.PathLike | None = None,
     config_file = config_file or env.get("ASTEC_CONFIG") or None
     from_file = read_config_file(config_file) if config_file else {}
     from_env = env_overrides(env)
-    services_dir = (overrides.get("services_dir") or from_env.get("services_dir")
-                    or from_file.get("services_dir") or DEFAULT_SERVICES_DIR)
+    services_dir = (
+        overrides.get("services_dir")
+        or from_env.get("services_dir")
+        or from_file.get("services_dir")
+        or DEFAULT_SERVICES_DIR
+    )
     values.update(services_overrides(services_dir))
     values.update(from_file)
     values.update(from_env)

@@ -8,6 +8,7 @@ like for like.
 Tokenisation / TF-IDF vectorisation is inside every timed call (the peers use the predictor's
 own vectoriser, loaded from the predictor directory).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,30 +26,41 @@ import numpy as np
 
 SYSTEMS = ("predictor", "predictor-onnx", "torch", "omikuji", "napkinxc")
 BATCHES = (1, 32, 256)
-_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "NUMEXPR_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
+_ONE_THREAD = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+    "RAYON_NUM_THREADS": "1",
+}
 
 
 # ---- measurement helpers (used inside workers) ------------------------------------------------
 def _rss_mb() -> float:
     import psutil
-    return psutil.Process().memory_info().rss / 2 ** 20
+
+    return psutil.Process().memory_info().rss / 2**20
 
 
 def _summary(ms: np.ndarray) -> dict:
-    return {"p50_ms": round(float(np.percentile(ms, 50)), 4),
-            "p90_ms": round(float(np.percentile(ms, 90)), 4),
-            "p99_ms": round(float(np.percentile(ms, 99)), 4),
-            "mean_ms": round(float(ms.mean()), 4), "n": int(ms.size)}
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 4),
+        "p90_ms": round(float(np.percentile(ms, 90)), 4),
+        "p99_ms": round(float(np.percentile(ms, 99)), 4),
+        "mean_ms": round(float(ms.mean()), 4),
+        "n": int(ms.size),
+    }
 
 
 def _parity(a, sa, b, sb) -> dict:
     """Agreement of two systems' top-k ids / scores on the same texts."""
     same5 = np.mean([set(x[:5]) == set(y[:5]) for x, y in zip(a, b)])
     eq = a == b
-    return {"top5_same_set": round(float(same5), 5),
-            "top10_identical": round(float(eq.all(axis=1).mean()), 5),
-            "max_abs_score_diff_same_label": float(np.abs(sa - sb)[eq].max()) if eq.any() else None}
+    return {
+        "top5_same_set": round(float(same5), 5),
+        "top10_identical": round(float(eq.all(axis=1).mean()), 5),
+        "max_abs_score_diff_same_label": float(np.abs(sa - sb)[eq].max()) if eq.any() else None,
+    }
 
 
 def _dir_bytes(path: Path) -> int:
@@ -58,21 +70,26 @@ def _dir_bytes(path: Path) -> int:
 # ---- systems (each returns load + one/batch callables) ----------------------------------------
 def _sys_predictor(args: dict, backend: str):
     from engine.predictor import Predictor
+
     p = Predictor.load(args["predictor"], threads=1, backend=backend)
     k = args["k"]
     if backend == "numpy":
         one = lambda t: p.predict_one(t, k)  # noqa: E731
     else:
         one = lambda t: p.predict([t], k)  # noqa: E731
-    def batch(ts):   # a batch of one takes the single-text path, as a consumer would
+
+    def batch(ts):  # a batch of one takes the single-text path, as a consumer would
         return p.predict(ts, k) if len(ts) != 1 else tuple(a[None] for a in p.predict_one(ts[0], k))
+
     return one, batch, _dir_bytes(args["predictor"])
 
 
 def _sys_torch(args: dict):
     import torch
+
     torch.set_num_threads(1)
     from engine.astec import Astec
+
     m = Astec.load(args["model"])
     m.config.num_threads = 1
     match_search(m, Path(args["predictor"]))
@@ -86,7 +103,7 @@ def match_search(model, predictor_dir: Path) -> None:
     two are compared on the same work and parity measures the export, not the profile."""
     cfg = json.loads((predictor_dir / "predictor.json").read_text())
     if not cfg.get("label_text_weight", 0.0):
-        model.label_text = None          # exported with --no-label-text (or trained without)
+        model.label_text = None  # exported with --no-label-text (or trained without)
     for lr, lc in zip(model.learners, cfg["learners"]):
         if not lc.get("sparse_ranker"):
             lr.gamma = 1.0
@@ -98,11 +115,13 @@ def match_search(model, predictor_dir: Path) -> None:
 
 def _peer_vectorizer(args: dict):
     from engine.text import TfidfVectorizer
+
     return TfidfVectorizer.load(Path(args["predictor"]) / "vectorizer" / "tfidf.json")
 
 
 def _sys_omikuji(args: dict):
     import omikuji
+
     vec = _peer_vectorizer(args)
     model = omikuji.Model.load(args["peer_dir"] + "/omikuji")
     k = args["k"]
@@ -112,13 +131,15 @@ def _sys_omikuji(args: dict):
         return model.predict(list(zip(i.tolist(), v.tolist())), top_k=k)
 
     def batch(ts):
-        return [one(t) for t in ts]   # omikuji's Python API predicts one point per call
+        return [one(t) for t in ts]  # omikuji's Python API predicts one point per call
+
     return one, batch, _dir_bytes(args["peer_dir"] + "/omikuji")
 
 
 def _sys_napkinxc(args: dict):
     import scipy.sparse as sp
     from napkinxc.models import PLT
+
     vec = _peer_vectorizer(args)
     model = PLT(args["peer_dir"] + "/napkinxc")
     model.load()
@@ -132,6 +153,7 @@ def _sys_napkinxc(args: dict):
 
     def batch(ts):
         return model.predict_proba(vec.transform(ts), top_k=k)
+
     return one, batch, _dir_bytes(args["peer_dir"] + "/napkinxc")
 
 
@@ -142,14 +164,16 @@ def _ids_of(system: str, out, n: int, k: int) -> np.ndarray:
     ids = np.full((n, k), -1, np.int64)
     for r, row in enumerate(out):
         lab = [int(p[0]) for p in row][:k]
-        ids[r, :len(lab)] = lab
+        ids[r, : len(lab)] = lab
     return ids
 
 
 def _import_libraries(system: str) -> None:
     import engine.text  # noqa: F401  (every system tokenises with it)
+
     if system.startswith("predictor"):
         import engine.predictor  # noqa: F401
+
         if system == "predictor-onnx":
             import onnxruntime  # noqa: F401
     elif system == "torch":
@@ -167,6 +191,7 @@ def serve(args: dict) -> None:
     the load of a shared machine falls on all systems alike and the ratios stay fair.
     """
     from engine.formats import read_text_tsv
+
     # replies go to the original stdout; anything native libraries print goes to stderr
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
@@ -177,8 +202,8 @@ def serve(args: dict) -> None:
 
     system = args["system"]
     texts, _ = read_text_tsv(args["input"])
-    texts = texts[:args["n"]]
-    _import_libraries(system)    # library code is not the model's memory: measure after it
+    texts = texts[: args["n"]]
+    _import_libraries(system)  # library code is not the model's memory: measure after it
     rss0 = _rss_mb()
     t0 = time.perf_counter()
     if system in ("predictor", "predictor-onnx"):
@@ -193,15 +218,23 @@ def serve(args: dict) -> None:
         raise ValueError(f"unknown system {system!r}")
     load_s = time.perf_counter() - t0
     rss_loaded = _rss_mb()
-    for t in texts[:args["warmup"]]:
+    for t in texts[: args["warmup"]]:
         one(t)
     batch(texts[:256])
-    reply({"system": system, "load_s": round(load_s, 3), "files_mb": round(files / 2 ** 20, 2),
-           "rss0": rss0, "rss_loaded": rss_loaded, "files": files})
-    clock, cpu = time.perf_counter, time.process_time   # wall, and CPU time of all its threads
+    reply(
+        {
+            "system": system,
+            "load_s": round(load_s, 3),
+            "files_mb": round(files / 2**20, 2),
+            "rss0": rss0,
+            "rss_loaded": rss_loaded,
+            "files": files,
+        }
+    )
+    clock, cpu = time.perf_counter, time.process_time  # wall, and CPU time of all its threads
     for line in sys.stdin:
         cmd = json.loads(line)
-        part = texts[cmd.get("start", 0):cmd.get("end", len(texts))]
+        part = texts[cmd.get("start", 0) : cmd.get("end", len(texts))]
         if cmd["cmd"] == "latency":
             ts, cs = [], []
             for t in part:
@@ -216,20 +249,23 @@ def serve(args: dict) -> None:
             c0 = cpu()
             a = clock()
             for i in range(0, len(part), b):
-                batch(part[i:i + b])
+                batch(part[i : i + b])
             reply({"seconds": clock() - a, "cpu_seconds": cpu() - c0, "texts": len(part)})
         elif cmd["cmd"] == "finish":
             out = batch(texts)
-            np.save(args["ids_out"], _ids_of(system, out, len(texts), args["k"]),
-                    allow_pickle=False)
+            np.save(
+                args["ids_out"], _ids_of(system, out, len(texts), args["k"]), allow_pickle=False
+            )
             if system in ("predictor", "predictor-onnx", "torch"):
                 np.save(args["scores_out"], np.asarray(out[1], np.float32), allow_pickle=False)
-            if system == "predictor":   # the single-text path too: its parity is reported apart
+            if system == "predictor":  # the single-text path too: its parity is reported apart
                 ones = [one(t) for t in texts]
-                np.save(args["one_ids_out"],
-                        np.stack([o[0] for o in ones]), allow_pickle=False)
-                np.save(args["one_scores_out"],
-                        np.stack([o[1] for o in ones]).astype(np.float32), allow_pickle=False)
+                np.save(args["one_ids_out"], np.stack([o[0] for o in ones]), allow_pickle=False)
+                np.save(
+                    args["one_scores_out"],
+                    np.stack([o[1] for o in ones]).astype(np.float32),
+                    allow_pickle=False,
+                )
             reply({"rss": _rss_mb()})
             return
 
@@ -240,10 +276,15 @@ class _Worker:
     def __init__(self, args: dict, env: dict, log: Path):
         self.system = args["system"]
         self.log = log
-        with open(log, "w") as err:    # a file, not a pipe: a chatty worker never blocks
-            self.proc = subprocess.Popen([sys.executable, "-m", "engine.bench_predict",
-                                          json.dumps(args)], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        with open(log, "w") as err:  # a file, not a pipe: a chatty worker never blocks
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.engine_predict", json.dumps(args)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+            )
         self.ready = self._read()
 
     def _read(self) -> dict:
@@ -279,10 +320,13 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
-def train_peers(predictor: str, train: str, peer_dir: Path, systems: list[str], threads: int) -> dict:
+def train_peers(
+    predictor: str, train: str, peer_dir: Path, systems: list[str], threads: int
+) -> dict:
     """Train omikuji (Parabel-style defaults) and napkinXC PLT on the predictor's TF-IDF features."""
     from engine.formats import read_text_tsv
     from engine.text import TfidfVectorizer
+
     vec = TfidfVectorizer.load(Path(predictor) / "vectorizer" / "tfidf.json")
     cfg = json.loads((Path(predictor) / "predictor.json").read_text())
     L = int(cfg["num_labels"])
@@ -291,23 +335,27 @@ def train_peers(predictor: str, train: str, peer_dir: Path, systems: list[str], 
     info = {}
     if "omikuji" in systems and not (peer_dir / "omikuji").exists():
         import omikuji
+
         t0 = time.time()
         from engine.formats import write_xc_sparse
+
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "train.txt")
             write_xc_sparse(path, X, Y)
-            model = omikuji.Model.train_on_data(path, omikuji.Model.default_hyper_param(),
-                                                n_threads=threads)
+            model = omikuji.Model.train_on_data(
+                path, omikuji.Model.default_hyper_param(), n_threads=threads
+            )
         shutil.rmtree(peer_dir / "omikuji.tmp", ignore_errors=True)
         model.save(str(peer_dir / "omikuji.tmp"))
-        os.replace(peer_dir / "omikuji.tmp", peer_dir / "omikuji")   # only complete peers are reused
+        os.replace(peer_dir / "omikuji.tmp", peer_dir / "omikuji")  # only complete peers are reused
         info["omikuji_train_s"] = round(time.time() - t0, 1)
     if "napkinxc" in systems and not (peer_dir / "napkinxc").exists():
         from napkinxc.models import PLT
+
         t0 = time.time()
         shutil.rmtree(peer_dir / "napkinxc.tmp", ignore_errors=True)
         model = PLT(str(peer_dir / "napkinxc.tmp"), threads=threads, seed=0)
-        ylists = [Y.indices[Y.indptr[r]:Y.indptr[r + 1]].tolist() for r in range(Y.shape[0])]
+        ylists = [Y.indices[Y.indptr[r] : Y.indptr[r + 1]].tolist() for r in range(Y.shape[0])]
         model.fit(X, ylists)
         os.replace(peer_dir / "napkinxc.tmp", peer_dir / "napkinxc")
         info["napkinxc_train_s"] = round(time.time() - t0, 1)
@@ -327,32 +375,76 @@ def _p_at(Y, ids: np.ndarray, ks=(1, 5)) -> dict:
     return out
 
 
-def run_bench(predictor: str, input_path: str, model: str | None, train: str | None,
-              systems: list[str], n: int, n_latency: int, k: int, peer_dir: str | None,
-              threads_train: int = 2, rounds: int = 10) -> dict:
+def run_bench(
+    predictor: str,
+    input_path: str,
+    model: str | None,
+    train: str | None,
+    systems: list[str],
+    n: int,
+    n_latency: int,
+    k: int,
+    peer_dir: str | None,
+    threads_train: int = 2,
+    rounds: int = 10,
+) -> dict:
     """Run every system in its own subprocess and gather figures + ratios to the predictor."""
     with tempfile.TemporaryDirectory(prefix="astec-bench-predict-") as tmp:
-        return _run_bench(Path(tmp), predictor, input_path, model, train, systems, n, n_latency,
-                          k, peer_dir, threads_train, rounds)
+        return _run_bench(
+            Path(tmp),
+            predictor,
+            input_path,
+            model,
+            train,
+            systems,
+            n,
+            n_latency,
+            k,
+            peer_dir,
+            threads_train,
+            rounds,
+        )
 
 
-def _run_bench(work: Path, predictor: str, input_path: str, model: str | None, train: str | None,
-              systems: list[str], n: int, n_latency: int, k: int, peer_dir: str | None,
-              threads_train: int = 2, rounds: int = 10) -> dict:
+def _run_bench(
+    work: Path,
+    predictor: str,
+    input_path: str,
+    model: str | None,
+    train: str | None,
+    systems: list[str],
+    n: int,
+    n_latency: int,
+    k: int,
+    peer_dir: str | None,
+    threads_train: int = 2,
+    rounds: int = 10,
+) -> dict:
     """Run every system in its own subprocess and gather figures + ratios to the predictor."""
     from engine.formats import read_text_tsv
     from engine.manifest import verify_manifest
+
     man = verify_manifest(predictor)
     if model is None:
         src = man.data.get("source_model", {}).get("path")
         model = src if src and Path(src).is_dir() else None
     pdir = Path(peer_dir) if peer_dir else work / "peers"
     pdir.mkdir(parents=True, exist_ok=True)
-    report: dict = {"predictor": str(predictor), "version": man.data.get("version"),
-                    "input": str(input_path), "texts": n, "latency_texts": n_latency, "k": k,
-                    "threads": 1, "cpu_count": os.cpu_count(), "systems": {}, "skipped": {}}
+    report: dict = {
+        "predictor": str(predictor),
+        "version": man.data.get("version"),
+        "input": str(input_path),
+        "texts": n,
+        "latency_texts": n_latency,
+        "k": k,
+        "threads": 1,
+        "cpu_count": os.cpu_count(),
+        "systems": {},
+        "skipped": {},
+    }
     try:
         import psutil
+
         report["load_average_1m"] = round(psutil.getloadavg()[0], 2)
     except Exception:  # noqa: BLE001 - informative only
         pass
@@ -364,21 +456,28 @@ def _run_bench(work: Path, predictor: str, input_path: str, model: str | None, t
             systems = [s for s in systems if s not in peers]
         else:
             with _stdout_to_stderr():
-                report["peer_training"] = train_peers(predictor, train, pdir, peers,
-                                                      threads_train)
+                report["peer_training"] = train_peers(predictor, train, pdir, peers, threads_train)
     if "torch" in systems and model is None:
         report["skipped"]["torch"] = "no --model and the manifest's source model is not on disk"
         systems = [s for s in systems if s != "torch"]
     env = {**os.environ, **_ONE_THREAD}
     workers: dict[str, _Worker] = {}
     try:
-        for s in systems:          # loaded one after another: load times are not contended
-            args = {"system": s, "predictor": str(predictor), "model": model,
-                    "input": input_path, "n": n, "warmup": min(200, n_latency), "k": k,
-                    "peer_dir": str(pdir), "ids_out": str(work / f"{s}.ids.npy"),
-                    "scores_out": str(work / f"{s}.scores.npy"),
-                    "one_ids_out": str(work / f"{s}.one_ids.npy"),
-                    "one_scores_out": str(work / f"{s}.one_scores.npy")}
+        for s in systems:  # loaded one after another: load times are not contended
+            args = {
+                "system": s,
+                "predictor": str(predictor),
+                "model": model,
+                "input": input_path,
+                "n": n,
+                "warmup": min(200, n_latency),
+                "k": k,
+                "peer_dir": str(pdir),
+                "ids_out": str(work / f"{s}.ids.npy"),
+                "scores_out": str(work / f"{s}.scores.npy"),
+                "one_ids_out": str(work / f"{s}.one_ids.npy"),
+                "one_scores_out": str(work / f"{s}.one_scores.npy"),
+            }
             try:
                 workers[s] = _Worker(args, env, work / f"{s}.log")
             except RuntimeError as e:
@@ -386,7 +485,7 @@ def _run_bench(work: Path, predictor: str, input_path: str, model: str | None, t
         lat = {s: [] for s in workers}
         lat_cpu = {s: [] for s in workers}
         step = max(1, n_latency // rounds)
-        for a in range(0, n_latency, step):          # interleaved rounds
+        for a in range(0, n_latency, step):  # interleaved rounds
             for s, w in workers.items():
                 r = w.ask({"cmd": "latency", "start": a, "end": min(a + step, n_latency)})
                 lat[s].extend(r["ms"])
@@ -398,8 +497,9 @@ def _run_bench(work: Path, predictor: str, input_path: str, model: str | None, t
             chunk = max(b, (n // rounds) // b * b)
             for a in range(0, n, chunk):
                 for s, w in workers.items():
-                    r = w.ask({"cmd": "throughput", "batch": b, "start": a,
-                               "end": min(a + chunk, n)})
+                    r = w.ask(
+                        {"cmd": "throughput", "batch": b, "start": a, "end": min(a + chunk, n)}
+                    )
                     tot[s][0] += r["seconds"]
                     tot[s][1] += r["cpu_seconds"]
                     tot[s][2] += r["texts"]
@@ -410,14 +510,21 @@ def _run_bench(work: Path, predictor: str, input_path: str, model: str | None, t
             rss = w.ask({"cmd": "finish"})["rss"]
             r = w.ready
             report["systems"][s] = {
-                "system": s, "load_s": r["load_s"], "files_mb": r["files_mb"],
+                "system": s,
+                "load_s": r["load_s"],
+                "files_mb": r["files_mb"],
                 "latency_one_text": _summary(np.asarray(lat[s])),
                 "latency_one_text_cpu": _summary(np.asarray(lat_cpu[s])),
                 "throughput_texts_per_s": thr[s],
                 "throughput_texts_per_cpu_s": thr_cpu[s],
-                "rss_mb": {"libraries": round(r["rss0"], 1), "after_load": round(r["rss_loaded"], 1),
-                           "after_run": round(rss, 1), "model": round(rss - r["rss0"], 1)},
-                "memory_over_files": round((rss - r["rss0"]) / max(r["files"] / 2 ** 20, 1e-9), 3)}
+                "rss_mb": {
+                    "libraries": round(r["rss0"], 1),
+                    "after_load": round(r["rss_loaded"], 1),
+                    "after_run": round(rss, 1),
+                    "model": round(rss - r["rss0"], 1),
+                },
+                "memory_over_files": round((rss - r["rss0"]) / max(r["files"] / 2**20, 1e-9), 3),
+            }
     finally:
         for w in workers.values():
             w.close()
@@ -429,54 +536,112 @@ def _run_bench(work: Path, predictor: str, input_path: str, model: str | None, t
         report["systems"][s]["accuracy"] = _p_at(Y, ids)
     if "predictor" in report["systems"] and "torch" in report["systems"]:
         b, sb = np.load(work / "torch.ids.npy"), np.load(work / "torch.scores.npy")
-        report["parity_vs_torch"] = _parity(np.load(work / "predictor.ids.npy"),
-                                            np.load(work / "predictor.scores.npy"), b, sb)
+        report["parity_vs_torch"] = _parity(
+            np.load(work / "predictor.ids.npy"), np.load(work / "predictor.scores.npy"), b, sb
+        )
         report["parity_vs_torch"]["single_text_path"] = _parity(
-            np.load(work / "predictor.one_ids.npy"), np.load(work / "predictor.one_scores.npy"),
-            b, sb)
+            np.load(work / "predictor.one_ids.npy"),
+            np.load(work / "predictor.one_scores.npy"),
+            b,
+            sb,
+        )
     base = report["systems"].get("predictor")
     if base:
         for s, r in report["systems"].items():
             if s == "predictor":
                 continue
             r["ratio_to_predictor"] = {
-                "p50_latency": round(r["latency_one_text"]["p50_ms"] / base["latency_one_text"]["p50_ms"], 2),
-                "p50_latency_cpu": round(r["latency_one_text_cpu"]["p50_ms"] /
-                                         max(base["latency_one_text_cpu"]["p50_ms"], 1e-9), 2),
-                "p99_latency": round(r["latency_one_text"]["p99_ms"] / base["latency_one_text"]["p99_ms"], 2),
-                **{f"throughput_b{b}": round(r["throughput_texts_per_s"][str(b)] /
-                                             base["throughput_texts_per_s"][str(b)], 3) for b in BATCHES},
-                "rss_model": round(r["rss_mb"]["model"] / max(base["rss_mb"]["model"], 1e-9), 2)}
+                "p50_latency": round(
+                    r["latency_one_text"]["p50_ms"] / base["latency_one_text"]["p50_ms"], 2
+                ),
+                "p50_latency_cpu": round(
+                    r["latency_one_text_cpu"]["p50_ms"]
+                    / max(base["latency_one_text_cpu"]["p50_ms"], 1e-9),
+                    2,
+                ),
+                "p99_latency": round(
+                    r["latency_one_text"]["p99_ms"] / base["latency_one_text"]["p99_ms"], 2
+                ),
+                **{
+                    f"throughput_b{b}": round(
+                        r["throughput_texts_per_s"][str(b)]
+                        / base["throughput_texts_per_s"][str(b)],
+                        3,
+                    )
+                    for b in BATCHES
+                },
+                "rss_model": round(r["rss_mb"]["model"] / max(base["rss_mb"]["model"], 1e-9), 2),
+            }
         lat, cl = base["latency_one_text"], base["latency_one_text_cpu"]
         report["targets"] = {
-            "p50_le_0.25ms": lat["p50_ms"] <= 0.25, "p99_le_1ms": lat["p99_ms"] <= 1.0,
+            "p50_le_0.25ms": lat["p50_ms"] <= 0.25,
+            "p99_le_1ms": lat["p99_ms"] <= 1.0,
             "ge_5000_texts_per_s_b256": base["throughput_texts_per_s"]["256"] >= 5000,
             "memory_le_2x_files": base["memory_over_files"] <= 2.0,
-            "cpu_time_p50_le_0.25ms": cl["p50_ms"] <= 0.25, "cpu_time_p99_le_1ms": cl["p99_ms"] <= 1.0,
-            "ge_5000_texts_per_cpu_s_b256": base["throughput_texts_per_cpu_s"]["256"] >= 5000}
+            "cpu_time_p50_le_0.25ms": cl["p50_ms"] <= 0.25,
+            "cpu_time_p99_le_1ms": cl["p99_ms"] <= 1.0,
+            "ge_5000_texts_per_cpu_s_b256": base["throughput_texts_per_cpu_s"]["256"] >= 5000,
+        }
     return report
 
 
 @click.command("predict")
-@click.option("--predictor", required=True, type=click.Path(exists=True, file_okay=False),
-              help="Predictor directory from `astec export`.")
-@click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Texts to predict (text TSV; the labels give P@k).")
-@click.option("--model", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Torch model dir for the side-by-side (default: the manifest's source model).")
-@click.option("--train", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Training TSV for the omikuji / napkinXC peers (skipped without it).")
-@click.option("--systems", default=",".join(SYSTEMS), show_default=True,
-              help="Comma-separated subset of: " + ", ".join(SYSTEMS))
+@click.option(
+    "--predictor",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Predictor directory from `astec export`.",
+)
+@click.option(
+    "--input",
+    "input_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Texts to predict (text TSV; the labels give P@k).",
+)
+@click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Torch model dir for the side-by-side (default: the manifest's source model).",
+)
+@click.option(
+    "--train",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Training TSV for the omikuji / napkinXC peers (skipped without it).",
+)
+@click.option(
+    "--systems",
+    default=",".join(SYSTEMS),
+    show_default=True,
+    help="Comma-separated subset of: " + ", ".join(SYSTEMS),
+)
 @click.option("--n", type=int, default=4096, show_default=True, help="Texts for throughput.")
-@click.option("--n-latency", type=int, default=2000, show_default=True,
-              help="Texts timed one by one for p50/p99.")
+@click.option(
+    "--n-latency",
+    type=int,
+    default=2000,
+    show_default=True,
+    help="Texts timed one by one for p50/p99.",
+)
 @click.option("--k", type=int, default=10, show_default=True)
-@click.option("--peer-dir", type=click.Path(file_okay=False), default=None,
-              help="Where trained peers are kept (reused when present).")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
-              help="Also write the JSON report here.")
-def bench_predict(predictor, input_path, model, train, systems, n, n_latency, k, peer_dir, json_out):
+@click.option(
+    "--peer-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where trained peers are kept (reused when present).",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the JSON report here.",
+)
+def bench_predict(
+    predictor, input_path, model, train, systems, n, n_latency, k, peer_dir, json_out
+):
     """Latency p50/p99 (one text, one thread, tokenisation included), throughput at batch 1/32/256,
     load time and resident memory of the predictor, the torch model and the peers, side by side.
     Prints JSON."""
@@ -484,8 +649,9 @@ def bench_predict(predictor, input_path, model, train, systems, n, n_latency, k,
     bad = sorted(set(chosen) - set(SYSTEMS))
     if bad:
         raise click.BadParameter(f"unknown system(s) {bad}; choose from {list(SYSTEMS)}")
-    report = run_bench(predictor, input_path, model, train, chosen, n, min(n_latency, n), k,
-                       peer_dir)
+    report = run_bench(
+        predictor, input_path, model, train, chosen, n, min(n_latency, n), k, peer_dir
+    )
     text = json.dumps(report, indent=1)
     if json_out:
         Path(json_out).write_text(text + "\n")

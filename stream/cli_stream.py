@@ -1,4 +1,5 @@
 """`astec stream run|log-clicks|simulate|metrics`: the online half on Kafka and Redis."""
+
 from __future__ import annotations
 
 import functools
@@ -9,31 +10,47 @@ import click
 
 def settings_options(f):
     """Options shared by every stream command; they override config file and env."""
-    @click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True),
-                  default=None, help="TOML/JSON settings file (default $ASTEC_CONFIG).")
-    @click.option("--services-dir", default=None,
-                  help="Directory of `astec infra up` (its services.json gives ports, password).")
+
+    @click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False, exists=True),
+        default=None,
+        help="TOML/JSON settings file (default $ASTEC_CONFIG).",
+    )
+    @click.option(
+        "--services-dir",
+        default=None,
+        help="Directory of `astec infra up` (its services.json gives ports, password).",
+    )
     @click.option("--bootstrap", default=None, help="Kafka bootstrap servers ($KAFKA_BOOTSTRAP).")
     @click.option("--redis-url", default=None, help="Redis URL ($REDIS_URL).")
     @click.option("--group", default=None, help="Consumer group id.")
     @functools.wraps(f)
     def wrapper(config_file, services_dir, bootstrap, redis_url, group, **kw):
-        from infra.config import ConfigError, load_settings
+        from stream.settings import ConfigError, load_settings
+
         try:
-            settings = load_settings(config_file, services_dir=services_dir,
-                                     kafka_bootstrap=bootstrap, redis_url=redis_url,
-                                     consumer_group=group)
+            settings = load_settings(
+                config_file,
+                services_dir=services_dir,
+                kafka_bootstrap=bootstrap,
+                redis_url=redis_url,
+                consumer_group=group,
+            )
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from None
         return f(settings=settings, **kw)
+
     return wrapper
 
 
 def checked_model(ctx, param, value):
     """`--model` callback: one clear error naming the file while parsing, before any service or
-    worker starts (stream.model.check_model), for every command that serves a model."""
+    worker starts (stream.model_handle.check_model), for every command that serves a model."""
     from engine.manifest import ManifestError
-    from stream.model import check_model
+    from stream.model_handle import check_model
+
     try:
         check_model(value)
     except (ManifestError, OSError) as e:
@@ -44,6 +61,7 @@ def checked_model(ctx, param, value):
 def ensure_topics_or_fail(settings) -> None:
     """The stream's topics exist on a broker that answers, or one clear error (within seconds)."""
     from stream.topics import KafkaUnavailable, ensure_topics
+
     try:
         ensure_topics(settings)
     except KafkaUnavailable as exc:
@@ -57,46 +75,78 @@ def stream() -> None:
 
 @stream.command()
 @settings_options
-@click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False),
-              callback=checked_model,
-              help="Exported predictor dir, or a model registry root (CURRENT + versions/): "
-                   "the latter is hot-reloaded when a new version is promoted.")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Consumer processes in the group.")
+@click.option(
+    "--model",
+    "model_path",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    callback=checked_model,
+    help="Exported predictor dir, or a model registry root (CURRENT + versions/): "
+    "the latter is hot-reloaded when a new version is promoted.",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Consumer processes in the group.",
+)
 @click.option("--policy", type=click.Choice(["top1", "gru"]), default="top1", show_default=True)
-@click.option("--policy-model", type=click.Path(exists=True, file_okay=False), default=None,
-              help="GRU policy dir or its registry root (for --policy gru).")
+@click.option(
+    "--policy-model",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="GRU policy dir or its registry root (for --policy gru).",
+)
 @click.option("--batch-max", type=int, default=None, help="Max records per batch.")
-@click.option("--metrics-port", type=int, default=0, show_default=True,
-              help="Serve Prometheus metrics on 127.0.0.1:PORT+i for worker i (0: off).")
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Serve Prometheus metrics on 127.0.0.1:PORT+i for worker i (0: off).",
+)
 @click.option("--threads", type=int, default=1, show_default=True, help="Math threads per worker.")
-@click.option("--delivery", type=click.Choice(["exactly-once", "at-least-once"]), default=None,
-              help="exactly-once: each batch's ad queries, dead letters and input offsets commit "
-                   "in one Kafka transaction (slower: see docs/benchmarks-stream.md); "
-                   "at-least-once: a crash may repeat ad queries (default: the `delivery` "
-                   "setting, at-least-once).")
-def run(settings, model_path, workers, policy, policy_model, batch_max, metrics_port, threads,
-        delivery):
+@click.option(
+    "--delivery",
+    type=click.Choice(["exactly-once", "at-least-once"]),
+    default=None,
+    help="exactly-once: each batch's ad queries, dead letters and input offsets commit "
+    "in one Kafka transaction (slower: see docs/benchmarks-stream.md); "
+    "at-least-once: a crash may repeat ad queries (default: the `delivery` "
+    "setting, at-least-once).",
+)
+def run(
+    settings, model_path, workers, policy, policy_model, batch_max, metrics_port, threads, delivery
+):
     """Consume page views, predict, update user state, produce one ad query per event."""
     from stream.runner import run_workers
+
     if batch_max:
         settings = settings.replace(batch_max=batch_max)
     if delivery:
         settings = settings.replace(delivery=delivery)
     ensure_topics_or_fail(settings)
-    restarts = run_workers(settings, model_path, policy, policy_model, workers, metrics_port,
-                           threads)
+    restarts = run_workers(
+        settings, model_path, policy, policy_model, workers, metrics_port, threads
+    )
     click.echo(f"stopped ({restarts} worker restarts)")
 
 
 @stream.command("log-clicks")
 @settings_options
-@click.option("--out", "log_dir", required=True, type=click.Path(file_okay=False),
-              help="Click-log directory (LOG_DIR/ad_impressions, LOG_DIR/ad_clicks).")
+@click.option(
+    "--out",
+    "log_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Click-log directory (LOG_DIR/ad_impressions, LOG_DIR/ad_clicks).",
+)
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
 def log_clicks(settings, log_dir, max_seconds):
     """Consume ad-queries and ad-clicks into the durable click log; commit after fsync."""
     from stream.click_logger import run_click_logger
+
     ensure_topics_or_fail(settings)
     counts = run_click_logger(settings, log_dir, max_seconds=max_seconds)
     click.echo(json.dumps(counts))
@@ -106,23 +156,35 @@ def log_clicks(settings, log_dir, max_seconds):
 @settings_options
 def metrics(settings):
     """Print every live consumer's metrics (JSON lines) from Redis."""
-    from stream.metrics import read_all
-    from stream.state import connect
+    from stream.consumer_metrics import read_all
+    from stream.state_store import connect
+
     for m in read_all(connect(settings.redis_url), settings.redis_key_prefix):
         click.echo(json.dumps(m))
 
 
 @stream.command()
 @settings_options
-@click.option("--world", "world_dir", required=True, type=click.Path(exists=True, file_okay=False),
-              help="World directory (`astec simulate world`).")
+@click.option(
+    "--world",
+    "world_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="World directory (`astec simulate world`).",
+)
 @click.option("--rate", type=float, default=200.0, show_default=True, help="Page views per second.")
 @click.option("--duration", type=float, default=30.0, show_default=True, help="Seconds of traffic.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--drain", type=float, default=15.0, show_default=True,
-              help="Seconds to wait for the last ad queries after sending.")
+@click.option(
+    "--drain",
+    type=float,
+    default=15.0,
+    show_default=True,
+    help="Seconds to wait for the last ad queries after sending.",
+)
 def simulate(settings, world_dir, rate, duration, seed, drain):
     """Produce page views from simulated users; answer ad queries with clicks (click model)."""
     from stream.live_sim import run_simulation
+
     ensure_topics_or_fail(settings)
     click.echo(json.dumps(run_simulation(settings, world_dir, rate, duration, seed, drain)))

@@ -15,6 +15,7 @@ On disk (WORLD_DIR):
   users.jsonl                  {user_id, activity}  (sessions per day)
   truth/user_interests.jsonl   {user_id, subtopics, weights}  (evaluation only: latent interests)
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,9 @@ import scipy.sparse as sp
 log = logging.getLogger(__name__)
 
 # Syllables that spell the synthetic words; a word is its id written in base len(_SYL).
-_SYL = np.array([c + v for c in "bdfghklmnprstvwz" for v in "aeiou"] + ["ar", "el", "in", "on", "us"])
+_SYL = np.array(
+    [c + v for c in "bdfghklmnprstvwz" for v in "aeiou"] + ["ar", "el", "in", "on", "us"]
+)
 QUERY_LEN_P = np.array([0.12, 0.30, 0.28, 0.16, 0.09, 0.05])  # P(query has 1..6 words)
 MAX_Q, MAX_T = 6, 12
 
@@ -41,19 +44,19 @@ class World:
     query_text: list[str]
     query_topic: np.ndarray
     query_subtopic: np.ndarray
-    query_pop: np.ndarray            # sums to 1: how often the query is searched
+    query_pop: np.ndarray  # sums to 1: how often the query is searched
     page_url: list[str]
     page_title: list[str]
     page_topic: np.ndarray
     page_subtopic: np.ndarray
-    page_pop: np.ndarray             # sums to 1: how often the page is visited
-    link_indptr: np.ndarray          # CSR rows = pages; queries of a page, strongest first
+    page_pop: np.ndarray  # sums to 1: how often the page is visited
+    link_indptr: np.ndarray  # CSR rows = pages; queries of a page, strongest first
     link_query: np.ndarray
-    link_weight: np.ndarray          # share of the page's search clicks per link (sums to 1 per page)
+    link_weight: np.ndarray  # share of the page's search clicks per link (sums to 1 per page)
     subtopic_topic: np.ndarray
     subtopic_name: list[str]
-    user_activity: np.ndarray        # sessions per day
-    interest_indptr: np.ndarray      # truth: a user's latent interests (subtopics) and weights
+    user_activity: np.ndarray  # sessions per day
+    interest_indptr: np.ndarray  # truth: a user's latent interests (subtopics) and weights
     interest_subtopic: np.ndarray
     interest_weight: np.ndarray
     meta: dict = field(default_factory=dict)
@@ -85,7 +88,9 @@ class World:
     def is_linked(self, page: np.ndarray, query: np.ndarray) -> np.ndarray:
         """Vectorised membership test: does `query` lead to `page`?"""
         if self._keys is None:
-            self._keys = np.sort(self.link_pages().astype(np.int64) * self.n_queries + self.link_query)
+            self._keys = np.sort(
+                self.link_pages().astype(np.int64) * self.n_queries + self.link_query
+            )
         k = np.asarray(page, np.int64) * self.n_queries + np.asarray(query, np.int64)
         pos = np.minimum(np.searchsorted(self._keys, k), max(len(self._keys) - 1, 0))
         return (self._keys[pos] == k) if len(self._keys) else np.zeros(k.shape, bool)
@@ -102,6 +107,7 @@ class World:
 
 # ------------------------------------------------------------------------------------------------
 # small vectorised helpers
+
 
 def zipf_cdf(n: int, s: float) -> np.ndarray:
     w = np.arange(1, n + 1, dtype=np.float64) ** -s
@@ -192,6 +198,7 @@ def _shuffle_rows(rng, W: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------------------------
 # users (shared by generated and dataset worlds)
 
+
 def make_users(rng, n_users: int, subtopic_traffic: np.ndarray, subtopic_topic: np.ndarray):
     """Activity (sessions/day, lognormal) and 1-3 latent interests per user, correlated by topic."""
     activity = np.clip(rng.lognormal(np.log(1.2), 0.8, n_users), 0.1, 20.0)
@@ -224,9 +231,16 @@ def _pages_by_subtopic_weights(page_subtopic, page_pop, n_sub):
 # ------------------------------------------------------------------------------------------------
 # generated world
 
-def generate_world(n_queries: int = 50_000, n_pages: int = 100_000, n_users: int = 10_000,
-                   seed: int = 0, n_topics: int | None = None, subtopics_per_topic: int = 8,
-                   links_per_page: float = 5.0) -> World:
+
+def generate_world(
+    n_queries: int = 50_000,
+    n_pages: int = 100_000,
+    n_users: int = 10_000,
+    seed: int = 0,
+    n_topics: int | None = None,
+    subtopics_per_topic: int = 8,
+    links_per_page: float = 5.0,
+) -> World:
     """Build a synthetic world; deterministic in `seed`."""
     if n_queries < 10 or n_pages < 10 or n_users < 1:
         raise ValueError("need at least 10 queries, 10 pages and 1 user")
@@ -236,8 +250,8 @@ def generate_world(n_queries: int = 50_000, n_pages: int = 100_000, n_users: int
     S = subtopics_per_topic
     NS = T * S
     q_per_sub = n_queries / NS
-    Ws = 2 * int((40 + 0.5 * q_per_sub) // 2)          # words per subtopic pool (even: synonyms
-    Wt = 2 * Ws                                          # pair ids 2i <-> 2i+1 inside a pool)
+    Ws = 2 * int((40 + 0.5 * q_per_sub) // 2)  # words per subtopic pool (even: synonyms
+    Wt = 2 * Ws  # pair ids 2i <-> 2i+1 inside a pool)
     G = 3000
     off_t, off_s = G, G + T * Wt
     V0 = off_s + NS * Ws
@@ -257,8 +271,12 @@ def generate_world(n_queries: int = 50_000, n_pages: int = 100_000, n_users: int
 
     # --- queries: subtopic sizes are lognormal, ids are grouped by subtopic
     sub_w = rng.lognormal(0, 0.7, NS)
-    q_sub = np.sort(np.minimum(np.searchsorted(np.cumsum(sub_w / sub_w.sum()),
-                                               rng.random(n_queries), side="right"), NS - 1))
+    q_sub = np.sort(
+        np.minimum(
+            np.searchsorted(np.cumsum(sub_w / sub_w.sum()), rng.random(n_queries), side="right"),
+            NS - 1,
+        )
+    )
     q_start = np.searchsorted(q_sub, np.arange(NS + 1))
     qlen = 1 + np.searchsorted(np.cumsum(QUERY_LEN_P), rng.random(n_queries), side="right")
     qlen = np.minimum(qlen, MAX_Q)
@@ -288,8 +306,11 @@ def generate_world(n_queries: int = 50_000, n_pages: int = 100_000, n_users: int
 
     # --- pages: grouped by subtopic, in proportion to the subtopic's queries (with noise)
     pw = (np.diff(q_start) + 1) * rng.lognormal(0, 0.5, NS)
-    p_sub = np.sort(np.minimum(np.searchsorted(np.cumsum(pw / pw.sum()), rng.random(n_pages),
-                                               side="right"), NS - 1))
+    p_sub = np.sort(
+        np.minimum(
+            np.searchsorted(np.cumsum(pw / pw.sum()), rng.random(n_pages), side="right"), NS - 1
+        )
+    )
     p_pop = zipf_weights(rng, n_pages, 0.8)
 
     # --- links page -> queries: mostly its subtopic, some its topic, a few anywhere
@@ -310,17 +331,22 @@ def generate_world(n_queries: int = 50_000, n_pages: int = 100_000, n_users: int
     order = np.lexsort((-strength, lp))
     lp, lq, strength = lp[order], lq[order], strength[order]
     indptr = np.concatenate([[0], np.cumsum(np.bincount(lp, minlength=n_pages))])
-    share = strength ** 0.25
+    share = strength**0.25
     share = share / np.repeat(np.add.reduceat(share, indptr[:-1]), np.diff(indptr))
 
     # --- titles: paraphrase the page's two strongest queries, then fill with topic words
     tlen = 3 + rng.binomial(MAX_T - 3, 0.36, n_pages)
     NP = 3  # the title paraphrases the page's three strongest queries
     cnt = np.diff(indptr)
-    topn = np.where(np.arange(NP)[None, :] < cnt[:, None],
-                    lq[np.minimum(indptr[:-1, None] + np.arange(NP)[None, :], len(lq) - 1)], -1)
-    para = np.concatenate([np.where(topn[:, j:j + 1] >= 0, Wq[np.maximum(topn[:, j], 0)], -1)
-                           for j in range(NP)], axis=1)
+    topn = np.where(
+        np.arange(NP)[None, :] < cnt[:, None],
+        lq[np.minimum(indptr[:-1, None] + np.arange(NP)[None, :], len(lq) - 1)],
+        -1,
+    )
+    para = np.concatenate(
+        [np.where(topn[:, j : j + 1] >= 0, Wq[np.maximum(topn[:, j], 0)], -1) for j in range(NP)],
+        axis=1,
+    )
     act = rng.random(para.shape)
     drop_p = np.repeat([0.15, 0.4, 0.55], MAX_Q)[None, :]
     para = np.where(act < drop_p, -1, np.where(act < drop_p + 0.25, para ^ 1, para))
@@ -344,28 +370,57 @@ def generate_world(n_queries: int = 50_000, n_pages: int = 100_000, n_users: int
     vocab = np.concatenate([render_words(V0, rng), render_codes(n_rare)])
     query_text = render_rows(vocab, Wq)
     titles = render_rows(vocab, Wt_)
-    sub_name = [f"{vocab[off_t + t * Wt]}/{vocab[off_s + s * Ws]}"
-                for s, t in enumerate(subtopic_topic)]
+    sub_name = [
+        f"{vocab[off_t + t * Wt]}/{vocab[off_s + s * Ws]}" for s, t in enumerate(subtopic_topic)
+    ]
     site = vocab[off_t + np.arange(T) * Wt]
     slug0, slug1 = vocab[np.maximum(Wt_[:, 0], 0)], vocab[np.maximum(Wt_[:, 1], 0)]
     p_topic = subtopic_topic[p_sub]
-    urls = [f"https://www.{site[t]}.example/{a}-{b}/{i}"
-            for i, (t, a, b) in enumerate(zip(p_topic.tolist(), slug0.tolist(), slug1.tolist()))]
+    urls = [
+        f"https://www.{site[t]}.example/{a}-{b}/{i}"
+        for i, (t, a, b) in enumerate(zip(p_topic.tolist(), slug0.tolist(), slug1.tolist()))
+    ]
 
     traffic = _pages_by_subtopic_weights(p_sub, p_pop, NS)
     activity, iptr, isub, iw = make_users(rng, n_users, traffic, subtopic_topic)
-    meta = {"source": "generated", "seed": seed, "n_queries": n_queries, "n_pages": n_pages,
-            "n_users": n_users, "n_topics": T, "subtopics_per_topic": S,
-            "vocabulary": {"base_words": int(V0), "rare_codes": n_rare},
-            "links": int(len(lq)), "generated_s": round(time.perf_counter() - t0, 2)}
-    return World(query_text, q_topic.astype(np.int32), q_sub.astype(np.int32), q_pop,
-                 urls, titles, p_topic.astype(np.int32), p_sub.astype(np.int32), p_pop,
-                 indptr.astype(np.int64), lq.astype(np.int32), share, subtopic_topic, sub_name,
-                 activity, iptr.astype(np.int64), isub, iw, meta)
+    meta = {
+        "source": "generated",
+        "seed": seed,
+        "n_queries": n_queries,
+        "n_pages": n_pages,
+        "n_users": n_users,
+        "n_topics": T,
+        "subtopics_per_topic": S,
+        "vocabulary": {"base_words": int(V0), "rare_codes": n_rare},
+        "links": int(len(lq)),
+        "generated_s": round(time.perf_counter() - t0, 2),
+    }
+    return World(
+        query_text,
+        q_topic.astype(np.int32),
+        q_sub.astype(np.int32),
+        q_pop,
+        urls,
+        titles,
+        p_topic.astype(np.int32),
+        p_sub.astype(np.int32),
+        p_pop,
+        indptr.astype(np.int64),
+        lq.astype(np.int32),
+        share,
+        subtopic_topic,
+        sub_name,
+        activity,
+        iptr.astype(np.int64),
+        isub,
+        iw,
+        meta,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 # world on a real data set
+
 
 def _spherical_kmeans(X: np.ndarray, k: int, rng, iters: int = 15) -> np.ndarray:
     n = len(X)
@@ -387,8 +442,13 @@ def _normalize_rows(M: np.ndarray) -> np.ndarray:
     return M / np.maximum(np.linalg.norm(M, axis=1, keepdims=True), 1e-12)
 
 
-def world_from_dataset(data_dir: str | Path, n_users: int = 10_000, seed: int = 0,
-                       n_topics: int | None = None, subtopics_per_topic: int = 8) -> World:
+def world_from_dataset(
+    data_dir: str | Path,
+    n_users: int = 10_000,
+    seed: int = 0,
+    n_topics: int | None = None,
+    subtopics_per_topic: int = 8,
+) -> World:
     """A world on a TSV data set: pages = points (train then test), queries = label names,
     page -> queries = the point's labels, topics = clusters of label co-occurrence."""
     from engine.formats import read_label_names, read_text_tsv
@@ -446,20 +506,49 @@ def world_from_dataset(data_dir: str | Path, n_users: int = 10_000, seed: int = 
     sub_name = []
     for s in range(T * S):
         members = np.nonzero(sub == s)[0]
-        sub_name.append(names[members[np.argmax(freq[members])]] if len(members) else f"subtopic-{s}")
+        sub_name.append(
+            names[members[np.argmax(freq[members])]] if len(members) else f"subtopic-{s}"
+        )
     urls = [f"dataset://{data_dir.name}/{sp_}/{i}" for i, sp_ in enumerate(splits)]
     traffic = _pages_by_subtopic_weights(p_sub, p_pop, T * S)
     activity, iptr, isub, iw = make_users(rng, n_users, traffic, subtopic_topic)
-    meta = {"source": f"dataset:{data_dir}", "seed": seed, "n_queries": L, "n_pages": N,
-            "n_users": n_users, "n_topics": T, "subtopics_per_topic": S, "links": int(len(lq))}
-    return World(list(names), topic.astype(np.int32), sub.astype(np.int32), q_pop, urls,
-                 [t.replace("\t", " ") for t in texts], subtopic_topic[p_sub], p_sub, p_pop,
-                 indptr, lq.astype(np.int32), share, subtopic_topic, sub_name, activity,
-                 iptr.astype(np.int64), isub, iw, meta, page_split=splits)
+    meta = {
+        "source": f"dataset:{data_dir}",
+        "seed": seed,
+        "n_queries": L,
+        "n_pages": N,
+        "n_users": n_users,
+        "n_topics": T,
+        "subtopics_per_topic": S,
+        "links": int(len(lq)),
+    }
+    return World(
+        list(names),
+        topic.astype(np.int32),
+        sub.astype(np.int32),
+        q_pop,
+        urls,
+        [t.replace("\t", " ") for t in texts],
+        subtopic_topic[p_sub],
+        p_sub,
+        p_pop,
+        indptr,
+        lq.astype(np.int32),
+        share,
+        subtopic_topic,
+        sub_name,
+        activity,
+        iptr.astype(np.int64),
+        isub,
+        iw,
+        meta,
+        page_split=splits,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 # files
+
 
 def save_world(world: World, out: str | Path) -> Path:
     """Write the world's files (see the module docstring)."""
@@ -467,36 +556,72 @@ def save_world(world: World, out: str | Path) -> Path:
     (out / "truth").mkdir(parents=True, exist_ok=True)
     with open(out / "queries.tsv", "w", encoding="utf-8") as f:
         f.write("id\ttext\ttopic\tsubtopic\tpopularity\n")
-        f.writelines(f"{i}\t{t}\t{a}\t{b}\t{p:.6g}\n" for i, (t, a, b, p) in enumerate(zip(
-            world.query_text, world.query_topic.tolist(), world.query_subtopic.tolist(),
-            world.query_pop.tolist())))
+        f.writelines(
+            f"{i}\t{t}\t{a}\t{b}\t{p:.6g}\n"
+            for i, (t, a, b, p) in enumerate(
+                zip(
+                    world.query_text,
+                    world.query_topic.tolist(),
+                    world.query_subtopic.tolist(),
+                    world.query_pop.tolist(),
+                )
+            )
+        )
     ip = world.link_indptr.tolist()
     lq = world.link_query.tolist()
     lw = np.round(world.link_weight, 5).tolist()
     with open(out / "pages.jsonl", "w", encoding="utf-8") as f:
         for i in range(world.n_pages):
-            rec = {"id": i, "url": world.page_url[i], "title": world.page_title[i],
-                   "topic": int(world.page_topic[i]), "subtopic": int(world.page_subtopic[i]),
-                   "popularity": float(f"{world.page_pop[i]:.6g}"),
-                   "queries": lq[ip[i]:ip[i + 1]], "query_weights": lw[ip[i]:ip[i + 1]]}
+            rec = {
+                "id": i,
+                "url": world.page_url[i],
+                "title": world.page_title[i],
+                "topic": int(world.page_topic[i]),
+                "subtopic": int(world.page_subtopic[i]),
+                "popularity": float(f"{world.page_pop[i]:.6g}"),
+                "queries": lq[ip[i] : ip[i + 1]],
+                "query_weights": lw[ip[i] : ip[i + 1]],
+            }
             if world.page_split is not None:
                 rec["split"] = world.page_split[i]
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     with open(out / "subtopics.tsv", "w", encoding="utf-8") as f:
         f.write("subtopic\ttopic\tname\n")
-        f.writelines(f"{s}\t{t}\t{n}\n" for s, (t, n) in enumerate(zip(world.subtopic_topic.tolist(),
-                                                                        world.subtopic_name)))
+        f.writelines(
+            f"{s}\t{t}\t{n}\n"
+            for s, (t, n) in enumerate(zip(world.subtopic_topic.tolist(), world.subtopic_name))
+        )
     with open(out / "users.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"user_id": world.user_id(u), "activity": round(a, 4)}) + "\n"
-                     for u, a in enumerate(world.user_activity.tolist()))
-    iptr, isub, iw = world.interest_indptr.tolist(), world.interest_subtopic.tolist(), world.interest_weight
+        f.writelines(
+            json.dumps({"user_id": world.user_id(u), "activity": round(a, 4)}) + "\n"
+            for u, a in enumerate(world.user_activity.tolist())
+        )
+    iptr, isub, iw = (
+        world.interest_indptr.tolist(),
+        world.interest_subtopic.tolist(),
+        world.interest_weight,
+    )
     with open(out / "truth" / "user_interests.jsonl", "w", encoding="utf-8") as f:
         for u in range(world.n_users):
             a, b = iptr[u], iptr[u + 1]
-            f.write(json.dumps({"user_id": world.user_id(u), "subtopics": isub[a:b],
-                                "weights": np.round(iw[a:b], 4).tolist()}) + "\n")
-    meta = dict(world.meta, n_queries=world.n_queries, n_pages=world.n_pages, n_users=world.n_users,
-                n_subtopics=world.n_subtopics, format=1)
+            f.write(
+                json.dumps(
+                    {
+                        "user_id": world.user_id(u),
+                        "subtopics": isub[a:b],
+                        "weights": np.round(iw[a:b], 4).tolist(),
+                    }
+                )
+                + "\n"
+            )
+    meta = dict(
+        world.meta,
+        n_queries=world.n_queries,
+        n_pages=world.n_pages,
+        n_users=world.n_users,
+        n_subtopics=world.n_subtopics,
+        format=1,
+    )
     (out / "world.json").write_text(json.dumps(meta, indent=1) + "\n")
     return out
 
@@ -518,8 +643,10 @@ def load_world(path: str | Path) -> World:
     """Read a world written by `save_world` (truth files included)."""
     path = Path(path)
     if not (path / "world.json").is_file():
-        raise WorldFormatError(f"{path}: not a world directory (no world.json); "
-                               "create one with `astec simulate world --out DIR`")
+        raise WorldFormatError(
+            f"{path}: not a world directory (no world.json); "
+            "create one with `astec simulate world --out DIR`"
+        )
     meta = json.loads((path / "world.json").read_text())
     qpath = path / "queries.tsv"
     rows = qpath.read_text(encoding="utf-8").split("\n")[1:]
@@ -544,7 +671,11 @@ def load_world(path: str | Path) -> World:
         split = [p["split"] for p in pages] if pages and "split" in pages[0] else None
     except KeyError as e:
         raise WorldFormatError(f"{path / 'pages.jsonl'}: a record lacks field {e}") from e
-    subs = [r.split("\t") for r in (path / "subtopics.tsv").read_text(encoding="utf-8").split("\n")[1:] if r]
+    subs = [
+        r.split("\t")
+        for r in (path / "subtopics.tsv").read_text(encoding="utf-8").split("\n")[1:]
+        if r
+    ]
     sub_topic = np.array([int(r[1]) for r in subs], np.int32)
     sub_name = [r[2] for r in subs]
     users = list(_jsonl(path / "users.jsonl"))
@@ -553,7 +684,25 @@ def load_world(path: str | Path) -> World:
     icnt = np.array([len(u["subtopics"]) for u in ints], np.int64)
     isub = np.array([s for u in ints for s in u["subtopics"]], np.int32)
     iw = np.array([w for u in ints for w in u["weights"]], np.float64)
-    return World(q_text, q_topic, q_sub, q_pop / q_pop.sum(), urls, titles, p_topic, p_sub,
-                 p_pop / p_pop.sum(), np.concatenate([[0], np.cumsum(cnt)]), lq, lw, sub_topic,
-                 sub_name, activity, np.concatenate([[0], np.cumsum(icnt)]), isub, iw, meta,
-                 page_split=split)
+    return World(
+        q_text,
+        q_topic,
+        q_sub,
+        q_pop / q_pop.sum(),
+        urls,
+        titles,
+        p_topic,
+        p_sub,
+        p_pop / p_pop.sum(),
+        np.concatenate([[0], np.cumsum(cnt)]),
+        lq,
+        lw,
+        sub_topic,
+        sub_name,
+        activity,
+        np.concatenate([[0], np.cumsum(icnt)]),
+        isub,
+        iw,
+        meta,
+        page_split=split,
+    )

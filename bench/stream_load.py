@@ -6,13 +6,14 @@ costs about a quarter of kafka-python's CPU per page view (41 vs 172 us at 1,000
 acks=all, linger 5 ms), so the figures measure less of the load generator.
 `--load-client kafka-python` keeps the pure-Python producer.
 """
+
 from __future__ import annotations
 
 import json
 import threading
 import time
 
-from infra.config import Settings
+from stream.settings import Settings
 from stream.topics import make_consumer, make_producer
 
 CLIENTS = ("confluent", "kafka-python")
@@ -21,6 +22,7 @@ CLIENTS = ("confluent", "kafka-python")
 def default_client() -> str:
     try:
         import confluent_kafka  # noqa: F401
+
         return "confluent"
     except ImportError:
         return "kafka-python"
@@ -32,6 +34,7 @@ class ConfluentProducer:
 
     def __init__(self, settings: Settings, linger_ms: int = 5):
         from stream.rdkafka_producer import RdProducer
+
         self.p = RdProducer(settings, "astec-bench-load", linger_ms)
         self.sent: list = []
 
@@ -43,8 +46,9 @@ class ConfluentProducer:
         failed = [d.error for d in self.sent if d.error is not None]
         self.sent = []
         if failed:
-            raise RuntimeError(f"load generator: {len(failed)} page views refused "
-                               f"(first: {failed[0]})")
+            raise RuntimeError(
+                f"load generator: {len(failed)} page views refused (first: {failed[0]})"
+            )
 
     def close(self, timeout: float = 10.0) -> None:
         self.p.close(timeout)
@@ -81,14 +85,20 @@ class AdReader(threading.Thread):
         super().__init__(daemon=True)
         if client == "confluent":
             from stream.rdkafka_consumer import RdConsumer
-            self.consumer = RdConsumer(settings, [], f"astec-bench-reader-{settings.topic_ad_queries}",
-                                       "astec-bench-reader")
+
+            self.consumer = RdConsumer(
+                settings,
+                [],
+                f"astec-bench-reader-{settings.topic_ad_queries}",
+                "astec-bench-reader",
+            )
             self.consumer.assign_from_start(settings.topic_ad_queries, settings.partitions)
         else:
-            self.consumer = make_consumer(settings, [settings.topic_ad_queries], None,
-                                          max_poll_records=5000)
+            self.consumer = make_consumer(
+                settings, [settings.topic_ad_queries], None, max_poll_records=5000
+            )
         self.stop_event = threading.Event()
-        self.arrivals: dict[str, tuple[float, float, float]] = {}   # eid -> (recv, event_ts, ad ts)
+        self.arrivals: dict[str, tuple[float, float, float]] = {}  # eid -> (recv, event_ts, ad ts)
         self.duplicates = 0
 
     def run(self) -> None:

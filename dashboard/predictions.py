@@ -12,6 +12,7 @@ indexes and the label-name table); the searches repeat what prediction does for 
 `knn`/`kmu` hits, so "proposed by" is exact for the indexes and the prior, and the name match
 is the δ·m term the predictor adds. The engine is not changed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,12 @@ import numpy as np
 
 from engine.text import words
 
-KNN, CENTRES, PRIOR, NAME = "similar pages (ANNS^x)", "label centres (ANNS^μ)", "prior (popular)", \
-    "name in title"
+KNN, CENTRES, PRIOR, NAME = (
+    "similar pages (ANNS^x)",
+    "label centres (ANNS^μ)",
+    "prior (popular)",
+    "name in title",
+)
 
 
 @dataclass
@@ -29,10 +34,10 @@ class Word:
     """One word of the title and which of the model's vocabularies know it."""
 
     word: str
-    encoder: bool          # in the TF-IDF vocabulary of the embeddings (or via char n-grams)
-    ranker: bool           # in the sparse ranker's word vocabulary
-    names: bool            # a word of some label name
-    idf: float | None      # the encoder vocabulary's idf (rarer = more informative)
+    encoder: bool  # in the TF-IDF vocabulary of the embeddings (or via char n-grams)
+    ranker: bool  # in the sparse ranker's word vocabulary
+    names: bool  # a word of some label name
+    idf: float | None  # the encoder vocabulary's idf (rarer = more informative)
 
     @property
     def known(self) -> bool:
@@ -41,8 +46,11 @@ class Word:
 
 def title_words(pred, text: str) -> list[Word]:
     """The title's distinct words in order, each with the vocabularies that know it."""
-    vec, rvec, lt = pred.vectorizer, getattr(pred, "ranker_vectorizer", None), \
-        getattr(pred, "label_text", None)
+    vec, rvec, lt = (
+        pred.vectorizer,
+        getattr(pred, "ranker_vectorizer", None),
+        getattr(pred, "label_text", None),
+    )
     out, seen = [], set()
     for w in words(text):
         if w in seen:
@@ -50,9 +58,15 @@ def title_words(pred, text: str) -> list[Word]:
         seen.add(w)
         i = vec.vocabulary_.get(w)
         enc = i is not None or (vec.char_ngrams is not None and vec.transform_one(w)[0].size > 0)
-        out.append(Word(w, enc, rvec is not None and w in rvec.vocabulary_,
-                        lt is not None and w in lt.vocab,
-                        float(vec.idf_[i]) if i is not None else None))
+        out.append(
+            Word(
+                w,
+                enc,
+                rvec is not None and w in rvec.vocabulary_,
+                lt is not None and w in lt.vocab,
+                float(vec.idf_[i]) if i is not None else None,
+            )
+        )
     return out
 
 
@@ -80,7 +94,7 @@ def proposers(pred, text: str, ids) -> list[list[str]]:
         if lr.knn > 0 and lr.points is not None and norm:
             pts, _ = lr.points.query(q, lr.knn, pred.threads)
             for p in pts[0]:
-                for lab in lr.point_labels[lr.point_indptr[p]:lr.point_indptr[p + 1]]:
+                for lab in lr.point_labels[lr.point_indptr[p] : lr.point_indptr[p + 1]]:
                     if int(lab) in found:
                         found[int(lab)].add(KNN)
         if lr.kmu > 0 and lr.centres is not None and norm:
@@ -112,17 +126,25 @@ def prediction_rows(pred, text: str, k: int, short: bool = False) -> list[dict]:
     keep = [(int(i), float(s)) for i, s in zip(ids.tolist(), scores.tolist()) if i >= 0]
     who = proposers(pred, text, [i for i, _ in keep])
     names = pred.label_names
-    return [{"rank": r + 1, "query": names[i] if i < len(names) else f"#{i}",
-             "score": round(s, 4),
-             "proposed by": ", ".join(SHORT[x] if short else x for x in w) or "(re-scored only)",
-             "id": i}
-            for r, ((i, s), w) in enumerate(zip(keep, who))]
+    return [
+        {
+            "rank": r + 1,
+            "query": names[i] if i < len(names) else f"#{i}",
+            "score": round(s, 4),
+            "proposed by": ", ".join(SHORT[x] if short else x for x in w) or "(re-scored only)",
+            "id": i,
+        }
+        for r, ((i, s), w) in enumerate(zip(keep, who))
+    ]
 
 
 def compare(rows_a: list[dict], rows_b: list[dict]) -> dict:
     """How two versions' answers for one title differ: shared queries and top-1 agreement."""
     a, b = [r["query"] for r in rows_a], [r["query"] for r in rows_b]
     shared = set(a) & set(b)
-    return {"shared": len(shared), "only_a": [q for q in a if q not in shared],
-            "only_b": [q for q in b if q not in shared],
-            "same_top1": bool(a and b and a[0] == b[0])}
+    return {
+        "shared": len(shared),
+        "only_a": [q for q in a if q not in shared],
+        "only_b": [q for q in b if q not in shared],
+        "same_top1": bool(a and b and a[0] == b[0]),
+    }

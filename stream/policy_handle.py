@@ -10,6 +10,7 @@ The GRU policy explores (epsilon-mixture of its greedy choice and its softmax ov
 candidates; personalization.policy.EPSILON / TEMPERATURE by default): a policy that only ever
 shows its argmax logs nothing a successor can be evaluated or trained on.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,19 +29,31 @@ class Top1Policy:
     version: str = "top1"
 
     def choose_batch(self, histories, currents, ids: np.ndarray, scores: np.ndarray):
-        best = np.argmax(np.where(ids >= 0, scores, -np.inf), axis=1)   # -1 = padding
+        best = np.argmax(np.where(ids >= 0, scores, -np.inf), axis=1)  # -1 = padding
         rows = np.arange(ids.shape[0])
-        return ids[rows, best], scores[rows, best].astype(np.float32), np.ones(len(rows), np.float32)
+        return (
+            ids[rows, best],
+            scores[rows, best].astype(np.float32),
+            np.ones(len(rows), np.float32),
+        )
 
     def serve_batch(self, histories, currents, ids: np.ndarray, scores: np.ndarray):
         """Deterministic: the page's top-k are the candidates, the top one has propensity 1."""
         from personalization.policy import Served
+
         ids = np.asarray(ids, np.int64)
         q, s, prop = self.choose_batch(histories, currents, ids, scores)
         sc = np.where(ids >= 0, np.asarray(scores, np.float32), 0.0).astype(np.float32)
         cp = ((ids == q[:, None]) & (ids >= 0)).astype(np.float32)
-        return Served(query=q, score=s, propensity=prop, greedy=np.ones(len(q), bool),
-                      cand_ids=ids, cand_scores=sc, cand_prop=cp)
+        return Served(
+            query=q,
+            score=s,
+            propensity=prop,
+            greedy=np.ones(len(q), bool),
+            cand_ids=ids,
+            cand_scores=sc,
+            cand_prop=cp,
+        )
 
     def maybe_reload(self) -> bool:
         return False
@@ -53,8 +66,8 @@ class GruStreamPolicy:
     gru: Any
     name: str = "gru"
     needs_history: bool = True
-    epsilon: float | None = None        # None: personalization.policy.EPSILON
-    temperature: float | None = None    # None: personalization.policy.TEMPERATURE
+    epsilon: float | None = None  # None: personalization.policy.EPSILON
+    temperature: float | None = None  # None: personalization.policy.TEMPERATURE
     seed: int | None = None
     _rng: Any = None
 
@@ -65,12 +78,16 @@ class GruStreamPolicy:
     def serve_batch(self, histories, currents, ids: np.ndarray, scores: np.ndarray):
         """One exploring draw per event over the candidates the GRU ranks (`Served`)."""
         from personalization import policy as P
+
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
-        sv = self.gru.serve_batch(histories, currents,
-                                  P.EPSILON if self.epsilon is None else self.epsilon,
-                                  P.TEMPERATURE if self.temperature is None else self.temperature,
-                                  self._rng)
+        sv = self.gru.serve_batch(
+            histories,
+            currents,
+            P.EPSILON if self.epsilon is None else self.epsilon,
+            P.TEMPERATURE if self.temperature is None else self.temperature,
+            self._rng,
+        )
         # events the GRU could not score (NO_QUERY) fall back to the page's top query
         bad = np.flatnonzero(sv.query < 0)
         if len(bad):
@@ -79,8 +96,11 @@ class GruStreamPolicy:
             sv.query[bad], sv.score[bad], sv.propensity[bad] = fb.query, fb.score, fb.propensity
             sv.greedy[bad] = True
             w = min(ids.shape[1], sv.cand_ids.shape[1])
-            for arr, src in ((sv.cand_ids, fb.cand_ids), (sv.cand_scores, fb.cand_scores),
-                             (sv.cand_prop, fb.cand_prop)):
+            for arr, src in (
+                (sv.cand_ids, fb.cand_ids),
+                (sv.cand_scores, fb.cand_scores),
+                (sv.cand_prop, fb.cand_prop),
+            ):
                 arr[bad] = -1 if arr is sv.cand_ids else 0
                 arr[bad, :w] = src[:, :w]
         return sv
@@ -93,8 +113,13 @@ class GruStreamPolicy:
         return bool(self.gru.maybe_reload())
 
 
-def make_policy(name: str, model_dir: str | Path | None = None, epsilon: float | None = None,
-                temperature: float | None = None, seed: int | None = None):
+def make_policy(
+    name: str,
+    model_dir: str | Path | None = None,
+    epsilon: float | None = None,
+    temperature: float | None = None,
+    seed: int | None = None,
+):
     """`top1`, or `gru` loaded from model_dir (a policy version dir or a registry root), serving
     with exploration `epsilon` / `temperature` (None: the defaults; epsilon 0 = greedy)."""
     if name == "top1":
@@ -103,6 +128,8 @@ def make_policy(name: str, model_dir: str | Path | None = None, epsilon: float |
         if not model_dir:
             raise ValueError("--policy gru needs --policy-model DIR (a GRU policy or its registry)")
         from personalization.policy import GruPolicy
-        return GruStreamPolicy(GruPolicy.load(model_dir), epsilon=epsilon,
-                               temperature=temperature, seed=seed)
+
+        return GruStreamPolicy(
+            GruPolicy.load(model_dir), epsilon=epsilon, temperature=temperature, seed=seed
+        )
     raise ValueError(f"unknown policy {name!r}: expected top1 or gru")

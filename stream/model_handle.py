@@ -5,6 +5,7 @@
 `maybe_reload()`: when CURRENT names another version it loads that predictor; if loading fails
 the version is refused (logged, counted, not retried until CURRENT changes) and the old one kept.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,6 +20,7 @@ log = logging.getLogger(__name__)
 def load_predictor(path: str | Path, threads: int = 1) -> Any:
     """engine.predictor.Predictor.load(path, threads) (imported lazily: it is not small)."""
     from engine.predictor import Predictor
+
     return Predictor.load(str(path), threads=threads)
 
 
@@ -32,9 +34,11 @@ def check_model(path: str | Path) -> None:
     than workers restarting on it until they give up. Files are checked for presence and size;
     each worker verifies their hashes when it loads them."""
     from engine.manifest import verify_manifest
+
     p = Path(path)
     if _is_registry(p):
         from engine.registry import Registry
+
         registry = Registry(p)
         version = registry.current()
         if version is None:
@@ -50,13 +54,17 @@ class ModelHandle:
     check_every_s: float = 1.0
     predictor: Any = None
     version: str = ""
-    refused: dict = field(default_factory=dict)   # version -> reason
+    refused: dict = field(default_factory=dict)  # version -> reason
     reloads: int = 0
     _next_check: float = 0.0
 
     @classmethod
-    def open(cls, path: str | Path, loader: Callable[[Path], Any] = load_predictor,
-             check_every_s: float = 1.0) -> "ModelHandle":
+    def open(
+        cls,
+        path: str | Path,
+        loader: Callable[[Path], Any] = load_predictor,
+        check_every_s: float = 1.0,
+    ) -> "ModelHandle":
         h = cls(Path(path), loader, check_every_s)
         if _is_registry(h.path):
             version = h._current()
@@ -75,10 +83,12 @@ class ModelHandle:
 
     def _current(self) -> str | None:
         from engine.registry import Registry
+
         return Registry(self.path).current()
 
     def _load_version(self, version: str) -> Any:
         from engine.registry import Registry
+
         return self.loader(Registry(self.path).path(version) / "predictor")
 
     def maybe_reload(self, force: bool = False) -> bool:

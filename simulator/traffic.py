@@ -16,6 +16,7 @@ The logging policy shows the current page's strongest query with probability 1 -
 otherwise a uniform pick among the candidates (the top queries of the last `history` pages of the
 session), and logs the propensity, so the GRU can learn off-policy from these logs.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,8 @@ import numpy as np
 from tqdm import tqdm
 
 from engine.clicklog import ClickLogWriter
-from stream.simulator.clickmodel import DEFAULT_PARAMS, ClickParams, click_probability
-from stream.simulator.world import World, _compact_left, _row_dups, sample_in_ranges
+from simulator.clickmodel import DEFAULT_PARAMS, ClickParams, click_probability
+from simulator.world import World, _compact_left, _row_dups, sample_in_ranges
 
 log = logging.getLogger(__name__)
 DAY = 86400.0
@@ -39,15 +40,15 @@ DAY = 86400.0
 @dataclass
 class LogSettings:
     days: int = 3
-    start: str = "2026-01-05"            # first UTC day of the logs
+    start: str = "2026-01-05"  # first UTC day of the logs
     seed: int = 0
     search_clicks_per_day: int | None = None  # default: 5 per page of the world
-    noise: float = 0.03                 # share of search clicks on a random (query, page)
-    on_intent: float = 0.7              # P(a page view follows the session's intent)
+    noise: float = 0.03  # share of search clicks on a random (query, page)
+    on_intent: float = 0.7  # P(a page view follows the session's intent)
     mean_session_views: float = 6.0
-    epsilon: float = 0.3                # exploration of the logging policy
-    history: int = 5                    # pages of the session whose queries are candidates
-    per_page: int = 3                   # top queries per page in the candidate set
+    epsilon: float = 0.3  # exploration of the logging policy
+    history: int = 5  # pages of the session whose queries are candidates
+    per_page: int = 3  # top queries per page in the candidate set
     writer_id: str = "sim"
 
 
@@ -57,8 +58,10 @@ def _start_ts(day: str) -> float:
 
 def _write(out: Path, kind: str, records, total: int, writer_id: str) -> int:
     n = 0
-    with ClickLogWriter(out, kind, writer_id=writer_id) as w, \
-            tqdm(total=total, desc=f"write {kind}", unit="rec", leave=False, mininterval=1) as bar:
+    with (
+        ClickLogWriter(out, kind, writer_id=writer_id) as w,
+        tqdm(total=total, desc=f"write {kind}", unit="rec", leave=False, mininterval=1) as bar,
+    ):
         batch = []
         for rec in records:
             batch.append(rec)
@@ -82,21 +85,24 @@ def simulate_search_clicks(world: World, rng, t0: float, s: LogSettings):
     page, query = lp[pick], world.link_query[pick].astype(np.int64)
     noisy = rng.random(n) < s.noise
     k = int(noisy.sum())
-    query[noisy] = np.minimum(np.searchsorted(np.cumsum(world.query_pop), rng.random(k), side="right"),
-                              world.n_queries - 1)
-    page[noisy] = np.minimum(np.searchsorted(np.cumsum(world.page_pop), rng.random(k), side="right"),
-                             world.n_pages - 1)
+    query[noisy] = np.minimum(
+        np.searchsorted(np.cumsum(world.query_pop), rng.random(k), side="right"),
+        world.n_queries - 1,
+    )
+    page[noisy] = np.minimum(
+        np.searchsorted(np.cumsum(world.page_pop), rng.random(k), side="right"), world.n_pages - 1
+    )
     ts = np.sort(t0 + rng.random(n) * s.days * DAY)
     return page, query, ts
 
 
 @dataclass
 class Sessions:
-    user: np.ndarray        # per session
-    intent: np.ndarray      # per session: subtopic id
-    start: np.ndarray       # per session
-    v_session: np.ndarray   # per view
-    v_pos: np.ndarray       # per view: position within its session
+    user: np.ndarray  # per session
+    intent: np.ndarray  # per session: subtopic id
+    start: np.ndarray  # per session
+    v_session: np.ndarray  # per view
+    v_pos: np.ndarray  # per view: position within its session
     v_page: np.ndarray
     v_on: np.ndarray
     v_ts: np.ndarray
@@ -140,7 +146,7 @@ def logging_policy(world: World, ss: Sessions, rng, s: LogSettings):
     cols = []
     for lag in range(s.history):
         src = np.arange(V) - lag
-        ok = (ss.v_pos >= lag)
+        ok = ss.v_pos >= lag
         cols.append(np.where(ok[:, None], tops[np.maximum(src, 0)], -1))
     cand = np.concatenate(cols, axis=1)
     cand = _compact_left(np.where(_row_dups(cand), -1, cand))
@@ -153,14 +159,21 @@ def logging_policy(world: World, ss: Sessions, rng, s: LogSettings):
     return cand, shown, propensity
 
 
-def simulate_logs(world: World, out: str | Path, settings: LogSettings | None = None,
-                  params: ClickParams = DEFAULT_PARAMS, world_dir: str | None = None) -> dict:
+def simulate_logs(
+    world: World,
+    out: str | Path,
+    settings: LogSettings | None = None,
+    params: ClickParams = DEFAULT_PARAMS,
+    world_dir: str | None = None,
+) -> dict:
     """Simulate and write all logs; returns the counts written to simulation.json."""
     s = settings or LogSettings()
     out = Path(out)
     if (out / "simulation.json").exists():
-        raise FileExistsError(f"{out}: already holds simulated logs (simulation.json); "
-                              "logs are append-only, so choose a new --out")
+        raise FileExistsError(
+            f"{out}: already holds simulated logs (simulation.json); "
+            "logs are append-only, so choose a new --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(s.seed)
     t0 = _start_ts(s.start)
@@ -168,14 +181,22 @@ def simulate_logs(world: World, out: str | Path, settings: LogSettings | None = 
     qt, titles, urls = world.query_text, world.page_title, world.page_url
 
     page, query, ts = simulate_search_clicks(world, rng, t0, s)
-    n_search = _write(out, "search_clicks",
-                      ({"query": qt[q], "url": urls[p], "title": titles[p], "ts": round(t, 3)}
-                       for p, q, t in zip(page.tolist(), query.tolist(), ts.tolist())),
-                      len(ts), s.writer_id)
+    n_search = _write(
+        out,
+        "search_clicks",
+        (
+            {"query": qt[q], "url": urls[p], "title": titles[p], "ts": round(t, 3)}
+            for p, q, t in zip(page.tolist(), query.tolist(), ts.tolist())
+        ),
+        len(ts),
+        s.writer_id,
+    )
 
     ss = simulate_sessions(world, rng, t0, s)
     cand, shown, prop = logging_policy(world, ss, rng, s)
-    p_click = click_probability(shown, ss.intent[ss.v_session], ss.v_page, world=world, params=params)
+    p_click = click_probability(
+        shown, ss.intent[ss.v_session], ss.v_page, world=world, params=params
+    )
     clicked = rng.random(len(shown)) < p_click
     order = np.argsort(ss.v_ts, kind="stable")
     uid = [world.user_id(u) for u in ss.user.tolist()]
@@ -186,26 +207,67 @@ def simulate_logs(world: World, out: str | Path, settings: LogSettings | None = 
     def eid(prefix, i):
         return f"{prefix}-{sid[v_sess[i]]}-{v_pos[i]:03d}"
 
-    n_views = _write(out, "page_views", (
-        {"event_id": eid("pv", i), "user_id": uid[v_sess[i]], "session_id": sid[v_sess[i]],
-         "ts": round(v_ts[i], 3), "url": urls[v_page[i]], "title": titles[v_page[i]]}
-        for i in order.tolist()), len(order), s.writer_id)
+    n_views = _write(
+        out,
+        "page_views",
+        (
+            {
+                "event_id": eid("pv", i),
+                "user_id": uid[v_sess[i]],
+                "session_id": sid[v_sess[i]],
+                "ts": round(v_ts[i], 3),
+                "url": urls[v_page[i]],
+                "title": titles[v_page[i]],
+            }
+            for i in order.tolist()
+        ),
+        len(order),
+        s.writer_id,
+    )
     cand_l, shown_l, prop_l = cand.tolist(), shown.tolist(), prop.tolist()
-    n_imp = _write(out, "ad_impressions", (
-        {"event_id": eid("ad", i), "user_id": uid[v_sess[i]], "session_id": sid[v_sess[i]],
-         "ts": round(v_ts[i] + 1.0, 3), "url": urls[v_page[i]], "title": titles[v_page[i]],
-         "query": qt[shown_l[i]], "candidates": [qt[q] for q in cand_l[i] if q >= 0],
-         "propensity": round(prop_l[i], 6), "policy": f"top-query-eps{s.epsilon:g}",
-         "model_version": "simulator"}
-        for i in order.tolist()), len(order), s.writer_id)
+    n_imp = _write(
+        out,
+        "ad_impressions",
+        (
+            {
+                "event_id": eid("ad", i),
+                "user_id": uid[v_sess[i]],
+                "session_id": sid[v_sess[i]],
+                "ts": round(v_ts[i] + 1.0, 3),
+                "url": urls[v_page[i]],
+                "title": titles[v_page[i]],
+                "query": qt[shown_l[i]],
+                "candidates": [qt[q] for q in cand_l[i] if q >= 0],
+                "propensity": round(prop_l[i], 6),
+                "policy": f"top-query-eps{s.epsilon:g}",
+                "model_version": "simulator",
+            }
+            for i in order.tolist()
+        ),
+        len(order),
+        s.writer_id,
+    )
     c_idx = order[clicked[order]]
     delay = rng.exponential(10.0, len(c_idx)) + 1.5
     c_ts = ss.v_ts[c_idx] + delay
     c_order = np.argsort(c_ts, kind="stable")
     c_idx, c_ts = c_idx[c_order].tolist(), c_ts[c_order].tolist()
-    n_clicks = _write(out, "ad_clicks", (
-        {"event_id": eid("ad", i), "user_id": uid[v_sess[i]], "query": qt[shown_l[i]],
-         "clicked": True, "ts": round(t, 3)} for i, t in zip(c_idx, c_ts)), len(c_idx), s.writer_id)
+    n_clicks = _write(
+        out,
+        "ad_clicks",
+        (
+            {
+                "event_id": eid("ad", i),
+                "user_id": uid[v_sess[i]],
+                "query": qt[shown_l[i]],
+                "clicked": True,
+                "ts": round(t, 3),
+            }
+            for i, t in zip(c_idx, c_ts)
+        ),
+        len(c_idx),
+        s.writer_id,
+    )
 
     (out / "truth").mkdir(exist_ok=True)
     bounds = np.concatenate([[0], np.cumsum(np.bincount(ss.v_session, minlength=len(ss.user)))])
@@ -213,16 +275,34 @@ def simulate_logs(world: World, out: str | Path, settings: LogSettings | None = 
     with open(out / "truth" / "intents.jsonl", "w", encoding="utf-8") as f:
         for k in range(len(ss.user)):
             a, b = int(bounds[k]), int(bounds[k + 1])
-            f.write(json.dumps({"session_id": sid[k], "user_id": uid[k],
-                                "subtopic": int(ss.intent[k]),
-                                "topic": int(world.subtopic_topic[ss.intent[k]]),
-                                "start_ts": round(v_ts[a], 3), "end_ts": round(v_ts[b - 1], 3),
-                                "on_intent": on_l[a:b]}) + "\n")
-    summary = {"world": world_dir, "settings": asdict(s), "click_model": params.to_dict(),
-               "counts": {"search_clicks": n_search, "sessions": len(ss.user), "page_views": n_views,
-                          "ad_impressions": n_imp, "ad_clicks": n_clicks},
-               "ctr": round(n_clicks / max(n_imp, 1), 5),
-               "on_intent_share": round(float(ss.v_on.mean()), 4) if len(ss.v_on) else 0.0,
-               "seconds": round(time.perf_counter() - clock, 1)}
+            f.write(
+                json.dumps(
+                    {
+                        "session_id": sid[k],
+                        "user_id": uid[k],
+                        "subtopic": int(ss.intent[k]),
+                        "topic": int(world.subtopic_topic[ss.intent[k]]),
+                        "start_ts": round(v_ts[a], 3),
+                        "end_ts": round(v_ts[b - 1], 3),
+                        "on_intent": on_l[a:b],
+                    }
+                )
+                + "\n"
+            )
+    summary = {
+        "world": world_dir,
+        "settings": asdict(s),
+        "click_model": params.to_dict(),
+        "counts": {
+            "search_clicks": n_search,
+            "sessions": len(ss.user),
+            "page_views": n_views,
+            "ad_impressions": n_imp,
+            "ad_clicks": n_clicks,
+        },
+        "ctr": round(n_clicks / max(n_imp, 1), 5),
+        "on_intent_share": round(float(ss.v_on.mean()), 4) if len(ss.v_on) else 0.0,
+        "seconds": round(time.perf_counter() - clock, 1),
+    }
     (out / "simulation.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

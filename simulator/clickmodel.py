@@ -13,13 +13,14 @@ So on an off-intent page (a news article in the middle of a shopping session) th
 query is a poor choice; a query from an earlier on-intent page is better. The best query depends
 on the user's recent history, not only on the current page.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from stream.simulator.world import World
+from simulator.world import World
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,11 @@ class ClickParams:
     """p = base + intent * rel(q, intent) + page * rel(q, page) + pop * head(q), clipped to [0, 1]."""
 
     base: float = 0.005
-    intent: float = 0.10            # weight of relevance to the session's latent intent
+    intent: float = 0.10  # weight of relevance to the session's latent intent
     intent_same_topic: float = 0.3  # relevance of a query in the intent's topic, other sub-topic
-    page: float = 0.03              # weight of relevance to the page just viewed
-    page_same_subtopic: float = 0.3 # relevance to the page of a non-linked query of its sub-topic
-    pop: float = 0.02               # bonus for a sub-topic's most popular query (scaled down the tail)
+    page: float = 0.03  # weight of relevance to the page just viewed
+    page_same_subtopic: float = 0.3  # relevance to the page of a non-linked query of its sub-topic
+    pop: float = 0.02  # bonus for a sub-topic's most popular query (scaled down the tail)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,8 +52,9 @@ def _head_score(world: World) -> np.ndarray:
     return cached
 
 
-def click_probability(query, user_intent, page, *, world: World,
-                      params: ClickParams = DEFAULT_PARAMS) -> np.ndarray:
+def click_probability(
+    query, user_intent, page, *, world: World, params: ClickParams = DEFAULT_PARAMS
+) -> np.ndarray:
     """Vectorised P(click | query, the session's intent sub-topic, the page just viewed).
 
     `query`, `user_intent` and `page` are ids (scalars or equal-length arrays); query id -1 means
@@ -66,11 +68,15 @@ def click_probability(query, user_intent, page, *, world: World,
     qs = np.where(shown, q, 0)
     q_sub = world.query_subtopic[qs]
     q_top = world.query_topic[qs]
-    rel_intent = np.where(q_sub == intent, 1.0,
-                          np.where(q_top == world.subtopic_topic[intent], params.intent_same_topic, 0.0))
+    rel_intent = np.where(
+        q_sub == intent,
+        1.0,
+        np.where(q_top == world.subtopic_topic[intent], params.intent_same_topic, 0.0),
+    )
     linked = world.is_linked(pg, qs)
-    rel_page = np.where(linked, 1.0,
-                        np.where(q_sub == world.page_subtopic[pg], params.page_same_subtopic, 0.0))
+    rel_page = np.where(
+        linked, 1.0, np.where(q_sub == world.page_subtopic[pg], params.page_same_subtopic, 0.0)
+    )
     head = _head_score(world)[qs]
     p = params.base + params.intent * rel_intent + params.page * rel_page + params.pop * head
     return np.where(shown, np.clip(p, 0.0, 1.0), 0.0)

@@ -1,0 +1,638 @@
+"""`astec personalize train|evaluate` and `astec bench gru`.
+
+MODELS_DIR is the engine's model registry (CURRENT -> versions/<id>/predictor/) or a predictor
+directory; GRU versions live in their own registry, by default MODELS_DIR/gru (the directory
+`astec stream run --policy gru --policy-model` takes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+
+import click
+
+log = logging.getLogger(__name__)
+
+
+def resolve_predictor_dir(models: Path) -> Path:
+    """The predictor directory of MODELS_DIR (a registry root or a predictor dir itself)."""
+    if (models / "CURRENT").is_file():
+        from engine.registry import Registry
+
+        cur = Registry(models).current_path()
+        p = cur / "predictor"
+        return p if p.is_dir() else cur
+    if (models / "manifest.json").is_file():
+        return models
+    raise click.UsageError(
+        f"{models}: neither a model registry (CURRENT) nor a predictor directory (manifest.json)"
+    )
+
+
+def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
+    from engine.predictor import Predictor
+    from personalization.visits import load_visits
+
+    pdir = resolve_predictor_dir(models)
+    predictor = Predictor.load(pdir)
+    t = time.perf_counter()
+    v = load_visits(logs, predictor, k=k, progress=progress)
+    click.echo(
+        f"{v.n} visits of {len(v.user_ids)} users in {len(v.session_ids)} sessions; "
+        f"{int((v.shown >= 0).sum())} impressions joined, {int(v.clicked.sum())} clicks; "
+        f"{len(v.Z)} distinct pages through engine {predictor.version or pdir} "
+        f"({time.perf_counter() - t:.1f}s)",
+        err=True,
+    )
+    for kind, r in v.reports.items():
+        if r["corrupt"]:
+            click.echo(
+                f"  {kind}: {r['corrupt']} corrupt lines skipped, e.g. {r['examples'][:2]}",
+                err=True,
+            )
+    return predictor, v
+
+
+def _fmt_table(metrics: dict, cols: list[str]) -> str:
+    width = [max(12, len(c)) + 1 for c in cols]
+    head = f"{'policy':<15}" + "".join(f"{c:>{w}}" for c, w in zip(cols, width))
+    lines = [head, "-" * len(head)]
+    for p, m in metrics.items():
+        lines.append(
+            f"{p:<15}" + "".join(f"{m.get(c, float('nan')):>{w}.4f}" for c, w in zip(cols, width))
+        )
+    return "\n".join(lines)
+
+
+def run_evaluation(
+    policy, v, val_frac: float, truth, n_boot: int, progress: bool, oracle=None, judge=None
+) -> dict:
+    """Evaluate on the held-out sessions; returns the JSON-able report. Raises
+    personalization.evaluate.OverlapError if the policy read any of those sessions."""
+    from personalization.evaluate import check_held_out, evaluate_policies, summarize, value_summary
+    from personalization.train import split_rows
+
+    _, rows, t_split = split_rows(v, val_frac)
+    check_held_out(policy.manifest, policy.version, t_split, val_frac)
+    ttl = float(policy.manifest.get("train", {}).get("config", {}).get("ttl_s", 30 * 86400.0))
+    res = evaluate_policies(
+        policy,
+        v,
+        rows,
+        policy.weights["log_pop"],
+        policy.K,
+        ttl,
+        truth,
+        progress=progress,
+        oracle=oracle,
+        judge=judge,
+    )
+    out = {
+        "held_out_visits": res.n_visits,
+        "cold_start_visits": res.n_cold,
+        "split_ts": t_split,
+        "policy_version": policy.version,
+        "K": policy.K,
+        "metrics": res.metrics,
+        "lift": {},
+    }
+    for metric in ("intent_hit", "click_hit", "ips_ctr"):
+        s = summarize(res, metric) if metric in res.per_visit["gru"] else {}
+        if s:
+            out["lift"][metric] = s
+    out["value"] = value_summary(res, v, n_boot)
+    return out
+
+
+def print_value(val: dict) -> None:
+    """The table that decides: actual CTR (simulator), SNIPS / DR (logs), support, ESS."""
+    pol = val["policies"]
+    judged = "actual_ctr" in pol["gru"]
+    head = (
+        f"{'policy':<15}{'intent_hit':>11}"
+        + (f"{'actual_ctr':>11}{'95% CI':>18}" if judged else "")
+        + f"{'SNIPS':>8}{'DR':>8}{'DR 95% CI':>18}{'support':>9}{'ESS':>8}"
+        + (f"{'DR covers':>10}" if judged else "")
+    )
+    click.echo(head)
+    click.echo("-" * len(head))
+    order = sorted(pol, key=lambda p: -pol[p].get("actual_ctr", pol[p].get("dr", 0.0)))
+    for p in order:
+        r = pol[p]
+        line = f"{p:<15}{r['intent_hit']:>11.4f}"
+        if judged:
+            line += f"{r['actual_ctr']:>11.4f}{'%.4f..%.4f' % tuple(r['actual_ctr_ci95']):>18}"
+        if "dr" in r:
+            line += (
+                f"{r['snips']:>8.4f}{r['dr']:>8.4f}{'%.4f..%.4f' % tuple(r['dr_ci95']):>18}"
+                f"{r['in_support']:>9.2f}{r['ess']:>8.0f}"
+            )
+            if judged:  # does the logs-only estimate's interval hold the simulator's truth?
+                cov = r["dr_ci95"][0] <= r["actual_ctr"] <= r["dr_ci95"][1]
+                line += f"{'yes' if cov else 'NO':>10}"
+        click.echo(line)
+    for b, s in val.get("vs_baselines", {}).items():
+        click.echo(
+            f"gru vs {b:<14} actual CTR {100 * s['lift']:+.1f}% "
+            f"(95% CI {100 * s['lift_ci95'][0]:+.1f}% .. {100 * s['lift_ci95'][1]:+.1f}%), "
+            f"difference {s['diff']:+.4f} ({s['diff_ci95'][0]:+.4f} .. "
+            f"{s['diff_ci95'][1]:+.4f}), paired over {s['users']} users"
+        )
+    if "targets" in val:
+        t = val["targets"]
+        click.echo(
+            f"targets: gru / best baseline ({val['best_baseline']}) = "
+            f"{t['ctr_ratio_vs_best']:.3f} (>= 1.05), paired lower bound "
+            f"{t['paired_lo_vs_best']:+.4f} (> 0), gap to bayes_window closed "
+            f"{val.get('gap_closed', float('nan')):.2f} (>= 0.5), intent hit - sim_rank "
+            f"{t['intent_hit_minus_sim_rank']:+.4f} (>= -0.01)"
+        )
+
+
+def print_report(rep: dict) -> None:
+    m = rep["metrics"]
+    cols = [
+        c
+        for c in (
+            "intent_hit",
+            "intent_R@5",
+            "intent_MRR",
+            "click_hit",
+            "click_R@5",
+            "click_MRR",
+            "ips_ctr",
+            "intent_in_candidates",
+        )
+        if c in m["gru"]
+    ]
+    click.echo(
+        f"held-out visits: {rep['held_out_visits']} (cold start: "
+        f"{rep['cold_start_visits']}), K={rep['K']}, policy {rep['policy_version']}"
+    )
+    click.echo(_fmt_table(m, cols))
+    for metric, s in rep["lift"].items():
+        click.echo(
+            f"{metric}: gru {s['gru']:.4f} vs best baseline {s['best_baseline']} "
+            f"{s['baseline']:.4f}: lift {100 * s['lift']:+.1f}% "
+            f"(95% CI {100 * s['ci95'][0]:+.1f}% .. {100 * s['ci95'][1]:+.1f}%, "
+            f"bootstrap over {s['users']} users)"
+        )
+
+
+@click.group()
+def personalize() -> None:
+    """The GRU that picks one query per visit: train it from logs, evaluate it offline."""
+
+
+@personalize.command()
+@click.option(
+    "--logs",
+    "logs",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="Click-log directory (page_views, ad_impressions, ad_clicks, search_clicks).",
+)
+@click.option(
+    "--models",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="Engine model registry root or predictor directory.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="GRU registry root (default: MODELS_DIR/gru).",
+)
+@click.option(
+    "--K",
+    "K",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="States in the window, current page included.",
+)
+@click.option(
+    "--topk",
+    type=click.IntRange(1, 100),
+    default=10,
+    show_default=True,
+    help="Predicted queries per page (the stream's top_k).",
+)
+@click.option("--epochs", type=click.IntRange(1, 100), default=4, show_default=True)
+@click.option(
+    "--rows-per-epoch",
+    type=click.IntRange(0, None),
+    default=60_000,
+    show_default=True,
+    help="Visits sampled per epoch (0 = all of the training period).",
+)
+@click.option(
+    "--hidden", type=click.IntRange(4, 1024), default=32, show_default=True, help="GRU hidden size."
+)
+@click.option(
+    "--query-dim",
+    type=click.IntRange(2, 1024),
+    default=16,
+    show_default=True,
+    help="Size of the projected query / user vectors.",
+)
+@click.option(
+    "--val-frac",
+    type=click.FloatRange(0.01, 0.9),
+    default=0.2,
+    show_default=True,
+    help="Share of the latest read sessions used for validation (split by time).",
+)
+@click.option(
+    "--holdout",
+    type=click.FloatRange(0.0, 0.9),
+    default=0.0,
+    show_default=True,
+    help="Share of the latest sessions never read (neither trained nor validated "
+    "on), for an honest `astec personalize evaluate --val-frac` <= this; "
+    "0 = use all logs (production).",
+)
+@click.option(
+    "--w-future",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Weight of the next-pages listwise loss (browsing sequences).",
+)
+@click.option(
+    "--w-ips",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Weight of the propensity-weighted listwise loss on clicked ads.",
+)
+@click.option(
+    "--w-click",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Weight of the pointwise click log-loss on every impression.",
+)
+@click.option(
+    "--w-later-click",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Weight of the click log-loss of candidates shown later in the session.",
+)
+@click.option(
+    "--horizon",
+    type=click.IntRange(1, 50),
+    default=2,
+    show_default=True,
+    help="Next visits of the session read by the later-click and next-pages losses.",
+)
+@click.option(
+    "--sim-dim",
+    type=click.IntRange(0, 1024),
+    default=32,
+    show_default=True,
+    help="Size of the query vectors behind the sim_* features (0 = off).",
+)
+@click.option(
+    "--init",
+    type=click.Choice(["sim_rank", "random"]),
+    default="sim_rank",
+    show_default=True,
+    help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
+    "residual; the start competes in the best-epoch selection. random: torch init.",
+)
+@click.option(
+    "--objective",
+    type=click.Choice(["losses", "dr"]),
+    default="losses",
+    show_default=True,
+    help="losses: the weighted --w-* losses, epochs by their validation sum (earns "
+    "the most actual CTR on `astec simulate logs` logs). dr: reward model on "
+    "every logged impression, then the policy trained listwise for "
+    "doubly-robust CTR, kept by validation DR value and promoted only when its "
+    "DR lower bound beats the baselines and the current policy; needs logs of "
+    "a logger exploring the policy's own candidates (astec simulate loop).",
+)
+@click.option(
+    "--reward-epochs",
+    type=click.IntRange(0, 100),
+    default=2,
+    show_default=True,
+    help="Epochs of the reward model (objective dr).",
+)
+@click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option(
+    "--seed",
+    "seeds",
+    type=int,
+    multiple=True,
+    default=(0,),
+    show_default=True,
+    help="Training seed; repeat it to train one version per seed on one read of the "
+    "logs (each published, each judged for promotion on its own).",
+)
+@click.option(
+    "--promote/--no-promote",
+    default=True,
+    show_default=True,
+    help="Point the GRU registry's CURRENT at the new version when it earns it "
+    "(objective dr: the validation DR lower bound of its gain over the best "
+    "baseline and over the current policy is above zero).",
+)
+@click.option(
+    "--keep",
+    type=click.IntRange(1, 100),
+    default=5,
+    show_default=True,
+    help="Versions kept in the GRU registry.",
+)
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def train(
+    logs,
+    models,
+    out,
+    K,
+    topk,
+    epochs,
+    rows_per_epoch,
+    hidden,
+    query_dim,
+    val_frac,
+    holdout,
+    w_future,
+    w_ips,
+    w_click,
+    w_later_click,
+    horizon,
+    sim_dim,
+    init,
+    objective,
+    reward_epochs,
+    threads,
+    seeds,
+    promote,
+    keep,
+    quiet,
+):
+    """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
+    import numpy as np
+    from personalization.train import TrainConfig
+
+    predictor, v = _load_visits(logs, models, topk, progress=not quiet)
+    cfg = TrainConfig(
+        K=K,
+        topk=topk,
+        epochs=epochs,
+        rows_per_epoch=rows_per_epoch,
+        hidden=hidden,
+        query_dim=query_dim,
+        val_frac=val_frac,
+        holdout=holdout,
+        w_future=w_future,
+        w_ips=w_ips,
+        w_click=w_click,
+        w_later_click=w_later_click,
+        future_horizon=horizon,
+        sim_dim=sim_dim,
+        init=init,
+        threads=threads,
+        seed=seeds[0],
+        objective=objective,
+        reward_epochs=reward_epochs,
+    )
+    rows = predictor.classifier_rows(np.arange(predictor.num_labels))
+    root = out or (models / "gru")
+    for seed in seeds:
+        report = _train_one(
+            v,
+            rows,
+            dataclasses.replace(cfg, seed=seed),
+            root,
+            logs,
+            predictor,
+            objective,
+            promote,
+            keep,
+            quiet,
+        )
+    from personalization.evaluate import iso_time
+
+    cut = report["holdout_split_ts"]
+    click.echo(
+        f"data read: sessions starting {iso_time(report['data_start_ts'])} .. "
+        f"{iso_time(report['last_session_start_ts'])} (last visit "
+        f"{iso_time(report['data_end_ts'])}); validation from "
+        f"{iso_time(report['val_split_ts'])}; "
+        + (
+            f"sessions from {iso_time(cut)} not read ({report['unread_visits']} visits, "
+            f"--holdout {holdout:g})"
+            if cut is not None
+            else "no holdout"
+        )
+    )
+
+
+def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, quiet) -> dict:
+    """Train, publish (promoted only when it earns it) and report one version."""
+    from personalization.train import publish, train_policy
+
+    incumbent = None
+    if objective == "dr" and (root / "CURRENT").is_file():
+        from personalization.artifact import PolicyFileError
+        from personalization.policy import GruPolicy
+
+        try:
+            incumbent = GruPolicy.load(root)
+        except PolicyFileError as e:
+            click.echo(
+                f"current policy not comparable ({e}); judged against the baselines only", err=True
+            )
+    try:
+        weights, report = train_policy(v, rows, cfg, progress=not quiet, incumbent=incumbent)
+    except ValueError as e:
+        raise click.ClickException(f"{logs}: {e}") from e
+    meta = {
+        "engine_version": v.engine_version,
+        "train": report,
+        "logs": str(logs),
+        "label_count": predictor.num_labels,
+    }
+    why = ""
+    if promote and objective == "dr":
+        from personalization.train import promotion_check
+
+        promote, why = promotion_check(report)
+    version, path = publish(root, weights, cfg, meta, promote=promote, keep=keep)
+    if objective == "dr":
+        vs = report["val_vs_best_baseline"]
+        click.echo(
+            f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}"
+            f"{': ' + why if why else ''}); {report['train_visits']} train / "
+            f"{report['val_visits']} validation visits; chosen {report['chosen']}: "
+            f"validation DR CTR {report['val_dr'][report['chosen']]:.4f} vs "
+            f"{report['val_best_baseline']} {report['val_dr'][report['val_best_baseline']]:.4f}"
+            f" (difference {vs['diff']:+.4f}, 95% CI {vs['diff_ci95'][0]:+.4f} .. "
+            f"{vs['diff_ci95'][1]:+.4f}); {report['train_s']}s"
+        )
+    else:
+        best = next(e for e in report["epochs"] if e["epoch"] == report["best_epoch"])
+        click.echo(
+            f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}); "
+            f"{report['train_visits']} train / {report['val_visits']} validation visits, "
+            f"best epoch {report['best_epoch']}: val click log-loss "
+            f"{best['val_click_logloss']:.4f}, later-click log-loss "
+            f"{best['val_later_click_logloss']:.4f}, next-pages CE {best['val_future_ce']:.4f}, "
+            f"{report['train_s']}s"
+        )
+    return report
+
+
+@personalize.command()
+@click.option(
+    "--logs",
+    "logs",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="Click-log directory (the same logs, split by time).",
+)
+@click.option(
+    "--models",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="Engine model registry root or predictor directory.",
+)
+@click.option(
+    "--policy",
+    "policy_dirs",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    multiple=True,
+    help="GRU policy version dir or registry root (default: MODELS_DIR/gru); "
+    "repeat it to score several (e.g. training seeds) on one read of the logs, "
+    "with a summary of the targets across them.",
+)
+@click.option(
+    "--world",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Simulator world (default: from LOG_DIR/simulation.json).",
+)
+@click.option(
+    "--val-frac",
+    type=click.FloatRange(0.01, 0.9),
+    default=0.2,
+    show_default=True,
+    help="Share of the latest sessions evaluated (the policy must have been trained "
+    "with --holdout >= this).",
+)
+@click.option(
+    "--bootstrap",
+    "n_boot",
+    type=click.IntRange(10, 100000),
+    default=1000,
+    show_default=True,
+    help="Bootstrap resamples of users for the lift's 95% CI.",
+)
+@click.option(
+    "--json-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the report as JSON.",
+)
+@click.option(
+    "--oracle",
+    is_flag=True,
+    help="Add reference rows from the simulator's true world (the Bayes-optimal "
+    "intent hit on the same candidates); needs the world and truth files.",
+)
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def evaluate(logs, models, policy_dirs, world, val_frac, n_boot, json_out, oracle, quiet):
+    """Hit rate, Recall@5, MRR and IPS CTR of the GRU vs top1 / most-frequent / popularity."""
+    from personalization.artifact import PolicyFileError
+    from personalization.evaluate import OverlapError, check_held_out, load_truth
+    from personalization.policy import GruPolicy
+
+    policies = []
+    for policy_dir in policy_dirs or (models / "gru",):
+        try:
+            policy = GruPolicy.load(policy_dir)
+        except PolicyFileError as e:  # corrupt, or of an older format: retrain
+            raise click.ClickException(
+                f"{e}; retrain with `astec personalize train --holdout {val_frac:g}` to evaluate"
+            ) from e
+        try:  # fail before reading the logs if the policy records no data range at all
+            check_held_out(policy.manifest, policy.version, None, val_frac)
+        except OverlapError as e:
+            raise click.ClickException(str(e)) from e
+        policies.append(policy)
+    k = int(policies[0].manifest.get("train", {}).get("config", {}).get("topk", 10))
+    predictor, v = _load_visits(logs, models, k, progress=not quiet)
+    for policy in policies:
+        if policy.n_labels != predictor.num_labels:
+            raise click.ClickException(
+                f"policy {policy.path} was trained on {policy.n_labels} "
+                f"labels, the engine has {predictor.num_labels}"
+            )
+    truth = load_truth(logs, predictor.label_names, world)
+    if truth is None:
+        click.echo("no truth/intents.jsonl: click-based metrics only", err=True)
+    oracle_model = None
+    if oracle:
+        from personalization.evaluate import simulation_world
+        from personalization.oracle import load_oracle
+
+        wdir = world or simulation_world(logs)
+        if truth is None or wdir is None:
+            raise click.UsageError(
+                "--oracle needs LOG_DIR/truth/intents.jsonl and the world "
+                "(--world WORLD_DIR or LOG_DIR/simulation.json)"
+            )
+        oracle_model = load_oracle(wdir, logs, v.titles, v.user_ids, truth.label_subtopic)
+    judge = None
+    if truth is not None:
+        from personalization.evaluate import simulation_world
+        from personalization.value import load_judge
+
+        wdir = world or simulation_world(logs)
+        if wdir and (Path(wdir) / "pages.jsonl").is_file():
+            judge = load_judge(wdir, logs, v, predictor.label_names)
+    reps = []
+    for policy in policies:
+        try:
+            rep = run_evaluation(
+                policy,
+                v,
+                val_frac,
+                truth,
+                n_boot,
+                progress=not quiet,
+                oracle=oracle_model,
+                judge=judge,
+            )
+        except OverlapError as e:
+            raise click.ClickException(str(e)) from e
+        if len(policies) > 1:
+            click.echo(f"\n=== policy {policy.path}")
+        print_report(rep)
+        click.echo("")
+        print_value(rep["value"])
+        reps.append(rep)
+    if len(reps) > 1 and all("targets" in r["value"] for r in reps):
+        click.echo(
+            "\ntargets per policy: ratio to best baseline / paired lower bound / gap "
+            "closed / intent hit - sim_rank"
+        )
+        for pol, r in zip(policies, reps):
+            t, val = r["value"]["targets"], r["value"]
+            click.echo(
+                f"  {pol.version}: {t['ctr_ratio_vs_best']:.3f} ({val['best_baseline']}) "
+                f"/ {t['paired_lo_vs_best']:+.4f} / {val.get('gap_closed', float('nan')):.2f}"
+                f" / {t['intent_hit_minus_sim_rank']:+.4f}"
+            )
+    if json_out:
+        json_out.write_text(json.dumps(reps[0] if len(reps) == 1 else reps, indent=1) + "\n")

@@ -1,0 +1,109 @@
+"""`astec simulate world|logs`: build a synthetic (or dataset-backed) world and simulate its logs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def simulate() -> None:
+    """Traffic simulator: a world of queries/pages/users, then click logs on it."""
+
+
+@simulate.command("world")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="World directory to write.",
+)
+@click.option("--queries", default=50_000, show_default=True, help="Size of the query catalogue.")
+@click.option("--pages", default=100_000, show_default=True, help="Number of web pages.")
+@click.option("--users", default=10_000, show_default=True, help="Number of users.")
+@click.option(
+    "--seed", default=0, show_default=True, help="Random seed (the world is deterministic in it)."
+)
+@click.option(
+    "--topics", default=None, type=int, help="Number of topics (default: sqrt(queries)/10)."
+)
+@click.option("--subtopics-per-topic", default=8, show_default=True)
+@click.option(
+    "--from-dataset",
+    "dataset",
+    default=None,
+    type=click.Path(exists=True, file_okay=False),
+    help="Build on a TSV data set (train.tsv/test.tsv/labels.txt): pages = points, "
+    "queries = label names, topics from label co-occurrence. --queries/--pages are ignored.",
+)
+def world_cmd(out, queries, pages, users, seed, topics, subtopics_per_topic, dataset):
+    """Write a world: queries.tsv, pages.jsonl, subtopics.tsv, users.jsonl, truth/."""
+    from simulator.world import generate_world, save_world, world_from_dataset
+
+    t0 = time.perf_counter()
+    if dataset:
+        w = world_from_dataset(
+            dataset,
+            n_users=users,
+            seed=seed,
+            n_topics=topics,
+            subtopics_per_topic=subtopics_per_topic,
+        )
+    else:
+        w = generate_world(
+            queries,
+            pages,
+            users,
+            seed=seed,
+            n_topics=topics,
+            subtopics_per_topic=subtopics_per_topic,
+        )
+    save_world(w, out)
+    click.echo(
+        f"world: {w.n_queries} queries, {w.n_pages} pages, {len(w.link_query)} links, "
+        f"{w.n_subtopics} subtopics, {w.n_users} users -> {out} "
+        f"({time.perf_counter() - t0:.1f}s)"
+    )
+
+
+@simulate.command("logs")
+@click.option("--world", "world_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--out", "out", required=True, type=click.Path(file_okay=False), help="Log directory to create."
+)
+@click.option("--days", default=3, show_default=True)
+@click.option(
+    "--start", default="2026-01-05", show_default=True, help="First UTC day (YYYY-MM-DD)."
+)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--search-clicks-per-day", default=None, type=int, help="Default: 5 x pages.")
+@click.option(
+    "--epsilon", default=0.3, show_default=True, help="Exploration of the logging policy."
+)
+@click.option(
+    "--history", default=5, show_default=True, help="Session pages whose queries are ad candidates."
+)
+def logs_cmd(world_dir, out, days, start, seed, search_clicks_per_day, epsilon, history):
+    """Simulate search clicks, browsing sessions and ad impressions/clicks into LOG_DIR."""
+    from simulator.traffic import LogSettings, simulate_logs
+    from simulator.world import load_world
+
+    w = load_world(world_dir)
+    s = LogSettings(
+        days=days,
+        start=start,
+        seed=seed,
+        search_clicks_per_day=search_clicks_per_day,
+        epsilon=epsilon,
+        history=history,
+    )
+    summary = simulate_logs(w, out, s, world_dir=str(Path(world_dir).resolve()))
+    click.echo(
+        json.dumps(
+            {"counts": summary["counts"], "ctr": summary["ctr"], "seconds": summary["seconds"]}
+        )
+    )
