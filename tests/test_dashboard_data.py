@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import STREAM_DATA, astec
-from dashboard import health, models, offline, predict, users
+from dashboard import health, models, offline, predictions, users
 from dashboard.sources import SourceError, find_logs, find_policy, mask_url, ping, redis_client
 
 
@@ -398,21 +398,21 @@ def test_predict_known_words_no_evidence_and_sources(astec_predictor):
     from engine.predictor import Predictor
 
     pred = Predictor.load(astec_predictor)
-    ws = predict.title_words(pred, "Debian openssh server zzqxv")
+    ws = predictions.title_words(pred, "Debian openssh server zzqxv")
     assert [w.word for w in ws] == ["debian", "openssh", "server", "zzqxv"]
     assert [w.known for w in ws] == [True, True, True, False]
     for nothing in ("zzqxv blorfx", "", "   "):
-        assert not predict.has_evidence(pred, nothing)
-    assert predict.has_evidence(pred, "openssh server")
+        assert not predictions.has_evidence(pred, nothing)
+    assert predictions.has_evidence(pred, "openssh server")
     # without evidence the predictor still answers with its prior labels: shown as such
-    rows = predict.prediction_rows(pred, "zzqxv blorfx", 5)
-    assert rows and all(r["proposed by"] == predict.PRIOR for r in rows)
-    rows = predict.prediction_rows(pred, "Debian -- Details of package openssh-server", 10)
+    rows = predictions.prediction_rows(pred, "zzqxv blorfx", 5)
+    assert rows and all(r["proposed by"] == predictions.PRIOR for r in rows)
+    rows = predictions.prediction_rows(pred, "Debian -- Details of package openssh-server", 10)
     ids, _ = pred.predict_one("Debian -- Details of package openssh-server", 10)
     assert [r["id"] for r in rows] == ids.tolist()
     assert all(r["proposed by"] != "(re-scored only)" for r in rows)
-    assert any(predict.KNN in r["proposed by"] for r in rows)
-    d = predict.compare(rows, rows[1:] + rows[:1])
+    assert any(predictions.KNN in r["proposed by"] for r in rows)
+    d = predictions.compare(rows, rows[1:] + rows[:1])
     assert d["shared"] == 10 and not d["same_top1"]
 
 
