@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from personalization.window import WINDOW
+
 log = logging.getLogger(__name__)
 
 
@@ -212,16 +214,16 @@ def personalize() -> None:
     "--K",
     "K",
     type=click.IntRange(1, 64),
-    default=8,
+    default=WINDOW.K,
     show_default=True,
-    help="States in the window, current page included.",
+    help="States in the window, current page included (at most the stream's state_k).",
 )
 @click.option(
     "--topk",
     type=click.IntRange(1, 100),
-    default=10,
+    default=WINDOW.topk,
     show_default=True,
-    help="Predicted queries per page (the stream's top_k).",
+    help="Predicted queries per page (must equal the stream's top_k).",
 )
 @click.option("--epochs", type=click.IntRange(1, 100), default=4, show_default=True)
 @click.option(
@@ -382,6 +384,7 @@ def train(
 ):
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
+
     from personalization.train import TrainConfig
 
     predictor, v = _load_visits(logs, models, topk, progress=not quiet)

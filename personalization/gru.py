@@ -12,13 +12,14 @@ import torch
 from torch import nn
 
 from personalization.features import N_FEATURES
+from personalization.window import WINDOW
 
 
 @dataclass
 class GruConfig:
     """Sizes of the policy network (recorded in the manifest)."""
 
-    K: int = 8  # states in the window, current page included
+    K: int = WINDOW.K  # states in the window, current page included
     hidden: int = 32  # GRU hidden size H
     query_dim: int = 16  # size Q of the user / query vectors
     mlp_hidden: int = 32  # scorer hidden size M

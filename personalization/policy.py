@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -127,11 +127,12 @@ class GruPolicy:
     fallbacks: int = 0  # events answered by the cold-start rule because of bad state
     _session: object = field(default=None, repr=False)
     _next_check: float = field(default=0.0, repr=False)
+    refused: dict[str, str] = field(default_factory=dict, repr=False)  # version -> reason
 
     @classmethod
     def load(
         cls, path: str | Path, reload_every_s: float = 5.0, backend: str = "onnx"
-    ) -> "GruPolicy":
+    ) -> GruPolicy:
         """Load and verify a policy (version dir or registry root); PolicyFileError if corrupt.
 
         backend "onnx" serves with ONNX Runtime (falls back to numpy if the version has no
@@ -160,6 +161,13 @@ class GruPolicy:
         return int(self.manifest["config"]["K"])
 
     @property
+    def topk(self) -> int | None:
+        """Predicted queries per page it was trained on (None: a version that did not say)."""
+        cfg = self.manifest.get("config", {})
+        k = cfg.get("topk", self.manifest.get("train", {}).get("config", {}).get("topk"))
+        return None if k is None else int(k)
+
+    @property
     def feature_dim(self) -> int:
         return int(self.weights["gru.w_ih"].shape[1]) - 1  # + the block-start channel
 
@@ -169,7 +177,10 @@ class GruPolicy:
 
     # ---- hot reload ----------------------------------------------------------------------
     def maybe_reload(self, force: bool = False) -> bool:
-        """Swap in a newly promoted version of the registry root; True if it changed."""
+        """Swap in a newly promoted version of the registry root; True if it changed.
+
+        The stream's rule (stream.registry_watch, which the stream uses instead of this): a
+        version that fails to load is refused once (logged, in `refused`), never retried."""
         if self.root is None:
             return False
         now = time.monotonic()
@@ -178,12 +189,19 @@ class GruPolicy:
         self._next_check = now + self.reload_every_s
         try:
             vdir, _, version = _resolve(self.root)
-            if version == self.version:
-                return False
+        except (PolicyFileError, OSError) as e:
+            log.error("GRU policy registry unreadable, keeping %s: %s", self.version, e)
+            return False
+        if version == self.version or version in self.refused:
+            return False
+        try:
             weights, manifest, onnx_bytes = load_policy(vdir)
             sess = _make_session(onnx_bytes, self.backend, vdir)
         except (PolicyFileError, OSError) as e:
-            log.error("GRU policy reload refused, keeping %s: %s", self.version, e)
+            self.refused[str(version)] = str(e)
+            log.error(
+                "GRU policy %s refused (not retried), keeping %s: %s", version, self.version, e
+            )
             return False
         self.weights, self.manifest, self.path, self.version = weights, manifest, vdir, version
         self._session = sess

@@ -41,8 +41,9 @@ from personalization.features import (
     sim_rank_weights,
     sim_table_from_rows,
 )
-from personalization.visits import VisitLog, session_start_ts, targets_for, time_split
 from personalization.gru import GruConfig, GruPolicyNet
+from personalization.visits import VisitLog, session_start_ts, targets_for, time_split
+from personalization.window import WINDOW
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,8 @@ log = logging.getLogger(__name__)
 class TrainConfig:
     """Training knobs (recorded in the version's manifest)."""
 
-    K: int = 8
-    topk: int = 10  # predicted queries per page (the stream's top_k)
+    K: int = WINDOW.K  # states per window (personalization.window)
+    topk: int = WINDOW.topk  # predicted queries per page (the stream's top_k)
     hidden: int = 32
     query_dim: int = 16
     mlp_hidden: int = 32
@@ -136,7 +137,7 @@ def sim_normaliser(
 def calibrate_ranking(
     v: VisitLog,
     rows: np.ndarray,
-    cfg: "TrainConfig",
+    cfg: TrainConfig,
     log_pop: np.ndarray,
     sim: tuple,
     w0: np.ndarray,
@@ -271,7 +272,7 @@ def _later_click_loss(logits, v: VisitLog, rows: np.ndarray, cand_ids: np.ndarra
     lg = logits[torch.from_numpy(b), torch.from_numpy(c)]
     return (
         torch.nn.functional.binary_cross_entropy_with_logits(lg, y, reduction="sum"),
-        int(len(b)),
+        len(b),
     )
 
 
@@ -340,8 +341,8 @@ def train_policy(
             "val_split_ts": t_split,
             **rng_info,
             **rep,
-            "train_visits": int(len(train_rows)),
-            "val_visits": int(len(val_rows)),
+            "train_visits": len(train_rows),
+            "val_visits": len(val_rows),
         }
         weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
         return weights, report
@@ -427,8 +428,8 @@ def train_policy(
         "val_split_ts": t_split,
         **rng_info,
         **start,
-        "train_visits": int(len(train_rows)),
-        "val_visits": int(len(val_rows)),
+        "train_visits": len(train_rows),
+        "val_visits": len(val_rows),
         "epochs": history,
         "best_epoch": int(history[int(np.argmin([h["val_objective"] for h in history]))]["epoch"]),
         "train_s": round(time.perf_counter() - t0, 1),
@@ -493,7 +494,11 @@ def publish(
     with reg.lock():
         st = reg.stage()
         save_policy(
-            st.path, weights, cfg.gru_config().to_dict(), meta={"version": st.version, **meta}
+            st.path,
+            weights,
+            # topk beside the network's sizes: the stream checks both against its settings
+            {**cfg.gru_config().to_dict(), "topk": cfg.topk},
+            meta={"version": st.version, **meta},
         )
         path = reg.commit(
             st,
