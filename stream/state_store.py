@@ -1,20 +1,35 @@
 """Users' last K visit states in Redis, appended idempotently by event id.
 
 Keys (hash-tagged, so Redis Cluster keeps one user's keys in one slot):
-    <prefix>:{user:<id>}:states          list of encoded UserState, newest first, capped at K, TTL
-    <prefix>:{user:<id>}:seen:<event_id> idempotence key, TTL dedup_ttl_s
-User and event ids are percent-encoded in keys (`key_part`): an id holding `}`, `:` or `{`
-cannot close the hash tag or forge another user's key (plain ids stay readable as they are).
+    <prefix>:{user:<id>}:states   list of encoded UserState, newest first, capped at K, TTL ttl_s
+    <prefix>:{user:<id>}:eids     list of the user's last N event-id hashes (8 bytes each,
+                                  blake2b), newest first, capped at N, TTL dedup_ttl_s
+User ids are percent-encoded in keys (`key_part`): an id holding `}`, `:` or `{` cannot close the
+hash tag or forge another user's key (plain ids stay readable as they are).
 
-One Lua script per event sets the idempotence key with NX and appends only when it was new, so a
-replay after a crash (at-least-once delivery) never appends the same visit twice. A batch is one
+Memory is bounded by design: per active user at most K states and N 8-byte hashes, whatever the
+event rate, and every key expires (`astec bench redis` measures it; docs/operations.md). A replay
+(at-least-once delivery after a crash) repeats only a user's most recent events, which are within
+the last N as long as fewer than N of that user's events were uncommitted at the crash; the
+default N = 128 is far above what one user produces in a replay window (a few batches plus one
+commit interval). Redis must run with `maxmemory-policy noeviction`: an evicted dedupe list would
+let a replay append twice, silently; under noeviction a full Redis refuses writes with OOM, which
+is raised as RedisOutOfMemory and retried like an outage (the first use of a store logs an error
+if the server's policy evicts).
+
+One Lua script per event checks the hash against the list, and only when it is new appends the
+state and the hash, trimming both, so a replay never appends the same visit twice. A batch is one
 pipelined round trip of EVALSHA (the script is loaded once, and again if Redis forgot it). The
-client retries connection errors with exponential backoff (Redis restarts).
+client retries connection errors with exponential backoff (Redis restarts). `EventWindow` is the
+same dedupe list on its own, for consumers that write elsewhere (the click logger).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import redis
@@ -23,19 +38,38 @@ from redis.retry import Retry
 
 from personalization.state import UserState
 
-# KEYS: states, seen.  ARGV: state bytes, K, state ttl, dedup ttl, want history ("1"/"0").
-# Returns {1 if appended else 0, [history newest first, before this append]}.
+log = logging.getLogger(__name__)
+
+DEDUP_N = 128  # event ids remembered per user (the replay window; see the module docstring)
+
+# KEYS: states, eids.  ARGV: state bytes, K, state ttl, dedup ttl, want history ("1"/"0"),
+# event-id hash, N.  Returns {1 if appended else 0, [history newest first, before this append]}.
 _APPEND = """
 local hist = {}
 if ARGV[5] == '1' then hist = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1) end
-local fresh = redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[4]))
+local fresh = not redis.call('LPOS', KEYS[2], ARGV[6])
+if fresh then
+  redis.call('LPUSH', KEYS[1], ARGV[1])
+  redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+  redis.call('LPUSH', KEYS[2], ARGV[6])
+  redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[7]) - 1)
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
+if fresh then return {1, hist} end
+return {0, hist}
+"""
+
+# KEYS: eids.  ARGV: event-id hash, N, ttl.  Returns 1 if the hash was new (now remembered).
+_REMEMBER = """
+local fresh = not redis.call('LPOS', KEYS[1], ARGV[1])
 if fresh then
   redis.call('LPUSH', KEYS[1], ARGV[1])
   redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
 end
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-if fresh then return {1, hist} end
-return {0, hist}
+if fresh then return 1 end
+return 0
 """
 
 
@@ -50,6 +84,17 @@ def key_part(value: str) -> str:
     return quote(value.encode("utf-8", "surrogatepass"), safe="")
 
 
+def user_key(prefix: str, user_id: str, name: str) -> str:
+    """`<prefix>:{user:<encoded id>}:<name>`: one user's key, in the user's hash slot."""
+    return f"{prefix}:{{user:{key_part(user_id)}}}:{name}"
+
+
+def event_hash(event_id: str) -> bytes:
+    """8 bytes standing for an event id in a dedupe list: fixed size whatever the id's length
+    (a false "seen" needs a 64-bit collision among one user's last N ids)."""
+    return hashlib.blake2b(event_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
 def connect(url: str, retries: int = 10) -> redis.Redis:
     """A client that reconnects with exponential backoff (50 ms doubling, capped at 2 s)."""
     return redis.Redis.from_url(
@@ -62,27 +107,115 @@ def connect(url: str, retries: int = 10) -> redis.Redis:
     )
 
 
+def check_eviction_policy(client: redis.Redis) -> str | None:
+    """The server's maxmemory-policy, logged as an error unless it is `noeviction` (an evicting
+    Redis may drop a dedupe list, and a replay then appends twice without any error). None when
+    the server hides CONFIG (some managed Redis services do)."""
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.ResponseError:
+        return None
+    policy = policy.decode() if isinstance(policy, bytes) else policy
+    if policy != "noeviction":
+        log.error(
+            "Redis maxmemory-policy is %r: evicted dedupe lists let replays append twice; "
+            "set maxmemory-policy noeviction (docs/operations.md, Redis memory)",
+            policy,
+        )
+    return policy
+
+
+def _run(pipe: Any) -> list:
+    """Execute a pipeline; OOM raises RedisOutOfMemory (not one command's fault), any other
+    per-command error comes back in place of that command's result."""
+    results = pipe.execute(raise_on_error=False)
+    for r in results:
+        # redis-py turns an "OOM ..." reply into OutOfMemoryError and drops the "OOM" prefix
+        if isinstance(r, redis.exceptions.OutOfMemoryError) or (
+            isinstance(r, redis.ResponseError) and str(r).startswith("OOM")
+        ):
+            raise RedisOutOfMemory(f"Redis is out of memory (maxmemory): {r}")
+    return results
+
+
+class _Scripted:
+    """A Lua script loaded once per client (EVALSHA in pipelines; reloaded after NOSCRIPT).
+    Plain EVALSHA: redis-py's Script objects cost an extra SCRIPT EXISTS round trip per
+    pipeline. The first load also checks the server's eviction policy."""
+
+    client: redis.Redis
+    _shas: dict[str, str]
+
+    def _sha(self, script: str) -> str:
+        shas = self.__dict__.setdefault("_shas", {})
+        if script not in shas:
+            if not shas:
+                check_eviction_policy(self.client)
+            shas[script] = self.client.script_load(script)
+        return shas[script]
+
+    def _evalsha_batch(self, script: str, calls: list[tuple[list, list]]) -> list:
+        """One pipelined round trip of EVALSHA(script, keys, args) per call."""
+        for attempt in (0, 1):
+            pipe = self.client.pipeline(transaction=False)
+            sha = self._sha(script)
+            for keys, args in calls:
+                pipe.evalsha(sha, len(keys), *keys, *args)
+            results = _run(pipe)
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
+                # Redis restarted and forgot the script: nothing ran, so load it and run again
+                self._shas.pop(script, None)
+                if attempt:
+                    raise next(r for r in results if isinstance(r, Exception))
+                continue
+            break
+        return results
+
+
 @dataclass
-class StateStore:
+class EventWindow(_Scripted):
+    """Per-user dedupe of event ids in Redis: the last `n` ids of each key, nothing older.
+    `seen` before writing, `remember` after the write is durable (a crash between the two can
+    repeat a record, never lose one)."""
+
+    client: redis.Redis
+    n: int = DEDUP_N
+    ttl_s: int = 7 * 86400
+
+    def seen(self, keys: list[str], event_ids: list[str]) -> list[bool | str]:
+        """Per event: True if remembered, False if not, or the reason Redis refused it."""
+        pipe = self.client.pipeline(transaction=False)
+        for k, e in zip(keys, event_ids):
+            pipe.lpos(k, event_hash(e))
+        return [_reason(r) if isinstance(r, Exception) else r is not None for r in _run(pipe)]
+
+    def remember(self, keys: list[str], event_ids: list[str]) -> list[bool | str]:
+        """Remember each event id under its key; per event: True if it was new, False if it was
+        already there, or the reason Redis refused it."""
+        res = self._evalsha_batch(
+            _REMEMBER, [([k], [event_hash(e), self.n, self.ttl_s]) for k, e in zip(keys, event_ids)]
+        )
+        return [_reason(r) if isinstance(r, Exception) else bool(r) for r in res]
+
+
+def _reason(exc: Exception) -> str:
+    return f"Redis: {type(exc).__name__}: {exc}"
+
+
+@dataclass
+class StateStore(_Scripted):
     client: redis.Redis
     prefix: str = "astec"
     k: int = 16
     ttl_s: int = 30 * 86400
     dedup_ttl_s: int = 7 * 86400
-
-    def _sha(self) -> str:
-        """The append script's SHA1, loaded into Redis once per client (and again after a Redis
-        restart forgets it: append_batch reloads on NOSCRIPT). Plain EVALSHA in the pipeline:
-        redis-py's Script objects cost an extra SCRIPT EXISTS round trip per pipeline."""
-        if getattr(self, "_append_sha", None) is None:
-            self._append_sha = self.client.script_load(_APPEND)
-        return self._append_sha
+    dedup_n: int = DEDUP_N
 
     def states_key(self, user_id: str) -> str:
-        return f"{self.prefix}:{{user:{key_part(user_id)}}}:states"
+        return user_key(self.prefix, user_id, "states")
 
-    def seen_key(self, user_id: str, event_id: str) -> str:
-        return f"{self.prefix}:{{user:{key_part(user_id)}}}:seen:{key_part(event_id)}"
+    def eids_key(self, user_id: str) -> str:
+        return user_key(self.prefix, user_id, "eids")
 
     def append_batch(
         self, user_ids: list[str], states: list[UserState], with_history: bool = False
@@ -106,38 +239,23 @@ class StateStore:
         one event's error never holds back the others of its batch. Connection errors and OOM
         (RedisOutOfMemory) raise: they are not the event's fault, the caller retries."""
         want = "1" if with_history else "0"
-        for attempt in (0, 1):
-            pipe = self.client.pipeline(transaction=False)
-            sha = self._sha()
-            for uid, st in zip(user_ids, states):
-                pipe.evalsha(
-                    sha,
-                    2,
-                    self.states_key(uid),
-                    self.seen_key(uid, st.event_id),
+        calls = [
+            (
+                [self.states_key(uid), self.eids_key(uid)],
+                [
                     st.encode(),
                     self.k,
                     self.ttl_s,
                     self.dedup_ttl_s,
                     want,
-                )
-            results = pipe.execute(raise_on_error=False)
-            if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
-                # Redis restarted and forgot the script: nothing ran, so load it and run again
-                self._append_sha = None
-                if attempt:
-                    raise next(r for r in results if isinstance(r, Exception))
-                continue
-            break
-        oom = next(
-            (r for r in results if isinstance(r, redis.ResponseError) and str(r).startswith("OOM")),
-            None,
-        )
-        if oom is not None:
-            raise RedisOutOfMemory(f"Redis is out of memory (maxmemory): {oom}")
-        errors = [
-            f"Redis: {type(r).__name__}: {r}" if isinstance(r, Exception) else None for r in results
+                    event_hash(st.event_id),
+                    self.dedup_n,
+                ],
+            )
+            for uid, st in zip(user_ids, states)
         ]
+        results = self._evalsha_batch(_APPEND, calls)
+        errors = [_reason(r) if isinstance(r, Exception) else None for r in results]
         fresh = [e is None and bool(r[0]) for r, e in zip(results, errors)]
         if not with_history:
             return fresh, [[] for _ in states], errors

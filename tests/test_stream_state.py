@@ -1,14 +1,26 @@
 """User-state records and the Redis store: compact round trip, capped last-K history with TTL,
-idempotent appends (a replayed batch never appends twice), schema validation reasons."""
+idempotent appends (a replayed batch never appends twice) through a per-user dedupe list capped
+at N with a TTL, OOM raised as RedisOutOfMemory, an evicting policy reported, schema validation
+reasons."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import pytest
 
 from personalization.state import StateFormatError, UserState
 from stream.schemas import SchemaError, decode, encode
-from stream.state_store import StateStore, connect
+from stream.state_store import (
+    EventWindow,
+    RedisOutOfMemory,
+    StateStore,
+    check_eviction_policy,
+    connect,
+    event_hash,
+    user_key,
+)
 
 
 def state(i: int, D: int = 8, k: int = 4) -> UserState:
@@ -51,10 +63,9 @@ def test_store_appends_once_per_event_keeps_last_k(stream_settings):
     assert [h.event_id for h in hist[0]] == ["e3", "e4", "e6", "e7"]  # current (e5) excluded
     assert [h.event_id for h in store.history("alice")] == ["e3", "e4", "e5", "e6", "e7"]
     assert 0 < store.client.ttl(store.states_key("alice")) <= 60
-    assert store.client.ttl(store.seen_key("alice", "e0")) > 0
-    assert "{user:alice}" in store.states_key("alice") and "{user:alice}" in store.seen_key(
-        "alice", "e"
-    )
+    assert 0 < store.client.ttl(store.eids_key("alice")) <= 60
+    assert store.client.llen(store.eids_key("alice")) == 8  # one 8-byte hash per event
+    assert "{user:alice}" in store.states_key("alice") and "{user:alice}" in store.eids_key("alice")
     fresh, hist = store.append_batch(["bob", "bob"], [state(20), state(21)], with_history=True)
     assert fresh == [True, True] and hist[0] == [] and [h.event_id for h in hist[1]] == ["e20"]
     # Redis forgets scripts when it restarts (AOF keeps data, not scripts): the store reloads
@@ -108,8 +119,10 @@ def test_hostile_ids_cannot_forge_another_users_keys(stream_settings):
     s = stream_settings
     store = StateStore(connect(s.redis_url), s.redis_key_prefix, k=5, ttl_s=60, dedup_ttl_s=60)
     forged = ["v}:seen:e1", "v}:states", "{user:v}", "v:", "%76"]  # %76 is "v" percent-encoded
-    keys = {store.states_key(u) for u in ["v", *forged]} | {store.seen_key("v", "e1")}
-    assert len(keys) == len(forged) + 2
+    keys = {store.states_key(u) for u in ["v", *forged]} | {
+        store.eids_key(u) for u in ["v", *forged]
+    }
+    assert len(keys) == 2 * (len(forged) + 1)
     fresh, _, errors = store.append_batch_checked(["v", *forged], [state(1)] * (1 + len(forged)))
     assert errors == [None] * (1 + len(forged)) and all(fresh)
     assert [st.event_id for st in store.history("v")] == ["e1"]
@@ -127,3 +140,74 @@ def test_schema_refuses_lone_surrogates_empty_urls_and_absurd_timestamps():
         decode("page_view", encode("page_view", {**ok, "url": ""}), 4096)
     with pytest.raises(SchemaError, match="'ts' must be seconds since the epoch"):
         decode("page_view", encode("page_view", {**ok, "ts": 1e20}), 4096)
+
+
+@pytest.mark.services
+def test_dedupe_list_is_capped_at_n_and_replays_inside_it_append_nothing(stream_settings):
+    """Memory per user does not grow with the user's events: N hashes, K states, both with a
+    TTL. A replay of the user's last N events is refused; older ids are forgotten by design."""
+    s = stream_settings
+    store = StateStore(connect(s.redis_url), s.redis_key_prefix, k=4, ttl_s=60, dedup_ttl_s=30)
+    store.dedup_n = 10
+    states = [state(i) for i in range(25)]
+    fresh, _ = store.append_batch(["carol"] * 25, states)
+    assert fresh == [True] * 25
+    r = store.client
+    assert r.llen(store.eids_key("carol")) == 10 and r.llen(store.states_key("carol")) == 4
+    assert r.lrange(store.eids_key("carol"), 0, -1) == [
+        event_hash(f"e{i}") for i in range(24, 14, -1)
+    ]
+    assert 0 < r.ttl(store.eids_key("carol")) <= 30 and 0 < r.ttl(store.states_key("carol")) <= 60
+    fresh, _ = store.append_batch(["carol"] * 10, states[15:])  # the last N replayed
+    assert fresh == [False] * 10
+    assert [h.event_id for h in store.history("carol")] == ["e21", "e22", "e23", "e24"]
+    # the same event id for another user is that user's event
+    assert store.append_batch(["dave"], [state(24)])[0] == [True]
+    # no per-event key is left behind
+    assert sorted(r.scan_iter(f"{s.redis_key_prefix}:*")) == sorted(
+        k.encode()
+        for k in [store.states_key(u) for u in ("carol", "dave")]
+        + [store.eids_key(u) for u in ("carol", "dave")]
+    )
+
+
+@pytest.mark.services
+def test_event_window_seen_then_remember(stream_settings):
+    s = stream_settings
+    w = EventWindow(connect(s.redis_url), n=3, ttl_s=60)
+    keys = [user_key(s.redis_key_prefix, u, "clicklog:test") for u in ("a", "a", "b}:x")]
+    assert w.seen(keys, ["e1", "e2", "e1"]) == [False, False, False]
+    assert w.remember(keys, ["e1", "e2", "e1"]) == [True, True, True]
+    assert w.remember(keys[:1], ["e1"]) == [False]
+    assert w.seen(keys, ["e1", "e2", "e2"]) == [True, True, False]
+    w.remember(keys[:1] * 3, ["e3", "e4", "e5"])  # pushes e1, e2 out of a's window of 3
+    assert w.seen(keys[:1] * 3, ["e1", "e2", "e5"]) == [False, False, True]
+    assert 0 < w.client.ttl(keys[0]) <= 60
+
+
+@pytest.mark.services
+def test_out_of_memory_raises_and_evicting_policy_is_reported(stream_settings, caplog):
+    """noeviction + maxmemory reached: the append raises RedisOutOfMemory (the worker retries
+    it like an outage) instead of dropping the dedupe; an evicting policy is logged as an error."""
+    s = stream_settings
+    r = connect(s.redis_url)
+    store = StateStore(r, s.redis_key_prefix, k=4, ttl_s=60, dedup_ttl_s=60)
+    store.append_batch(["erin"], [state(1)])  # script loaded while memory is free
+    old = r.config_get("maxmemory")["maxmemory"], r.config_get("maxmemory-policy")
+    try:
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", 1)
+        with pytest.raises(RedisOutOfMemory, match="out of memory"):
+            store.append_batch(["erin"], [state(2)])
+        with pytest.raises(RedisOutOfMemory):
+            EventWindow(r).remember([store.eids_key("erin")], ["x"])
+        r.config_set("maxmemory", old[0])
+        assert [h.event_id for h in store.history("erin")] == ["e1"]
+        r.config_set("maxmemory-policy", "allkeys-lru")
+        with caplog.at_level(logging.ERROR, logger="stream.state_store"):
+            assert check_eviction_policy(r) == "allkeys-lru"
+        assert "noeviction" in caplog.text
+    finally:
+        r.config_set("maxmemory", old[0])
+        r.config_set("maxmemory-policy", old[1]["maxmemory-policy"])
+    assert check_eviction_policy(r) == "noeviction"
