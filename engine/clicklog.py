@@ -2,14 +2,17 @@
 
 Layout: LOG_DIR/<kind>/<YYYY-MM-DD>/part-<writer>.jsonl, one JSON object a line, the date being the
 UTC date of the record's `ts` (seconds since the epoch). Each writer process appends to its own part
-file, so concurrent writers never interleave bytes. The reader streams partitions in date order,
-merging parts by `ts`, and reports and skips corrupt lines (bad JSON, missing or mistyped fields, a
-torn last line) with counts and file:line examples: one bad line never aborts a retrain, and none
-is dropped silently.
+file, so concurrent writers never interleave bytes. Logs hold users' behaviour: the writer creates
+directories 0700 and part files 0600 whatever the umask. The reader streams partitions in date
+order, merging parts by `ts`, and reports and skips corrupt lines (bad JSON, missing or mistyped
+fields, a torn last line) with counts and file:line examples: one bad line never aborts a retrain,
+and none is dropped silently. `ad_outcomes` reads each impression once (an at-least-once producer
+can log one twice), so training never counts an impression twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import logging
@@ -18,9 +21,10 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,7 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
     },
 }
 NON_EMPTY = {"query", "url", "event_id", "user_id"}
+TS_MAX = 1e10  # seconds since the epoch: year 2286; beyond is a unit mistake (ms, us)
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -102,16 +107,15 @@ def validate(kind: str, rec: Any) -> dict:
         elif typ == _NUM:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ClickLogError(f"field {name!r} must be a finite number, got {v!r}")
-            if name == "ts" and v <= 0:
+            if name == "ts" and not 0 < v < TS_MAX:
                 raise ClickLogError(f"field 'ts' must be seconds since the epoch, got {v!r}")
             if name == "propensity" and not 0 < v <= 1:
                 raise ClickLogError(f"field 'propensity' must be in (0, 1], got {v!r}")
         elif typ == _BOOL:
             if not isinstance(v, bool):
                 raise ClickLogError(f"field {name!r} must be true/false, got {v!r}")
-        elif typ == _LIST:
-            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                raise ClickLogError(f"field {name!r} must be a list of strings")
+        elif typ == _LIST and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
+            raise ClickLogError(f"field {name!r} must be a list of strings")
     return rec
 
 
@@ -120,8 +124,40 @@ def partition_of(ts: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
+def encode_record(kind: str, rec: Any, check: bool = True) -> tuple[str, bytes]:
+    """(date partition, JSON line) of a record; anything wrong with the record itself (schema,
+    text that is not UTF-8, a value JSON cannot hold) raises ClickLogError saying what."""
+    if check:
+        validate(kind, rec)
+    try:
+        line = json.dumps(rec, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ClickLogError(f"a field holds a lone surrogate: {e.reason} at {e.start}") from None
+    except (TypeError, ValueError) as e:
+        raise ClickLogError(f"not representable as JSON: {e}") from None
+    return partition_of(rec["ts"]), line + b"\n"
+
+
+def _private_dir(path: Path, top: Path) -> None:
+    """Make `path` (inside the log directory `top`) with its parents up to `top`, each 0700:
+    chmod right after mkdir, so no umask narrows or widens it. `top` is set 0700 only when this
+    call creates it (the operator's own directory is left as it is); what lies above `top` is
+    created with default permissions."""
+    top.parent.mkdir(parents=True, exist_ok=True)
+    parts = path.relative_to(top).parts
+    for d in [top] + [top.joinpath(*parts[: i + 1]) for i in range(len(parts))]:
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:  # already there (or another writer made it just now)
+            if d == top:
+                continue
+        with contextlib.suppress(PermissionError):  # someone else's directory: leave it
+            os.chmod(d, 0o700)
+
+
 class ClickLogWriter:
-    """Appends validated records of one kind to LOG_DIR/<kind>/<date>/part-<writer_id>.jsonl."""
+    """Appends validated records of one kind to LOG_DIR/<kind>/<date>/part-<writer_id>.jsonl
+    (directories 0700, files 0600, readable by their owner only)."""
 
     def __init__(
         self,
@@ -135,7 +171,8 @@ class ClickLogWriter:
             raise ClickLogError(f"unknown log kind {kind!r}; expected one of {sorted(SCHEMAS)}")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", writer_id):
             raise ValueError(f"writer_id {writer_id!r}: use letters, digits, '_', '-', '.'")
-        self.root = Path(log_dir) / kind
+        self.log_dir = Path(log_dir)
+        self.root = self.log_dir / kind
         self.kind, self.writer_id = kind, writer_id
         self.fsync, self.validate_records = fsync, validate_records
         self._date: str | None = None
@@ -147,8 +184,10 @@ class ClickLogWriter:
             return self._f
         self.close()
         path = self.root / date / f"part-{self.writer_id}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path, "ab")
+        _private_dir(path.parent, self.log_dir)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)
+        f = os.fdopen(fd, "ab")
         # A writer killed mid-line leaves a torn tail: end it so the next record starts clean
         # (the reader then reports the torn line once instead of losing the next record too).
         if f.tell() > 0:
@@ -162,20 +201,27 @@ class ClickLogWriter:
     def write(self, rec: dict) -> None:
         self.write_many([rec])
 
+    def encode(self, rec: Any) -> tuple[str, bytes]:
+        """(date, line) of one record of this writer's kind, or ClickLogError (encode_record)."""
+        return encode_record(self.kind, rec, self.validate_records)
+
     def write_many(self, recs: Iterable[dict]) -> int:
-        """Append records (any order of dates); one write per date run, flushed before return."""
+        """Append records (any order of dates); one write per date run, flushed before return.
+        A bad record raises ClickLogError before anything of the call is written."""
+        return self.write_encoded([self.encode(r) for r in recs])
+
+    def write_encoded(self, lines: Iterable[tuple[str, bytes]]) -> int:
+        """Append (date, line) pairs from `encode`; one write per date run, flushed (and fsynced
+        when asked) before return."""
         buf: list[bytes] = []
         date = None
         n = 0
-        for rec in recs:
-            if self.validate_records:
-                validate(self.kind, rec)
-            d = partition_of(rec["ts"])
+        for d, line in lines:
             if d != date and buf:
                 self._open(date).write(b"".join(buf))
                 buf = []
             date = d
-            buf.append(json.dumps(rec, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+            buf.append(line)
             n += 1
         if buf:
             self._open(date).write(b"".join(buf))
@@ -211,6 +257,7 @@ class ReadReport:
     lines: int = 0
     records: int = 0
     corrupt: int = 0
+    duplicates: int = 0  # records skipped by ad_outcomes: an event id read before
     reasons: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
     max_examples: int = 20
@@ -229,6 +276,7 @@ class ReadReport:
             "lines": self.lines,
             "records": self.records,
             "corrupt": self.corrupt,
+            "duplicates": self.duplicates,
             "reasons": dict(self.reasons),
             "examples": list(self.examples),
         }
@@ -237,6 +285,8 @@ class ReadReport:
         s = f"{self.kind}: {self.records} records from {self.files} files, {self.corrupt} corrupt lines skipped"
         if self.corrupt:
             s += " (" + ", ".join(f"{k}: {v}" for k, v in self.reasons.most_common()) + ")"
+        if self.duplicates:
+            s += f", {self.duplicates} duplicate event ids skipped"
         return s
 
 
@@ -309,12 +359,23 @@ def read_log(
 def ad_outcomes(
     log_dir: str | Path, reports: dict[str, ReadReport] | None = None
 ) -> Iterator[dict]:
-    """Ad impressions in time order, each with `clicked` joined from ad_clicks by event_id."""
+    """Ad impressions in time order, each once, with `clicked` joined from ad_clicks by event_id.
+
+    An impression logged twice (an ad query repeated by an at-least-once worker, or a click
+    logger killed between its write and its dedupe record) is yielded once: the first in time
+    order wins and the others are counted in reports["ad_impressions"].duplicates."""
     reports = reports if reports is not None else {}
     reports.setdefault("ad_clicks", ReadReport("ad_clicks"))
     reports.setdefault("ad_impressions", ReadReport("ad_impressions"))
     clicked = {
         r["event_id"] for r in read_log(log_dir, "ad_clicks", reports["ad_clicks"]) if r["clicked"]
     }
-    for rec in read_log(log_dir, "ad_impressions", reports["ad_impressions"]):
-        yield {**rec, "clicked": rec["event_id"] in clicked}
+    rep = reports["ad_impressions"]
+    seen: set[str] = set()
+    for rec in read_log(log_dir, "ad_impressions", rep):
+        eid = rec["event_id"]
+        if eid in seen:
+            rep.duplicates += 1
+            continue
+        seen.add(eid)
+        yield {**rec, "clicked": eid in clicked}
