@@ -44,3 +44,50 @@ def stats(path: str, labels: str | None, json_out: str | None) -> None:
     if json_out:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+
+
+@data.command()
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for train.tsv, test.tsv, labels.txt and stats.json.",
+)
+@click.option(
+    "--from",
+    "source",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A saved `apt-cache dumpavail` output (default: run apt-cache on this machine).",
+)
+@click.option(
+    "--max-points",
+    type=click.IntRange(100, None),
+    default=None,
+    help="Keep this many packages (a deterministic sample by name hash; default: all).",
+)
+@click.option("--test-share", type=click.FloatRange(0.05, 0.9), default=0.3, show_default=True)
+def build(out: Path, source: str | None, max_points: int | None, test_share: float) -> None:
+    """Build the debian-related data set from the Debian package catalogue.
+
+    Points are packages (text: the one-line description), labels the packages they depend on,
+    recommend or suggest. Nothing is downloaded: the catalogue is this machine's apt cache.
+    """
+    from engine.debian_packages import CatalogueError, packages, read_catalogue, write
+    from engine.debian_packages import build as build_ds
+
+    try:
+        text = read_catalogue(source)
+        ds = build_ds(packages(text, source or "apt-cache dumpavail"), test_share, 2, max_points)
+    except CatalogueError as e:
+        raise click.ClickException(str(e)) from None
+    if not ds.train_texts or not ds.test_texts:
+        raise click.ClickException(
+            f"{source or 'apt-cache dumpavail'}: too few packages with related packages to "
+            "make both a train and a test split"
+        )
+    st = write(ds, out)
+    click.echo(
+        f"{out}: {st['N_train']} train / {st['N_test']} test points, {st['L']} labels, "
+        f"{st['avg_labels_per_point']} labels/point, {st['avg_words_per_point']} words/point"
+    )

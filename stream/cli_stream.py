@@ -68,6 +68,18 @@ def ensure_topics_or_fail(settings) -> None:
         raise click.ClickException(str(exc)) from None
 
 
+def check_policy_or_fail(settings, policy: str, policy_model: str | None) -> None:
+    """The policy loads and its window fits state_k / top_k, or one clear error before any
+    worker starts (each worker would fail on it and be restarted until it gave up)."""
+    from personalization.artifact import PolicyFileError
+    from stream.policy_handle import make_policy
+
+    try:
+        make_policy(policy, policy_model, settings=settings)
+    except (ValueError, PolicyFileError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @click.group()
 def stream() -> None:
     """Consumers, producers and the click logger of the streaming ads pipeline."""
@@ -101,10 +113,10 @@ def stream() -> None:
 @click.option("--batch-max", type=int, default=None, help="Max records per batch.")
 @click.option(
     "--metrics-port",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Serve Prometheus metrics on 127.0.0.1:PORT+i for worker i (0: off).",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on 127.0.0.1:PORT+i for worker i (0: off; default: the "
+    "metrics_port setting, 0).",
 )
 @click.option("--threads", type=int, default=1, show_default=True, help="Math threads per worker.")
 @click.option(
@@ -126,10 +138,11 @@ def run(
         settings = settings.replace(batch_max=batch_max)
     if delivery:
         settings = settings.replace(delivery=delivery)
+    if metrics_port is not None:
+        settings = settings.replace(metrics_port=metrics_port)
+    check_policy_or_fail(settings, policy, policy_model)
     ensure_topics_or_fail(settings)
-    restarts = run_workers(
-        settings, model_path, policy, policy_model, workers, metrics_port, threads
-    )
+    restarts = run_workers(settings, model_path, policy, policy_model, workers, threads)
     click.echo(f"stopped ({restarts} worker restarts)")
 
 
@@ -143,12 +156,22 @@ def run(
     help="Click-log directory (LOG_DIR/ad_impressions, LOG_DIR/ad_clicks).",
 )
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
-def log_clicks(settings, log_dir, max_seconds):
-    """Consume ad-queries and ad-clicks into the durable click log; commit after fsync."""
-    from stream.click_logger import run_click_logger
+@click.option(
+    "--restart/--no-restart",
+    default=True,
+    show_default=True,
+    help="Run the logger in a child process and start it again with backoff if it dies "
+    "(broker, Redis or disk failing), as `astec stream run` does for its workers.",
+)
+def log_clicks(settings, log_dir, max_seconds, restart):
+    """Consume ad-queries and ad-clicks into the durable click log; commit after fsync.
+
+    Runs under a supervisor until SIGTERM/SIGINT; a record that cannot be logged goes to the
+    dead-letter topic with its reason. Prints the counts (and the number of restarts)."""
+    from stream.click_logger import supervise
 
     ensure_topics_or_fail(settings)
-    counts = run_click_logger(settings, log_dir, max_seconds=max_seconds)
+    counts = supervise(settings, log_dir, max_seconds=max_seconds, restart=restart)
     click.echo(json.dumps(counts))
 
 
@@ -172,19 +195,43 @@ def metrics(settings):
     type=click.Path(exists=True, file_okay=False),
     help="World directory (`astec simulate world`).",
 )
-@click.option("--rate", type=float, default=200.0, show_default=True, help="Page views per second.")
-@click.option("--duration", type=float, default=30.0, show_default=True, help="Seconds of traffic.")
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=200.0,
+    show_default=True,
+    help="Page views per second.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds of measured traffic.",
+)
+@click.option(
+    "--warmup",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds of traffic before the measured part; their latency is reported apart "
+    "(warmup_e2a_ms_*).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--drain",
-    type=float,
+    type=click.FloatRange(min=0),
     default=15.0,
     show_default=True,
     help="Seconds to wait for the last ad queries after sending.",
 )
-def simulate(settings, world_dir, rate, duration, seed, drain):
+def simulate(settings, world_dir, rate, duration, warmup, seed, drain):
     """Produce page views from simulated users; answer ad queries with clicks (click model)."""
     from stream.live_sim import run_simulation
 
     ensure_topics_or_fail(settings)
-    click.echo(json.dumps(run_simulation(settings, world_dir, rate, duration, seed, drain)))
+    click.echo(
+        json.dumps(
+            run_simulation(settings, world_dir, rate, duration, seed, drain, warmup_s=warmup)
+        )
+    )

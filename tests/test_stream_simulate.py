@@ -56,14 +56,17 @@ def test_simulate_answers_every_view_and_log_clicks_joins_them(stream_settings, 
     )
     logger.start()
     try:
-        rep = run_simulation(s, str(world_dir), rate=200, duration=3, seed=1, progress=False)
+        rep = run_simulation(
+            s, str(world_dir), rate=200, duration=2, seed=1, progress=False, warmup_s=1
+        )
     finally:
         worker.stop()
         wt.join(30)
     assert rep["page_views"] == 600 and rep["ad_queries"] == 600 and rep["unanswered"] == 0
     assert rep["unknown_queries"] == 0  # every chosen query is a query of the world
     assert 0 < rep["clicks"] < 600
-    assert rep["e2a_ms_p99"] is not None
+    assert rep["e2a_ms_p99"] is not None and rep["warmup_page_views"] == 200
+    assert rep["warmup_e2a_ms_p99"] is not None  # the warm-up's latency is reported apart
 
     import time
 
