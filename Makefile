@@ -1,4 +1,4 @@
-# Idempotent setup and the project's two everyday commands: `make demo` and `make test`.
+# Idempotent setup and the project's everyday commands: `make demo`, `make test`, `make lint`.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
@@ -8,7 +8,7 @@ KAFKA_LIB   := infra/kafka/lib
 KAFKA_STAMP := $(KAFKA_LIB)/.resolved-$(shell cat infra/kafka/pom.xml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps java-deps test demo clean
+.PHONY: install system-deps java-deps test lint demo clean
 
 install: system-deps java-deps $(STAMP) $(KAFKA_STAMP)
 
@@ -54,6 +54,13 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Lint, format check and type check of the whole repository (config: pyproject.toml [tool.*]).
+# Needs only the venv, not the services, so it depends on the Python install stamp alone.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 demo: install
 	$(VENV)/bin/astec demo
