@@ -3,21 +3,27 @@
 Every method runs in its own subprocess (a fresh interpreter), so its peak RSS is measured alone
 (os.wait4's ru_maxrss) and one method's memory never inflates another's. Peers get the same
 TF-IDF features from engine.text (words + word pairs by default, --peer-ngrams; Astec uses its
-config's n-grams). Metrics: engine.ranking_metrics
-with propensities from the training labels (A=0.55, B=1.5 unless --propensity A,B).
+config's n-grams). Metrics: engine.ranking_metrics with propensities from the training labels
+(engine.ranking_metrics' A, B unless --propensity A,B). A worker gets its job (PeerJob) as JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
+
+from engine.astec.config import DEVICES, TrainingParams
+from engine.cli_options import config_option, default_of
+from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B
 
 METHODS = ("astec", "astec-3", "parabel", "bonsai", "napkinxc-plt")
 
@@ -38,9 +44,9 @@ def _load(train, test, labels, cfg):
     Ytr, Yte = pad(tr.Y), pad(te.Y)
     if tr.texts is not None:
         vec = TfidfVectorizer(
-            min_df=cfg.min_df,
-            word_ngrams=cfg.word_ngrams,
-            char_ngrams=tuple(cfg.char_ngrams) if cfg.char_ngrams else None,
+            min_df=cfg.features.min_df,
+            word_ngrams=cfg.features.word_ngrams,
+            char_ngrams=tuple(cfg.features.char_ngrams) if cfg.features.char_ngrams else None,
         )
         Xtr = vec.fit_transform(tr.texts)
         Xte = vec.transform(te.texts)
@@ -76,25 +82,45 @@ def train_ratios(rows: list[dict]) -> dict:
     return {r["method"]: round(r["train_s"] / base, 1) for r in ok}
 
 
-def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngrams=2):
-    """Train + predict one method in this process; write timings and top-k ids to out_json."""
+@dataclass
+class PeerJob:
+    """One method's run in a worker subprocess, passed by name as JSON (the worker's argv[1])."""
+
+    method: str
+    train: str
+    test: str
+    labels: str | None
+    config: str | None  # AstecConfig JSON file
+    out_json: str  # where the worker writes timings (and out_json + ".ids.npy" its top-k ids)
+    k: int
+    threads: int  # the method's threads (Astec: training.threads; peers: their n_threads)
+    peer_ngrams: int  # word n-grams of the peers' features
+    device: str | None = None  # Astec's training.device (None: the config's)
+    save_dir: str | None = None  # keep the trained Astec model as save_dir/method
+
+
+def _worker(job: PeerJob) -> None:
+    """Train + predict one method in this process; write timings and top-k ids to job.out_json."""
     import numpy as np
     import scipy.sparse as sp
 
     from engine.astec import Astec, AstecConfig
 
-    cfg = AstecConfig.load(config) if config else AstecConfig()
-    cfg.num_threads = threads
+    method, k, threads = job.method, job.k, job.threads
+    cfg = AstecConfig.load(job.config) if job.config else AstecConfig()
+    cfg.training.threads = threads
+    if job.device is not None:
+        cfg.training.device = job.device
     if not method.startswith("astec"):
-        cfg.word_ngrams = peer_ngrams
-    tr_in, te_in, Xtr, Xte, Ytr, Yte, names = _load(train, test, labels, cfg)
+        cfg.features.word_ngrams = job.peer_ngrams
+    tr_in, te_in, Xtr, Xte, Ytr, _, names = _load(job.train, job.test, job.labels, cfg)
     t0 = time.time()
     if method.startswith("astec"):
         learners = 3 if method == "astec-3" else 1
         model = Astec.train(tr_in, Ytr, cfg, label_names=names, learners=learners, progress=False)
         train_s = time.time() - t0
-        if os.environ.get("ASTEC_BENCH_SAVE_DIR"):  # --save-models: keep it for export / bench
-            model.save(Path(os.environ["ASTEC_BENCH_SAVE_DIR"]) / method)
+        if job.save_dir:  # --save-models: keep it for export / bench (not timed)
+            model.save(Path(job.save_dir) / method)
         t1 = time.time()
         ids, _ = model.predict(te_in, k=k)
         extra = {
@@ -145,45 +171,35 @@ def _worker(method, train, test, labels, config, out_json, k, threads, peer_ngra
     else:
         raise ValueError(method)
     pred_s = time.time() - t1
-    np.save(out_json + ".ids.npy", ids)
-    Path(out_json).write_text(json.dumps({"train_s": train_s, "predict_s": pred_s, **extra}))
+    np.save(job.out_json + ".ids.npy", ids)
+    Path(job.out_json).write_text(json.dumps({"train_s": train_s, "predict_s": pred_s, **extra}))
 
 
-def _run(method, args, k, threads, peer_ngrams, save_dir: str | None = None) -> dict:
-    env = dict(os.environ, **({"ASTEC_BENCH_SAVE_DIR": save_dir} if save_dir else {}))
+def _run(job: PeerJob) -> dict:
+    """Run `job` in a fresh interpreter; its timings, top-k ids and peak RSS (os.wait4)."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "r.json")
-        cmd = [
-            sys.executable,
-            "-m",
-            "bench.engine_peers",
-            method,
-            *args,
-            out,
-            str(k),
-            str(threads),
-            str(peer_ngrams),
-        ]
-        logf = open(
-            os.path.join(tmp, "log.txt"), "wb"
-        )  # omikuji prints a progress line per example
-        proc = subprocess.Popen(
-            cmd, cwd=str(Path(__file__).resolve().parents[1]), stdout=logf, stderr=logf, env=env
-        )
-        _, status, ru = os.wait4(proc.pid, 0)
-        logf.close()
-        if status != 0 or not os.path.exists(out):
+        job = dataclasses.replace(job, out_json=os.path.join(tmp, "r.json"))
+        spec = Path(tmp, "job.json")
+        spec.write_text(json.dumps(dataclasses.asdict(job)))
+        cmd = [sys.executable, "-m", "bench.engine_peers", str(spec)]
+        # omikuji prints a progress line per example: to a file, whose tail explains a failure
+        with open(os.path.join(tmp, "log.txt"), "wb") as logf:
+            proc = subprocess.Popen(
+                cmd, cwd=str(Path(__file__).resolve().parents[1]), stdout=logf, stderr=logf
+            )
+            _, status, ru = os.wait4(proc.pid, 0)
+        if status != 0 or not os.path.exists(job.out_json):
             tail = Path(tmp, "log.txt").read_bytes()[-2000:].decode("utf-8", "replace")
             return {
-                "method": method,
+                "method": job.method,
                 "error": f"exit status {status}: {tail.strip().splitlines()[-1:]}",
             }
         import numpy as np
 
-        r = json.loads(Path(out).read_text())
-        r["ids"] = np.load(out + ".ids.npy")
+        r = json.loads(Path(job.out_json).read_text())
+        r["ids"] = np.load(job.out_json + ".ids.npy")
         r["peak_rss_mb"] = ru.ru_maxrss / 1024.0
-        r["method"] = method
+        r["method"] = job.method
         return r
 
 
@@ -207,17 +223,12 @@ def _run(method, args, k, threads, peer_ngrams, save_dir: str | None = None) -> 
 @click.option(
     "--threads",
     type=click.IntRange(0, 256),
-    default=0,
+    default=default_of(TrainingParams, "threads"),
     show_default=True,
     help="Threads for the peers (omikuji, napkinXC) and for Astec unless its config sets "
-    "num_threads; 0 = every core this process may use.",
+    "training.threads; 0 = every core this process may use.",
 )
-@click.option(
-    "--device",
-    type=click.Choice(["cpu", "cuda", "auto"]),
-    default=None,
-    help="Where Astec's Modules I-IV and re-ranker train (default: the config's, cpu).",
-)
+@config_option(TrainingParams, "device", "--device", type=click.Choice(DEVICES))
 @click.option(
     "--peer-ngrams",
     type=click.IntRange(1, 2),
@@ -226,7 +237,10 @@ def _run(method, args, k, threads, peer_ngrams, save_dir: str | None = None) -> 
     help="Word n-grams of the peers' TF-IDF features (2 = words + word pairs).",
 )
 @click.option(
-    "--propensity", default="0.55,1.5", show_default=True, help="A,B of the propensity model."
+    "--propensity",
+    default=f"{PROPENSITY_A},{PROPENSITY_B}",
+    show_default=True,
+    help="A,B of the propensity model.",
 )
 @click.option(
     "--json-out",
@@ -276,25 +290,24 @@ def peers(
     ip = inv_propensity(tr.Y, A=A, B=B, num_labels=L)
     cfg = AstecConfig.load(config_path) if config_path else AstecConfig()
     threads = resolve_threads(threads)
-    astec_threads = cfg.num_threads if cfg.num_threads > 0 else threads
-    if device is not None:  # the worker reads the config file: write one with the device
-        cfg.device = device
-        tmp_cfg = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-        tmp_cfg.close()
-        cfg.save(tmp_cfg.name)
-        config_path = tmp_cfg.name
-    args = [str(train_path), str(test_path), str(labels_path or ""), str(config_path or "")]
+    astec_threads = cfg.training.threads if cfg.training.threads > 0 else threads
     rows = []
     for m in wanted:
         click.echo(f"running {m} ...", err=True)
-        r = _run(
-            m,
-            args,
-            5,
-            astec_threads if m.startswith("astec") else threads,
-            peer_ngrams,
-            save_models,
+        job = PeerJob(
+            method=m,
+            train=str(train_path),
+            test=str(test_path),
+            labels=labels_path,
+            config=config_path,
+            out_json="",  # _run chooses it
+            k=5,
+            threads=astec_threads if m.startswith("astec") else threads,
+            peer_ngrams=peer_ngrams,
+            device=device,
+            save_dir=save_models,
         )
+        r = _run(job)
         if "error" in r:
             click.echo(f"  {m}: failed ({r['error']})", err=True)
             rows.append({"method": m, "error": r["error"]})
@@ -358,7 +371,4 @@ def peers(
 
 
 if __name__ == "__main__":
-    method, train, test, labels, config, out, k, threads, ngrams = sys.argv[1:10]
-    _worker(
-        method, train, test, labels or None, config or None, out, int(k), int(threads), int(ngrams)
-    )
+    _worker(PeerJob(**json.loads(Path(sys.argv[1]).read_text())))

@@ -91,7 +91,7 @@ def _sys_torch(args: dict):
     from engine.astec import Astec
 
     m = Astec.load(args["model"])
-    m.config.num_threads = 1
+    m.config.training.threads = 1
     match_search(m, Path(args["predictor"]))
     k = args["k"]
     return (lambda t: m.predict([t], k)), (lambda ts: m.predict(ts, k)), _dir_bytes(args["model"])
@@ -177,7 +177,7 @@ def _import_libraries(system: str) -> None:
         if system == "predictor-onnx":
             import onnxruntime  # noqa: F401
     elif system == "torch":
-        import engine.astec  # noqa: F401
+        import engine.astec.model  # noqa: F401  (torch with it)
     elif system == "omikuji":
         import omikuji  # noqa: F401
     elif system == "napkinxc":

@@ -7,26 +7,39 @@ learner in a fresh subprocess and reports wall seconds and peak RSS per module (
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 
-def _worker(
-    L: int, ppl: float, cfg_path: str | None, out: str, seed: int, progress: bool = False
-) -> None:
+@dataclass
+class ScaleJob:
+    """One size's run in a worker subprocess, passed by name as JSON (the worker's argv[1])."""
+
+    labels: int  # L
+    points_per_label: float
+    config: str | None  # AstecConfig JSON file
+    out_json: str
+    seed: int  # of the synthetic data
+    progress: bool
+
+
+def _worker(job: ScaleJob) -> None:
     from engine.astec import Astec, AstecConfig
     from engine.ranking_metrics import evaluate
     from engine.synthetic import zipf_dataset
 
-    cfg = AstecConfig.load(cfg_path) if cfg_path else AstecConfig()
-    n = int(ppl * L)
+    cfg = AstecConfig.load(job.config) if job.config else AstecConfig()
+    L, seed, progress = job.labels, job.seed, job.progress
+    n = int(job.points_per_label * L)
     t0 = time.time()
     texts, Y = zipf_dataset(n + 2000, L, seed=seed)
     gen_s = time.time() - t0
@@ -38,7 +51,7 @@ def _worker(
     pred_ms = 1000 * (time.time() - t0) / 2000
     met = evaluate(Y[n:], (ids, sc), ks=(1, 5))
     lg = m.train_log["learners"][0]["modules"]
-    Path(out).write_text(
+    Path(job.out_json).write_text(
         json.dumps(
             {
                 "L": L,
@@ -109,18 +122,18 @@ def scale(sizes, points_per_label, config_path, seed, json_out, progress):
         click.echo(f"L={L} ...", err=True)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "r.json")
+            job = ScaleJob(
+                labels=L,
+                points_per_label=points_per_label,
+                config=config_path,
+                out_json=out,
+                seed=seed,
+                progress=progress,
+            )
+            spec = Path(tmp, "job.json")
+            spec.write_text(json.dumps(dataclasses.asdict(job)))
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.engine_scale",
-                    str(L),
-                    str(points_per_label),
-                    config_path or "",
-                    out,
-                    str(seed),
-                    str(int(progress)),
-                ],
+                [sys.executable, "-m", "bench.engine_scale", str(spec)],
                 cwd=str(Path(__file__).resolve().parents[1]),
                 stdout=_stderr_fd(),
             )
@@ -158,5 +171,4 @@ def scale(sizes, points_per_label, config_path, seed, json_out, progress):
 
 
 if __name__ == "__main__":
-    _L, _ppl, _cfg, _out, _seed, _progress = sys.argv[1:7]
-    _worker(int(_L), float(_ppl), _cfg or None, _out, int(_seed), _progress == "1")
+    _worker(ScaleJob(**json.loads(Path(sys.argv[1]).read_text())))

@@ -11,7 +11,7 @@ import scipy.sparse as sp
 
 from engine.formats import FormatError, detect_format, load_dataset, read_npz, read_predictions
 from engine.ranking_metrics import evaluate as evaluate_metrics
-from engine.ranking_metrics import inv_propensity
+from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B, inv_propensity
 
 _ROWS = ("P", "nDCG", "PSP", "PSnDCG")
 
@@ -91,7 +91,7 @@ def format_table(metrics: dict[str, float], ks: list[int]) -> str:
     "--A",
     "A",
     type=float,
-    default=0.55,
+    default=PROPENSITY_A,
     show_default=True,
     help="Propensity A (0.6 Amazon, 0.5 Wikipedia).",
 )
@@ -99,7 +99,7 @@ def format_table(metrics: dict[str, float], ks: list[int]) -> str:
     "--B",
     "B",
     type=float,
-    default=1.5,
+    default=PROPENSITY_B,
     show_default=True,
     help="Propensity B (2.6 Amazon, 0.4 Wikipedia).",
 )

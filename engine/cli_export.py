@@ -28,7 +28,7 @@ from engine.export import ExportOptions
 @click.option(
     "--dtype",
     type=click.Choice(["float32", "float16"]),
-    default="float32",
+    default=ExportOptions.dtype,
     show_default=True,
     help="Storage of classifier rows (float16 halves them; scores "
     "then differ from the model by ~1e-3).",
@@ -86,7 +86,7 @@ from engine.export import ExportOptions
 )
 @click.option(
     "--sparse-ranker/--no-sparse-ranker",
-    default=True,
+    default=ExportOptions.sparse_ranker,
     show_default=True,
     help="Serve the model's sparse ranker. --no-sparse-ranker serves the paper's "
     "score combination only (the model's predictions with gamma = 1): faster "
@@ -94,7 +94,7 @@ from engine.export import ExportOptions
 )
 @click.option(
     "--label-text/--no-label-text",
-    default=True,
+    default=ExportOptions.label_text,
     show_default=True,
     help="Serve the model's label-name match (its weight and name candidates). "
     "--no-label-text serves the model's predictions without it.",
@@ -106,7 +106,11 @@ from engine.export import ExportOptions
     help="Version string recorded in the manifest (default: astec-<model sha[:12]>).",
 )
 @click.option(
-    "--threads", type=int, default=2, show_default=True, help="Threads for building indexes."
+    "--threads",
+    type=click.IntRange(1, 256),
+    default=ExportOptions.threads,
+    show_default=True,
+    help="Threads for building indexes.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 def export(

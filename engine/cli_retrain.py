@@ -6,6 +6,10 @@ import json
 
 import click
 
+from engine.astec.config import AstecConfig, TrainingParams
+from engine.cli_options import config_option, default_of
+from engine.retrain import RetrainSettings
+
 
 @click.command("retrain")
 @click.option(
@@ -27,33 +31,39 @@ import click
     "config_path",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="JSON object of AstecConfig fields overriding the defaults.",
+    help="AstecConfig JSON (nested sections, or the flat field names) overriding the defaults.",
 )
 @click.option(
     "--min-clicks",
-    default=2,
+    default=default_of(RetrainSettings, "min_clicks"),
     show_default=True,
     help="Clicks a (page, query) pair needs to be a label.",
 )
 @click.option(
-    "--holdout-days", default=1, show_default=True, help="Newest days of logs kept for evaluation."
+    "--holdout-days",
+    default=default_of(RetrainSettings, "holdout_days"),
+    show_default=True,
+    help="Newest days of logs kept for evaluation.",
 )
 @click.option(
     "--metric",
-    default="P@1",
+    default=default_of(RetrainSettings, "metric"),
     show_default=True,
     help="Decision metric (P@k, nDCG@k, PSP@k, PSnDCG@k).",
 )
 @click.option(
     "--tolerance",
-    default=1.0,
+    default=default_of(RetrainSettings, "tolerance"),
     show_default=True,
     help="Promote if new >= current - tolerance (metric points, percent).",
 )
 @click.option(
-    "--keep", default=5, show_default=True, help="Versions kept (the current one always is)."
+    "--keep",
+    default=default_of(RetrainSettings, "keep"),
+    show_default=True,
+    help="Versions kept (the current one always is).",
 )
-@click.option("--threads", type=click.IntRange(1, 256), default=None, help="torch/hnswlib threads.")
+@config_option(TrainingParams, "threads", "--threads", type=click.IntRange(0, 256))
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def retrain(
     log_dir,
@@ -72,15 +82,15 @@ def retrain(
     Safe to kill at any point: CURRENT and complete versions are untouched, and the next run
     removes the half-built staging directory. Prints the decision as JSON.
     """
-    from engine.astec import AstecConfig
-    from engine.retrain import RetrainError, RetrainSettings, retrain as run
+    from engine.retrain import RetrainError
+    from engine.retrain import retrain as run
 
     try:
         cfg = AstecConfig.load(config_path) if config_path else AstecConfig()
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    if threads:
-        cfg.num_threads = threads
+    if threads is not None:
+        cfg.training.threads = threads
     s = RetrainSettings(
         min_clicks=min_clicks,
         holdout_days=holdout_days,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 
 import click
+
+from engine.astec.config import DEVICES, TOP_K, AstecConfig, EnsembleParams, TrainingParams
+from engine.clicks_dataset import build_training_set
+from engine.cli_options import config_option, default_of
 
 
 @click.command("train")
@@ -29,14 +31,14 @@ import click
 @click.option(
     "--min-clicks",
     type=click.IntRange(1),
-    default=2,
+    default=default_of(build_training_set, "min_clicks"),
     show_default=True,
     help="With --clicks: clicks a (page, query) pair needs to become a label.",
 )
 @click.option(
     "--test-fraction",
     type=click.FloatRange(0, 1, max_open=True),
-    default=0.2,
+    default=default_of(build_training_set, "test_fraction"),
     show_default=True,
     help="With --clicks: share of pages held out in OUT/data/test.tsv (split by page).",
 )
@@ -59,26 +61,12 @@ import click
     "config_path",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="JSON object of AstecConfig fields overriding the defaults.",
+    help="AstecConfig JSON (nested sections, or the flat field names) overriding the defaults.",
 )
-@click.option(
-    "--learners", type=click.IntRange(1, 16), default=None, help="Ensemble size (Astec-3: 3)."
-)
-@click.option("--seed", type=int, default=None, help="Random seed (learner j uses seed + 1000 j).")
-@click.option(
-    "--threads",
-    type=click.IntRange(0, 256),
-    default=None,
-    help="torch/numba/hnswlib threads (default: the config's num_threads, whose default 0 means "
-    "every core this process may use).",
-)
-@click.option(
-    "--device",
-    type=click.Choice(["cpu", "cuda", "auto"]),
-    default=None,
-    help="Where Modules I-IV and the re-ranker train (default: the config's, cpu); cuda needs a "
-    "GPU, auto takes one when present. The model and its CPU predictor are the same kind.",
-)
+@config_option(EnsembleParams, "learners", "--learners", type=click.IntRange(1, 16))
+@config_option(AstecConfig, "seed", "--seed", type=int)
+@config_option(TrainingParams, "threads", "--threads", type=click.IntRange(0, 256))
+@config_option(TrainingParams, "device", "--device", type=click.Choice(DEVICES))
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def train(
     train_path,
@@ -100,14 +88,12 @@ def train(
     vocabulary, weights (safetensors), the hnswlib/exact indexes, the label map, train_log.json
     (per-module wall time, peak memory, validation metrics) and a manifest.
     """
-    from engine.astec import Astec, AstecConfig
+    from engine.astec import Astec
     from engine.formats import FormatError, load_dataset
 
     if (train_path is None) == (clicks_dir is None):
         raise click.UsageError("give exactly one of --train FILE and --clicks LOG_DIR")
     if clicks_dir is not None:
-        from engine.clicks_dataset import build_training_set
-
         data_dir = Path(out_dir) / "data"
         try:
             stats = build_training_set(
@@ -127,9 +113,9 @@ def train(
     except (FormatError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if threads is not None:
-        cfg.num_threads = threads
+        cfg.training.threads = threads
     if device is not None:
-        cfg.device = device
+        cfg.training.device = device
     inputs = ds.texts if ds.texts is not None else ds.X
     t0 = time.time()
     try:
@@ -195,7 +181,13 @@ def _read_inputs(path):
 @click.option(
     "--text", "texts", multiple=True, help="A text to label (repeatable); prints names and scores."
 )
-@click.option("--k", type=click.IntRange(1, 10000), default=10, show_default=True)
+@click.option(
+    "--k",
+    type=click.IntRange(1, 10000),
+    default=TOP_K,
+    show_default=True,
+    help="Labels per text.",
+)
 @click.option(
     "--no-verify", is_flag=True, help="Skip sha256 checks when loading (sizes are still checked)."
 )

@@ -266,9 +266,9 @@ def _export_learner(lr, d: Path, rel: str, cfg, L: int, opts: ExportOptions, see
         "prior_score": f"{rel}/prior_score.npy",
         "knn": knn,
         "kmu": kmu,
-        "knn_power": float(getattr(cfg, "knn_power", 1.0)),
-        "centroid_weight": float(cfg.centroid_weight),
-        "shortlist_size": int(cfg.predict_shortlist),
+        "knn_power": float(cfg.shortlist.knn_power),
+        "centroid_weight": float(cfg.shortlist.centroid_weight),
+        "shortlist_size": int(cfg.search.candidates),
     }
     return out
 
@@ -326,7 +326,7 @@ def export_model(
             "classifier_dtype": opts.dtype,
             "ensemble": model.ensemble,
             "label_text_weight": model.label_text_weight if opts.label_text else 0.0,
-            "label_text_min_match": float(cfg.label_text_min_match),
+            "label_text_min_match": float(cfg.name_match.min_match),
             "learners": learners,
         }
         if model.ranker_vectorizer is not None and opts.sparse_ranker:

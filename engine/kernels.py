@@ -103,7 +103,8 @@ def shortlist(
     knn_power,
     shortlist_size,
 ):
-    """(labels ascending, s) of one query, as Learner.base_scores computes them for a row.
+    """(labels ascending, s) of one query, as engine.predictor's ServingLearner.base_scores
+    computes them for a row.
 
     s = (1-c) * sum over the k nearest training points of their normalised similarity times the
     point's label value + c * the best similarity among the label's nearest centres; prior

@@ -5,15 +5,20 @@ with numpy, hnswlib and, optionally, onnxruntime only: importing this module nev
 Loading verifies the manifest (size + sha256 of every file) before any file is used and builds
 the object only once everything is loaded, so a predictor is either complete or refused.
 
-Per learner, for a text with TF-IDF vector x:
+Per learner, for a text with TF-IDF vector x (and x' its words + word pairs, unit length, plus a
+bias feature, for the sparse ranker):
     v = ReLU(E^T x)                      shortlist features (ANNS^x over points, ANNS^mu over centres)
-    s = w max_c cos(v, mu_c) + (1 - w) sum_j cos(v, v_j) y_j / sum_j cos(v, v_j)  (+ prior labels)
-    C = the top `predict_shortlist` labels by s
-    C = C + the prior (most frequent) labels, always scored
+    s = w max_c cos(v, mu_c) + (1 - w) sum_j cos(v, v_j)^p y_j / sum_j cos(v, v_j)^p
+    C = the top `shortlist_size` labels by s, + the prior (most frequent) labels, always scored,
+        + the labels whose name the text matches at least `label_text_min_match` (s ~ 0)
     z = v + ReLU(R v)
     y = alpha sigma(w_l^T z + b_l) + (1 - alpha) sigma(s_l)
-    y = beta y + (1 - beta) sigma(w~_l^T z~ + b~_l)   (re-ranker)
-and an ensemble averages y over learners (a label a learner did not shortlist counts 0).
+    y = beta y + (1 - beta) sigma(w~_l^T z~ + b~_l)          (re-ranker)
+    y = gamma y + (1 - gamma) sigma(u_l^T x')                 (sparse ranker)
+An ensemble joins y over the union of its learners' candidates by `ensemble`: "mean" (a label a
+learner did not shortlist counts 0 there) or "max". Then every candidate gets
+    y += label_text_weight * (idf share of the label's name found in the text)   (label-name match)
+and the top k by y are returned, ties to the lower label id.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from engine import kernels
+from engine.astec.config import TOP_K
 from engine.hugepages import huge_pages_for
 from engine.label_text import NAME_ONLY_S, LabelText
 from engine.manifest import Manifest, ManifestError, verify_manifest
@@ -55,7 +61,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class Encoder:
+class ServingEncoder:
     """z = v + ReLU(R v) with v = ReLU(E^T x); the learner holds E fused with the re-ranker's."""
 
     emb: np.ndarray  # [V, D] float32
@@ -151,7 +157,7 @@ class AnnSearch:
 
 
 @dataclass
-class Learner:
+class ServingLearner:
     """One Astec learner's arrays: shortlist structures, classifier, optional re-ranker.
 
     The hot paths read fused tables built once at load (`fuse`): E = [E | E~] so one gather of
@@ -160,7 +166,7 @@ class Learner:
     b and rr_b stay available as views of them.
     """
 
-    enc: Encoder  # v for the indexes, z for the classifier
+    enc: ServingEncoder  # v for the indexes, z for the classifier
     W: np.ndarray  # [L, D] float32 or float16
     b: np.ndarray  # [L] float32
     points: AnnSearch | None  # ANNS^x over training points' normalised v
@@ -177,7 +183,7 @@ class Learner:
     shortlist_size: int
     alpha: float
     beta: float
-    rr_enc: Encoder | None = None
+    rr_enc: ServingEncoder | None = None
     rr_W: np.ndarray | None = None
     rr_b: np.ndarray | None = None
     knn_power: float = 1.0
@@ -190,7 +196,7 @@ class Learner:
     _RrT: np.ndarray | None = None
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
-    def fuse(self) -> "Learner":
+    def fuse(self) -> "ServingLearner":
         """Build the fused tables; the separate (memory-mapped) arrays are then dropped.
 
         Also sorts the prior labels (with their scores) so lookups can bisect.
@@ -517,7 +523,7 @@ class Predictor:
         manifest: Manifest,
         config: dict,
         vectorizer: TfidfVectorizer,
-        learners: list[Learner],
+        learners: list[ServingLearner],
         label_names: list[str],
         threads: int,
         backend: str,
@@ -622,7 +628,7 @@ class Predictor:
         return pred
 
     @staticmethod
-    def _load_encoder(m: Manifest, ec: dict, V: int, D: int, where: str) -> Encoder:
+    def _load_encoder(m: Manifest, ec: dict, V: int, D: int, where: str) -> ServingEncoder:
         emb = m.load_npy(ec["embeddings"])
         R = np.ascontiguousarray(m.load_npy(ec["residual"], mmap=False))
         if emb.shape[1] != D or emb.shape[0] < V or R.shape != (D, D):
@@ -631,7 +637,7 @@ class Predictor:
                 f"do not fit vocabulary {V} x dim {D}"
             )
         onnx = m.path(ec["onnx"]) if ec.get("onnx") else None
-        return Encoder(emb=emb, residual=R, onnx_path=onnx)
+        return ServingEncoder(emb=emb, residual=R, onnx_path=onnx)
 
     @classmethod
     def _load_learner(
@@ -644,7 +650,7 @@ class Predictor:
         threads: int,
         where: str,
         ranker_features: int = 0,
-    ) -> Learner:
+    ) -> ServingLearner:
         try:
             enc = cls._load_encoder(m, lc["encoder"], V, D, where + ".encoder")
             W = m.load_npy(lc["classifier"]["weight"])
@@ -734,7 +740,7 @@ class Predictor:
                     )
                 sparse = _split_ranker(sptr, sidx, sval, L, F)
                 gamma = float(sc_["gamma"])
-            return Learner(
+            return ServingLearner(
                 enc=enc,
                 W=W,
                 b=b,
@@ -793,7 +799,7 @@ class Predictor:
         return ptr, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     @staticmethod
-    def _mix_sparse(lr: Learner, y, cptr, labels, xrows):
+    def _mix_sparse(lr: ServingLearner, y, cptr, labels, xrows):
         """gamma * y + (1 - gamma) * sigmoid(u_l . x) on the candidates (the model's combine)."""
         u = kernels.sparse_scores_split(cptr, labels, *xrows, *lr.sparse)
         return lr.gamma * y + (1.0 - lr.gamma) * _sigmoid(u)
@@ -807,7 +813,7 @@ class Predictor:
         ids[r, col], w[r, col] = idx, val
         return ids, w
 
-    def _encode(self, lr: Learner, bags, n: int, reranker: bool = True):
+    def _encode(self, lr: ServingLearner, bags, n: int, reranker: bool = True):
         """(v, z, z~ or None) of one learner for n texts, by the chosen backend."""
         rows, idx, val, lens = bags
         if self.backend == "onnx" and lr.enc.onnx_path is not None:
@@ -908,11 +914,11 @@ class Predictor:
         return rows, labels, y
 
     # ---- public API ---------------------------------------------------------------------------
-    def predict(self, texts: list[str], k: int = 10):
+    def predict(self, texts: list[str], k: int = TOP_K):
         """Top-k labels of each text: (ids int64 [n, k], scores float32 [n, k]), best first."""
         return self._run(list(texts), int(k))
 
-    def predict_one(self, text: str, k: int = 10):
+    def predict_one(self, text: str, k: int = TOP_K):
         """One text -> (ids int64 [k], scores float32 [k]): the latency path (no batching work).
 
         Same results as predict([text], k)[0] (scores to float32 rounding); runs the compiled
@@ -954,7 +960,7 @@ class Predictor:
         ids, scores = kernels.top_k(c, y, k)
         return ids, scores, parts[0][2]
 
-    def predict_with_features(self, texts: list[str], k: int = 10):
+    def predict_with_features(self, texts: list[str], k: int = TOP_K):
         """(ids, scores, z) with z the first learner's final features float32 [n, D]."""
         return self._run(list(texts), int(k), want_z=True)
 

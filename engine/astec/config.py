@@ -1,18 +1,35 @@
-"""Astec hyper-parameters: one dataclass, JSON round-trip, defaults from the paper adapted to size."""
+"""Astec's parameters: one typed class per module (PECOS-style), held by AstecConfig.
+
+Defaults follow the paper's supplementary material (D=300, dropout 0.5, batch 255, surrogate lr
+in {0.003..0.02}, extreme lr 0.002, 0.05L <= L_hat <= 0.2L, HNSW M/efC/efS) with epochs cut for
+2-core CPU training; `AstecConfig.resolve(L)` adapts size-dependent values to tiny label sets.
+Each default lives here once: the CLI reads its defaults and help from these classes.
+
+JSON: `to_dict` writes the nested shape ({"surrogate": {"epochs": 20, ...}, "seed": 0});
+`from_dict` also reads the flat shape of model directories written before the split
+({"surrogate_epochs": 20, ...}), through `FLAT_NAMES`.
+"""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B
 
 
-# fields that models saved by earlier versions may carry, with the one value that still means
-# today's behaviour (such a config loads; any other value is refused as unknown)
-_RETIRED = {"classifier_init": "xavier"}
+TOP_K = 10  # labels a prediction returns unless asked for another number
+DEVICES = ("cpu", "cuda", "auto")  # where training runs; "cuda:N" names one of several GPUs
+
+
+class ConfigError(ValueError):
+    """A configuration names an unknown field or gives a field a value of the wrong kind."""
 
 
 def available_cores() -> int:
@@ -24,7 +41,7 @@ def available_cores() -> int:
 
 
 def resolve_threads(n: int | None) -> int:
-    """The one home of the thread default: n > 0 as given, else every available core."""
+    """n > 0 as given, else every available core (what TrainingParams.threads = 0 means)."""
     return int(n) if n and n > 0 else available_cores()
 
 
@@ -39,194 +56,466 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def _help(text: str) -> dict[str, str]:
+    """Field metadata read by the CLI (engine.cli_options) for the option's help."""
+    return {"help": text}
+
+
 @dataclass
-class AstecConfig:
-    """All knobs of one Astec learner (an ensemble repeats them with different seeds).
+class FeatureParams:
+    """TF-IDF features of raw texts (engine.text.TfidfVectorizer)."""
 
-    Defaults follow the paper's supplementary material (D=300, dropout 0.5, batch 255, surrogate
-    lr in {0.003..0.02}, extreme lr 0.002, 0.05L <= L_hat <= 0.2L, HNSW M/efC/efS) with epochs cut
-    for 2-core CPU training; `resolve(L, N)` adapts size-dependent values to tiny label sets.
-    """
-
-    # features (passed to engine.text.TfidfVectorizer when training from raw text)
-    word_ngrams: int = (
-        1  # 1 = words (2 adds word pairs: rare bigrams hurt v with random init, -4 recall)
-    )
-    char_ngrams: tuple = ()  # e.g. (3, 5) for character n-grams (the paper's query features)
+    # 1 = words (2 adds word pairs: rare bigrams hurt v with random init, -4 recall)
+    word_ngrams: int = 1
+    char_ngrams: tuple[int, ...] = ()  # e.g. (3, 5): character n-grams (the paper's queries)
     min_df: int = 1
+
+
+@dataclass
+class NetworkParams:
+    """The encoders v = ReLU(E^T x), z = v + ReLU(R v) with ||R||_2 <= spectral_lambda."""
+
     embedding_dim: int = 300
-    # Module I: surrogate task on balanced label clusters
-    num_clusters: int = 0  # 0 = auto: power of two nearest cluster_fraction * L
+    # "random" or "svd": token-label co-occurrence SVD of the training data
+    embedding_init: str = "random"
+    spectral_lambda: float = 1.0
+    dropout: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.embedding_init not in ("random", "svd"):
+            raise ConfigError(
+                f"network.embedding_init must be 'random' or 'svd', got {self.embedding_init!r}"
+            )
+
+
+@dataclass
+class SurrogateParams:
+    """Module I: E learnt on a surrogate task whose labels are balanced clusters of labels."""
+
+    num_clusters: int = 0  # 0 = auto: the power of two nearest cluster_fraction * L
     cluster_fraction: float = 0.1
     max_clusters: int = 65536  # the paper's 2^16
     # 20 epochs, lr halved after 70% of them (the reference implementation's 20 epochs with a step
     # at 14), lr 0.02 from the paper's grid. debian-related 90/10 split, against 10 epochs at a
     # constant 0.01: shortlist recall@300 77.7 -> 78.2, P@1 66.5 -> 66.7, P@5 35.3 -> 36.0,
     # PSP@5 23.2 -> 25.6 (training-time graphs, full search); 0.03 lost P@1, 0.01 lost PSP
-    surrogate_epochs: int = 20
-    surrogate_lr: float = 0.02
-    surrogate_decay: float = 0.7  # > 0: fraction of surrogate epochs after which the lr halves
-    embedding_init: str = (
-        "random"  # "random" or "svd": token-label co-occurrence SVD of the training data
-    )
-    # residual blocks
-    spectral_lambda: float = 1.0
-    dropout: float = 0.5
-    batch_size: int = 255
-    # Module II: negatives / shortlist
+    epochs: int = 20
+    lr: float = 0.02
+    decay: float = 0.7  # > 0: fraction of the epochs after which the lr halves
+
+
+@dataclass
+class ShortlistParams:
+    """Module II: ANNS^x over training points, ANNS^mu over label centres, and the hard
+    negatives their shortlists give each training point."""
+
     knn_neighbours: int = 40  # neighbours from ANNS^x
-    centroid_neighbours: int = (
-        300  # label centres from ANNS^mu (100 -> 300: valid recall 70.7 -> 76.1)
-    )
+    centroid_neighbours: int = 300  # label centres from ANNS^mu (100 -> 300: recall 70.7 -> 76.1)
     centroid_weight: float = 0.5  # s = w * centroid_sim + (1 - w) * knn_score
     knn_power: float = 1.0  # neighbour weight cos^p (p > 1 favours near-duplicates)
     head_centres: int = 4  # k-means centres for head labels
     head_min_points: int = 200  # a label with at least this many points is a head label
-    shortlist_size: int = 100  # hard negatives per training point (paper: 500; O(log L) suffices)
-    predict_shortlist: int = 300  # candidates scored per test point
+    negatives: int = 100  # hard negatives per training point (paper: 500; O(log L) suffices)
     random_negatives: int = 16
     prior_labels: int = 10  # most frequent labels always scored (empty texts get these)
     # exact search up to this many vectors, hnswlib above: real data sets get log-time search, and
     # the exported predictor copies the same graphs, so it gives the model's answers exactly
-    exact_knn_max_points: int = 5000
-    hnsw_x: tuple = (50, 100, 100)  # M, efC, efS for ANNS^x (instances)
-    hnsw_mu: tuple = (100, 300, 300)  # M, efC, efS for ANNS^mu (label centres)
-    # Modules III/IV: extreme classifier
-    extreme_epochs: int = 6
-    extreme_lr: float = 0.002
+    exact_max_points: int = 5000
+    hnsw_x: tuple[int, ...] = (50, 100, 100)  # M, efC, efS for ANNS^x (instances)
+    hnsw_mu: tuple[int, ...] = (100, 300, 300)  # M, efC, efS for ANNS^mu (label centres)
+
+
+@dataclass
+class ExtremeParams:
+    """Modules III/IV: a new residual R and the 1-vs-all classifier W, trained on each point's
+    positives and shortlisted negatives (E fine-tuned at its own lr)."""
+
+    epochs: int = 6
+    lr: float = 0.002
     finetune_embeddings: bool = True
     finetune_lr: float = 0.001
-    # re-ranker
-    reranker: bool = True
-    reranker_epochs: int = 4
-    reranker_negatives: int = 50  # base model's top mispredictions per training point
-    # sparse ranker (sparse_ranker.py): per-label squared-hinge linear models on TF-IDF words +
-    # word pairs, trained on each point's positives and its `sparse_negatives` shortlisted labels
-    # (C, threshold: liblinear's / Parabel's defaults); joins the score combination with gamma.
-    # debian-related 90/10 split, the ranker alone: 300 negatives P@1 66.4, 600: 68.0, 1000: 68.1
-    sparse_ranker: bool = True
-    sparse_word_ngrams: int = 2
-    sparse_negatives: int = 600
-    sparse_cost: float = 1.0
-    sparse_threshold: float = 0.1
-    sparse_iters: int = 10
-    # score combination, chosen on the validation split
-    alpha_grid: tuple = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-    beta_grid: tuple = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-    gamma_grid: tuple = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-    alpha: float = -1.0  # < 0: choose on validation
+
+
+@dataclass
+class RerankParams:
+    """The re-ranker: an independent (E~, R~, W~) trained on the base model's mispredictions,
+    at the extreme classifier's learning rates."""
+
+    enabled: bool = True
+    epochs: int = 4
+    negatives: int = 50  # base model's top mispredictions per training point
+
+
+@dataclass
+class SparseRankerParams:
+    """Per-label squared-hinge linear models on TF-IDF words + word pairs (sparse_ranker.py),
+    trained on each point's positives and its `negatives` shortlisted labels (cost, threshold:
+    liblinear's / Parabel's defaults). debian-related 90/10 split, the ranker alone: 300
+    negatives P@1 66.4, 600: 68.0, 1000: 68.1."""
+
+    enabled: bool = True
+    word_ngrams: int = 2
+    negatives: int = 600
+    cost: float = 1.0
+    threshold: float = 0.1
+    iters: int = 10
+
+    def __post_init__(self) -> None:
+        if self.word_ngrams not in (1, 2):
+            raise ConfigError(f"sparse.word_ngrams must be 1 or 2, got {self.word_ngrams}")
+
+
+@dataclass
+class CombinationParams:
+    """Weights of the score combination: alpha (classifier vs shortlist similarity), beta (base
+    vs re-ranker), gamma (Astec vs sparse ranker); < 0 chooses from the grid on validation."""
+
+    alpha: float = -1.0
     beta: float = -1.0
-    gamma: float = -1.0  # weight of Astec's score against the sparse ranker's
-    select_metrics: tuple = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5")
-    # how an ensemble joins its learners' scores over the union of their candidates: "mean" (the
-    # paper's average; a label one learner alone shortlists gets a third of its score in Astec-3)
-    # or "max"; "auto" chooses on the validation split. debian-related 90/10, Astec-3, half of
-    # the split each: P@1 67.84 -> 68.44 and 70.32 -> 70.07, PSP@5 25.39 -> 26.02 and 25.99 -> 26.61
-    ensemble: str = "auto"
-    # label-name match (engine/label_text.py): + weight * (idf share of the label's name found in
-    # the title) on every candidate, the weight chosen on validation (0 in the grid: names that
-    # are ids cost nothing). debian-related 90/10, half of the split each, 0.05 against 0: P@1
-    # 67.05 -> 67.05 and 71.02 -> 71.07, PSP@5 26.42 -> 26.84 and 25.97 -> 26.53
-    label_text: bool = True
-    label_text_weight: float = -1.0  # < 0: choose on validation
-    label_text_grid: tuple = (0.0, 0.02, 0.05, 0.1, 0.2)
+    gamma: float = -1.0
+    alpha_grid: tuple[float, ...] = (
+        0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+    )  # fmt: skip
+    beta_grid: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    gamma_grid: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass
+class NameMatchParams:
+    """Label-name match (engine/label_text.py): + weight * (idf share of the label's name found
+    in the title) on every candidate, the weight chosen on validation (0 in the grid: names that
+    are ids cost nothing). debian-related 90/10, half of the split each, 0.05 against 0: P@1
+    67.05 -> 67.05 and 71.02 -> 71.07, PSP@5 26.42 -> 26.84 and 25.97 -> 26.53."""
+
+    enabled: bool = True
+    weight: float = -1.0  # < 0: choose on validation
+    grid: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1, 0.2)
     # at a weight > 0, labels whose name a title matches at least this much join its shortlist
     # (0: none). debian-related 90/10, weight 0.05, halves: PSP@5 26.84 -> 27.36 and 26.53 ->
     # 26.92, P@1 67.05 -> 67.20 and 71.07 -> 71.12, +3.5 candidates per title
-    label_text_min_match: float = 0.5
-    # prediction search: the cheapest of (knn, kmu) x these fractions within `search_tolerance`
-    # points of the full search's validation objective (debian-related: 1/3 matched the full)
-    search_fractions: tuple = (1 / 3, 1 / 2, 1.0)
-    search_tolerance: float = 0.25
-    predict_graph_m: int = 16  # HNSW degree of the indexes prediction searches (0: as training)
-    valid_fraction: float = 0.1
-    max_valid_points: int = 5000
-    propensity_a: float = 0.55
-    propensity_b: float = 1.5
-    # run
-    learners: int = 1
-    seed: int = 0
-    num_threads: int = 0  # torch / numba / hnswlib threads; 0 = the cores this process may use
-    # where Modules I-IV and the re-ranker train: "cpu", "cuda" (a GPU; same model directory and
-    # CPU predictor) or "auto" (cuda when torch sees one). Module II's indexes, the sparse ranker
-    # and prediction always run on the CPU.
-    device: str = "cpu"
+    min_match: float = 0.5
+
+
+@dataclass
+class EnsembleParams:
+    """Learners trained with seeds seed + 1000 j, joined over the union of their candidates."""
+
+    learners: int = field(default=1, metadata=_help("Ensemble size (Astec-3: 3)."))
+    # "mean" (the paper's average; a label one learner alone shortlists gets a third of its score
+    # in Astec-3) or "max"; "auto" chooses on validation. debian-related 90/10, Astec-3, half of
+    # the split each: P@1 67.84 -> 68.44 and 70.32 -> 70.07, PSP@5 25.39 -> 26.02 and 25.99 -> 26.61
+    join: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.join not in ("auto", "mean", "max"):
+            raise ConfigError(
+                f"ensembles.join (ensemble) must be 'auto', 'mean' or 'max', got {self.join!r}"
+            )
+
+
+@dataclass
+class SearchParams:
+    """Prediction: how many candidates are scored and how hard the indexes are searched."""
+
+    candidates: int = 300  # shortlisted labels scored per text
+    # the cheapest of (knn, kmu) x these fractions within `tolerance` points of the full search's
+    # validation objective (debian-related: 1/3 matched the full)
+    fractions: tuple[float, ...] = (1 / 3, 1 / 2, 1.0)
+    tolerance: float = 0.25
+    graph_m: int = 16  # HNSW degree of the indexes prediction searches (0: as training)
+    batch: int = 2048  # texts per batch of Astec.predict
+
+
+@dataclass
+class ValidationParams:
+    """The split carved out of the training data to choose weights and searches, and the
+    objective: the mean of `metrics` with propensities A, B."""
+
+    fraction: float = 0.1
+    max_points: int = 5000
+    metrics: tuple[str, ...] = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5")
+    propensity_a: float = PROPENSITY_A
+    propensity_b: float = PROPENSITY_B
+
+
+@dataclass
+class TrainingParams:
+    """How training runs: batch, threads, device and kernels."""
+
+    batch_size: int = 255
+    threads: int = field(
+        default=0,
+        metadata=_help(
+            "torch/numba/hnswlib threads; 0 = every core this process may use (its affinity)."
+        ),
+    )
+    # Module II's indexes, the sparse ranker and prediction always run on the CPU
+    device: str = field(
+        default="cpu",
+        metadata=_help(
+            "Where Modules I-IV and the re-ranker train: cpu, cuda (needs a GPU) or auto (cuda "
+            "when torch sees one). The model and its CPU predictor are the same kind."
+        ),
+    )
     # on the CPU, the classifier of Modules III/IV and the re-ranker is scored and updated by
     # compiled kernels (fused.py); false runs the torch path a GPU runs (same loss and optimiser)
     fused_kernels: bool = True
-    predict_batch: int = 2048
 
-    def __post_init__(self):
-        if self.embedding_init not in ("random", "svd"):
-            raise ValueError(
-                f"embedding_init must be 'random' or 'svd', got {self.embedding_init!r}"
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
+            raise ConfigError(
+                f"training.device must be 'cpu', 'cuda[:N]' or 'auto', got {self.device!r}"
             )
-        if self.ensemble not in ("auto", "mean", "max"):
-            raise ValueError(f"ensemble must be 'auto', 'mean' or 'max', got {self.ensemble!r}")
-        if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
-            raise ValueError(f"device must be 'cpu', 'cuda[:N]' or 'auto', got {self.device!r}")
-        if self.sparse_word_ngrams not in (1, 2):
-            raise ValueError(f"sparse_word_ngrams must be 1 or 2, got {self.sparse_word_ngrams}")
 
-    def resolve(self, num_labels: int) -> "AstecConfig":
-        """Return a copy with size-dependent values fixed for L labels (tiny L never breaks)."""
-        c = dataclasses.replace(self)
+
+# section name -> its class, in the order config.json lists them
+SECTIONS: dict[str, type] = {
+    "features": FeatureParams,
+    "network": NetworkParams,
+    "surrogate": SurrogateParams,
+    "shortlist": ShortlistParams,
+    "extreme": ExtremeParams,
+    "rerank": RerankParams,
+    "sparse": SparseRankerParams,
+    "combination": CombinationParams,
+    "name_match": NameMatchParams,
+    "ensembles": EnsembleParams,
+    "search": SearchParams,
+    "validation": ValidationParams,
+    "training": TrainingParams,
+}
+
+# the single-class config's names where they differ from the section's field names
+_RENAMED: dict[tuple[str, str], str] = {
+    ("surrogate", "epochs"): "surrogate_epochs",
+    ("surrogate", "lr"): "surrogate_lr",
+    ("surrogate", "decay"): "surrogate_decay",
+    ("shortlist", "negatives"): "shortlist_size",
+    ("shortlist", "exact_max_points"): "exact_knn_max_points",
+    ("extreme", "epochs"): "extreme_epochs",
+    ("extreme", "lr"): "extreme_lr",
+    ("rerank", "enabled"): "reranker",
+    ("rerank", "epochs"): "reranker_epochs",
+    ("rerank", "negatives"): "reranker_negatives",
+    ("sparse", "enabled"): "sparse_ranker",
+    ("sparse", "word_ngrams"): "sparse_word_ngrams",
+    ("sparse", "negatives"): "sparse_negatives",
+    ("sparse", "cost"): "sparse_cost",
+    ("sparse", "threshold"): "sparse_threshold",
+    ("sparse", "iters"): "sparse_iters",
+    ("name_match", "enabled"): "label_text",
+    ("name_match", "weight"): "label_text_weight",
+    ("name_match", "grid"): "label_text_grid",
+    ("name_match", "min_match"): "label_text_min_match",
+    ("ensembles", "join"): "ensemble",
+    ("search", "candidates"): "predict_shortlist",
+    ("search", "fractions"): "search_fractions",
+    ("search", "tolerance"): "search_tolerance",
+    ("search", "graph_m"): "predict_graph_m",
+    ("search", "batch"): "predict_batch",
+    ("validation", "fraction"): "valid_fraction",
+    ("validation", "max_points"): "max_valid_points",
+    ("validation", "metrics"): "select_metrics",
+    ("training", "threads"): "num_threads",
+}
+
+# flat name -> (section, field): every field of every section, under the single-class name
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    _RENAMED.get((s, f.name), f.name): (s, f.name)
+    for s, cls in SECTIONS.items()
+    for f in dataclasses.fields(cls)
+}
+assert len(FLAT_NAMES) == sum(len(dataclasses.fields(c)) for c in SECTIONS.values())
+assert not set(FLAT_NAMES) & (set(SECTIONS) | {"seed"})
+
+# fields that models saved by earlier versions may carry, with the one value that still means
+# today's behaviour (such a config loads; any other value is refused as unknown)
+_RETIRED = {"classifier_init": "xavier"}
+
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    """value as JSON gave it, checked against the kind of the field's default."""
+    if isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true/false, got {value!r}")
+        return value
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        if isinstance(default, float) or float(value).is_integer():
+            return type(default)(value)
+        return value
+    if isinstance(default, str) and not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+@dataclass(init=False)
+class AstecConfig:
+    """All parameters of one Astec model (an ensemble repeats them with seeds seed + 1000 j).
+
+    Build it from sections (`AstecConfig(training=TrainingParams(threads=1))`), from the flat
+    names of the single-class config it replaced (`AstecConfig(num_threads=1)`), or from JSON
+    of either shape (`from_dict`, `load`). The flat names also read and write the sections'
+    fields at run time (`cfg.num_threads` is `cfg.training.threads`) for code written against
+    the flat class; the engine itself uses the sections.
+    """
+
+    features: FeatureParams
+    network: NetworkParams
+    surrogate: SurrogateParams
+    shortlist: ShortlistParams
+    extreme: ExtremeParams
+    rerank: RerankParams
+    sparse: SparseRankerParams
+    combination: CombinationParams
+    name_match: NameMatchParams
+    ensembles: EnsembleParams
+    search: SearchParams
+    validation: ValidationParams
+    training: TrainingParams
+    seed: int = field(
+        default=0, metadata=_help("Random seed (learner j of an ensemble uses seed + 1000 j).")
+    )
+
+    def __init__(self, **kw: Any) -> None:
+        given: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+        sections: dict[str, Any] = {}
+        object.__setattr__(self, "seed", kw.pop("seed", 0))
+        for k, v in kw.items():
+            if k in SECTIONS:
+                if not isinstance(v, SECTIONS[k]):
+                    raise ConfigError(f"AstecConfig: {k} must be a {SECTIONS[k].__name__}")
+                sections[k] = v
+            elif k in FLAT_NAMES:
+                s, f = FLAT_NAMES[k]
+                given[s][f] = v
+            else:
+                raise ConfigError(
+                    f"AstecConfig: unknown field {k!r}; known: sections {sorted(SECTIONS)}, "
+                    f"'seed', or the flat names {sorted(FLAT_NAMES)}"
+                )
+        for s, cls in SECTIONS.items():
+            if s in sections and given[s]:
+                raise ConfigError(
+                    f"AstecConfig: {s} given both as a section and by the flat name(s) "
+                    f"{sorted(k for k in kw if FLAT_NAMES.get(k, ('',))[0] == s)}"
+                )
+            value = copy.deepcopy(sections[s]) if s in sections else cls(**given[s])
+            object.__setattr__(self, s, value)
+
+    if not TYPE_CHECKING:  # flat names for callers written against the single class
+
+        def __getattr__(self, name: str) -> Any:
+            if name in FLAT_NAMES:
+                s, f = FLAT_NAMES[name]
+                return getattr(getattr(self, s), f)
+            raise AttributeError(f"AstecConfig has no field {name!r}")
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in FLAT_NAMES:
+                s, f = FLAT_NAMES[name]
+                setattr(getattr(self, s), f, value)
+            elif name in SECTIONS or name == "seed":
+                object.__setattr__(self, name, value)
+            else:
+                raise AttributeError(f"AstecConfig has no field {name!r}")
+
+    def copy(self) -> AstecConfig:
+        """A deep copy: changing its sections leaves this config as it is."""
+        return copy.deepcopy(self)
+
+    def resolve(self, num_labels: int) -> AstecConfig:
+        """A copy with size-dependent values fixed for L labels (tiny L never breaks) and the
+        thread count made explicit."""
+        c = self.copy()
         L = max(int(num_labels), 1)
-        if c.num_clusters <= 0:
-            target = max(c.cluster_fraction * L, 1.0)
-            c.num_clusters = int(2 ** round(math.log2(target)))
-        c.num_clusters = int(max(1, min(c.num_clusters, c.max_clusters, L)))
-        c.shortlist_size = int(min(c.shortlist_size, L))
-        c.predict_shortlist = int(min(c.predict_shortlist, L))
-        c.centroid_neighbours = int(min(c.centroid_neighbours, L))
-        c.prior_labels = int(min(c.prior_labels, L))
-        c.random_negatives = int(min(c.random_negatives, L))
-        c.reranker_negatives = int(min(c.reranker_negatives, L))
-        c.sparse_negatives = int(min(c.sparse_negatives, L))
-        c.num_threads = resolve_threads(c.num_threads)
+        sur, sl = c.surrogate, c.shortlist
+        if sur.num_clusters <= 0:
+            target = max(sur.cluster_fraction * L, 1.0)
+            sur.num_clusters = int(2 ** round(math.log2(target)))
+        sur.num_clusters = int(max(1, min(sur.num_clusters, sur.max_clusters, L)))
+        sl.negatives = int(min(sl.negatives, L))
+        sl.centroid_neighbours = int(min(sl.centroid_neighbours, L))
+        sl.prior_labels = int(min(sl.prior_labels, L))
+        sl.random_negatives = int(min(sl.random_negatives, L))
+        c.search.candidates = int(min(c.search.candidates, L))
+        c.rerank.negatives = int(min(c.rerank.negatives, L))
+        c.sparse.negatives = int(min(c.sparse.negatives, L))
+        c.training.threads = resolve_threads(c.training.threads)
         return c
 
-    def to_dict(self) -> dict:
-        return {
-            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+    # ---- JSON ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The nested shape: {section: {field: value}}, tuples as lists, plus "seed"."""
+        out: dict[str, Any] = {
+            s: {
+                k: list(v) if isinstance(v, tuple) else v
+                for k, v in dataclasses.asdict(getattr(self, s)).items()
+            }
+            for s in SECTIONS
         }
+        out["seed"] = self.seed
+        return out
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "config") -> "AstecConfig":
-        names = {f.name: f for f in dataclasses.fields(cls)}
-        d = {k: v for k, v in d.items() if not (k in _RETIRED and v == _RETIRED[k])}
-        unknown = sorted(set(d) - set(names))
-        if unknown:
-            raise ValueError(
-                f"{source}: unknown AstecConfig field(s) {unknown}; known: {sorted(names)}"
-            )
-        kw = {}
+    def from_dict(cls, d: dict[str, Any], source: str = "config") -> AstecConfig:
+        """Read the nested shape, the flat one, or a mix (a field set twice is an error);
+        absent fields keep their defaults. Errors name `source` and the field."""
+        given: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+        seen: dict[tuple[str, str], str] = {}
+
+        def put(s: str, f: str, v: Any, name: str) -> None:
+            if (s, f) in seen:
+                raise ConfigError(f"{source}: field {name!r} sets {s}.{f} again ({seen[s, f]!r})")
+            seen[s, f] = name
+            default = getattr(SECTIONS[s](), f)
+            given[s][f] = _coerce(v, default, f"{source}: field {name!r}")
+
+        seed = 0
         for k, v in d.items():
-            default = names[k].default
-            if isinstance(default, tuple):
-                if not isinstance(v, (list, tuple)):
-                    raise ValueError(f"{source}: field {k!r} must be a list, got {v!r}")
-                v = tuple(v)
-            elif isinstance(default, bool):
-                if not isinstance(v, bool):
-                    raise ValueError(f"{source}: field {k!r} must be true/false, got {v!r}")
-            elif isinstance(default, (int, float)) and not isinstance(default, bool):
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise ValueError(f"{source}: field {k!r} must be a number, got {v!r}")
-                v = type(default)(v) if isinstance(default, float) or float(v).is_integer() else v
-            kw[k] = v
-        return cls(**kw)
+            if k in _RETIRED and v == _RETIRED[k]:
+                continue
+            if k == "seed":
+                seed = _coerce(v, 0, f"{source}: field 'seed'")
+            elif k in SECTIONS:
+                if not isinstance(v, dict):
+                    raise ConfigError(f"{source}: field {k!r} must be an object, got {v!r}")
+                names = {f.name for f in dataclasses.fields(SECTIONS[k])}
+                bad = sorted(set(v) - names)
+                if bad:
+                    raise ConfigError(
+                        f"{source}: unknown field(s) {[f'{k}.{b}' for b in bad]}; "
+                        f"{k} has {sorted(names)}"
+                    )
+                for f, x in v.items():
+                    put(k, f, x, f"{k}.{f}")
+            elif k in FLAT_NAMES:
+                put(*FLAT_NAMES[k], v, k)
+            else:
+                raise ConfigError(
+                    f"{source}: unknown AstecConfig field {k!r}; known: sections "
+                    f"{sorted(SECTIONS)}, 'seed', or the flat names {sorted(FLAT_NAMES)}"
+                )
+        try:
+            return cls(seed=seed, **{s: SECTIONS[s](**kw) for s, kw in given.items()})
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path) -> "AstecConfig":
+    def load(cls, path: str | Path) -> AstecConfig:
         p = Path(path)
         try:
             d = json.loads(p.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{e.lineno}: invalid JSON config: {e.msg}") from None
+            raise ConfigError(f"{p}:{e.lineno}: invalid JSON config: {e.msg}") from None
         if not isinstance(d, dict):
-            raise ValueError(f"{p}: config must be a JSON object")
+            raise ConfigError(f"{p}: config must be a JSON object")
         return cls.from_dict(d, source=str(p))

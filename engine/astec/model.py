@@ -6,7 +6,6 @@ seeds whose final scores are averaged). See docs/model-format.md for the files.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import resource
@@ -28,7 +27,7 @@ from engine.text import TfidfVectorizer
 from . import io as mio
 from .ann import AnnIndex
 from .clustering import balanced_clusters, label_centroids, meta_labels
-from .config import AstecConfig, resolve_device, resolve_threads
+from .config import TOP_K, AstecConfig, resolve_device, resolve_threads
 from .network import (
     Classifier,
     Encoder,
@@ -90,7 +89,7 @@ class Learner:
     def search_sizes(self, cfg: AstecConfig) -> tuple[int, int]:
         """(training points, label centres) a prediction searches: the validated choice, else
         the configured sizes."""
-        return self.search or (cfg.knn_neighbours, cfg.centroid_neighbours)
+        return self.search or (cfg.shortlist.knn_neighbours, cfg.shortlist.centroid_neighbours)
 
     # ---- prediction pieces (numpy in, numpy out) --------------------------------------------
     def shortlist(
@@ -111,12 +110,12 @@ class Learner:
             V,
             knn,
             kmu,
-            cfg.centroid_weight,
-            cfg.num_threads,
+            cfg.shortlist.centroid_weight,
+            cfg.training.threads,
             exclude_self=exclude_self,
-            knn_power=cfg.knn_power,
+            knn_power=cfg.shortlist.knn_power,
         )
-        C = topk_rows(S, cfg.predict_shortlist)
+        C = topk_rows(S, cfg.search.candidates)
         if self.index.prior.size:  # frequent labels are always scored (covers empty texts)
             n, k = X.shape[0], self.index.prior.size
             P = sp.csr_matrix(
@@ -185,15 +184,21 @@ def _build_index(
     k of prediction."""
     if V is None:
         V = dense_bag(encoder, X)
-    Mx, cx, ex = cfg.hnsw_x
-    Mm, cm, em = cfg.hnsw_mu
-    if serving and cfg.predict_graph_m > 0:
-        Mx, Mm, ex, em = cfg.predict_graph_m, cfg.predict_graph_m, 1, 1
-    points = AnnIndex.build(V, cfg.exact_knn_max_points, Mx, cx, ex, cfg.num_threads, seed)
-    cents, owner = label_centres(V, Y, cfg.head_centres, cfg.head_min_points, seed)
-    centres = AnnIndex.build(cents, cfg.exact_knn_max_points, Mm, cm, em, cfg.num_threads, seed)
+    Mx, cx, ex = cfg.shortlist.hnsw_x
+    Mm, cm, em = cfg.shortlist.hnsw_mu
+    if serving and cfg.search.graph_m > 0:
+        Mx, Mm, ex, em = cfg.search.graph_m, cfg.search.graph_m, 1, 1
+    points = AnnIndex.build(
+        V, cfg.shortlist.exact_max_points, Mx, cx, ex, cfg.training.threads, seed
+    )
+    cents, owner = label_centres(
+        V, Y, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
+    )
+    centres = AnnIndex.build(
+        cents, cfg.shortlist.exact_max_points, Mm, cm, em, cfg.training.threads, seed
+    )
     counts = np.diff(sp.csc_matrix(Y).indptr)
-    prior = np.argsort(-counts, kind="stable")[: cfg.prior_labels]
+    prior = np.argsort(-counts, kind="stable")[: cfg.shortlist.prior_labels]
     prior = prior[counts[prior] > 0].astype(np.int64)
     return ShortlistIndex(
         points,
@@ -235,7 +240,7 @@ def _combination_weight(
         w = (
             fixed
             if fixed >= 0
-            else _select(name, grid, make_scores, Yv, inv_prop, cfg.select_metrics, log)
+            else _select(name, grid, make_scores, Yv, inv_prop, cfg.validation.metrics, log)
         )
         ids, sc = topk_dense_from_csr(make_scores(w), 5)
         log["valid"] = {
@@ -255,26 +260,26 @@ def select_search(
     `search_tolerance` points of the full search's. Searching fewer neighbours is the bulk of a
     single prediction's cost; whether it costs accuracy depends on the data, hence validation.
     Returns None when the full search is needed (or the cheaper ones do not differ from it)."""
-    full = (cfg.knn_neighbours, cfg.centroid_neighbours)
+    full = (cfg.shortlist.knn_neighbours, cfg.shortlist.centroid_neighbours)
     table, objective = [], {}
-    for f in sorted(set(cfg.search_fractions) | {1.0}):
+    for f in sorted(set(cfg.search.fractions) | {1.0}):
         cand = (max(1, math.ceil(full[0] * f)), max(1, math.ceil(full[1] * f)))
         if cand in objective:
             continue
         learner.search = cand
         ids, sc = topk_dense_from_csr(learner.scores(Xv, cfg, Xrv), 5)
         m = evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5))
-        objective[cand] = float(np.mean([m[k] for k in cfg.select_metrics]))
+        objective[cand] = float(np.mean([m[k] for k in cfg.validation.metrics]))
         table.append(
             {
                 "knn": cand[0],
                 "kmu": cand[1],
                 "objective": round(objective[cand], 3),
-                **{k: round(m[k], 2) for k in cfg.select_metrics},
+                **{k: round(m[k], 2) for k in cfg.validation.metrics},
             }
         )
     learner.search = None
-    ok = [c for c in objective if objective[c] >= objective[full] - cfg.search_tolerance]
+    ok = [c for c in objective if objective[c] >= objective[full] - cfg.search.tolerance]
     best = min(ok, key=lambda c: (c[0] + c[1], c))
     log["search_selection"] = {"table": table, "chosen": list(best)}
     return None if best == full else best
@@ -319,7 +324,7 @@ def _label_text_weight(
     brings the candidates. Without a validation split (tiny data) a configured weight or 0."""
     tlog: dict = {}
     if Sv is None:
-        w = max(cfg.label_text_weight, 0.0)
+        w = max(cfg.name_match.weight, 0.0)
         tlog["label_text_weight"] = w
     else:
         plain, named = Sv[0], Sv[1] if Sv[1] is not None else Sv[0]
@@ -335,8 +340,8 @@ def _label_text_weight(
         )
         w = _combination_weight(
             "label_text_weight",
-            cfg.label_text_weight,
-            list(cfg.label_text_grid),
+            cfg.name_match.weight,
+            list(cfg.name_match.grid),
             make,
             Yv,
             inv_prop,
@@ -375,17 +380,17 @@ def _module2_negatives(
     def hard(a, b):
         S = index.scores(
             V[a:b],
-            cfg.knn_neighbours,
-            cfg.centroid_neighbours,
-            cfg.centroid_weight,
-            cfg.num_threads,
+            cfg.shortlist.knn_neighbours,
+            cfg.shortlist.centroid_neighbours,
+            cfg.shortlist.centroid_weight,
+            cfg.training.threads,
             exclude_self=np.arange(a, b),
-            knn_power=cfg.knn_power,
+            knn_power=cfg.shortlist.knn_power,
         )
-        return hard_negatives(S, Y[a:b], cfg.shortlist_size)
+        return hard_negatives(S, Y[a:b], cfg.shortlist.negatives)
 
     return add_random_negatives(
-        _by_rows(V.shape[0], Y.shape[1], hard), Y, cfg.random_negatives, seed
+        _by_rows(V.shape[0], Y.shape[1], hard), Y, cfg.shortlist.random_negatives, seed
     )
 
 
@@ -396,7 +401,7 @@ def _reranker_negatives(learner: Learner, X, Y, cfg: AstecConfig) -> sp.csr_matr
     def mispredicted(a, b):
         C, Z = learner.shortlist(X[a:b], cfg, exclude_self=np.arange(a, b))
         base, _ = learner.logits(X[a:b], C, Z)
-        return hard_negatives(combine(C, base, learner.alpha), Y[a:b], cfg.reranker_negatives)
+        return hard_negatives(combine(C, base, learner.alpha), Y[a:b], cfg.rerank.negatives)
 
     return _by_rows(X.shape[0], Y.shape[1], mispredicted)
 
@@ -404,10 +409,10 @@ def _reranker_negatives(learner: Learner, X, Y, cfg: AstecConfig) -> sp.csr_matr
 def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> SparseRanker:
     """The sparse ranker on (Xr, Y); negatives: the learner's full-search shortlist of each
     point (itself excluded), `sparse_negatives` labels deep."""
-    pool = dataclasses.replace(
-        cfg,
-        predict_shortlist=cfg.sparse_negatives,
-        centroid_neighbours=max(cfg.centroid_neighbours, cfg.sparse_negatives),
+    pool = cfg.copy()
+    pool.search.candidates = cfg.sparse.negatives
+    pool.shortlist.centroid_neighbours = max(
+        cfg.shortlist.centroid_neighbours, cfg.sparse.negatives
     )
     search, learner.search = learner.search, None
     try:
@@ -422,11 +427,11 @@ def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> Spar
         Xr,
         Y,
         C,
-        cfg.sparse_cost,
-        cfg.sparse_threshold,
-        cfg.sparse_iters,
+        cfg.sparse.cost,
+        cfg.sparse.threshold,
+        cfg.sparse.iters,
         seed,
-        threads=resolve_threads(cfg.num_threads),
+        threads=resolve_threads(cfg.training.threads),
     )
 
 
@@ -450,40 +455,40 @@ def train_learner(
     candidates `valid_extra` in the shortlists or None), or None when not asked or without a
     validation split."""
     log: dict = {"seed": seed, "modules": {}}
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.training.device)
     torch.manual_seed(seed)
     Xf, Yf = X[fit], Y[fit]
     Xv, Yv = X[valid], Y[valid]
     L = Y.shape[1]
-    D = cfg.embedding_dim
+    D = cfg.network.embedding_dim
 
     # Module I: clusters -> surrogate task
     t0, c0 = time.time(), _cpu_s()
     cents = label_centroids(Xf, Yf)
-    assign = balanced_clusters(cents, cfg.num_clusters, seed, progress)
-    Ym = meta_labels(Yf, assign, cfg.num_clusters)
-    encoder = Encoder(X.shape[1], D, cfg.spectral_lambda, cfg.dropout)
-    if cfg.embedding_init == "svd":
+    assign = balanced_clusters(cents, cfg.surrogate.num_clusters, seed, progress)
+    Ym = meta_labels(Yf, assign, cfg.surrogate.num_clusters)
+    encoder = Encoder(X.shape[1], D, cfg.network.spectral_lambda, cfg.network.dropout)
+    if cfg.network.embedding_init == "svd":
         with torch.no_grad():
             encoder.embed.weight.copy_(torch.from_numpy(svd_embedding_init(Xf, Yf, D, seed)))
     epochs_log = train_surrogate(
         encoder,
         Xf,
         Ym,
-        cfg.surrogate_epochs,
-        cfg.surrogate_lr,
-        cfg.batch_size,
+        cfg.surrogate.epochs,
+        cfg.surrogate.lr,
+        cfg.training.batch_size,
         seed,
         progress,
-        valid=(Xv, meta_labels(Yv, assign, cfg.num_clusters)),
-        decay_epoch=int(round(cfg.surrogate_decay * cfg.surrogate_epochs)),
+        valid=(Xv, meta_labels(Yv, assign, cfg.surrogate.num_clusters)),
+        decay_epoch=int(round(cfg.surrogate.decay * cfg.surrogate.epochs)),
         device=device,
     )
     log["modules"]["I"] = {
         "seconds": round(time.time() - t0, 1),
         "cpu_seconds": round(_cpu_s() - c0, 1),
         "peak_rss_mb": _peak_rss_mb(),
-        "clusters": int(cfg.num_clusters),
+        "clusters": int(cfg.surrogate.num_clusters),
         "epochs": epochs_log,
     }
 
@@ -498,14 +503,14 @@ def train_learner(
     if Xv.shape[0]:
         Sv = index.scores(
             dense_bag(encoder, Xv),
-            cfg.knn_neighbours,
-            cfg.centroid_neighbours,
-            cfg.centroid_weight,
-            cfg.num_threads,
-            knn_power=cfg.knn_power,
+            cfg.shortlist.knn_neighbours,
+            cfg.shortlist.centroid_neighbours,
+            cfg.shortlist.centroid_weight,
+            cfg.training.threads,
+            knn_power=cfg.shortlist.knn_power,
         )
-        m2[f"valid_recall@{cfg.predict_shortlist}"] = round(
-            recall_at(Sv, Yv, cfg.predict_shortlist), 2
+        m2[f"valid_recall@{cfg.search.candidates}"] = round(
+            recall_at(Sv, Yv, cfg.search.candidates), 2
         )
         ids, sc = topk_dense_from_csr(Sv, 5)
         m2["valid_shortlist_only"] = {
@@ -523,7 +528,7 @@ def train_learner(
 
     # Modules III/IV: new residual R (identity), classifier on positives + shortlist
     t0, c0 = time.time(), _cpu_s()
-    encoder.residual = SpectralResidual(D, cfg.spectral_lambda)
+    encoder.residual = SpectralResidual(D, cfg.network.spectral_lambda)
     clf = Classifier(L, D)
     ep = train_shortlisted(
         encoder,
@@ -531,16 +536,16 @@ def train_learner(
         Xf,
         Yf,
         negatives,
-        cfg.extreme_epochs,
-        cfg.extreme_lr,
-        cfg.batch_size,
+        cfg.extreme.epochs,
+        cfg.extreme.lr,
+        cfg.training.batch_size,
         seed,
-        cfg.finetune_embeddings,
-        cfg.finetune_lr,
+        cfg.extreme.finetune_embeddings,
+        cfg.extreme.finetune_lr,
         "Module IV",
         progress,
         device,
-        cfg.fused_kernels,
+        cfg.training.fused_kernels,
     )
     del negatives
     # E may have been fine-tuned: rebuild the indexes on the final v
@@ -552,8 +557,8 @@ def train_learner(
         base, _ = learner.logits(Xv, C, Z)
     learner.alpha = _combination_weight(
         "alpha",
-        cfg.alpha,
-        cfg.alpha_grid,
+        cfg.combination.alpha,
+        cfg.combination.alpha_grid,
         lambda a: combine(C, base, a),
         Yv,
         inv_prop,
@@ -569,10 +574,10 @@ def train_learner(
         tqdm.write(f"  Module IV: alpha={learner.alpha} valid={m4['valid']}")
 
     # Re-ranker: independent Z~, W~ on positives + the base model's top mispredictions
-    if cfg.reranker and cfg.reranker_epochs > 0:
+    if cfg.rerank.enabled and cfg.rerank.epochs > 0:
         t0, c0 = time.time(), _cpu_s()
         hard = _reranker_negatives(learner, Xf, Yf, cfg)
-        rr = Encoder(X.shape[1], D, cfg.spectral_lambda, cfg.dropout)
+        rr = Encoder(X.shape[1], D, cfg.network.spectral_lambda, cfg.network.dropout)
         with torch.no_grad():
             rr.embed.weight.copy_(encoder.embed.weight)
         rr_clf = Classifier(L, D)
@@ -585,16 +590,16 @@ def train_learner(
             Xf,
             Yf,
             hard,
-            cfg.reranker_epochs,
-            cfg.extreme_lr,
-            cfg.batch_size,
+            cfg.rerank.epochs,
+            cfg.extreme.lr,
+            cfg.training.batch_size,
             seed + 1,
             True,
-            cfg.finetune_lr,
+            cfg.extreme.finetune_lr,
             "Re-ranker",
             progress,
             device,
-            cfg.fused_kernels,
+            cfg.training.fused_kernels,
         )
         learner.reranker, learner.rr_clf = rr, rr_clf
         mr = {"epochs": ep}
@@ -603,8 +608,8 @@ def train_learner(
             base, rrl = learner.logits(Xv, C, Z)
         learner.beta = _combination_weight(
             "beta",
-            cfg.beta,
-            cfg.beta_grid,
+            cfg.combination.beta,
+            cfg.combination.beta_grid,
             lambda b: combine(C, base, learner.alpha, rrl, b),
             Yv,
             inv_prop,
@@ -621,7 +626,7 @@ def train_learner(
 
     # sparse ranker on the fit points; gamma on the validation points
     Xrv = None
-    if Xr is not None and cfg.sparse_ranker:
+    if Xr is not None and cfg.sparse.enabled:
         t0, c0 = time.time(), _cpu_s()
         if progress:
             tqdm.write(f"  Sparse ranker: shortlists and fit on {Xf.shape[0]} points ...")
@@ -635,8 +640,8 @@ def train_learner(
         # without a validation split (tiny data): an even mix
         learner.gamma = _combination_weight(
             "gamma",
-            cfg.gamma,
-            cfg.gamma_grid,
+            cfg.combination.gamma,
+            cfg.combination.gamma_grid,
             lambda g: combine(C, base, learner.alpha, rrl, learner.beta, us, g),
             Yv,
             inv_prop,
@@ -653,7 +658,7 @@ def train_learner(
 
     # prediction: serving graphs; the search size is chosen on validation with graphs like the
     # final ones (over the fit points only, so validation points do not find themselves)
-    if Xv.shape[0] and cfg.search_fractions:
+    if Xv.shape[0] and cfg.search.fractions:
         learner.index = _build_index(encoder, Xf, Yf, cfg, seed, serving=True)
         learner.search = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
 
@@ -724,24 +729,25 @@ class Astec:
     ) -> "Astec":
         """Train on raw texts (list of str) or a ready feature matrix (csr, XC sparse format).
 
-        A validation split (valid_fraction of the points, at most max_valid_points) is carved out
-        of the training data to choose alpha/beta and log metrics; its points join the shortlist
-        indexes at the end.
+        A validation split (config.validation: a fraction of the points, at most max_points) is
+        carved out of the training data to choose the score combination's weights, the search
+        sizes and the ensemble join, and to log metrics; its points join the shortlist indexes at
+        the end. valid_fraction, seed and learners override the config's (which is not changed).
         """
-        cfg = config or AstecConfig()
+        cfg = config.copy() if config is not None else AstecConfig()
         if valid_fraction is not None:
-            cfg.valid_fraction = valid_fraction
+            cfg.validation.fraction = valid_fraction
         if seed is not None:
             cfg.seed = seed
         if learners is not None:
-            cfg.learners = learners
+            cfg.ensembles.learners = learners
         Y = sp.csr_matrix(Y, dtype=np.float32)
         Y.data[:] = 1.0
         n, L = Y.shape
         if n == 0:
             raise ValueError("Astec.train: no training points")
         cfg = cfg.resolve(L)
-        _set_threads(cfg.num_threads)
+        _set_threads(cfg.training.threads)
         t_start = time.time()
         vectorizer = None
         if sp.issparse(texts):
@@ -751,15 +757,17 @@ class Astec:
             if len(texts) != n:
                 raise ValueError(f"Astec.train: {len(texts)} texts but Y has {n} rows")
             vectorizer = TfidfVectorizer(
-                min_df=cfg.min_df,
-                word_ngrams=cfg.word_ngrams,
-                char_ngrams=tuple(cfg.char_ngrams) if cfg.char_ngrams else None,
+                min_df=cfg.features.min_df,
+                word_ngrams=cfg.features.word_ngrams,
+                char_ngrams=tuple(cfg.features.char_ngrams) if cfg.features.char_ngrams else None,
             )
             X = vectorizer.fit_transform(texts, progress=progress)
         ranker_vec, Xr = None, None
-        if cfg.sparse_ranker:
+        if cfg.sparse.enabled:
             if vectorizer is not None:
-                ranker_vec = TfidfVectorizer(min_df=cfg.min_df, word_ngrams=cfg.sparse_word_ngrams)
+                ranker_vec = TfidfVectorizer(
+                    min_df=cfg.features.min_df, word_ngrams=cfg.sparse.word_ngrams
+                )
                 Xr = ranker_features(ranker_vec.fit_transform(texts))
             else:
                 Xr = ranker_features(X)
@@ -767,10 +775,12 @@ class Astec:
             raise ValueError(f"Astec.train: X has {X.shape[0]} rows but Y has {n}")
         rng = np.random.default_rng(cfg.seed)
         perm = rng.permutation(n)
-        n_valid = min(int(cfg.valid_fraction * n), cfg.max_valid_points) if n >= 20 else 0
+        n_valid = min(int(cfg.validation.fraction * n), cfg.validation.max_points) if n >= 20 else 0
         valid, fit = np.sort(perm[:n_valid]), np.sort(perm[n_valid:])
         inv_prop = (
-            inv_propensity(Y, A=cfg.propensity_a, B=cfg.propensity_b) if n >= 2 else np.ones(L)
+            inv_propensity(Y, A=cfg.validation.propensity_a, B=cfg.validation.propensity_b)
+            if n >= 2
+            else np.ones(L)
         )
         log = {
             "num_points": n,
@@ -782,18 +792,20 @@ class Astec:
         }
         models, valid_scores = [], []
         # the label-name match needs titles and names; its weight is chosen on validation
-        use_names = bool(cfg.label_text and label_names is not None and vectorizer is not None)
+        use_names = bool(
+            cfg.name_match.enabled and label_names is not None and vectorizer is not None
+        )
         if label_names is not None and len(label_names) != L:
             raise ValueError(f"Astec.train: {len(label_names)} label names for {L} labels")
         lt = LabelText(label_names) if use_names else None
         valid_extra = (
-            name_candidates(lt, [texts[i] for i in valid], cfg.label_text_min_match, L)
+            name_candidates(lt, [texts[i] for i in valid], cfg.name_match.min_match, L)
             if use_names and n_valid
             else None
         )
-        for j in range(cfg.learners):
+        for j in range(cfg.ensembles.learners):
             if progress:
-                tqdm.write(f"learner {j + 1}/{cfg.learners}")
+                tqdm.write(f"learner {j + 1}/{cfg.ensembles.learners}")
             lr, llog, Sv = train_learner(
                 X,
                 Y,
@@ -804,24 +816,24 @@ class Astec:
                 inv_prop,
                 progress,
                 Xr,
-                valid_scores=cfg.learners > 1 or use_names,
+                valid_scores=cfg.ensembles.learners > 1 or use_names,
                 valid_extra=valid_extra,
             )
             models.append(lr)
             valid_scores.append(Sv)
             log["learners"].append(llog)
-        ensemble = cfg.ensemble if cfg.ensemble != "auto" else "mean"
-        if cfg.learners > 1:
+        ensemble = cfg.ensembles.join if cfg.ensembles.join != "auto" else "mean"
+        if cfg.ensembles.learners > 1:
             ens_log: dict = {}
             if n_valid:
                 # each learner's scores from before the validation points joined its indexes
                 ensemble = _select(
                     "ensemble",
-                    ["mean", "max"] if cfg.ensemble == "auto" else [cfg.ensemble],
+                    ["mean", "max"] if cfg.ensembles.join == "auto" else [cfg.ensembles.join],
                     lambda how: ensemble_scores([v[0] for v in valid_scores], how),
                     Y[valid],
                     inv_prop,
-                    cfg.select_metrics,
+                    cfg.validation.metrics,
                     ens_log,
                 )
             ens_log["ensemble"] = ensemble
@@ -900,18 +912,18 @@ class Astec:
         if self.label_text is None or raw is None:
             return None
         return name_candidates(
-            self.label_text, raw, self.config.label_text_min_match, self.num_labels
+            self.label_text, raw, self.config.name_match.min_match, self.num_labels
         )
 
-    def predict(self, texts, k: int = 10, batch: int | None = None):
+    def predict(self, texts, k: int = TOP_K, batch: int | None = None):
         """(ids int64 [n, k], scores float32 [n, k]), best first; -1 pads when < k candidates."""
         raw = _raw_texts(texts)
         X = self.transform(texts if raw is None else raw)
         Xr = self.ranker_features(raw if raw is not None else X)
-        batch = batch or self.config.predict_batch
+        batch = batch or self.config.search.batch
         ids = np.full((X.shape[0], k), -1, np.int64)
         scores = np.zeros((X.shape[0], k), np.float32)
-        _set_threads(resolve_threads(self.config.num_threads))
+        _set_threads(resolve_threads(self.config.training.threads))
         for s in range(0, X.shape[0], batch):
             i, sc = topk_dense_from_csr(
                 self._scores(
@@ -1140,7 +1152,7 @@ class Astec:
 
 
 def _encoder_from(t, V, D, cfg) -> Encoder:
-    enc = Encoder(V, D, cfg.spectral_lambda, cfg.dropout)
+    enc = Encoder(V, D, cfg.network.spectral_lambda, cfg.network.dropout)
     with torch.no_grad():
         enc.embed.weight.copy_(torch.from_numpy(t["E"]))
         enc.residual.weight.copy_(torch.from_numpy(t["R_raw"]))

@@ -97,10 +97,6 @@ class Classifier(nn.Module):
         nn.init.xavier_uniform_(self.weight.weight)
         nn.init.zeros_(self.bias.weight)
 
-    def scores_on(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """z [B,D] against a shared candidate set labels [U] -> logits [B,U]."""
-        return z @ self.weight(labels).t() + self.bias(labels).t()
-
 
 def svd_embedding_init(X: sp.csr_matrix, Y: sp.csr_matrix, dim: int, seed: int = 0) -> np.ndarray:
     """Token embeddings learnt from the training corpus alone: a rank-`dim` factorisation of the

@@ -1,0 +1,46 @@
+"""Click options whose defaults and help come from the parameter classes and functions they
+feed, so each default has one home (engine/astec/config.py, ExportOptions, RetrainSettings, ...)
+and `--help` says what the code does."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+def default_of(owner: Any, name: str) -> Any:
+    """The default of field `name` of a dataclass, or of parameter `name` of a function."""
+    if dataclasses.is_dataclass(owner):
+        for f in dataclasses.fields(owner):
+            if f.name == name:
+                if f.default is not dataclasses.MISSING:
+                    return f.default
+                if f.default_factory is not dataclasses.MISSING:
+                    return f.default_factory()
+                raise ValueError(f"{owner.__name__}.{name} has no default")
+        raise ValueError(f"{owner.__name__} has no field {name!r}")
+    p = inspect.signature(owner).parameters[name]
+    if p.default is inspect.Parameter.empty:
+        raise ValueError(f"{owner.__name__}({name}) has no default")
+    return p.default
+
+
+def help_of(cls: type, name: str) -> str:
+    """The help text a dataclass field carries in its metadata."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return str(f.metadata["help"])
+    raise ValueError(f"{cls.__name__} has no field {name!r}")
+
+
+def config_option(
+    cls: type, name: str, *decls: str, **kw: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An option overriding field `name` of a config section `cls`: unset (None), the --config
+    file's value, else the class default, stands; its help is the field's."""
+    text = f"{help_of(cls, name)} Default: the --config file's, else {default_of(cls, name)!r}."
+    return click.option(*decls, default=None, help=text, **kw)
