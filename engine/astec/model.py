@@ -853,7 +853,7 @@ class Astec:
             text_weight = _label_text_weight(
                 lt, [texts[i] for i in valid], joined, Y[valid], inv_prop, cfg, log, progress
             )
-        del valid_scores
+        valid_scores.clear()  # frees the validation scores; the lambda above is done with them
         model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec, ensemble, text_weight)
         log["train_seconds"] = round(time.time() - t_start, 1)
         log["peak_rss_mb"] = _peak_rss_mb()
