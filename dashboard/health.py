@@ -7,6 +7,7 @@ stale here.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -56,7 +57,7 @@ def _num(v):
         x = float(v)
     except (TypeError, ValueError):
         return None
-    return None if x != x else (int(x) if x.is_integer() and abs(x) < 2**53 else x)
+    return None if math.isnan(x) else (int(x) if x.is_integer() and abs(x) < 2**53 else x)
 
 
 def _value(key: str, v):

@@ -15,6 +15,7 @@ Sources, all written by other commands (nothing is trained or predicted here):
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def pk_points(label: str, metrics: dict) -> list[dict]:
     pts = []
     for key, v in metrics.items():
         m = _PK.match(str(key))
-        if m and isinstance(v, (int, float)) and v == v:
+        if m and isinstance(v, (int, float)) and not math.isnan(v):
             pts.append({"series": label, "k": int(m.group(1)), "P@k": round(float(v), 2)})
     return sorted(pts, key=lambda p: p["k"])
 

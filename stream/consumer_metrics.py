@@ -20,6 +20,7 @@ Redis layout, read by the dashboard:
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -170,7 +171,10 @@ def publish(
     ids = f"{prefix}:metrics:consumers"
     pipe = client.pipeline(transaction=False)
     pipe.hset(
-        key, mapping={k: ("nan" if isinstance(v, float) and v != v else v) for k, v in snap.items()}
+        key,
+        mapping={
+            k: ("nan" if isinstance(v, float) and math.isnan(v) else v) for k, v in snap.items()
+        },
     )
     pipe.expire(key, ttl_s)
     pipe.sadd(ids, metrics.consumer_id)

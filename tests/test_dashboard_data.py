@@ -257,6 +257,33 @@ def test_consumer_health_totals_versions_and_staleness(redis_settings):
     assert later.events_per_s == 0.0
 
 
+def test_consumer_without_samples_publishes_nan_shown_as_no_value(redis_settings):
+    """Percentiles of a consumer that has seen no event are NaN: published as "nan" (Redis takes
+    no float NaN), read back as None (no value), not as a number or the text "nan"."""
+    from stream.consumer_metrics import ConsumerMetrics, publish
+
+    s = redis_settings
+    client = redis_client(s.redis_url)
+    publish(client, s.redis_key_prefix, ConsumerMetrics("w-idle", model_version="v1"))
+    raw = client.hgetall(f"{s.redis_key_prefix}:metrics:consumer:w-idle")
+    assert raw[b"e2a_ms_p50"] == b"nan" and raw[b"batch_ms_p99"] == b"nan"
+    row = health.consumer_health(client, s.redis_key_prefix).rows[0]
+    assert row["e2a_ms_p50"] is None and row["batch_ms_p99"] is None and row["events"] == 0
+
+
+def test_nan_numbers_are_no_value():
+    assert [health._num(v) for v in ("nan", float("nan"), "3.0", "2.5", "x")] == [
+        None,
+        None,
+        3,
+        2.5,
+        None,
+    ]
+    assert health._value("events", "nan") is None and health._value("policy", "nan") == "nan"
+    pts = offline.pk_points("run", {"P@1": float("nan"), "P@3": 40.0, "P@5": np.float64("nan")})
+    assert [(p["k"], p["P@k"]) for p in pts] == [(3, 40.0)]
+
+
 def test_unreachable_redis_is_a_clear_error_without_the_password():
     url = "redis://:s3cret@127.0.0.1:1/0"
     assert mask_url(url) == "redis://:***@127.0.0.1:1/0"
