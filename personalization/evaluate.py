@@ -24,12 +24,13 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from personalization.features import F, EventBatch, log_popularity, sim_rank_weights
+from personalization.features import EventBatch, F, sim_rank_weights
 from personalization.visits import VisitLog
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def iso_time(ts: float | None) -> str:
 
     if ts is None:
         return "?"
-    return dt.datetime.fromtimestamp(float(ts), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(float(ts), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def check_held_out(
@@ -156,6 +157,16 @@ def sim_rank_key(b: EventBatch, sim_norm: np.ndarray) -> np.ndarray:
 def _ranks(key: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Candidate order [B,C] best first (padding last)."""
     return np.argsort(-np.where(mask, key, -np.inf), axis=1, kind="stable")
+
+
+def _ranks_or_top1(
+    key: np.ndarray, mask: np.ndarray, cold: np.ndarray, top1: np.ndarray
+) -> np.ndarray:
+    """_ranks of `key`, but a cold-start visit (no history) gets the top-1 rule's order (the
+    current page's top query), whatever the key."""
+    o = _ranks(key, mask)
+    o[cold] = top1[cold]
+    return o
 
 
 @dataclass
@@ -236,11 +247,8 @@ def evaluate_policies(
         colds.append(cold)
         orders = {name: _ranks(key, b.cand_mask) for name, key in baseline_keys(b).items()}
 
-        def ranked_or_top1(key):  # cold start: the current page's top query, whatever the key
-            o = _ranks(key, b.cand_mask)
-            o[cold] = orders["top1"][cold]
-            return o
-
+        # this batch's arrays bound now, not looked up when called (ruff B023)
+        ranked_or_top1 = partial(_ranks_or_top1, mask=b.cand_mask, cold=cold, top1=orders["top1"])
         orders["sim_rank"] = ranked_or_top1(sim_rank_key(b, policy.weights["sim_norm"]))
         orders["gru"] = ranked_or_top1(softmax_masked(policy.logits(b)))
         if oracle is not None:
@@ -340,7 +348,7 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
         res.x_shown, clicked, has, users, [res.x_chosen[p] for p in names]
     )
     judged = "actual_ctr" in res.per_visit["gru"]
-    for p, rc in zip(names, r_ch):
+    for p, rc in zip(names, r_ch, strict=True):
         d = res.per_visit[p]
         rec = {"intent_hit": res.metrics[p].get("intent_hit", float("nan"))}
         if judged:
@@ -410,7 +418,7 @@ def bootstrap_lift(
     return {
         "lift": float(point),
         "ci95": [float(lo), float(hi)],
-        "users": int(len(u)),
+        "users": len(u),
         "bootstrap": n_boot,
     }
 
@@ -432,8 +440,3 @@ def summarize(res: EvalResult, metric: str = "intent_hit") -> dict:
         "baseline": res.metrics[best][metric],
         **bootstrap_lift(num, den, users),
     }
-
-
-def popularity_for(v: VisitLog, split_ts: float) -> np.ndarray:
-    """The popularity baseline's normalised log counts from logs before the split."""
-    return log_popularity(v.popularity(before_ts=split_ts))

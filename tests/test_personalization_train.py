@@ -9,12 +9,11 @@ import tempfile
 
 import numpy as np
 import pytest
-from test_personalization_policy import CFG, synthetic_visits
 
 from personalization.evaluate import Truth, bootstrap_lift, evaluate_policies, summarize
 from personalization.policy import GruPolicy
 from personalization.train import publish, split_rows, train_policy
-
+from test_personalization_policy import CFG, synthetic_visits
 
 HELD = dataclasses.replace(CFG, holdout=CFG.val_frac)  # never reads the evaluated sessions
 
@@ -57,7 +56,7 @@ def test_metrics_are_rates_and_cold_start_is_top1(evaluated):
 
 
 def test_first_visits_get_the_top1_choice():
-    v, rows_w, q_topic, intent = synthetic_visits(n_users=40, seed=2)
+    v, rows_w, _q_topic, _intent = synthetic_visits(n_users=40, seed=2)
     w, report = train_policy(v, rows_w, CFG, progress=False)
     with tempfile.TemporaryDirectory() as d:
         _, path = publish(d, w, CFG, {"train": report})
@@ -65,9 +64,16 @@ def test_first_visits_get_the_top1_choice():
         res = evaluate_policies(
             pol, v, np.arange(v.n), w["log_pop"], CFG.K, CFG.ttl_s, None, progress=False
         )
+        # small batches: each batch's cold-start rule uses that batch's own cold mask and orders
+        small = evaluate_policies(
+            pol, v, np.arange(v.n), w["log_pop"], CFG.K, CFG.ttl_s, None, batch=7, progress=False
+        )
     assert res.n_cold == 40 == res.cold.sum()
     assert np.array_equal(res.chosen["gru"][res.cold], res.chosen["top1"][res.cold])
     assert not np.array_equal(res.chosen["gru"][~res.cold], res.chosen["top1"][~res.cold])
+    assert v.n > 7 and np.array_equal(small.cold, res.cold)
+    for p in res.chosen:
+        assert np.array_equal(small.chosen[p], res.chosen[p]), p
 
 
 def test_bootstrap_lift_on_known_numbers():
@@ -223,7 +229,7 @@ def test_evaluate_refuses_a_policy_that_read_the_evaluated_sessions(tmp_path):
         run_evaluation(held, v, 0.4, None, 20, progress=False)
     # a policy that records no data range (made before --holdout existed) is refused too
     held.manifest = {k: x for k, x in held.manifest.items() if k != "train"}
-    with pytest.raises(OverlapError, match="records no training data range.*retrain"):
+    with pytest.raises(OverlapError, match=r"records no training data range.*retrain"):
         run_evaluation(held, v, 0.25, None, 20, progress=False)
 
 
@@ -242,7 +248,7 @@ def test_sim_rank_start_is_the_fixed_ranking_and_competes_for_best_epoch(tmp_pat
     res = evaluate_policies(pol, v, rows, w["log_pop"], cfg.K, cfg.ttl_s, truth, progress=False)
     same = res.chosen["gru"] == res.chosen["sim_rank"]
     assert same.mean() > 0.99, same.mean()
-    w_rand, rep_rand = train_policy(
+    _w_rand, rep_rand = train_policy(
         v, rows_w, dataclasses.replace(cfg, init="random"), progress=False
     )
     assert rep_rand["epochs"][0]["epoch"] == 1 and "init_scale" not in rep_rand
