@@ -3,8 +3,8 @@
 Redis layout, read by the dashboard:
     <prefix>:metrics:consumers              set of consumer ids seen
     <prefix>:metrics:consumer:<id>          hash, rewritten every metrics_interval_s, TTL 120 s:
-        events, events_per_s, dead_letters, duplicates, batches, partitions (assigned now), no_query,
-        model_version, policy, pid,
+        events, events_per_s, dead_letters, duplicates, batches, partitions (assigned now),
+        no_query, refused_versions (versions its hot reload refused), model_version, policy, pid,
         batch_ms_p50/p99, e2a_ms_p50/p95/p99 (event ts -> ad query acked), time shares
         predict_s/redis_s/policy_s/kafka_s/decode_s (cumulative seconds), updated_at
         (and lag, messages behind the partitions' ends, once the worker sets metrics.lag)
@@ -68,7 +68,8 @@ class ConsumerMetrics:
     partitions: int = 0
     no_query: int = 0  # events whose page got no predicted query (no ad query sent)
     lag: int | None = None  # messages behind the assigned partitions' ends (set by the worker)
-    stage_s: dict = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    refused_versions: int = 0  # model / policy versions its hot reload refused (set by the worker)
+    stage_s: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     e2a_ms: Ring = field(default_factory=Ring)
     batch_ms: Ring = field(default_factory=lambda: Ring(4000))
     started: float = field(default_factory=time.monotonic)
@@ -115,6 +116,7 @@ class ConsumerMetrics:
             "batches": self.batches,
             "partitions": self.partitions,
             "no_query": self.no_query,
+            "refused_versions": self.refused_versions,
             "batch_ms_p50": b50,
             "batch_ms_p99": b99,
             "e2a_ms_p50": l50,
@@ -198,7 +200,7 @@ def read_series(client, prefix: str, max_points: int = SERIES_LEN) -> dict[str, 
     for cid in ids:
         pipe.lrange(series_key(prefix, cid), 0, max_points - 1)
     out = {}
-    for cid, raw in zip(ids, pipe.execute()):
+    for cid, raw in zip(ids, pipe.execute(), strict=True):
         pts = []
         for r in reversed(raw):
             try:
@@ -274,7 +276,7 @@ class PromExporter:
             ["consumer", "version"],
             registry=self.reg,
         )
-        self._last_version = None
+        self._last_version: str | None = None
         self.cid = consumer_id
         start_http_server(port, addr="127.0.0.1", registry=self.reg)
 

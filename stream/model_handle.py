@@ -2,19 +2,18 @@
 
 `--model PATH` is either a predictor directory (fixed) or a registry root holding CURRENT
 (`{"version": "<id>"}`) and versions/<id>/predictor/. Between batches the consumer calls
-`maybe_reload()`: when CURRENT names another version it loads that predictor; if loading fails
-the version is refused (logged, counted, not retried until CURRENT changes) and the old one kept.
+`maybe_reload()`, which follows CURRENT by the one rule of stream.registry_watch (a version that
+fails to load is refused once, logged and counted, and the old predictor kept).
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-log = logging.getLogger(__name__)
+from stream.registry_watch import RegistryWatcher, is_registry
 
 
 def load_predictor(path: str | Path, threads: int = 1) -> Any:
@@ -22,10 +21,6 @@ def load_predictor(path: str | Path, threads: int = 1) -> Any:
     from engine.predictor import Predictor
 
     return Predictor.load(str(path), threads=threads)
-
-
-def _is_registry(path: Path) -> bool:
-    return (path / "CURRENT").is_file() or (path / "versions").is_dir()
 
 
 def check_model(path: str | Path) -> None:
@@ -36,7 +31,7 @@ def check_model(path: str | Path) -> None:
     from engine.manifest import verify_manifest
 
     p = Path(path)
-    if _is_registry(p):
+    if is_registry(p):
         from engine.registry import Registry
 
         registry = Registry(p)
@@ -49,14 +44,12 @@ def check_model(path: str | Path) -> None:
 
 @dataclass
 class ModelHandle:
+    """The predictor in use; from a registry root it follows CURRENT (stream.registry_watch)."""
+
     path: Path
-    loader: Callable[[Path], Any] = load_predictor
-    check_every_s: float = 1.0
-    predictor: Any = None
-    version: str = ""
-    refused: dict = field(default_factory=dict)  # version -> reason
-    reloads: int = 0
-    _next_check: float = 0.0
+    predictor: Any
+    version: str
+    watcher: RegistryWatcher | None = None  # None: a fixed predictor directory
 
     @classmethod
     def open(
@@ -64,55 +57,32 @@ class ModelHandle:
         path: str | Path,
         loader: Callable[[Path], Any] = load_predictor,
         check_every_s: float = 1.0,
-    ) -> "ModelHandle":
-        h = cls(Path(path), loader, check_every_s)
-        if _is_registry(h.path):
-            version = h._current()
-            if version is None:
-                raise FileNotFoundError(f"{h.path / 'CURRENT'}: no promoted model version yet")
-            h.predictor, h.version = h._load_version(version), version
-        else:
-            h.predictor = loader(h.path)
-            h.version = str(getattr(h.predictor, "version", "") or h.path.name)
-        h._next_check = time.monotonic() + check_every_s
-        return h
+    ) -> ModelHandle:
+        p = Path(path)
+        if not is_registry(p):
+            predictor = loader(p)
+            return cls(p, predictor, str(getattr(predictor, "version", "") or p.name))
+        watcher = RegistryWatcher(
+            p, lambda vdir: loader(vdir / "predictor"), "model", check_every_s
+        )
+        predictor = watcher.open()
+        return cls(p, predictor, watcher.version, watcher)
 
     @property
-    def is_registry(self) -> bool:
-        return _is_registry(self.path)
+    def refused(self) -> dict[str, str]:
+        """Versions refused so far (version -> reason)."""
+        return self.watcher.refused if self.watcher else {}
 
-    def _current(self) -> str | None:
-        from engine.registry import Registry
-
-        return Registry(self.path).current()
-
-    def _load_version(self, version: str) -> Any:
-        from engine.registry import Registry
-
-        return self.loader(Registry(self.path).path(version) / "predictor")
+    @property
+    def reloads(self) -> int:
+        return self.watcher.reloads if self.watcher else 0
 
     def maybe_reload(self, force: bool = False) -> bool:
         """Switch to a newly promoted version; True when switched. Never raises for a bad model."""
-        if not self.is_registry:
+        if self.watcher is None:
             return False
-        now = time.monotonic()
-        if not force and now < self._next_check:
+        predictor = self.watcher.poll(force)
+        if predictor is None:
             return False
-        self._next_check = now + self.check_every_s
-        try:
-            version = self._current()
-        except Exception as exc:  # noqa: BLE001 - a torn/malformed pointer keeps the old model
-            log.error("model registry %s unreadable, keeping %s: %s", self.path, self.version, exc)
-            return False
-        if version is None or version == self.version or version in self.refused:
-            return False
-        try:
-            predictor = self._load_version(version)
-        except Exception as exc:  # noqa: BLE001 - any load failure refuses the version
-            self.refused[version] = f"{type(exc).__name__}: {exc}"
-            log.error("model version %s refused, keeping %s: %s", version, self.version, exc)
-            return False
-        log.warning("model hot-reloaded: %s -> %s", self.version, version)
-        self.predictor, self.version = predictor, version
-        self.reloads += 1
+        self.predictor, self.version = predictor, self.watcher.version
         return True

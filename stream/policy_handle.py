@@ -13,11 +13,41 @@ shows its argmax logs nothing a successor can be evaluated or trained on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+from stream.registry_watch import RegistryWatcher, is_registry
+from stream.settings import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from personalization.policy import Served
+
+
+class Policy(Protocol):
+    """What the worker's choose stage needs of a policy (Top1Policy, GruStreamPolicy)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the state stage must fetch the user's earlier states for it."""
+        ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def refused(self) -> dict[str, str]:
+        """Versions refused by its hot reload (version -> reason); empty if it has none."""
+        ...
+
+    def serve_batch(self, histories, currents, ids: np.ndarray, scores: np.ndarray) -> Served: ...
+
+    def maybe_reload(self) -> bool: ...
 
 
 @dataclass
@@ -55,13 +85,18 @@ class Top1Policy:
             cand_prop=cp,
         )
 
+    @property
+    def refused(self) -> dict[str, str]:
+        return {}
+
     def maybe_reload(self) -> bool:
         return False
 
 
 @dataclass
 class GruStreamPolicy:
-    """personalization.policy.GruPolicy over the user's last K states (hot-reloads itself)."""
+    """personalization.policy.GruPolicy over the user's last K states; from a registry root its
+    `watcher` swaps in newly promoted versions (stream.registry_watch's rule)."""
 
     gru: Any
     name: str = "gru"
@@ -69,7 +104,8 @@ class GruStreamPolicy:
     epsilon: float | None = None  # None: personalization.policy.EPSILON
     temperature: float | None = None  # None: personalization.policy.TEMPERATURE
     seed: int | None = None
-    _rng: Any = None
+    watcher: RegistryWatcher | None = None  # None: a fixed version directory
+    _rng: Any = field(default=None, repr=False)
 
     @property
     def version(self) -> str:
@@ -109,8 +145,52 @@ class GruStreamPolicy:
         sv = self.serve_batch(histories, currents, ids, scores)
         return sv.query, sv.score, sv.propensity
 
+    @property
+    def refused(self) -> dict[str, str]:
+        return self.watcher.refused if self.watcher else {}
+
     def maybe_reload(self) -> bool:
-        return bool(self.gru.maybe_reload())
+        if self.watcher is None:
+            return False
+        gru = self.watcher.poll()
+        if gru is None:
+            return False
+        self.gru = gru
+        return True
+
+
+class PolicyMismatch(ConfigError):
+    """A GRU policy's window does not fit the stream's settings (the message says how to fix)."""
+
+
+def check_window(settings: Settings, k: int, topk: int | None, where: str) -> None:
+    """Raise PolicyMismatch unless the policy at `where` (k states per window, trained on topk
+    queries per page) fits the stream: Redis keeps state_k states per user, so a window of more
+    would never fill; and the policy's features count queries among each page's top_k, so it
+    must see as many as it was trained on (topk None: a version that did not record it)."""
+    if k > settings.state_k:
+        raise PolicyMismatch(
+            f"{where}: the GRU policy reads K={k} states per user but the stream keeps "
+            f"state_k={settings.state_k}: set state_k >= {k} (config file or ASTEC_STATE_K) "
+            f"or train the policy with --K {settings.state_k} or less"
+        )
+    if topk is not None and topk != settings.top_k:
+        raise PolicyMismatch(
+            f"{where}: the GRU policy was trained on topk={topk} queries per page but the "
+            f"stream predicts top_k={settings.top_k}: set top_k = {topk} (config file or "
+            f"ASTEC_TOP_K) or train the policy with --topk {settings.top_k}"
+        )
+
+
+def load_gru(path: Path, settings: Settings | None = None) -> Any:
+    """personalization.policy.GruPolicy of one version directory (its own reload off: the
+    stream's watcher reloads), refused (PolicyMismatch) if its window does not fit `settings`."""
+    from personalization.policy import GruPolicy
+
+    gru = GruPolicy.load(path)
+    if settings is not None:
+        check_window(settings, gru.K, gru.topk, str(path))
+    return gru
 
 
 def make_policy(
@@ -119,17 +199,31 @@ def make_policy(
     epsilon: float | None = None,
     temperature: float | None = None,
     seed: int | None = None,
-):
-    """`top1`, or `gru` loaded from model_dir (a policy version dir or a registry root), serving
-    with exploration `epsilon` / `temperature` (None: the defaults; epsilon 0 = greedy)."""
+    settings: Settings | None = None,
+    check_every_s: float = 5.0,
+) -> Policy:
+    """`top1`, or `gru` loaded from model_dir (a policy version dir, or a registry root whose
+    CURRENT is followed every `check_every_s`), serving with exploration `epsilon` /
+    `temperature` (None: the defaults; epsilon 0 = greedy). With `settings`, a GRU version whose
+    window does not fit them raises PolicyMismatch at start and is refused on reload."""
     if name == "top1":
         return Top1Policy()
     if name == "gru":
         if not model_dir:
             raise ValueError("--policy gru needs --policy-model DIR (a GRU policy or its registry)")
-        from personalization.policy import GruPolicy
-
+        path = Path(model_dir)
+        if not is_registry(path):
+            return GruStreamPolicy(
+                load_gru(path, settings), epsilon=epsilon, temperature=temperature, seed=seed
+            )
+        watcher = RegistryWatcher(
+            path, lambda vdir: load_gru(vdir, settings), "GRU policy", check_every_s
+        )
         return GruStreamPolicy(
-            GruPolicy.load(model_dir), epsilon=epsilon, temperature=temperature, seed=seed
+            watcher.open(),
+            epsilon=epsilon,
+            temperature=temperature,
+            seed=seed,
+            watcher=watcher,
         )
     raise ValueError(f"unknown policy {name!r}: expected top1 or gru")

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import time
+from multiprocessing.context import SpawnProcess
 
 from stream.settings import Settings
 from stream.worker import worker_main
@@ -25,11 +26,12 @@ def run_workers(
     policy: str,
     policy_model: str | None,
     n_workers: int,
-    metrics_port: int = 0,
     threads: int = 1,
     restart: bool = True,
 ) -> int:
-    """Supervise n_workers processes until SIGTERM/SIGINT; returns the number of restarts."""
+    """Supervise n_workers processes until SIGTERM/SIGINT; returns the number of restarts.
+
+    Worker i serves Prometheus metrics on settings.metrics_port + i (0: none)."""
     # One BLAS thread per worker unless told otherwise: on a busy box OpenBLAS' own threads spin
     # against the other workers (a 8x300 @ 300x300 product went from 0.1 ms to 16 ms).
     # Set before the spawn so the children's numpy reads it when it loads.
@@ -40,9 +42,9 @@ def run_workers(
     stopping = False
     restarts = 0
 
-    def start(i: int) -> mp.Process:
+    def start(i: int) -> SpawnProcess:
         cid = f"{host}-w{i}-{int(time.time() * 1000) % 10**8}"
-        port = metrics_port + i if metrics_port else 0
+        port = settings.metrics_port + i if settings.metrics_port else 0
         # the slot's transactional id outlives a worker's crash, so its restarted successor
         # fences it and aborts the transaction it left open; the supervisor's pid keeps two
         # supervisors of one group on one host apart
@@ -63,7 +65,7 @@ def run_workers(
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     procs = {i: start(i) for i in range(n_workers)}
-    backoff = {i: 0.5 for i in procs}
+    backoff = dict.fromkeys(procs, 0.5)
     try:
         while not stopping:
             time.sleep(0.2)

@@ -1,7 +1,9 @@
 """One stream consumer: page views -> top-k queries -> user state -> one ad query.
 
-Per batch: poll -> validate (bad -> dead-letter topic) -> reload model if promoted -> predict
-(batched) -> Redis (one pipelined, idempotent append per event) -> policy -> produce ad queries.
+Per batch: poll -> reload the model / policy if a new version was promoted -> the stages of
+stream.batch_stages: decode (bad -> dead-letter topic) -> predict (batched) -> state (Redis: one
+pipelined, idempotent append per event) -> choose (the policy) -> emit (produce ad queries).
+Clients (Kafka consumer and producer, Redis) are built from the settings or injected.
 
 Exactly-once (`delivery = "exactly-once"`): each polled batch is one Kafka
 transaction holding its ad queries, its dead letters and its input offsets (Kafka's
@@ -10,15 +12,16 @@ see its messages and the batch is processed again, so the output holds each answ
 state is idempotent by event id, so the replay never appends a visit twice.
 
 At-least-once (the default: exactly-once's per-batch commit costs more latency than the targets
-allow on 2 cores, docs/benchmarks-stream.md): the broker's acknowledgement wait overlaps the next batch (at most
-`max_in_flight` batches, settled strictly in order); settled offsets are committed every
-`commit_interval_ms`, on SIGTERM and before a rebalance. A crash replays the uncommitted batches:
-duplicates can appear on `ad-queries` (counted), never a lost event. SIGTERM/SIGINT: finish the
-batch, commit, leave the group.
+allow on 2 cores, docs/benchmarks-stream.md): the broker's acknowledgement wait overlaps the next
+batch (at most `max_in_flight` batches, settled strictly in order); settled offsets are
+committed every `commit_interval_ms`, on SIGTERM and before a rebalance. A crash replays the
+uncommitted batches: duplicates can appear on `ad-queries` (counted), never a lost event.
+SIGTERM/SIGINT: finish the batch, commit, leave the group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -27,22 +30,24 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import redis
+from kafka.structs import TopicPartition
 
-from stream.settings import Settings
-from personalization.state import UserState
+from stream.batch_stages import Batch, Outbox, Stage, default_stages
 from stream.consumer_metrics import ConsumerMetrics, PromExporter, publish
 from stream.model_handle import ModelHandle, load_predictor
-from stream.schemas import SchemaError, decode, dead_letter, encode
-from stream.state_store import StateStore, connect
+from stream.policy_handle import Policy, make_policy
 from stream.rdkafka_producer import TransactionAborted
-from stream.topics import check_kafka, make_stream_consumer, make_stream_producer
+from stream.settings import Settings
+from stream.state_store import StateStore, connect
+from stream.topics import make_stream_consumer, make_stream_producer
 
 log = logging.getLogger(__name__)
-_DEAD = -(2**62)  # a policy choice slot whose event went to the dead letters
 TXN_STALL_S = 20.0  # a transaction commit blocked this long is stuck (_commit_or_replace)
 
 
@@ -52,6 +57,7 @@ class InFlight:
 
     futures: list
     offsets: dict  # TopicPartition -> next offset to read
+    first: dict  # TopicPartition -> the batch's first offset (where a replay rewinds to)
     t0: float  # perf_counter at the start of the batch
     event_ts: np.ndarray
     events: int = 0
@@ -60,27 +66,71 @@ class InFlight:
     stages: dict = field(default_factory=dict)
 
 
-def _offsets(records) -> dict:
-    from kafka.structs import TopicPartition
-
-    out: dict = {}
+def offset_range(records) -> tuple[dict, dict]:
+    """Per partition of a batch: (its first offset, the next offset to read after it)."""
+    first: dict = {}
+    nxt: dict = {}
     for r in records:
         tp = TopicPartition(r.topic, r.partition)
-        out[tp] = max(out.get(tp, 0), r.offset + 1)
-    return out
+        first[tp] = min(first.get(tp, r.offset), r.offset)
+        nxt[tp] = max(nxt.get(tp, 0), r.offset + 1)
+    return first, nxt
+
+
+@dataclass
+class Clients:
+    """The worker's connections: built by `connect`, or injected (StreamWorker(clients=...)).
+    An injected consumer must call the worker's `commit_before_rebalance` when its partitions
+    are revoked; `new_producer` makes a producer with the same transactional id (exactly-once:
+    it replaces one stuck in a commit)."""
+
+    consumer: Any
+    producer: Any
+    redis: redis.Redis
+    new_producer: Callable[[], Any]
+
+    @classmethod
+    def connect(
+        cls,
+        settings: Settings,
+        client_id: str,
+        transactional_id: str | None,
+        on_revoke: Callable[[], None],
+    ) -> Clients:
+        def new_producer() -> Any:
+            p = make_stream_producer(settings, client_id, transactional_id)
+            if transactional_id:
+                p.init_transactions()
+            return p
+
+        redis_client = connect(settings.redis_url)
+        producer = new_producer()
+        consumer = make_stream_consumer(
+            settings,
+            settings.topic_page_views,
+            settings.consumer_group,
+            client_id,
+            on_revoke=on_revoke,
+        )
+        return cls(consumer, producer, redis_client, new_producer)
 
 
 class StreamWorker:
-    """A consumer-group member over `page-views`; `run()` until stop() or SIGTERM."""
+    """A consumer-group member over `page-views`; `run()` until stop() or SIGTERM.
+
+    `clients` (Kafka consumer and producer, Redis) and `stages` (stream.batch_stages) are built
+    from the settings unless given."""
 
     def __init__(
         self,
         settings: Settings,
         model: ModelHandle,
-        policy,
+        policy: Policy,
         consumer_id: str | None = None,
         metrics_port: int = 0,
         transactional_id: str | None = None,
+        clients: Clients | None = None,
+        stages: list[tuple[str, Stage]] | None = None,
     ):
         self.s = settings
         self.model = model
@@ -96,16 +146,7 @@ class StreamWorker:
                 "producer; set producer_client/consumer_client to confluent or "
                 "delivery to at-least-once"
             )
-        check_kafka(settings)
         self.stop_event = threading.Event()
-        self.redis = connect(settings.redis_url)
-        self.store = StateStore(
-            self.redis,
-            settings.redis_key_prefix,
-            settings.state_k,
-            settings.state_ttl_s,
-            settings.dedup_ttl_s,
-        )
         # a stable transactional id per worker slot: a restarted worker fences its dead
         # predecessor and aborts the transaction it left open (which would otherwise hold back
         # read-committed readers of the partitions it wrote until the transaction timed out)
@@ -114,16 +155,21 @@ class StreamWorker:
             if self.exactly_once
             else None
         )
-        self.producer = make_stream_producer(settings, f"astec-{self.cid}", self.transactional_id)
-        if self.exactly_once:
-            self.producer.init_transactions()
-        self.consumer = make_stream_consumer(
-            settings,
-            settings.topic_page_views,
-            settings.consumer_group,
-            f"astec-{self.cid}",
-            on_revoke=self._commit_before_rebalance,
+        # the broker was checked once by the command that started the workers (ensure_topics)
+        self.clients = clients or Clients.connect(
+            settings, f"astec-{self.cid}", self.transactional_id, self.commit_before_rebalance
         )
+        self.consumer = self.clients.consumer
+        self.producer = self.clients.producer
+        self.redis = self.clients.redis
+        self.store = StateStore(
+            self.redis,
+            settings.redis_key_prefix,
+            settings.state_k,
+            settings.state_ttl_s,
+            settings.dedup_ttl_s,
+        )
+        self.stages = stages or default_stages(settings, model, policy, self._append_with_backoff)
         self.aborted = 0  # transactions aborted and replayed (exactly-once)
         self.pending_offsets: dict = {}  # settled but not yet committed (commit_interval_ms)
         self._last_commit = time.monotonic()
@@ -133,6 +179,8 @@ class StreamWorker:
         self.max_in_flight = 4
         self.inflight: deque[InFlight] = deque()
         self._last_publish = 0.0
+        self._unassigned_since: float | None = None  # owning no partition since (monotonic)
+        self._last_unassigned_warning = 0.0
 
     # ---- lifecycle ----------------------------------------------------------------------
     def stop(self, *_args) -> None:
@@ -169,10 +217,8 @@ class StreamWorker:
 
     def close(self) -> None:
         """Leave the group (fast rebalance for the others), flush, publish final metrics."""
-        try:
+        with contextlib.suppress(redis.RedisError):
             self._maybe_publish(force=True)
-        except redis.RedisError:
-            pass
         try:
             if not self.exactly_once:
                 self.producer.flush(timeout=10)
@@ -187,27 +233,26 @@ class StreamWorker:
         Returns whether it committed."""
         self.producer.begin_transaction()
         b = self.process(records)
-        first: dict = {}
-        from kafka.structs import TopicPartition
-
-        for r in records:
-            tp = TopicPartition(r.topic, r.partition)
-            first[tp] = min(first.get(tp, r.offset), r.offset)
         t_commit = time.perf_counter()
         try:
             self._commit_or_replace(b.offsets)
         except TransactionAborted as exc:
             self.aborted += 1
             log.warning("%s: %s; replaying %d events", self.cid, exc, len(records))
-            self.consumer.rewind(first)
+            self.consumer.rewind(b.first)
             return False
+        self._record(b, time.perf_counter() - t_commit)
+        return True
+
+    def _record(self, b: InFlight, kafka_wait_s: float) -> None:
+        """A settled batch into the metrics: its ack (or commit) wait counts as the kafka stage,
+        its events' latency runs from their timestamps to now."""
         now_pc, now = time.perf_counter(), time.time()
-        b.stages["kafka"] = b.stages.get("kafka", 0.0) + (now_pc - t_commit)
+        b.stages["kafka"] = b.stages.get("kafka", 0.0) + kafka_wait_s
         e2a = (now - b.event_ts) * 1000.0
         self.metrics.record_batch(b.events, b.dead, b.duplicates, now_pc - b.t0, e2a, b.stages)
         if self.prom:
             self.prom.observe(b.events, b.dead, now_pc - b.t0, e2a, self.model.version)
-        return True
 
     def _commit_or_replace(self, offsets: dict) -> None:
         """Commit the open transaction with `offsets` on the committer thread.
@@ -242,8 +287,7 @@ class StreamWorker:
             self.cid,
             TXN_STALL_S,
         )
-        self.producer = make_stream_producer(self.s, f"astec-{self.cid}", self.transactional_id)
-        self.producer.init_transactions()
+        self.producer = self.clients.producer = self.clients.new_producer()
         raise TransactionAborted(f"commit stuck for {TXN_STALL_S:.0f}s; producer replaced")
 
     def settle(self, block: bool = False) -> int:
@@ -263,12 +307,7 @@ class StreamWorker:
                 break
             for f in b.futures:
                 f.get(timeout=30)  # raises if the broker refused a message
-            now_pc, now = time.perf_counter(), time.time()
-            b.stages["kafka"] = b.stages.get("kafka", 0.0) + (now_pc - t_wait if block else 0.0)
-            e2a = (now - b.event_ts) * 1000.0
-            self.metrics.record_batch(b.events, b.dead, b.duplicates, now_pc - b.t0, e2a, b.stages)
-            if self.prom:
-                self.prom.observe(b.events, b.dead, now_pc - b.t0, e2a, self.model.version)
+            self._record(b, time.perf_counter() - t_wait if block else 0.0)
             offsets.update(b.offsets)  # later batches carry later offsets
             self.inflight.popleft()
             n += 1
@@ -279,7 +318,7 @@ class StreamWorker:
             self.commit_pending()
         return n
 
-    def _commit_before_rebalance(self) -> None:
+    def commit_before_rebalance(self) -> None:
         """Before partitions move to another member, commit what this worker has settled on them,
         so the new owner replays as little as possible (replays are harmless, just wasted work)."""
         try:
@@ -311,6 +350,7 @@ class StreamWorker:
             self._last_publish = now
             self.metrics.model_version = self.model.version
             self.metrics.partitions = len(self.consumer.assignment())
+            self.metrics.refused_versions = len(self.model.refused) + len(self.policy.refused)
             self._warn_if_unassigned(now)
             lag = getattr(self.consumer, "lag", None)
             self.metrics.lag = lag() if lag is not None else None
@@ -325,12 +365,12 @@ class StreamWorker:
         if self.metrics.partitions:
             self._unassigned_since = None
             return
-        since = getattr(self, "_unassigned_since", None) or now
-        self._unassigned_since = since
-        idle = now - since
+        if self._unassigned_since is None:
+            self._unassigned_since = now
+        idle = now - self._unassigned_since
         if (
             idle > self.s.session_timeout_ms / 1000.0
-            and now - getattr(self, "_last_unassigned_warning", 0.0) >= 60.0
+            and now - self._last_unassigned_warning >= 60.0
         ):
             self._last_unassigned_warning = now
             log.warning(
@@ -344,212 +384,52 @@ class StreamWorker:
 
     # ---- one batch ----------------------------------------------------------------------
     def process(self, records) -> InFlight:
-        """Everything of a batch up to handing the ad queries to the producer (no ack wait).
+        """Everything of a batch up to handing the ad queries to the producer (no ack wait):
+        the stages of stream.batch_stages in order, each timed under its metric name.
 
         No single event can stop the worker: whatever fails while handling one event (its
         decoding, prediction, state, Redis write, policy or produce) sends that event to the
         dead letters with the reason, and the rest of the batch goes on. Only what is not an
-        event's fault (Redis or the broker unreachable) raises or is retried."""
+        event's fault (Redis or the broker unreachable) raises or is retried. A newly promoted
+        model or policy is switched to before the batch (its load time counts as predict)."""
         t0 = time.perf_counter()
-        stages = {}
-        s = self.s
-        futures: list = []
-        dead = [0]
-
-        def to_dead(r, reason: str) -> None:
-            dead[0] += 1
-            futures.append(
-                self.producer.send(
-                    s.topic_dead_letters,
-                    key=r.key[:1024] if r.key else None,
-                    value=dead_letter(r.value, reason, r.topic, r.partition, r.offset, self.cid),
-                )
-            )
-
-        kept = []  # (record, message) of the events still in the batch
-        for r in records:
-            try:
-                kept.append((r, decode("page_view", r.value, s.max_message_bytes)))
-            except SchemaError as exc:
-                to_dead(r, str(exc))
-            except Exception as exc:  # noqa: BLE001 - per-event isolation
-                to_dead(r, _reason("decode", exc))
-        t1 = time.perf_counter()
-        stages["decode"] = t1 - t0
-        if self.model.maybe_reload():
-            self.metrics.model_version = self.model.version
+        self.model.maybe_reload()
         self.policy.maybe_reload()
-        res = InFlight(futures, _offsets(records), t0, np.zeros(0), 0, 0, 0, stages)
-        if kept:
-            pred = self.model.predictor
-            kept, ids, scores, z = self._predict(pred, kept, to_dead)
-            t2 = time.perf_counter()
-            stages["predict"] = t2 - t1
-            kept, ids, scores, states = self._states(kept, ids, scores, z, to_dead)
-            fresh, hists, errors = self._append_with_backoff(
-                [m["user_id"] for _, m in kept], states
-            )
-            ok = [i for i, e in enumerate(errors) if e is None]
-            for i, e in enumerate(errors):
-                if e is not None:
-                    to_dead(kept[i][0], e)
-            if len(ok) < len(kept):
-                kept, states = [kept[i] for i in ok], [states[i] for i in ok]
-                fresh, hists = [fresh[i] for i in ok], [hists[i] for i in ok]
-                ids, scores = ids[ok], scores[ok]
-            res.duplicates = len(fresh) - int(sum(fresh))
-            t3 = time.perf_counter()
-            stages["redis"] = t3 - t2
-            q, served = self._serve(hists, states, ids, scores, kept, to_dead)
-            t4 = time.perf_counter()
-            stages["policy"] = t4 - t3
-            names = pred.label_names
-            version = self.model.version
-            now = time.time()
-            answered_ts = []
-            for i, (r, m) in enumerate(kept):
-                if q[i] == _DEAD:
-                    continue
-                answered_ts.append(m["ts"])
-                if q[i] < 0:  # the predictor had no query for this page: nothing to advertise
-                    self.metrics.no_query += 1
-                    continue
-                try:
-                    f = served[i]
-                    out = {
-                        "event_id": m["event_id"],
-                        "user_id": m["user_id"],
-                        "ts": now,
-                        "event_ts": m["ts"],
-                        "query": names[int(q[i])],
-                        **f,
-                        "candidates": [names[j] for j in f["candidate_ids"]],
-                        "policy": self.policy.name,
-                        "model_version": version,
-                        "url": m["url"],
-                        "title": m["title"],
-                    }
-                    if "session_id" in m:
-                        out["session_id"] = m["session_id"]
-                    futures.append(
-                        self.producer.send(
-                            s.topic_ad_queries,
-                            key=m["user_id"].encode(),
-                            value=encode("ad_query", out),
-                        )
-                    )
-                except Exception as exc:  # noqa: BLE001 - per-event isolation
-                    answered_ts.pop()
-                    to_dead(r, _reason("produce", exc))
-            res.event_ts = np.array(answered_ts, np.float64)
-            res.events = len(answered_ts)
-            stages["kafka"] = time.perf_counter() - t4
-        res.dead = dead[0]
-        return res
-
-    def _predict(self, pred, kept, to_dead):
-        """The batch's top-k and features in one call; if that call fails, event by event, so
-        only the events that fail on their own are dead-lettered."""
-        titles = [m["title"] for _, m in kept]
-        try:
-            ids, scores, z = pred.predict_with_features(titles, self.s.top_k)
-            return (
-                kept,
-                np.asarray(ids, np.int64),
-                np.asarray(scores, np.float32),
-                np.asarray(z, np.float32),
-            )
-        except Exception as exc:  # noqa: BLE001 - isolate the event(s) at fault
-            log.warning(
-                "%s: batch prediction failed (%s); predicting event by event", self.cid, exc
-            )
-        rows, out = [], []
-        for item, title in zip(kept, titles):
-            try:
-                i, sc, zz = pred.predict_with_features([title], self.s.top_k)
-                rows.append(
-                    (
-                        np.asarray(i, np.int64)[0],
-                        np.asarray(sc, np.float32)[0],
-                        np.asarray(zz, np.float32)[0],
-                    )
-                )
-                out.append(item)
-            except Exception as exc:  # noqa: BLE001 - per-event isolation
-                to_dead(item[0], _reason("predict", exc))
-        if not rows:
-            return (
-                [],
-                np.zeros((0, self.s.top_k), np.int64),
-                np.zeros((0, self.s.top_k), np.float32),
-                np.zeros((0, 1)),
-            )
-        return (
-            out,
-            np.stack([r[0] for r in rows]),
-            np.stack([r[1] for r in rows]),
-            np.stack([r[2] for r in rows]),
+        t = time.perf_counter()
+        stages = {"predict": t - t0}
+        out = Outbox(self.producer.send, self.s.topic_dead_letters, self.cid)
+        batch = Batch(list(records))
+        for name, stage in self.stages:
+            if not batch and name != "decode":
+                break
+            stage(batch, out)
+            now = time.perf_counter()
+            stages[name] = stages.get(name, 0.0) + (now - t)
+            t = now
+        self.metrics.no_query += batch.no_query
+        first, nxt = offset_range(records)
+        return InFlight(
+            out.futures,
+            nxt,
+            first,
+            t0,
+            np.array(batch.answered_ts, np.float64),
+            events=len(batch.answered_ts),
+            dead=out.dead,
+            duplicates=batch.duplicates,
+            stages=stages,
         )
 
-    def _states(self, kept, ids, scores, z, to_dead):
-        """One UserState per event (what Redis stores); an event whose state cannot be built
-        or encoded is dead-lettered."""
-        states, ok = [], []
-        for i, (r, m) in enumerate(kept):
-            try:
-                st = UserState.from_visit(
-                    m["event_id"],
-                    m["ts"],
-                    m["url"],
-                    m["title"],
-                    z[i],
-                    ids[i][ids[i] >= 0],
-                    scores[i][ids[i] >= 0],
-                )
-                st.encode()
-                states.append(st)
-                ok.append(i)
-            except Exception as exc:  # noqa: BLE001 - per-event isolation
-                to_dead(r, _reason("state", exc))
-        if len(ok) < len(kept):
-            return [kept[i] for i in ok], ids[ok], scores[ok], states
-        return kept, ids, scores, states
-
-    def _serve(self, hists, states, ids, scores, kept, to_dead):
-        """The policy's (exploring) choice per event and its log fields (Served.fields: query id,
-        score, propensity, every candidate it ranked with its score and propensity); the batch
-        in one call, or event by event if that fails (an event that fails alone is
-        dead-lettered and its query marked _DEAD)."""
-        q = np.full(len(kept), _DEAD, np.int64)
-        fields: list = [None] * len(kept)
-        if not kept:
-            return q, fields
-
-        def serve(h, st, i_, s_):
-            sv = self.policy.serve_batch(h, st, i_, s_)
-            return sv.query, [sv.fields(j) for j in range(len(sv.query))]
-
-        try:
-            return serve(hists, states, ids, scores)
-        except Exception as exc:  # noqa: BLE001 - isolate the event(s) at fault
-            log.warning("%s: batch policy failed (%s); choosing event by event", self.cid, exc)
-        for i in range(len(kept)):
-            try:
-                a, f = serve([hists[i]], [states[i]], ids[i : i + 1], scores[i : i + 1])
-                q[i], fields[i] = a[0], f[0]
-            except Exception as exc:  # noqa: BLE001 - per-event isolation
-                to_dead(kept[i][0], _reason("policy", exc))
-        return q, fields
-
-    def _append_with_backoff(self, user_ids, states):
-        """Redis append, retried with backoff while Redis restarts or is out of memory (the
-        batch stays uncommitted); per-event refusals come back as reasons."""
+    def _append_with_backoff(self, user_ids, states, with_history: bool):
+        """The state stage's Redis append (the one call of the store's append), retried with
+        backoff while Redis restarts or is out of memory (the batch stays uncommitted);
+        per-event refusals come back as reasons."""
         if not states:
             return [], [], []
         delay = 0.1
         while True:
             try:
-                return self.store.append_batch_checked(user_ids, states, self.policy.needs_history)
+                return self.store.append_batch_checked(user_ids, states, with_history)
             except (
                 redis.ConnectionError,
                 redis.TimeoutError,
@@ -561,11 +441,6 @@ class StreamWorker:
                 log.warning("%s: Redis unavailable (%s); retrying in %.1fs", self.cid, exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
-
-
-def _reason(stage: str, exc: BaseException) -> str:
-    """A dead-letter reason naming the stage that failed on this event."""
-    return f"{stage} failed: {type(exc).__name__}: {exc}"[:4096]
 
 
 def worker_main(
@@ -585,10 +460,9 @@ def worker_main(
     )
     # nothing on the serving path imports torch (the predictor and the GRU policy are numpy /
     # ONNX); BLAS threads come from OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, set by run_workers
-    from stream.policy_handle import make_policy
-
     model = ModelHandle.open(model_path, loader=functools.partial(load_predictor, threads=threads))
-    policy = make_policy(policy_name, policy_model)
+    # a GRU version whose window does not fit state_k / top_k: an error now, refused on reload
+    policy = make_policy(policy_name, policy_model, settings=settings)
     worker = StreamWorker(settings, model, policy, consumer_id, metrics_port, transactional_id)
     worker.install_signal_handlers()
     log.info(

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 from personalization.artifact import WEIGHTS
-from personalization.policy import GruPolicy
 from personalization.train import TrainConfig, publish, train_policy
 from stream.model_handle import ModelHandle
-from stream.policy_handle import GruStreamPolicy
+from stream.policy_handle import make_policy
 from stream.schemas import decode, encode
 from stream.topics import make_consumer, make_producer
 from stream.worker import StreamWorker
@@ -27,6 +26,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
 def gru_weights(astec_predictor, tmp_path_factory):
     """A GRU trained (2 epochs) on simulator logs over the stream test corpus."""
     from conftest import STREAM_DATA
+
     from engine.predictor import Predictor
     from personalization.visits import load_visits
     from simulator.traffic import LogSettings, simulate_logs
@@ -82,12 +82,11 @@ def test_gru_policy_in_the_stream_with_hot_reload(
     w, report, cfg = gru_weights
     root = tmp_path / "gru"
     v1, _ = publish(root, w, cfg, {"train": report})
-    gru = GruPolicy.load(root, reload_every_s=0.1)
     # greedy here (exploration is tested in test_personalization_policy): what is served must be
-    # the policy's own top choice, with every candidate it ranked logged beside it
-    worker = StreamWorker(
-        s, ModelHandle.open(astec_predictor), GruStreamPolicy(gru, epsilon=0.0), "w-gru"
-    )
+    # the policy's own top choice, with every candidate it ranked logged beside it; the stream's
+    # registry watcher follows the GRU registry (the same rule as the engine model's)
+    policy = make_policy("gru", root, epsilon=0.0, settings=s, check_every_s=0.1)
+    worker = StreamWorker(s, ModelHandle.open(astec_predictor), policy, "w-gru")
     t = threading.Thread(target=worker.run, daemon=True)
     t.start()
     tag = uuid.uuid4().hex[:6]
@@ -122,3 +121,4 @@ def test_gru_policy_in_the_stream_with_hot_reload(
         assert a["candidate_scores"] == sorted(a["candidate_scores"], reverse=True)
     assert any(len(a["candidate_ids"]) > 10 for a in ads)  # the window, not just the page
     assert reloaded == v2 and after_corrupt == v2 and v3 != v2
+    assert list(policy.refused) == [v3] and worker.metrics.snapshot()["refused_versions"] == 1

@@ -4,15 +4,18 @@ and a promoted model is picked up between batches (a broken one refused)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
 
-from personalization.state import UserState
 from stream.consumer_metrics import read_all
 from stream.model_handle import ModelHandle
 from stream.policy_handle import Top1Policy
@@ -41,8 +44,12 @@ def page_views(titles, n, users=20, tag=None):
 def produce(settings, msgs, raw: list[bytes] = ()):
     p = make_producer(settings)
     for m in msgs:
-        m = {**m, "ts": time.time()}
-        p.send(settings.topic_page_views, key=m["user_id"].encode(), value=encode("page_view", m))
+        fresh = {**m, "ts": time.time()}
+        p.send(
+            settings.topic_page_views,
+            key=fresh["user_id"].encode(),
+            value=encode("page_view", fresh),
+        )
     for r in raw:
         p.send(settings.topic_page_views, key=b"bad", value=r)
     p.flush()
@@ -72,7 +79,7 @@ def start_worker(settings, model_path, cid, metrics_port=0):
 
 def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predictor, stream_corpus):
     s = stream_settings
-    titles, labels, names = stream_corpus
+    titles, _, names = stream_corpus
     msgs = page_views(titles, 300, users=25)
     produce(s, msgs)
     from urllib.request import urlopen
@@ -94,7 +101,7 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
     pred = w.model.predictor
     ids, scores, _ = pred.predict_with_features([by_id[a["event_id"]]["title"] for a in ads], 10)
     assert (np.diff(scores, axis=1) <= 0).all()
-    for a, row in zip(ads, ids):
+    for a, row in zip(ads, ids, strict=True):
         assert a["query_id"] == row[0] and a["query"] == names[row[0]]  # top1 of this page
         assert a["candidates"] == [names[j] for j in row]
         assert a["model_version"] == pred.version and a["event_ts"] <= a["ts"]
@@ -226,15 +233,51 @@ def test_hot_reload_switches_between_batches_and_refuses_broken(
     finally:
         w.stop()
         t.join(30)
-    version_of = lambda recs, tag: {
-        decode("ad_query", r.value, 1 << 20)["model_version"]
-        for r in recs
-        if r.value and f'"{tag}-' in r.value.decode()
-    }
+
+    def version_of(recs, tag):
+        return {
+            decode("ad_query", r.value, 1 << 20)["model_version"]
+            for r in recs
+            if r.value and f'"{tag}-' in r.value.decode()
+        }
+
     assert version_of(first, "a") == {v1}
     assert version_of(second, "b") == {v2}
     assert version_of(third, "c") == {v2}  # corrupted v3 refused, v2 kept
     assert v3 in w.model.refused and w.model.version == v2
+
+
+@dataclass
+class OffsetRun:
+    """One worker over 120 page views in batches of <= 16, commit interval 60 s."""
+
+    settings: Any
+    msgs: list
+    worker: StreamWorker
+    committed: Callable[[], int]  # the group's committed offsets, summed over partitions
+    after_stop: int = -1  # the same, once the worker stopped gracefully
+
+
+@contextlib.contextmanager
+def offset_run(stream_settings, astec_predictor, titles, cid, delivery):
+    from kafka import KafkaConsumer, TopicPartition
+
+    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16, delivery=delivery)
+    msgs = page_views(titles, 120)
+    produce(s, msgs)
+    w, t = start_worker(s, astec_predictor, cid)
+    tps = [TopicPartition(s.topic_page_views, p) for p in range(s.partitions)]
+    probe = KafkaConsumer(
+        **s.kafka_python_options(), group_id=s.consumer_group, enable_auto_commit=False
+    )
+    run = OffsetRun(s, msgs, w, lambda: sum(probe.committed(tp) or 0 for tp in tps))
+    try:
+        yield run
+    finally:
+        w.stop()
+        t.join(30)
+        run.after_stop = run.committed()
+        probe.close()
 
 
 def test_offsets_committed_at_interval_and_on_graceful_stop(
@@ -242,28 +285,15 @@ def test_offsets_committed_at_interval_and_on_graceful_stop(
 ):
     """At-least-once: offsets are committed at most every commit_interval_ms (not per batch), and
     a graceful stop commits everything settled: a restarted group resumes after the last event."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16, delivery="at-least-once")
-    titles, _, _ = stream_corpus
-    msgs = page_views(titles, 120)
-    produce(s, msgs)
-    w, t = start_worker(s, astec_predictor, "w-commit")
-    tps = [TopicPartition(s.topic_page_views, p) for p in range(s.partitions)]
-    probe = KafkaConsumer(
-        **s.kafka_python_options(), group_id=s.consumer_group, enable_auto_commit=False
-    )
-    try:
-        read_topic(s, s.topic_ad_queries, len(msgs))
+    with offset_run(
+        stream_settings, astec_predictor, stream_corpus[0], "w-commit", "at-least-once"
+    ) as run:
+        read_topic(run.settings, run.settings.topic_ad_queries, len(run.msgs))
         time.sleep(0.5)
         # all 120 events answered in batches of <= 16, yet nothing committed yet (interval 60 s)
-        assert sum(probe.committed(tp) or 0 for tp in tps) == 0
-        assert w.pending_offsets
-    finally:
-        w.stop()
-        t.join(30)
-    assert sum(probe.committed(tp) or 0 for tp in tps) == len(msgs)
-    probe.close()
+        assert run.committed() == 0
+        assert run.worker.pending_offsets
+    assert run.after_stop == len(run.msgs)
 
 
 def test_exactly_once_commits_offsets_with_each_transaction(
@@ -272,25 +302,13 @@ def test_exactly_once_commits_offsets_with_each_transaction(
     """Exactly-once: the input offsets are part of each batch's transaction, so once the ad
     queries are visible to a read-committed reader, the offsets that produced them are committed
     too (nothing waits for an interval), and a read-uncommitted reader sees no extra copies."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16, delivery="exactly-once")
-    titles, _, _ = stream_corpus
-    msgs = page_views(titles, 120)
-    produce(s, msgs)
-    w, t = start_worker(s, astec_predictor, "w-eos")
-    tps = [TopicPartition(s.topic_page_views, p) for p in range(s.partitions)]
-    probe = KafkaConsumer(
-        **s.kafka_python_options(), group_id=s.consumer_group, enable_auto_commit=False
-    )
-    try:
-        got = read_topic(s, s.topic_ad_queries, len(msgs))
-        committed = sum(probe.committed(tp) or 0 for tp in tps)
-        assert not w.pending_offsets
-    finally:
-        w.stop()
-        t.join(30)
-    probe.close()
-    assert len(got) == len(msgs) and committed == len(msgs)
-    raw = read_topic(s.replace(), s.topic_ad_queries, len(msgs) + 1, timeout=3)
-    assert len(raw) == len(msgs)
+    with offset_run(
+        stream_settings, astec_predictor, stream_corpus[0], "w-eos", "exactly-once"
+    ) as run:
+        s = run.settings
+        got = read_topic(s, s.topic_ad_queries, len(run.msgs))
+        committed = run.committed()
+        assert not run.worker.pending_offsets
+    assert len(got) == len(run.msgs) and committed == len(run.msgs)
+    raw = read_topic(s.replace(), s.topic_ad_queries, len(run.msgs) + 1, timeout=3)
+    assert len(raw) == len(run.msgs)

@@ -1,6 +1,9 @@
-"""The top1 policy picks the page's best predicted query and never a padding id (-1)."""
+"""The top1 policy picks the page's best predicted query and never a padding id (-1); a GRU
+policy whose window does not fit the stream's settings is an error at start and refused on
+reload."""
 
 import numpy as np
+import pytest
 
 from stream.policy_handle import Top1Policy, make_policy
 
@@ -14,8 +17,6 @@ def test_top1_picks_best_valid_query():
 
 
 def test_make_policy_rejects_unknown_and_gru_without_model():
-    import pytest
-
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("random")
     with pytest.raises(ValueError, match="--policy-model"):
@@ -50,7 +51,58 @@ def test_served_fields_carry_candidates_and_propensities():
             )
 
     pol = GruStreamPolicy(Stub())
-    q, s, prop = pol.choose_batch([[1], [1]], [None, None], ids, scores)
+    q, _, prop = pol.choose_batch([[1], [1]], [None, None], ids, scores)
     assert q.tolist() == [11, 4] and np.allclose(prop, [0.05, 1.0])
     f = pol.serve_batch([[1], [1]], [None, None], ids, scores).fields(1)
     assert f["candidate_ids"] == [4, 5] and f["candidate_propensities"] == [1.0, 0.0]
+
+
+def tiny_gru(root, K=8, topk=10):
+    """A GRU policy version (untrained, small) published and promoted under `root`."""
+    from personalization.features import sim_table_from_rows
+    from personalization.gru import GruPolicyNet
+    from personalization.train import TrainConfig, publish
+
+    cfg = TrainConfig(K=K, topk=topk, hidden=4, query_dim=2, mlp_hidden=4)
+    rows = np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32)
+    w = GruPolicyNet(cfg.gru_config(), 8, rows, np.zeros(20, np.float32)).export_weights()
+    w["sim_table"], w["sim_norm"] = sim_table_from_rows(rows, 4), np.array([0, 1], np.float32)
+    return publish(root, w, cfg, {})[0]
+
+
+def test_window_checks_name_both_settings_and_the_fix():
+    from stream.policy_handle import PolicyMismatch, check_window
+    from stream.settings import Settings
+
+    s = Settings(state_k=16, top_k=10)
+    check_window(s, 16, 10, "gru/v1")  # fits: K = state_k, topk = top_k
+    check_window(s, 8, None, "gru/v1")  # a version that did not record its topk
+    with pytest.raises(PolicyMismatch) as e:
+        check_window(s, 20, 10, "gru/v1")
+    msg = str(e.value)
+    assert "gru/v1" in msg and "K=20" in msg and "state_k=16" in msg and "--K 16" in msg
+    assert "\n" not in msg
+    with pytest.raises(PolicyMismatch) as e:
+        check_window(s, 8, 5, "gru/v1")
+    msg = str(e.value)
+    assert "topk=5" in msg and "top_k=10" in msg and "set top_k = 5" in msg
+    assert "--topk 10" in msg and "\n" not in msg
+
+
+def test_gru_that_does_not_fit_the_stream_fails_at_start_and_is_refused_on_reload(tmp_path):
+    from stream.policy_handle import PolicyMismatch
+    from stream.settings import Settings
+
+    root = tmp_path / "gru"
+    v1 = tiny_gru(root, K=8, topk=10)
+    with pytest.raises(PolicyMismatch, match="state_k=4"):
+        make_policy("gru", root, settings=Settings(state_k=4))
+    with pytest.raises(PolicyMismatch, match="top_k=3"):
+        make_policy("gru", root, settings=Settings(top_k=3))
+    pol = make_policy("gru", root, settings=Settings(), check_every_s=0.0)
+    assert pol.version == v1 and pol.gru.K == 8 and pol.gru.topk == 10
+    v2 = tiny_gru(root, K=32)  # more states than the stream keeps: refused, v1 kept
+    assert not pol.maybe_reload() and not pol.maybe_reload()
+    assert pol.version == v1 and list(pol.refused) == [v2] and "K=32" in pol.refused[v2]
+    v3 = tiny_gru(root, K=16)
+    assert pol.maybe_reload() and pol.version == v3 and pol.gru.K == 16

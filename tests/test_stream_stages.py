@@ -1,0 +1,205 @@
+"""The worker's stages alone (no broker, no Redis): each drops the events it fails on to the dead
+letters with a reason naming the stage and lets the rest of the batch through; and the one
+registry watcher behind both hot-reloaded artefacts refuses a bad version once, keeps the old."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import namedtuple
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from personalization.policy import Served
+from stream.batch_stages import (
+    Batch,
+    Outbox,
+    choose_stage,
+    decode_stage,
+    emit_stage,
+    predict_stage,
+    state_stage,
+)
+from stream.policy_handle import Top1Policy
+from stream.registry_watch import RegistryWatcher
+from stream.schemas import decode, encode
+
+Record = namedtuple("Record", "topic partition offset key value")
+K = 3
+
+
+def records(n, bad=()):
+    out = []
+    for i in range(n):
+        msg = {
+            "event_id": f"e{i}",
+            "user_id": f"u{i % 2}",
+            "ts": 1.7e9 + i,
+            "url": f"https://example.org/{i}",
+            "title": f"page {i}",
+        }
+        out.append(Record("pv", 0, i, b"k", b"{oops" if i in bad else encode("page_view", msg)))
+    return out
+
+
+def outbox():
+    sent = []
+    return Outbox(lambda topic, key, value: sent.append((topic, value)), "dl", "w-test"), sent
+
+
+def reasons(sent):
+    return {
+        decode("dead_letter", v, 1 << 20)["offset"]: decode("dead_letter", v, 1 << 20)["reason"]
+        for t, v in sent
+        if t == "dl"
+    }
+
+
+@dataclass
+class Model:
+    """A predictor handle whose predictor fails on titles named in `fail` (alone or batched)."""
+
+    fail: tuple = ()
+    version: str = "m1"
+
+    @property
+    def predictor(self):
+        return self
+
+    label_names = tuple(f"q{i}" for i in range(10))
+
+    def predict_with_features(self, titles, k):
+        if any(t in self.fail for t in titles):
+            raise RuntimeError("bad title")
+        n = len(titles)
+        ids = np.tile(np.arange(k), (n, 1))
+        scores = np.tile(np.linspace(0.9, 0.1, k), (n, 1))
+        return ids, scores, np.ones((n, 4))
+
+
+def decoded(n, bad=()):
+    b, (out, sent) = Batch(records(n, bad)), outbox()
+    decode_stage(b, out, max_bytes=4096)
+    return b, out, sent
+
+
+def test_decode_dead_letters_bad_records_and_keeps_the_rest():
+    b, out, sent = decoded(5, bad={1, 3})
+    assert [m["event_id"] for m in b.msgs] == ["e0", "e2", "e4"] and len(b) == 3
+    assert out.dead == 2 and set(reasons(sent)) == {1, 3}
+    assert all("not JSON" in r for r in reasons(sent).values())
+
+
+def test_predict_falls_back_to_event_by_event_and_drops_only_the_failing_event():
+    b, out, sent = decoded(4)
+    predict_stage(b, out, model=Model(fail=("page 2",)), top_k=K)
+    assert [m["event_id"] for m in b.msgs] == ["e0", "e1", "e3"]
+    assert b.ids.shape == (3, K) and b.z.shape == (3, 4) and b.model_version == "m1"
+    assert reasons(sent)[2].startswith("predict failed: RuntimeError: bad title")
+
+
+def test_state_drops_events_redis_refused_and_counts_duplicates():
+    b, out, sent = decoded(4)
+    predict_stage(b, out, model=Model(), top_k=K)
+    calls = []
+
+    def append(user_ids, states, with_history):
+        calls.append((user_ids, with_history))
+        fresh = [True, False, True, True]  # e1 was stored before (a replay)
+        errors = [None, None, "Redis: ResponseError: refused", None]
+        return fresh, [[st] for st in states], errors
+
+    state_stage(b, out, append=append, with_history=True)
+    assert calls == [(["u0", "u1", "u0", "u1"], True)]  # one call for the whole batch
+    assert [s.event_id for s in b.states] == ["e0", "e1", "e3"] and len(b.hists) == 3
+    assert b.duplicates == 1 and reasons(sent) == {2: "Redis: ResponseError: refused"}
+
+
+def test_choose_falls_back_to_event_by_event_and_emit_sends_one_ad_query_per_event():
+    b, out, sent = decoded(3)
+    predict_stage(b, out, model=Model(), top_k=K)
+    b.states, b.hists = [None, "poison", None], [[], [], []]
+
+    class Picky:  # fails on a batch holding the poisoned state
+        name, needs_history, version, refused = "picky", False, "p1", {}
+
+        def serve_batch(self, h, states, ids, scores):
+            if "poison" in states:
+                raise ValueError("poisoned state")
+            return Top1Policy().serve_batch(h, states, ids, scores)
+
+        def maybe_reload(self):
+            return False
+
+    choose_stage(b, out, policy=Picky())
+    assert b.query.tolist() == [0, 0] and [m["event_id"] for m in b.msgs] == ["e0", "e2"]
+    assert reasons(sent)[1].startswith("policy failed: ValueError: poisoned state")
+    b.query[1] = -1  # a page without a query: answered, nothing sent
+    emit_stage(b, out, topic="ads", policy_name="picky")
+    ads = [decode("ad_query", v, 1 << 20) for t, v in sent if t == "ads"]
+    assert [a["event_id"] for a in ads] == ["e0"] and b.no_query == 1
+    assert ads[0]["query"] == "q0" and ads[0]["candidates"] == ["q0", "q1", "q2"]
+    assert ads[0]["model_version"] == "m1" and ads[0]["policy"] == "picky"
+    assert b.answered_ts == [1.7e9, 1.7e9 + 2]
+
+
+def test_served_fields_survive_keep():
+    sv = Top1Policy().serve_batch(None, None, np.array([[1, 2], [3, 4]]), np.ones((2, 2)))
+    assert isinstance(sv, Served)
+    b = Batch([1, 2], msgs=[{}, {}], query=sv.query, served=[sv.fields(0), sv.fields(1)])
+    b.keep([1])
+    assert b.query.tolist() == [3] and b.served[0]["query_id"] == 3 and b.records == [2]
+
+
+# ---- the registry watcher -----------------------------------------------------------------
+def promote(root, version, ok=True):
+    d = root / "versions" / version
+    d.mkdir(parents=True)
+    (d / "version.json").write_text("{}")
+    (d / "artefact").write_text("good" if ok else "corrupt")
+    (root / "CURRENT").write_text(json.dumps({"version": version}))
+
+
+def test_watcher_refuses_a_bad_version_once_and_keeps_the_old(tmp_path, caplog):
+    loads = []
+
+    def load(vdir):
+        loads.append(vdir.name)
+        if (vdir / "artefact").read_text() != "good":
+            raise ValueError(f"{vdir / 'artefact'}: corrupt")
+        return vdir.name
+
+    promote(tmp_path, "v1")
+    w = RegistryWatcher(tmp_path, load, "thing", check_every_s=0.0)
+    assert w.open() == "v1" and w.version == "v1"
+    assert w.poll() is None  # nothing new
+    promote(tmp_path, "v2", ok=False)
+    with caplog.at_level(logging.ERROR):
+        for _ in range(5):
+            assert w.poll() is None
+    assert w.version == "v1" and list(w.refused) == ["v2"] and "corrupt" in w.refused["v2"]
+    assert loads == ["v1", "v2"]  # the refused version was not loaded again on later polls
+    assert len([r for r in caplog.records if "v2 refused" in r.message]) == 1
+    promote(tmp_path, "v3")
+    assert w.poll() == "v3" and w.version == "v3" and w.reloads == 1
+
+
+def test_watcher_polls_at_most_every_check_interval_and_survives_a_torn_pointer(tmp_path, caplog):
+    promote(tmp_path, "v1")
+    w = RegistryWatcher(tmp_path, lambda d: d.name, "thing", check_every_s=3600)
+    w.open()
+    promote(tmp_path, "v2")
+    assert w.poll() is None and w.poll(force=True) == "v2"
+    (tmp_path / "CURRENT").write_text("{torn")
+    with caplog.at_level(logging.ERROR):
+        assert w.poll(force=True) is None and w.poll(force=True) is None
+    assert w.version == "v2"
+    assert len([r for r in caplog.records if "unreadable" in r.message]) == 1
+
+
+def test_watcher_open_without_a_promoted_version_names_the_file(tmp_path):
+    (tmp_path / "versions").mkdir()
+    with pytest.raises(FileNotFoundError, match="CURRENT: no promoted thing version yet"):
+        RegistryWatcher(tmp_path, lambda d: d, "thing").open()
