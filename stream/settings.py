@@ -11,9 +11,10 @@ import dataclasses
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 DEFAULT_SERVICES_DIR = ".astec/services"
 
@@ -73,15 +74,16 @@ class Settings:
     producer_client: str = "confluent"
     producer_linger_ms: int = 2
     max_message_bytes: int = 16384
-    # prediction and user state
+    # prediction and user state; a GRU policy must fit them (checked when the stream starts):
+    # its window K <= state_k, and the topk it was trained on == top_k
     top_k: int = 10
     state_k: int = 16
     state_ttl_s: int = 30 * 86400
     dedup_ttl_s: int = 7 * 86400
     redis_key_prefix: str = "astec"
-    models_dir: str = "models"
+    models_dir: str = "models"  # the engine registry the dashboard shows
     metrics_interval_s: float = 1.0
-    metrics_port: int = 0
+    metrics_port: int = 0  # worker i serves Prometheus metrics on metrics_port + i (0: off)
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -91,7 +93,7 @@ class Settings:
                     f"{', '.join(allowed)}"
                 )
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
     def kafka_python_options(self) -> dict[str, Any]:
@@ -258,7 +260,7 @@ def load_settings(
     env: Mapping[str, str] | None = None,
     **overrides: Any,
 ) -> Settings:
-    """Resolve settings: defaults < services.json < config file (or $ASTEC_CONFIG) < env < overrides.
+    """Resolve settings: defaults < services.json < config file ($ASTEC_CONFIG) < env < overrides.
 
     Explicit keyword overrides (from command-line options) win over everything; None values are
     ignored so click options can be passed straight through.

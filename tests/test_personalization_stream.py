@@ -26,7 +26,6 @@ pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
 def gru_weights(astec_predictor, tmp_path_factory):
     """A GRU trained (2 epochs) on simulator logs over the stream test corpus."""
     from conftest import STREAM_DATA
-
     from engine.predictor import Predictor
     from personalization.visits import load_visits
     from simulator.traffic import LogSettings, simulate_logs
