@@ -9,7 +9,11 @@ Layout under a root (the engine's MODELS_DIR, or the GRU's own root; the code is
 
 A version only becomes visible by an atomic rename of its finished staging directory, and the
 pointer only moves by an atomic os.replace, so a writer killed at any point leaves CURRENT and every
-complete version untouched.
+complete version untouched. Models are trained on users' behaviour: the registry's own files are
+created 0600 and its directories 0700 whatever the umask, and a committed version's whole tree
+is set so (whoever wrote the files in it). CURRENT may only name a complete version directly
+under versions/: `../x`, an absolute path or a missing version is refused with a RegistryError
+naming the file.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +60,50 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _private_dir(path: Path) -> None:
+    """Create `path` 0700 (its missing parents with default permissions), or set an existing
+    one of ours to 0700; chmod after mkdir, so the umask changes nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        with contextlib.suppress(PermissionError):  # someone else's directory: leave it
+            os.chmod(path, 0o700)
+    else:
+        os.chmod(path, 0o700)
+
+
+def _private_tree(root: Path) -> None:
+    """Directories 0700 and files 0600 under `root` (symlinks are left as they are)."""
+    os.chmod(root, 0o700)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                os.chmod(p, 0o700)
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                os.chmod(p, 0o600)
+
+
+def _private_open(path: Path, flags: int) -> int:
+    """os.open with mode 0600 set by fchmod, so the umask changes nothing."""
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON next to `path`, fsync it, then os.replace it over `path`."""
+    """Write JSON (0600) next to `path`, fsync it, then os.replace it over `path`."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    fd = _private_open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1, sort_keys=True)
         f.write("\n")
         f.flush()
@@ -106,6 +150,22 @@ class Registry:
     def path(self, version: str) -> Path:
         return self.versions_dir / version
 
+    def _check_name(self, version: Any, where: Path) -> str:
+        """`version` if it can name a version directory directly under versions/, else a
+        RegistryError naming `where` (a path, `..`, a hidden or staging name, not a string)."""
+        if (
+            not isinstance(version, str)
+            or version in ("", ".", "..")
+            or version.startswith(".")
+            or any(c in version for c in "/\\\0")
+            or Path(version).is_absolute()
+        ):
+            raise RegistryError(
+                f"{where}: version {version!r} is not a version name (a directory directly "
+                f"under {self.versions_dir}); refusing it"
+            )
+        return version
+
     # ---- reading -------------------------------------------------------------------------
     def current(self) -> str | None:
         """The promoted version id, or None before the first promotion."""
@@ -117,7 +177,8 @@ class Registry:
             version = obj["version"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise RegistryError(f'{p}: expected JSON {{"version": "<id>"}}: {e}') from e
-        if not isinstance(version, str) or not (self.path(version) / META).is_file():
+        self._check_name(version, p)
+        if not (self.path(version) / META).is_file():
             raise RegistryError(
                 f"{p}: points at {version!r}, which is not a complete version "
                 f"under {self.versions_dir}"
@@ -139,7 +200,7 @@ class Registry:
         )
 
     def meta(self, version: str) -> dict:
-        p = self.path(version) / META
+        p = self.path(self._check_name(version, self.versions_dir)) / META
         try:
             return json.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError as e:
@@ -155,8 +216,8 @@ class Registry:
     @contextlib.contextmanager
     def lock(self, wait: bool = True) -> Iterator[None]:
         """Exclusive writer lock (flock on ROOT/.lock); the kernel drops it if the holder dies."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a") as f:
+        _private_dir(self.root)
+        with os.fdopen(_private_open(self.root / ".lock", os.O_WRONLY | os.O_CREAT), "a") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError as e:
@@ -168,37 +229,36 @@ class Registry:
 
     def stage(self, version: str | None = None) -> Staging:
         """Create an empty staging directory for a new version."""
-        version = version or new_version_id()
+        version = self._check_name(version or new_version_id(), self.versions_dir)
         if self.path(version).exists():
             raise RegistryError(f"{self.path(version)}: version already exists")
+        _private_dir(self.root)
+        _private_dir(self.versions_dir)
         path = self.versions_dir / f"{STAGING_PREFIX}{version}"
-        path.mkdir(parents=True, exist_ok=False)
+        path.mkdir(mode=0o700)
+        os.chmod(path, 0o700)
         return Staging(version=version, path=path)
 
     def commit(self, staging: Staging, meta: dict | None = None) -> Path:
-        """Write version.json into the staging dir, then rename it into place (atomic)."""
+        """Write version.json into the staging dir, make its tree private (0700 / 0600), then
+        rename it into place (atomic)."""
         info = dict(meta or {})
         info.update(version=staging.version, created=info.get("created", time.time()))
         write_json_atomic(staging.path / META, info)
+        _private_tree(staging.path)
         final = self.path(staging.version)
         os.rename(staging.path, final)
         _fsync_dir(self.versions_dir)
         return final
 
-    def update_meta(self, version: str, **fields: Any) -> dict:
-        """Merge fields into a complete version's version.json (atomic rewrite)."""
-        info = self.meta(version)
-        info.update(fields)
-        write_json_atomic(self.path(version) / META, info)
-        return info
-
     def promote(self, version: str) -> None:
         """Point CURRENT at a complete version: one os.replace of a freshly written file."""
+        self._check_name(version, self.pointer_path)
         if not (self.path(version) / META).is_file():
             raise RegistryError(
                 f"{self.path(version)}: not a complete version; refusing to promote"
             )
-        self.root.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.root)
         write_json_atomic(self.pointer_path, {"version": version, "promoted": time.time()})
         log.info("promoted %s under %s", version, self.root)
 

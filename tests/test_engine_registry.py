@@ -2,6 +2,7 @@
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -74,10 +75,65 @@ def test_writer_killed_mid_version_leaves_current_untouched(tmp_path):
             (st.path / "predictor" / "w.bin").write_bytes(b"x" * 1000)
             os._exit(137)
     """)
-    rc = subprocess.run([sys.executable, "-c", code], cwd=os.getcwd()).returncode
+    rc = subprocess.run([sys.executable, "-c", code], check=False, cwd=os.getcwd()).returncode
     assert rc == 137
     assert (tmp_path / "CURRENT").read_bytes() == before
     assert reg.current() == good and reg.versions() == [good]
     # the lock died with the process; the next writer cleans the leftovers
     with reg.lock(wait=False):
         assert len(reg.cleanup_staging()) == 1
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o277])
+def test_registry_files_are_private_under_any_umask(tmp_path, umask):
+    """Registry files 0600 and directories 0700, whatever the umask, the model files written
+    into a staged version by other code included (commit makes the tree private)."""
+    old = os.umask(umask)
+    try:
+        reg = Registry(tmp_path / "models")
+        with reg.lock():
+            v = _make(reg, "w")
+            reg.promote(v)
+    finally:
+        os.umask(old)
+
+    def mode(p):
+        return stat.S_IMODE(os.stat(p).st_mode)
+
+    root = tmp_path / "models"
+    for d in (root, root / "versions", root / "versions" / v, root / "versions" / v / "predictor"):
+        assert mode(d) == 0o700, d
+    for f in (
+        root / "CURRENT",
+        root / ".lock",
+        root / "versions" / v / "version.json",
+        root / "versions" / v / "predictor" / "weights.txt",
+    ):
+        assert mode(f) == 0o600, f
+    assert reg.current() == v
+
+
+def test_current_pointer_may_only_name_a_version_under_versions(tmp_path):
+    reg = Registry(tmp_path / "models")
+    good = _make(reg, "good")
+    # a complete-looking version outside versions/ must not be reachable through CURRENT
+    outside = tmp_path / "models" / "x"
+    outside.mkdir()
+    (outside / "version.json").write_text("{}")
+    for bad in ["../x", str(outside), "/etc", ".staging-" + good, "..", "", 7, None, ["a"]]:
+        (tmp_path / "models" / "CURRENT").write_text(json.dumps({"version": bad}))
+        with pytest.raises(RegistryError, match=r"models/CURRENT: version .* refusing it"):
+            reg.current()
+    (tmp_path / "models" / "CURRENT").write_text(json.dumps({"version": "20200101T000000Z-ab"}))
+    with pytest.raises(RegistryError, match=r"models/CURRENT: points at .* not a complete"):
+        reg.current()
+    with pytest.raises(RegistryError, match="refusing it"):
+        reg.promote("../x")
+    with pytest.raises(RegistryError, match="refusing it"):
+        reg.meta("../x")
+    reg.promote(good)
+    assert reg.current() == good
+
+
+def test_update_meta_is_gone():
+    assert not hasattr(Registry, "update_meta")
