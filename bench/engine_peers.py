@@ -150,7 +150,7 @@ def _worker(job: PeerJob) -> None:
         for i in range(Xte.shape[0]):
             a, b = Xte.indptr[i], Xte.indptr[i + 1]
             pred = model.predict(
-                list(zip(Xte.indices[a:b].tolist(), Xte.data[a:b].tolist())), top_k=k
+                list(zip(Xte.indices[a:b].tolist(), Xte.data[a:b].tolist(), strict=True)), top_k=k
             )
             ids[i, : len(pred)] = [p[0] for p in pred]
         extra = {}
@@ -268,7 +268,8 @@ def peers(
     json_out,
     save_models,
 ):
-    """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k, time, RSS."""
+    """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k,
+    training time and peak RSS."""
     from engine.astec import AstecConfig
     from engine.astec.config import resolve_threads
     from engine.formats import load_dataset

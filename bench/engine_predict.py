@@ -54,7 +54,7 @@ def _summary(ms: np.ndarray) -> dict:
 
 def _parity(a, sa, b, sb) -> dict:
     """Agreement of two systems' top-k ids / scores on the same texts."""
-    same5 = np.mean([set(x[:5]) == set(y[:5]) for x, y in zip(a, b)])
+    same5 = np.mean([set(x[:5]) == set(y[:5]) for x, y in zip(a, b, strict=True)])
     eq = a == b
     return {
         "top5_same_set": round(float(same5), 5),
@@ -74,9 +74,14 @@ def _sys_predictor(args: dict, backend: str):
     p = Predictor.load(args["predictor"], threads=1, backend=backend)
     k = args["k"]
     if backend == "numpy":
-        one = lambda t: p.predict_one(t, k)  # noqa: E731
-    else:
-        one = lambda t: p.predict([t], k)  # noqa: E731
+
+        def one(t):
+            return p.predict_one(t, k)
+
+    else:  # predict_one always runs the compiled kernels: onnx takes the batch path
+
+        def one(t):
+            return p.predict([t], k)
 
     def batch(ts):  # a batch of one takes the single-text path, as a consumer would
         return p.predict(ts, k) if len(ts) != 1 else tuple(a[None] for a in p.predict_one(ts[0], k))
@@ -104,7 +109,7 @@ def match_search(model, predictor_dir: Path) -> None:
     cfg = json.loads((predictor_dir / "predictor.json").read_text())
     if not cfg.get("label_text_weight", 0.0):
         model.label_text = None  # exported with --no-label-text (or trained without)
-    for lr, lc in zip(model.learners, cfg["learners"]):
+    for lr, lc in zip(model.learners, cfg["learners"], strict=True):
         if not lc.get("sparse_ranker"):
             lr.gamma = 1.0
         sc = lc["shortlist"]
@@ -128,7 +133,7 @@ def _sys_omikuji(args: dict):
 
     def one(t):
         i, v = vec.transform_one(t)
-        return model.predict(list(zip(i.tolist(), v.tolist())), top_k=k)
+        return model.predict(list(zip(i.tolist(), v.tolist(), strict=True)), top_k=k)
 
     def batch(ts):
         return [one(t) for t in ts]  # omikuji's Python API predicts one point per call
@@ -169,10 +174,10 @@ def _ids_of(system: str, out, n: int, k: int) -> np.ndarray:
 
 
 def _import_libraries(system: str) -> None:
-    import engine.text  # noqa: F401  (every system tokenises with it)
+    import engine.text  # every system tokenises with it
 
     if system.startswith("predictor"):
-        import engine.predictor  # noqa: F401
+        import engine.predictor
 
         if system == "predictor-onnx":
             import onnxruntime  # noqa: F401
@@ -285,18 +290,21 @@ class _Worker:
                 text=True,
                 env=env,
             )
+        if self.proc.stdin is None or self.proc.stdout is None:  # both are PIPE above
+            raise RuntimeError(f"{self.system} worker has no pipes")
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.ready = self._read()
 
     def _read(self) -> dict:
-        line = self.proc.stdout.readline()
+        line = self.stdout.readline()
         if not line:
             err = self.log.read_text(errors="replace").strip().splitlines()
             raise RuntimeError(f"{self.system} worker failed: {err[-1:] or 'no output'}")
         return json.loads(line)
 
     def ask(self, cmd: dict) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
+        self.stdin.write(json.dumps(cmd) + "\n")
+        self.stdin.flush()
         return self._read()
 
     def close(self) -> None:
@@ -323,7 +331,8 @@ def _stdout_to_stderr():
 def train_peers(
     predictor: str, train: str, peer_dir: Path, systems: list[str], threads: int
 ) -> dict:
-    """Train omikuji (Parabel-style defaults) and napkinXC PLT on the predictor's TF-IDF features."""
+    """Train omikuji (Parabel-style defaults) and napkinXC PLT on the predictor's TF-IDF
+    features."""
     from engine.formats import read_text_tsv
     from engine.text import TfidfVectorizer
 
@@ -446,7 +455,7 @@ def _run_bench(
         import psutil
 
         report["load_average_1m"] = round(psutil.getloadavg()[0], 2)
-    except Exception:  # noqa: BLE001 - informative only
+    except Exception:  # noqa: BLE001 - the load average is informative only
         pass
     peers = [s for s in systems if s in ("omikuji", "napkinxc")]
     if peers:
@@ -482,16 +491,16 @@ def _run_bench(
                 workers[s] = _Worker(args, env, work / f"{s}.log")
             except RuntimeError as e:
                 report["skipped"][s] = str(e)
-        lat = {s: [] for s in workers}
-        lat_cpu = {s: [] for s in workers}
+        lat: dict[str, list[float]] = {s: [] for s in workers}
+        lat_cpu: dict[str, list[float]] = {s: [] for s in workers}
         step = max(1, n_latency // rounds)
         for a in range(0, n_latency, step):  # interleaved rounds
             for s, w in workers.items():
                 r = w.ask({"cmd": "latency", "start": a, "end": min(a + step, n_latency)})
                 lat[s].extend(r["ms"])
                 lat_cpu[s].extend(r["cpu_ms"])
-        thr = {s: {} for s in workers}
-        thr_cpu = {s: {} for s in workers}
+        thr: dict[str, dict[str, float]] = {s: {} for s in workers}
+        thr_cpu: dict[str, dict[str, float]] = {s: {} for s in workers}
         for b in BATCHES:
             tot = {s: [0.0, 0.0, 0] for s in workers}
             chunk = max(b, (n // rounds) // b * b)
@@ -529,7 +538,7 @@ def _run_bench(
         for w in workers.values():
             w.close()
     # accuracy and parity on the same texts
-    texts, Y = read_text_tsv(input_path, num_labels=int(man.data["shapes"]["num_labels"]))
+    _, Y = read_text_tsv(input_path, num_labels=int(man.data["shapes"]["num_labels"]))
     Y = Y[:n].tocsr()
     for s in report["systems"]:
         ids = np.load(work / f"{s}.ids.npy")
@@ -572,10 +581,10 @@ def _run_bench(
                 },
                 "rss_model": round(r["rss_mb"]["model"] / max(base["rss_mb"]["model"], 1e-9), 2),
             }
-        lat, cl = base["latency_one_text"], base["latency_one_text_cpu"]
+        one, cl = base["latency_one_text"], base["latency_one_text_cpu"]
         report["targets"] = {
-            "p50_le_0.25ms": lat["p50_ms"] <= 0.25,
-            "p99_le_1ms": lat["p99_ms"] <= 1.0,
+            "p50_le_0.25ms": one["p50_ms"] <= 0.25,
+            "p99_le_1ms": one["p99_ms"] <= 1.0,
             "ge_5000_texts_per_s_b256": base["throughput_texts_per_s"]["256"] >= 5000,
             "memory_le_2x_files": base["memory_over_files"] <= 2.0,
             "cpu_time_p50_le_0.25ms": cl["p50_ms"] <= 0.25,

@@ -16,6 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -117,7 +118,7 @@ def scale(sizes, points_per_label, config_path, seed, json_out, progress):
     """Train on synthetic data at growing L; print time and peak memory per module."""
     if progress is None:
         progress = sys.stderr.isatty()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for L in [int(s) for s in sizes.split(",") if s.strip()]:
         click.echo(f"L={L} ...", err=True)
         with tempfile.TemporaryDirectory() as tmp:

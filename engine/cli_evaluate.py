@@ -10,8 +10,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from engine.formats import FormatError, detect_format, load_dataset, read_npz, read_predictions
-from engine.ranking_metrics import evaluate as evaluate_metrics
 from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B, inv_propensity
+from engine.ranking_metrics import evaluate as evaluate_metrics
 
 _ROWS = ("P", "nDCG", "PSP", "PSnDCG")
 
@@ -155,7 +155,7 @@ def evaluate(test_path, pred_path, train_path, labels_path, train_labels_path, A
         f"predictions from {pred_path}"
     )
     click.echo(format_table(metrics, ks))
-    if inv_prop is None:
+    if train is None or inv_prop is None:
         click.echo(
             "PSP/PSnDCG not computed: they need label propensities from the training "
             "labels; pass --train TRAIN."

@@ -14,6 +14,7 @@ import click
 
 def default_of(owner: Any, name: str) -> Any:
     """The default of field `name` of a dataclass, or of parameter `name` of a function."""
+    label = getattr(owner, "__name__", repr(owner))
     if dataclasses.is_dataclass(owner):
         for f in dataclasses.fields(owner):
             if f.name == name:
@@ -21,11 +22,11 @@ def default_of(owner: Any, name: str) -> Any:
                     return f.default
                 if f.default_factory is not dataclasses.MISSING:
                     return f.default_factory()
-                raise ValueError(f"{owner.__name__}.{name} has no default")
-        raise ValueError(f"{owner.__name__} has no field {name!r}")
+                raise ValueError(f"{label}.{name} has no default")
+        raise ValueError(f"{label} has no field {name!r}")
     p = inspect.signature(owner).parameters[name]
     if p.default is inspect.Parameter.empty:
-        raise ValueError(f"{owner.__name__}({name}) has no default")
+        raise ValueError(f"{label}({name}) has no default")
     return p.default
 
 

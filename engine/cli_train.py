@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from engine.astec.config import DEVICES, TOP_K, AstecConfig, EnsembleParams, TrainingParams
-from engine.clicks_dataset import build_training_set
 from engine.cli_options import config_option, default_of
+from engine.clicks_dataset import build_training_set
 
 
 @click.command("train")
@@ -47,7 +47,8 @@ from engine.cli_options import config_option, default_of
     "labels_path",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="labels.txt (line i = name of label i) or, for XC titles/feature files, the *_X_Y.txt matrix.",
+    help="labels.txt (line i = name of label i) or, for XC titles/feature files, the *_X_Y.txt "
+    "matrix.",
 )
 @click.option(
     "--out",
@@ -133,7 +134,8 @@ def train(
     model.save(out_dir)
     log = model.train_log
     click.echo(
-        f"trained {len(model.learners)} learner(s) on {ds.num_points} points, {ds.num_labels} labels "
+        f"trained {len(model.learners)} learner(s) on {ds.num_points} points, "
+        f"{ds.num_labels} labels "
         f"in {time.time() - t0:.1f} s (peak RSS {log.get('peak_rss_mb')} MB) -> {out_dir}"
     )
     for j, lr in enumerate(log.get("learners", [])):
@@ -222,8 +224,8 @@ def predict(model_dir, input_path, out_path, texts, k, no_verify):
     if texts:
         ids, scores = model.predict(list(texts), k=k)
         names = model.label_names
-        for t, row, sc in zip(texts, ids, scores):
+        for t, row, sc in zip(texts, ids, scores, strict=True):
             click.echo(f"{t}")
-            for i, s in zip(row, sc):
+            for i, s in zip(row, sc, strict=True):
                 if i >= 0:
                     click.echo(f"  {s:.4f}  {names[i] if names else i}")

@@ -13,9 +13,9 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import scipy.sparse as sp
@@ -44,7 +44,7 @@ class ClickTable:
     records: int
     skipped_empty: int
 
-    def filtered(self, min_clicks: int) -> "ClickTable":
+    def filtered(self, min_clicks: int) -> ClickTable:
         keep = self.pair_clicks >= min_clicks
         return ClickTable(
             self.titles,
@@ -172,11 +172,11 @@ def build_training_set(
         "read": report.to_dict(),
         "clicks": table.records,
         "skipped_empty_text": table.skipped_empty,
-        "pairs": int(len(table.pair_clicks)),
-        "pairs_kept": int(len(kept.pair_clicks)),
+        "pairs": len(table.pair_clicks),
+        "pairs_kept": len(kept.pair_clicks),
         "pages": len(table.titles),
-        "points_train": int(len(tr)),
-        "points_test": int(len(te)),
+        "points_train": len(tr),
+        "points_test": len(te),
         "labels": len(names),
         "labels_without_train_point": int((train_freq == 0).sum()),
         "avg_labels_per_point": round(float(Y.sum() / max(Y.shape[0], 1)), 3),

@@ -202,7 +202,8 @@ def _dot(row, off, z, D):
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def combine_scores(Wc, rows, bc, labels, s, z, zr, alpha, beta, D, has_rr):
-    """(y [n], a number to ignore): the paper's combination for candidates `labels` with shortlist scores s:
+    """(y [n], a number to ignore): the paper's combination for candidates `labels` with
+    shortlist scores s:
     y = beta * (alpha * sig(w.z + b) + (1-alpha) * sig(s)) + (1-beta) * sig(w~.z~ + b~),
     with (w | w~) = Wc[rows[i]] (the fused float32 classifier rows) and (b, b~) = bc[labels[i]];
     without a re-ranker the last term is dropped."""

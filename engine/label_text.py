@@ -44,7 +44,7 @@ _TRAILING_DIGITS = re.compile(r"\d+$")
 
 
 def _components(name: str) -> list[tuple[str, ...]]:
-    out = []
+    out: list[tuple[str, ...]] = []
     for w in words(name)[:MAX_COMPONENTS]:
         short = _TRAILING_DIGITS.sub("", w)
         out.append((w, short) if short and short != w else (w,))
@@ -65,8 +65,8 @@ class LabelText:
         for l, cs in enumerate(comps):
             idf = [[math.log((L + 1) / (df[s] + 1)) + 1.0 for s in c] for c in cs]
             total = sum(max(x) for x in idf)
-            for c, (spellings, w) in enumerate(zip(cs, idf)):
-                for a, (s, x) in enumerate(zip(spellings, w)):
+            for c, (spellings, w) in enumerate(zip(cs, idf, strict=True)):
+                for a, (s, x) in enumerate(zip(spellings, w, strict=True)):
                     self.piece[l, c, a] = self.vocab[s]
                     self.weight[l, c, a] = x / total
         self._inverted: dict[float, tuple[np.ndarray, np.ndarray]] = {}

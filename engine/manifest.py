@@ -75,7 +75,7 @@ def write_manifest(root: str | os.PathLike, meta: dict[str, Any]) -> dict[str, A
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         **meta,
         "files": {rel: describe_file(root, rel) for rel in rels},
     }

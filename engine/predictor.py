@@ -7,7 +7,7 @@ the object only once everything is loaded, so a predictor is either complete or 
 
 Per learner, for a text with TF-IDF vector x (and x' its words + word pairs, unit length, plus a
 bias feature, for the sparse ranker):
-    v = ReLU(E^T x)                      shortlist features (ANNS^x over points, ANNS^mu over centres)
+    v = ReLU(E^T x)              shortlist features (ANNS^x over points, ANNS^mu over centres)
     s = w max_c cos(v, mu_c) + (1 - w) sum_j cos(v, v_j)^p y_j / sum_j cos(v, v_j)^p
     C = the top `shortlist_size` labels by s, + the prior (most frequent) labels, always scored,
         + the labels whose name the text matches at least `label_text_min_match` (s ~ 0)
@@ -28,6 +28,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import hnswlib
 import numpy as np
@@ -40,7 +41,7 @@ from engine.label_text import NAME_ONLY_S, LabelText
 from engine.manifest import Manifest, ManifestError, verify_manifest
 from engine.text import TfidfVectorizer
 
-__all__ = ["Predictor", "PredictorError", "ManifestError"]
+__all__ = ["ManifestError", "Predictor", "PredictorError"]
 
 log = logging.getLogger(__name__)
 CONFIG_NAME = "predictor.json"
@@ -127,6 +128,8 @@ class AnnSearch:
             ids = ids.astype(np.int64, copy=False)
             sims = (1.0 - dist).astype(np.float32, copy=False)
         else:
+            if self.vectors is None:
+                raise PredictorError(f"an index of {self.count} items has neither graph nor table")
             S = Q @ self.vectors.T
             if kq < S.shape[1]:
                 part = np.argpartition(-S, kq - 1, axis=1)[:, :kq]
@@ -136,7 +139,7 @@ class AnnSearch:
             order = np.lexsort((part, -ps), axis=1) if n else part
             ids = np.take_along_axis(part, order, axis=1).astype(np.int64)
             sims = np.take_along_axis(ps, order, axis=1).astype(np.float32)
-        if self.members_indptr is None:
+        if self.members_indptr is None or self.members is None:
             return ids, sims
         # expand distinct vectors to their original ids; keep the best k per row
         flat = ids.ravel()
@@ -187,16 +190,17 @@ class ServingLearner:
     rr_W: np.ndarray | None = None
     rr_b: np.ndarray | None = None
     knn_power: float = 1.0
-    sparse: tuple | None = None  # sparse ranker weights, as _split_ranker lays them out
+    sparse: RankerArrays | None = None  # sparse ranker weights
     gamma: float = 1.0  # weight of the Astec score against the sparse ranker's
-    E: np.ndarray | None = None  # [V, D] or [V, 2D] fused embeddings
-    Wc: np.ndarray | None = None  # [L, D] or [L, 2D] fused classifier rows
-    bc: np.ndarray | None = None  # [L, 1] or [L, 2] fused biases
-    _RT: np.ndarray | None = None  # residual transposes (contiguous) for the kernels
-    _RrT: np.ndarray | None = None
+    # built by fuse(), which the loader calls before the learner serves
+    E: np.ndarray = field(init=False)  # [V, D] or [V, 2D] fused embeddings
+    Wc: np.ndarray = field(init=False)  # [L, D] or [L, 2D] fused classifier rows
+    bc: np.ndarray = field(init=False)  # [L, 1] or [L, 2] fused biases
+    _RT: np.ndarray = field(init=False)  # residual transposes (contiguous) for the kernels
+    _RrT: np.ndarray = field(init=False)
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
-    def fuse(self) -> "ServingLearner":
+    def fuse(self) -> ServingLearner:
         """Build the fused tables; the separate (memory-mapped) arrays are then dropped.
 
         Also sorts the prior labels (with their scores) so lookups can bisect.
@@ -209,7 +213,7 @@ class ServingLearner:
             if self.rr_enc is not None
             else np.zeros((1, 1), np.float32)
         )
-        if self.rr_enc is None:
+        if self.rr_enc is None or self.rr_W is None or self.rr_b is None:
             self.E, self.Wc, self.bc = self.enc.emb, self.W, self.b[:, None]
             return self
         D = self.W.shape[1]
@@ -414,7 +418,8 @@ class ServingLearner:
         pad[rows, col] = labels
         step = max(1, chunk_bytes // (width * self.Wc.shape[1] * 4))
         logit = np.empty((n, width), np.float32)
-        rlogit = np.empty((n, width), np.float32) if self.rr_enc is not None else None
+        rr_b = self.rr_b if self.rr_enc is not None else None
+        rlogit = np.empty((n, width), np.float32) if rr_b is not None else None
         for a in range(0, n, step):
             G = np.take(self.Wc, pad[a : a + step], axis=0).astype(np.float32, copy=False)
             logit[a : a + step] = np.matmul(G[..., :D], Z[a : a + step, :, None])[..., 0]
@@ -422,8 +427,8 @@ class ServingLearner:
                 rlogit[a : a + step] = np.matmul(G[..., D:], Zr[a : a + step, :, None])[..., 0]
         lg = logit[rows, col] + self.b[labels]
         y = self.alpha * _sigmoid(lg) + (1.0 - self.alpha) * _sigmoid(s)
-        if rlogit is not None:
-            rl = rlogit[rows, col] + self.rr_b[labels]
+        if rlogit is not None and rr_b is not None:
+            rl = rlogit[rows, col] + rr_b[labels]
             y = self.beta * y + (1.0 - self.beta) * _sigmoid(rl)
         out[:] = y
         return out
@@ -432,7 +437,22 @@ class ServingLearner:
 HEAVY_RANKER_ROW = 128  # sparse ranker rows longer than this are scored through their transpose
 
 
-def _split_ranker(sptr, sidx, sval, L: int, F: int) -> tuple:
+class RankerArrays(NamedTuple):
+    """The sparse ranker's weights in the order kernels.sparse_scores_split and sparse_mix_one
+    take them (star-unpacked after the text's features)."""
+
+    indptr: np.ndarray  # [L + 1] int64: label rows
+    indices: np.ndarray  # int32 feature ids, ascending within a row
+    values: np.ndarray  # float32
+    heavy_indptr: np.ndarray  # [F + 1] int64: the long rows' transpose (feature -> slots)
+    heavy_slots: np.ndarray  # int32
+    heavy_values: np.ndarray  # float32
+    slot: np.ndarray  # [L] int32: a label's column in the transpose, -1 for a short row
+    heavy_bias: np.ndarray  # float32 bias weight of each long row
+    bias_feature: int  # F - 1
+
+
+def _split_ranker(sptr, sidx, sval, L: int, F: int) -> RankerArrays:
     """The sparse ranker's weights as kernels.sparse_scores_split reads them: rows with
     ascending feature ids, plus the transpose of the long rows (frequent labels) without the
     bias feature, their slots and their bias weights."""
@@ -453,7 +473,7 @@ def _split_ranker(sptr, sidx, sval, L: int, F: int) -> tuple:
     hbias = np.zeros(max(heavy.size, 1), np.float32)
     tail = in_heavy & (idx == F - 1)
     hbias[slot[rows[tail]]] = val[tail]
-    return (
+    return RankerArrays(
         ptr,
         idx,
         val,
@@ -555,7 +575,7 @@ class Predictor:
         threads: int = 1,
         backend: str | None = None,
         check_hashes: bool = True,
-    ) -> "Predictor":
+    ) -> Predictor:
         """Verify every file against manifest.json, then load; raise ManifestError/PredictorError.
 
         threads: hnswlib / onnxruntime threads per call (1 by default: consumers scale by
@@ -728,7 +748,7 @@ class Predictor:
                 sval = np.ascontiguousarray(m.load_npy(sc_["values"], mmap=False), np.float32)
                 F = int(sc_["num_features"])
                 if (
-                    F != ranker_features
+                    ranker_features != F
                     or sptr.shape != (L + 1,)
                     or sidx.shape != sval.shape
                     or int(sptr[-1]) != sidx.size
@@ -785,13 +805,15 @@ class Predictor:
         """The sparse ranker's (indices, values) of one text: its TF-IDF words + word pairs
         (unit length) and the bias feature, the model's ranker_features."""
         vec = self.ranker_vectorizer
+        if vec is None:
+            raise PredictorError(f"{self.root}: this predictor has no sparse ranker")
         idx, val = vec.transform_one(text)
         return (
             np.append(idx.astype(np.int64), vec.num_features),
             np.append(val, np.float32(1.0)).astype(np.float32),
         )
 
-    def _ranker_rows(self, texts: list[str]):
+    def _ranker_rows(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """CSR (indptr, indices, values) of the ranker features of texts."""
         parts = [self._ranker_one(t) for t in texts]
         ptr = np.zeros(len(parts) + 1, np.int64)
@@ -799,9 +821,16 @@ class Predictor:
         return ptr, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     @staticmethod
-    def _mix_sparse(lr: ServingLearner, y, cptr, labels, xrows):
+    def _mix_sparse(
+        lr: ServingLearner,
+        sparse: RankerArrays,
+        y,
+        cptr,
+        labels,
+        xrows: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ):
         """gamma * y + (1 - gamma) * sigmoid(u_l . x) on the candidates (the model's combine)."""
-        u = kernels.sparse_scores_split(cptr, labels, *xrows, *lr.sparse)
+        u = kernels.sparse_scores_split(cptr, labels, *xrows, *sparse)
         return lr.gamma * y + (1.0 - lr.gamma) * _sigmoid(u)
 
     def _padded(self, idx, val, lens):
@@ -852,27 +881,25 @@ class Predictor:
             if named is not None:
                 rows, labels, s = _with_candidates(rows, labels, s, *named, self.num_labels)
             y = lr.final_scores(rows, labels, s, z, zr)
-            if lr.sparse is not None:
-                y = self._mix_sparse(lr, y, np.searchsorted(rows, np.arange(n + 1)), labels, xrows)
-            all_rows.append(rows), all_labels.append(labels), all_y.append(y)
+            if lr.sparse is not None and xrows is not None:
+                cptr = np.searchsorted(rows, np.arange(n + 1))
+                y = self._mix_sparse(lr, lr.sparse, y, cptr, labels, xrows)
+            all_rows.append(rows)
+            all_labels.append(labels)
+            all_y.append(y)
             if li == 0:
                 z0 = z
         rows, labels, y = self._join_learners(all_rows, all_labels, all_y)
-        if titles is not None:
+        lt = self.label_text
+        if titles is not None and lt is not None:
             y = np.array(y, np.float32)
             kernels.add_name_match_rows(
-                rows,
-                labels,
-                y,
-                *titles,
-                self.label_text.piece,
-                self.label_text.weight,
-                self.label_text_weight,
+                rows, labels, y, *titles, lt.piece, lt.weight, self.label_text_weight
             )
         ids, scores = _topk(rows, labels, y, n, k)
         return (ids, scores, z0) if want_z else (ids, scores)
 
-    def _title_rows(self, texts: list[str]):
+    def _title_rows(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
         """CSR (indptr, ids) of the texts' label-name vocabulary ids, or None without a
         label-name match."""
         if self.label_text is None:
@@ -882,12 +909,14 @@ class Predictor:
         np.cumsum([p.size for p in parts], out=ptr[1:])
         return ptr, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
 
-    def _name_candidates(self, titles):
+    def _name_candidates(
+        self, titles: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """(rows, labels) of the labels whose names the texts (`_title_rows`) match at least
         label_text_min_match (they join every learner's shortlist), or None."""
-        if titles is None or self.label_text_min_match <= 0:
-            return None
         lt = self.label_text
+        if titles is None or lt is None or self.label_text_min_match <= 0:
+            return None
         return kernels.name_candidates_rows(
             *titles,
             *lt._index(self.label_text_min_match),
@@ -901,7 +930,7 @@ class Predictor:
         if len(rows_l) == 1:
             return rows_l[0], labels_l[0], y_l[0]
         L = self.num_labels
-        keys = np.concatenate([r * L + c for r, c in zip(rows_l, labels_l)])
+        keys = np.concatenate([r * L + c for r, c in zip(rows_l, labels_l, strict=True)])
         uniq, inv = np.unique(keys, return_inverse=True)
         if self.ensemble == "max":  # a label missing from a learner's candidates counts 0 there
             y = np.zeros(uniq.size, np.float32)
@@ -944,7 +973,7 @@ class Predictor:
         parts = [lr.score_one(idx, val, self.threads, extra) for lr in self.learners]
         if self.ranker_vectorizer is not None:
             ridx, rval = self._ranker_one(text)
-            for lr, (c, y, _) in zip(self.learners, parts):
+            for lr, (c, y, _) in zip(self.learners, parts, strict=True):
                 if lr.sparse is not None:
                     kernels.sparse_mix_one(c, y, ridx, rval, *lr.sparse, float(lr.gamma))
         if len(parts) == 1:

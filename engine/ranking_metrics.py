@@ -19,7 +19,7 @@ id -1 marks padding; with `scores=None` the ids are taken as already ranked best
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -51,7 +51,7 @@ def inv_propensity(
     B: float = PROPENSITY_B,
     num_labels: int | None = None,
 ) -> np.ndarray:
-    """Inverse propensities 1/p_l = 1 + C (N_l + B)^-A with C = (ln N - 1)(B + 1)^A (Jain et al. 2016).
+    """Inverse propensities 1/p_l = 1 + C (N_l + B)^-A, C = (ln N - 1)(B + 1)^A (Jain et al. 2016).
 
     `labels` is the training label matrix (n_train x L; N_l = points with label l) or a vector of
     per-label counts N_l (then `n_train` is required). `num_labels` pads with N_l = 0 for labels
@@ -174,7 +174,8 @@ def _discounts(k: int) -> np.ndarray:
 
 
 def _ideal_dcg(Y: sp.csr_matrix, k: int) -> np.ndarray:
-    """Per-point ideal DCG@1..k [n, k] over min(j, |true|); points without labels get 1 (numerator is 0)."""
+    """Per-point ideal DCG@1..k [n, k] over min(j, |true|); points without labels get 1 (their
+    numerator is 0)."""
     npos = np.diff(Y.indptr)
     cum = np.cumsum(_discounts(k))
     j = np.minimum(np.arange(1, k + 1)[None, :], npos[:, None])
@@ -259,7 +260,7 @@ def evaluate(Y_true, pred, inv_prop=None, ks: Sequence[int] = (1, 3, 5)) -> dict
 
     PSP/PSnDCG keys appear only when `inv_prop` (from `inv_propensity`) is given.
     """
-    ks = sorted(set(int(k) for k in ks))
+    ks = sorted({int(k) for k in ks})
     if not ks or ks[0] < 1:
         raise ValueError(f"ks must be positive integers, got {ks}")
     K = ks[-1]

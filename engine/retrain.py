@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -110,7 +110,7 @@ def retrain(
     """Train a new version from LOG_DIR and promote it under MODELS_DIR if it is not worse."""
     s = settings or RetrainSettings()
     t0 = time.time()
-    reg = Registry(models_dir, keep=s.keep)
+    reg = Registry(Path(models_dir), keep=s.keep)
     dates = partitions(log_dir, "search_clicks")
     if len(dates) <= s.holdout_days:
         raise RetrainError(

@@ -23,6 +23,7 @@ an .npz with the idf vector: no pickle.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -34,7 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 from tqdm import tqdm
 
-__all__ = ["TOKEN_PATTERN", "words", "analyze", "TfidfVectorizer"]
+__all__ = ["TOKEN_PATTERN", "TfidfVectorizer", "analyze", "words"]
 
 TOKEN_PATTERN = r"\w+[+#]*"
 _WORD_RE = re.compile(TOKEN_PATTERN)
@@ -49,13 +50,13 @@ def words(text: str) -> list[str]:
 
 
 def analyze(
-    text: str, word_ngrams: int = 1, char_ngrams: tuple[int, int] | None = None
+    text: str, word_ngrams: int = 1, char_ngrams: tuple[int, ...] | None = None
 ) -> list[str]:
     """All features of `text` in a fixed order: words, then bigrams, then char n-grams."""
     ws = _WORD_RE.findall(text.lower())
     out = list(ws)
     if word_ngrams >= 2 and len(ws) > 1:
-        out.extend([a + " " + b for a, b in zip(ws, ws[1:])])
+        out.extend([a + " " + b for a, b in itertools.pairwise(ws)])
     if char_ngrams is not None:
         lo, hi = char_ngrams
         for w in ws:
@@ -81,7 +82,7 @@ class TfidfVectorizer:
     max_features: int | None = None
     sublinear_tf: bool = False
     word_ngrams: int = 1
-    char_ngrams: tuple[int, int] | None = None
+    char_ngrams: tuple[int, ...] | None = None  # (lo, hi)
     vocabulary_: dict[str, int] = field(default_factory=dict, repr=False)
     idf_: np.ndarray | None = field(default=None, repr=False)
     n_docs_: int = 0
@@ -90,8 +91,9 @@ class TfidfVectorizer:
         if self.word_ngrams not in (1, 2):
             raise ValueError(f"word_ngrams must be 1 or 2, got {self.word_ngrams}")
         if self.char_ngrams is not None:
-            lo, hi = (int(v) for v in self.char_ngrams)
-            if not 1 <= lo <= hi:
+            ok = len(self.char_ngrams) == 2
+            lo, hi = (int(v) for v in self.char_ngrams) if ok else (0, 0)
+            if not ok or not 1 <= lo <= hi:
                 raise ValueError(
                     f"char_ngrams must be (lo, hi) with 1 <= lo <= hi, got {self.char_ngrams}"
                 )
@@ -119,7 +121,7 @@ class TfidfVectorizer:
         return names
 
     # ---- fitting --------------------------------------------------------------------------
-    def fit(self, texts, progress: bool = False) -> "TfidfVectorizer":
+    def fit(self, texts, progress: bool = False) -> TfidfVectorizer:
         """Learn the vocabulary and idf from an iterable of texts."""
         df: Counter[str] = Counter()
         n = 0
@@ -148,8 +150,9 @@ class TfidfVectorizer:
         return self
 
     def _compile(self) -> None:
-        self._idf32 = self.idf_.astype(np.float32)
-        self._idf_list = self.idf_.tolist()
+        self._idf = self._fitted_idf()
+        self._idf32 = self._idf.astype(np.float32)
+        self._idf_list = self._idf.tolist()
         self._word_cache: dict[str, list[int]] = {}
 
     def _word_ids(self, w: str) -> list[int]:
@@ -186,15 +189,19 @@ class TfidfVectorizer:
             out.extend(
                 [
                     i
-                    for i in map(vocab_get, [a + " " + b for a, b in zip(ws, ws[1:])])
+                    for i in map(vocab_get, [a + " " + b for a, b in itertools.pairwise(ws)])
                     if i is not None
                 ]
             )
         return out
 
     def _check_fitted(self) -> None:
+        self._fitted_idf()
+
+    def _fitted_idf(self) -> np.ndarray:
         if self.idf_ is None:
             raise RuntimeError("TfidfVectorizer is not fitted: call fit() or load()")
+        return self.idf_
 
     # ---- transforming ---------------------------------------------------------------------
     def transform(self, texts, progress: bool = False) -> sp.csr_matrix:
@@ -246,17 +253,20 @@ class TfidfVectorizer:
             idx, tf = idx[order], tf[order]
             if self.sublinear_tf:
                 tf = 1.0 + np.log(tf)
-            vals = tf * self.idf_[idx]
+            vals = tf * self._idf[idx]
             vals /= math.sqrt(float(vals @ vals))
             return idx, vals.astype(np.float32)
-        idx = sorted(counts)
+        ids = sorted(counts)
         idf = self._idf_list
         if self.sublinear_tf:
-            vals = [(1.0 + math.log(counts[i])) * idf[i] for i in idx]
+            weights = [(1.0 + math.log(counts[i])) * idf[i] for i in ids]
         else:
-            vals = [counts[i] * idf[i] for i in idx]
-        norm = math.sqrt(sum(v * v for v in vals))
-        return (np.array(idx, dtype=np.int32), np.array([v / norm for v in vals], dtype=np.float32))
+            weights = [counts[i] * idf[i] for i in ids]
+        norm = math.sqrt(sum(v * v for v in weights))
+        return (
+            np.array(ids, dtype=np.int32),
+            np.array([v / norm for v in weights], dtype=np.float32),
+        )
 
     # ---- persistence ----------------------------------------------------------------------
     @staticmethod
@@ -285,11 +295,11 @@ class TfidfVectorizer:
             "vocabulary": self.feature_names,
         }
         jpath.write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
-        np.savez(npath, idf=self.idf_)
+        np.savez(npath, idf=self._fitted_idf())
         return jpath
 
     @classmethod
-    def load(cls, path) -> "TfidfVectorizer":
+    def load(cls, path) -> TfidfVectorizer:
         """Read what `save` wrote; errors name the file and the bad field."""
         jpath, npath = cls._paths(path)
         try:

@@ -26,6 +26,16 @@ class AnnIndex:
     hnsw: hnswlib.Index | None = None
     ef_search: int = 100
 
+    def _graph(self) -> hnswlib.Index:
+        if self.hnsw is None:
+            raise ValueError(f"{self.kind} index of {self.count} vectors has no hnswlib graph")
+        return self.hnsw
+
+    def _table(self) -> np.ndarray:
+        if self.vectors is None:
+            raise ValueError(f"{self.kind} index of {self.count} vectors has no vector table")
+        return self.vectors
+
     @classmethod
     def build(
         cls,
@@ -36,7 +46,7 @@ class AnnIndex:
         ef_search: int = 100,
         num_threads: int = 2,
         seed: int = 0,
-    ) -> "AnnIndex":
+    ) -> AnnIndex:
         V = normalize_rows(np.ascontiguousarray(vectors, dtype=np.float32))
         n, d = V.shape
         if n <= exact_max:
@@ -55,19 +65,20 @@ class AnnIndex:
         if k <= 0 or n == 0:
             return np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32)
         if self.kind == "hnsw":
-            self.hnsw.set_ef(max(self.ef_search, k))
-            ids, dist = self.hnsw.knn_query(Q, k=k, num_threads=num_threads)
+            graph = self._graph()
+            graph.set_ef(max(self.ef_search, k))
+            ids, dist = graph.knn_query(Q, k=k, num_threads=num_threads)
             return ids.astype(np.int64), (1.0 - dist).astype(np.float32)
         ids = np.empty((n, k), np.int64)
         sims = np.empty((n, k), np.float32)
-        B = torch.from_numpy(self.vectors)
+        B = torch.from_numpy(self._table())
         # ties (duplicate training texts have identical vectors) go to the lower id, as in the
         # exported predictor: take a margin past k, then order by (-sim, id)
         kk = int(min(k + 32, self.count))
         for s in range(0, n, block):
             S = torch.from_numpy(Q[s : s + block]) @ B.T
-            v, i = torch.topk(S, kk, dim=1)
-            v, i = v.numpy(), i.numpy().astype(np.int64)
+            top = torch.topk(S, kk, dim=1)
+            v, i = top.values.numpy(), top.indices.numpy().astype(np.int64)
             order = np.lexsort((i, -v), axis=1)[:, :k]
             ids[s : s + block] = np.take_along_axis(i, order, axis=1)
             sims[s : s + block] = np.take_along_axis(v, order, axis=1)
@@ -78,14 +89,14 @@ class AnnIndex:
         path = Path(path)
         if self.kind == "exact":
             p = path.with_suffix(".npy")
-            np.save(p, self.vectors, allow_pickle=False)
+            np.save(p, self._table(), allow_pickle=False)
         else:
             p = path.with_suffix(".hnsw")
-            self.hnsw.save_index(str(p))
+            self._graph().save_index(str(p))
         return p.name
 
     @classmethod
-    def load(cls, path: Path, kind: str, dim: int, count: int, ef_search: int) -> "AnnIndex":
+    def load(cls, path: Path, kind: str, dim: int, count: int, ef_search: int) -> AnnIndex:
         path = Path(path)
         if kind == "exact":
             V = np.load(path, allow_pickle=False)

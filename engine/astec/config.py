@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B
 
-
 TOP_K = 10  # labels a prediction returns unless asked for another number
 DEVICES = ("cpu", "cuda", "auto")  # where training runs; "cuda:N" names one of several GPUs
 

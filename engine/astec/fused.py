@@ -11,11 +11,11 @@ update as `trainer.RowAdam`; float32 sums are ordered differently, so results ma
 
 from __future__ import annotations
 
+import itertools
 import math
-
-import numpy as np
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 from numba import njit
 
 # reassociation lets the dot products and row updates use SIMD; no nnan/ninf (the BCE needs them)
@@ -84,7 +84,7 @@ def _adam_rows(
 
 def _ranges(n: int, parts: int) -> list[tuple[int, int]]:
     cuts = np.linspace(0, n, max(1, parts) + 1).astype(np.int64)
-    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    return [(int(a), int(b)) for a, b in itertools.pairwise(cuts) if b > a]
 
 
 class FusedClassifierAdam:

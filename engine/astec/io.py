@@ -32,7 +32,7 @@ def save_tensors(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def load_tensors(path: Path, shapes: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
     try:
         out = load_file(str(path))
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own types for corrupt headers
         raise ModelDirError(f"{path}: unreadable safetensors file ({e})") from None
     for k, shape in (shapes or {}).items():
         if k not in out:
@@ -105,16 +105,16 @@ def verify_model_dir(root: Path, check_hashes: bool = True) -> dict:
     files = m.get("files")
     if not isinstance(files, dict) or not files:
         raise ModelDirError(f"{mpath}: field 'files' missing or empty")
-    for rel, e in files.items():
+    for rel, entry in files.items():
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise ModelDirError(f"{mpath}: files[{rel!r}] escapes the model directory")
         p = root / rel
         if not p.is_file():
             raise ModelDirError(f"{p}: missing (listed in {MANIFEST})")
         size = p.stat().st_size
-        if size != e.get("bytes"):
-            what = "truncated" if size < e.get("bytes", 0) else "has grown"
-            raise ModelDirError(f"{p}: {what}: {size} bytes, manifest says {e.get('bytes')}")
-        if check_hashes and sha256_file(p) != e.get("sha256"):
+        if size != entry.get("bytes"):
+            what = "truncated" if size < entry.get("bytes", 0) else "has grown"
+            raise ModelDirError(f"{p}: {what}: {size} bytes, manifest says {entry.get('bytes')}")
+        if check_hashes and sha256_file(p) != entry.get("sha256"):
             raise ModelDirError(f"{p}: sha256 does not match the manifest (file was modified)")
     return m

@@ -11,8 +11,9 @@ import math
 import resource
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -32,7 +33,6 @@ from .network import (
     Classifier,
     Encoder,
     SpectralResidual,
-    bag_inputs,
     dense_bag,
     svd_embedding_init,
 )
@@ -54,11 +54,14 @@ def _set_threads(n: int) -> None:
     torch.set_num_threads(max(1, n))
     import numba
 
-    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    # numba.config sets its names when it reads the environment at import: no static attribute
+    cap = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+    numba.set_num_threads(max(1, min(n, cap)))
 
 
 def _cpu_s() -> float:
-    """CPU seconds of this process, all threads: on a shared machine a steadier cost than wall time."""
+    """CPU seconds of this process, all threads: on a shared machine a steadier cost than wall
+    time."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
@@ -137,7 +140,7 @@ class Learner:
         b = self.clf.bias.weight.detach().numpy().ravel()
         base = classifier_logits(Z, W, b, C)
         rr = None
-        if self.reranker is not None:
+        if self.reranker is not None and self.rr_clf is not None:
             Zr = dense_bag(self.reranker, X, what="z")
             rr = classifier_logits(
                 Zr,
@@ -212,7 +215,8 @@ def _build_index(
 
 
 def _prior_score(counts: np.ndarray) -> np.ndarray:
-    """1e-3 * relative frequency: orders the always-scored labels without outweighing similarities."""
+    """1e-3 * relative frequency: orders the always-scored labels without outweighing
+    similarities."""
     return (1e-3 * counts / max(float(counts.max(initial=1)), 1.0)).astype(np.float32)
 
 
@@ -330,14 +334,13 @@ def _label_text_weight(
         plain, named = Sv[0], Sv[1] if Sv[1] is not None else Sv[0]
         rows = np.repeat(np.arange(named.shape[0]), np.diff(named.indptr))
         m = lt.scores([lt.title_ids(t) for t in texts_v], rows, named.indices)
-        make = lambda d: (
-            plain
-            if d == 0
-            else sp.csr_matrix(
-                ((named.data + np.float32(d) * m).astype(np.float32), named.indices, named.indptr),
-                shape=named.shape,
-            )
-        )
+
+        def make(d: float) -> sp.csr_matrix:
+            if d == 0:
+                return plain
+            data = (named.data + np.float32(d) * m).astype(np.float32)
+            return sp.csr_matrix((data, named.indices, named.indptr), shape=named.shape)
+
         w = _combination_weight(
             "label_text_weight",
             cfg.name_match.weight,
@@ -481,7 +484,7 @@ def train_learner(
         seed,
         progress,
         valid=(Xv, meta_labels(Yv, assign, cfg.surrogate.num_clusters)),
-        decay_epoch=int(round(cfg.surrogate.decay * cfg.surrogate.epochs)),
+        decay_epoch=round(cfg.surrogate.decay * cfg.surrogate.epochs),
         device=device,
     )
     log["modules"]["I"] = {
@@ -499,7 +502,11 @@ def train_learner(
     Vf = dense_bag(encoder, Xf)
     index = _build_index(encoder, Xf, Yf, cfg, seed, Vf)
     negatives = _module2_negatives(index, Vf, Yf, cfg, seed)
-    m2 = {"seconds": None, "index_kind": index.points.kind, "centres": int(index.centres.count)}
+    m2: dict[str, Any] = {
+        "seconds": None,
+        "index_kind": index.points.kind,
+        "centres": int(index.centres.count),
+    }
     if Xv.shape[0]:
         Sv = index.scores(
             dense_bag(encoder, Xv),
@@ -523,7 +530,8 @@ def train_learner(
     log["modules"]["II"] = m2
     if progress:
         tqdm.write(
-            f"  Module II: {json.dumps({k: v for k, v in m2.items() if k != 'valid_shortlist_only'})}"
+            "  Module II: "
+            + json.dumps({k: v for k, v in m2.items() if k != "valid_shortlist_only"})
         )
 
     # Modules III/IV: new residual R (identity), classifier on positives + shortlist
@@ -551,7 +559,7 @@ def train_learner(
     # E may have been fine-tuned: rebuild the indexes on the final v
     index = _build_index(encoder, Xf, Yf, cfg, seed)
     learner = Learner(encoder, clf, index)
-    m4 = {"epochs": ep}
+    m4: dict[str, Any] = {"epochs": ep}
     if Xv.shape[0]:
         C, Z = learner.shortlist(Xv, cfg)
         base, _ = learner.logits(Xv, C, Z)
@@ -602,7 +610,7 @@ def train_learner(
             cfg.training.fused_kernels,
         )
         learner.reranker, learner.rr_clf = rr, rr_clf
-        mr = {"epochs": ep}
+        mr: dict[str, Any] = {"epochs": ep}
         if Xv.shape[0]:
             C, Z = learner.shortlist(Xv, cfg)
             base, rrl = learner.logits(Xv, C, Z)
@@ -632,7 +640,7 @@ def train_learner(
             tqdm.write(f"  Sparse ranker: shortlists and fit on {Xf.shape[0]} points ...")
         Xrv = Xr[valid]
         learner.sparse = _fit_ranker(learner, Xf, Yf, Xr[fit], cfg, seed)
-        ms = {"weights": int(learner.sparse.W.nnz)}
+        ms: dict[str, Any] = {"weights": int(learner.sparse.W.nnz)}
         if Xv.shape[0]:
             C, Z = learner.shortlist(Xv, cfg)
             base, rrl = learner.logits(Xv, C, Z)
@@ -726,7 +734,7 @@ class Astec:
         seed: int | None = None,
         learners: int | None = None,
         progress: bool = True,
-    ) -> "Astec":
+    ) -> Astec:
         """Train on raw texts (list of str) or a ready feature matrix (csr, XC sparse format).
 
         A validation split (config.validation: a fraction of the points, at most max_points) is
@@ -797,10 +805,10 @@ class Astec:
         )
         if label_names is not None and len(label_names) != L:
             raise ValueError(f"Astec.train: {len(label_names)} label names for {L} labels")
-        lt = LabelText(label_names) if use_names else None
+        lt = LabelText(label_names) if use_names and label_names is not None else None
         valid_extra = (
             name_candidates(lt, [texts[i] for i in valid], cfg.name_match.min_match, L)
-            if use_names and n_valid
+            if lt is not None and n_valid
             else None
         )
         for j in range(cfg.ensembles.learners):
@@ -843,12 +851,12 @@ class Astec:
                     f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}"
                 )
         text_weight = 0.0
-        if use_names:
+        if lt is not None:
             joined = None
             if n_valid:
                 joined = tuple(
                     ensemble_scores(list(v), ensemble) if v[0] is not None else None
-                    for v in zip(*valid_scores)
+                    for v in zip(*valid_scores, strict=True)
                 )
             text_weight = _label_text_weight(
                 lt, [texts[i] for i in valid], joined, Y[valid], inv_prop, cfg, log, progress
@@ -970,7 +978,7 @@ class Astec:
                 "b": lr.clf.bias.weight.detach().numpy().ravel(),
             }
             mio.save_tensors(d / "model.safetensors", enc)
-            if lr.reranker is not None:
+            if lr.reranker is not None and lr.rr_clf is not None:
                 mio.save_tensors(
                     d / "reranker.safetensors",
                     {
@@ -1029,7 +1037,7 @@ class Astec:
         return root
 
     @classmethod
-    def load(cls, path, check_hashes: bool = True) -> "Astec":
+    def load(cls, path, check_hashes: bool = True) -> Astec:
         """Load a model directory after verifying sizes, sha256 and shapes of every file."""
         root = Path(path)
         man = mio.verify_model_dir(root, check_hashes)

@@ -14,7 +14,8 @@ from torch import nn
 
 
 def bag_inputs(X: sp.csr_matrix):
-    """(ids int64, offsets int64, weights float32) torch tensors for an EmbeddingBag from csr rows."""
+    """(ids int64, offsets int64, weights float32) torch tensors for an EmbeddingBag from csr
+    rows."""
     X = sp.csr_matrix(X)
     return (
         torch.from_numpy(X.indices.astype(np.int64)),
@@ -24,7 +25,10 @@ def bag_inputs(X: sp.csr_matrix):
 
 
 class SpectralResidual(nn.Module):
-    """x + ReLU(R x) where R is rescaled so its spectral norm never exceeds lambda (power iteration)."""
+    """x + ReLU(R x) where R is rescaled so its spectral norm never exceeds lambda (power
+    iteration)."""
+
+    u: torch.Tensor  # the power iteration's left singular vector estimate (a buffer)
 
     def __init__(self, dim: int, lam: float = 1.0):
         super().__init__()

@@ -1,4 +1,5 @@
-"""Module II: label shortlists from the two indexes (ANNS^x over points, ANNS^mu over label centres).
+"""Module II: label shortlists from the two indexes (ANNS^x over points, ANNS^mu over label
+centres).
 
 The base similarity s of a candidate label l for a point with features v is
     s = w * max_c cos(v, mu_lc) + (1 - w) * sum_j c_j y_jl / sum_j c_j,   c_j = cos(v, v_j)^p
@@ -120,7 +121,8 @@ class ShortlistIndex:
             )
             parts.append(centroid_weight * M)
         if self.prior.size:
-            # tiny positive score so that prior labels are stored entries (the classifier scores them)
+            # tiny positive score so that prior labels are stored entries (the classifier scores
+            # them)
             P = sp.csr_matrix(
                 (
                     np.tile(self.prior_score, n).astype(np.float32),

@@ -55,7 +55,8 @@ def topk_rows(M: sp.csr_matrix, k: int) -> sp.csr_matrix:
 
 
 def topk_dense_from_csr(M: sp.csr_matrix, k: int):
-    """Top-k (ids int64 [n,k], scores float32 [n,k]) per row, best first; missing slots are -1 / 0."""
+    """Top-k (ids int64 [n,k], scores float32 [n,k]) per row, best first; missing slots are
+    -1 / 0."""
     M = sp.csr_matrix(M)
     n = M.shape[0]
     ids = np.full((n, k), -1, dtype=np.int64)

@@ -55,7 +55,9 @@ def _train_labels(
     """Dual coordinate descent for L2-regularised squared-hinge SVMs, one per label (column of
     the pair pattern pptr/pidx/py: the points and their +-1 targets). Returns the kept weights as
     CSR (indptr, indices, data) over labels."""
-    np.random.seed(seed)
+    # numba's legacy per-thread generator, seeded here; a Generator would draw other orders
+    # and change every trained ranker
+    np.random.seed(seed)  # noqa: NPY002
     L = pptr.size - 1
     w = np.zeros(num_features, np.float64)
     seen = np.zeros(num_features, np.bool_)
@@ -86,7 +88,7 @@ def _train_labels(
                 qd[j] = q
             order = np.arange(n)
             for _ in range(max_iters):
-                np.random.shuffle(order)
+                np.random.shuffle(order)  # noqa: NPY002 (see the seed above)
                 worst = 0.0
                 for jj in range(n):
                     j = order[jj]
@@ -146,7 +148,7 @@ class SparseRanker:
         max_iters: int = 10,
         seed: int = 0,
         threads: int = 1,
-    ) -> "SparseRanker":
+    ) -> SparseRanker:
         """Xr: ranker_features of the training points; negatives: candidate labels per point
         (positives among them are ignored). A label with no example at all gets bias -1 only:
         a label the ranker never saw must not outscore the ones it learnt to reject (an empty
@@ -203,7 +205,7 @@ class SparseRanker:
             parts = [chunk(a) for a in starts]
         ptr = np.zeros(L + 1, np.int64)
         off = 0
-        for a, (cp, _, _) in zip(starts, parts):
+        for a, (cp, _, _) in zip(starts, parts, strict=True):
             ptr[a + 1 : a + cp.size] = cp[1:] + off
             off += int(cp[-1])
         idx = np.concatenate([q[1] for q in parts]) if parts else np.zeros(0, np.int32)

@@ -1,4 +1,5 @@
-"""Training loops: Module I (surrogate meta-labels) and Modules III/IV + re-ranker (shortlisted 1-vs-all).
+"""Training loops: Module I (surrogate meta-labels) and Modules III/IV + re-ranker (shortlisted
+1-vs-all).
 
 Batches are vectorised: a batch's candidate labels are the union of its points' positives and
 shortlists, scored as one [B, U] matrix against gathered classifier rows; the embedding table
@@ -29,7 +30,9 @@ class RowAdam:
 
     def __init__(self, table: torch.Tensor, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
         self.table, self.lr, self.betas, self.eps = table, lr, betas, eps
-        self.m = self.v = None  # allocated on the first step (frozen tables never pay for them)
+        # allocated on the first step (frozen tables never pay for them)
+        self.m: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
         self.t = 0
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
@@ -39,8 +42,9 @@ class RowAdam:
     def step(self, rows: torch.Tensor, grad: torch.Tensor | None) -> None:
         if grad is None:
             return
-        if self.m is None:
+        if self.m is None or self.v is None:
             self.m, self.v = torch.zeros_like(self.table), torch.zeros_like(self.table)
+        m_all, v_all = self.m, self.v
         self.t += 1
         b1, b2 = self.betas
         if self.table.device.type == "cpu" and self.table.dtype == torch.float32:
@@ -50,8 +54,8 @@ class RowAdam:
                 rows.numpy(),
                 grad.contiguous().numpy(),
                 self.table.detach().numpy(),
-                self.m.numpy(),
-                self.v.numpy(),
+                m_all.numpy(),
+                v_all.numpy(),
                 np.float32(self.lr / (1 - b1**self.t)),
                 np.float32(b1),
                 np.float32(b2),
@@ -59,10 +63,10 @@ class RowAdam:
                 np.float32((1 - b2**self.t) ** -0.5),
             )
             return
-        m = self.m.index_select(0, rows).mul_(b1).add_(grad, alpha=1 - b1)
-        v = self.v.index_select(0, rows).mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        self.m.index_copy_(0, rows, m)
-        self.v.index_copy_(0, rows, v)
+        m = m_all.index_select(0, rows).mul_(b1).add_(grad, alpha=1 - b1)
+        v = v_all.index_select(0, rows).mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        m_all.index_copy_(0, rows, m)
+        v_all.index_copy_(0, rows, v)
         upd = (m / (1 - b1**self.t)).div_((v / (1 - b2**self.t)).sqrt_().add_(self.eps))
         self.table.data.index_add_(0, rows, upd, alpha=-self.lr)
 
@@ -227,7 +231,7 @@ def train_shortlisted(
         fused = False
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    n, L = Y.shape
+    n = Y.shape[0]
     cand = _candidates(Y, negatives)
     if dev.type != "cpu":
         encoder.to(dev)
