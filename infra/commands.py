@@ -27,6 +27,7 @@ BENCH_COMMANDS: dict[str, str] = {
     "broker": "bench.broker:bench_broker",
     "gru": "bench.gru_serving:bench_gru",
     "predict": "bench.engine_predict:bench_predict",
+    "redis": "bench.redis_memory:bench_redis",
 }
 
 # Commands a group gains from a layer above its own: the simulator cannot import the
