@@ -211,3 +211,30 @@ def test_out_of_memory_raises_and_evicting_policy_is_reported(stream_settings, c
         r.config_set("maxmemory", old[0])
         r.config_set("maxmemory-policy", old[1]["maxmemory-policy"])
     assert check_eviction_policy(r) == "noeviction"
+
+
+@pytest.mark.services
+def test_memory_bench_accounts_every_key_and_dedupe_does_not_grow_with_events(stream_settings):
+    """`astec bench redis` at a tiny scale: every key the run wrote is counted and expires,
+    and doubling the events per user leaves the per-user dedupe list's size where N caps it,
+    while the old layout's per-event keys double with them."""
+    from bench.redis_memory import measure
+
+    r = connect(stream_settings.redis_url)
+    rows = {
+        (layout, n): measure(r, layout, n, 20, k=4, dedup_n=8, dim=16, top_k=3)
+        for layout in ("new", "old")
+        for n in (600, 1200)
+    }
+    for (layout, n), row in rows.items():
+        assert row["active_users"] == 20 and row["keys_without_ttl"] == 0
+        assert row["by_kind"]["states"]["keys"] == 20
+        if layout == "new":
+            assert row["keys"] == 40 and row["by_kind"]["eids"]["keys"] == 20
+        else:
+            assert row["keys"] == 20 + n and row["by_kind"]["seen"]["keys"] == n
+    new_small, new_big = rows["new", 600]["by_kind"]["eids"], rows["new", 1200]["by_kind"]["eids"]
+    assert new_small["bytes"] == new_big["bytes"]  # N = 8 hashes per user either way
+    old_small, old_big = rows["old", 600]["by_kind"]["seen"], rows["old", 1200]["by_kind"]["seen"]
+    assert old_big["bytes"] >= 1.9 * old_small["bytes"]
+    assert not list(r.scan_iter("astec-bench-*"))  # the bench deletes what it wrote
