@@ -1,4 +1,5 @@
-"""Durable click logs: JSON-lines schemas, a date-partitioned append-only writer, a validating reader.
+"""Durable click logs: JSON-lines schemas, a date-partitioned append-only writer, a validating
+reader.
 
 Layout: LOG_DIR/<kind>/<YYYY-MM-DD>/part-<writer>.jsonl, one JSON object a line, the date being the
 UTC date of the record's `ts` (seconds since the epoch). Each writer process appends to its own part
@@ -24,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +177,11 @@ class ClickLogWriter:
         self.kind, self.writer_id = kind, writer_id
         self.fsync, self.validate_records = fsync, validate_records
         self._date: str | None = None
-        self._f = None
+        self._f: BinaryIO | None = None
         self.written = 0
 
-    def _open(self, date: str):
-        if self._date == date:
+    def _open(self, date: str) -> BinaryIO:
+        if self._date == date and self._f is not None:
             return self._f
         self.close()
         path = self.root / date / f"part-{self.writer_id}.jsonl"
@@ -214,7 +215,7 @@ class ClickLogWriter:
         """Append (date, line) pairs from `encode`; one write per date run, flushed (and fsynced
         when asked) before return."""
         buf: list[bytes] = []
-        date = None
+        date = ""
         n = 0
         for d, line in lines:
             if d != date and buf:
@@ -282,7 +283,10 @@ class ReadReport:
         }
 
     def summary(self) -> str:
-        s = f"{self.kind}: {self.records} records from {self.files} files, {self.corrupt} corrupt lines skipped"
+        s = (
+            f"{self.kind}: {self.records} records from {self.files} files, "
+            f"{self.corrupt} corrupt lines skipped"
+        )
         if self.corrupt:
             s += " (" + ", ".join(f"{k}: {v}" for k, v in self.reasons.most_common()) + ")"
         if self.duplicates:

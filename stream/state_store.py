@@ -185,15 +185,19 @@ class EventWindow(_Scripted):
     def seen(self, keys: list[str], event_ids: list[str]) -> list[bool | str]:
         """Per event: True if remembered, False if not, or the reason Redis refused it."""
         pipe = self.client.pipeline(transaction=False)
-        for k, e in zip(keys, event_ids):
-            pipe.lpos(k, event_hash(e))
+        for k, e in zip(keys, event_ids, strict=True):
+            pipe.lpos(k, event_hash(e))  # type: ignore[arg-type]  # bytes go out as they are
         return [_reason(r) if isinstance(r, Exception) else r is not None for r in _run(pipe)]
 
     def remember(self, keys: list[str], event_ids: list[str]) -> list[bool | str]:
         """Remember each event id under its key; per event: True if it was new, False if it was
         already there, or the reason Redis refused it."""
         res = self._evalsha_batch(
-            _REMEMBER, [([k], [event_hash(e), self.n, self.ttl_s]) for k, e in zip(keys, event_ids)]
+            _REMEMBER,
+            [
+                ([k], [event_hash(e), self.n, self.ttl_s])
+                for k, e in zip(keys, event_ids, strict=True)
+            ],
         )
         return [_reason(r) if isinstance(r, Exception) else bool(r) for r in res]
 
@@ -252,15 +256,15 @@ class StateStore(_Scripted):
                     self.dedup_n,
                 ],
             )
-            for uid, st in zip(user_ids, states)
+            for uid, st in zip(user_ids, states, strict=True)
         ]
         results = self._evalsha_batch(_APPEND, calls)
         errors = [_reason(r) if isinstance(r, Exception) else None for r in results]
-        fresh = [e is None and bool(r[0]) for r, e in zip(results, errors)]
+        fresh = [e is None and bool(r[0]) for r, e in zip(results, errors, strict=True)]
         if not with_history:
             return fresh, [[] for _ in states], errors
-        hists = []
-        for r, st, e in zip(results, states, errors):
+        hists: list[list[UserState]] = []
+        for r, st, e in zip(results, states, errors, strict=True):
             if e is not None:
                 hists.append([])
                 continue
@@ -270,10 +274,7 @@ class StateStore(_Scripted):
 
     def history(self, user_id: str) -> list[UserState]:
         """A user's stored states, oldest first."""
-        return [
-            UserState.decode(raw)
-            for raw in reversed(self.client.lrange(self.states_key(user_id), 0, -1))
-        ]
+        return self.histories([user_id])[0]
 
     def histories(self, user_ids: list[str]) -> list[list[UserState]]:
         pipe = self.client.pipeline(transaction=False)
