@@ -2,10 +2,10 @@
 
 A broker may not cost the same per message on a long log as on a fresh one (the memory-only
 development broker this project used before Apache Kafka did not), and on a small box the broker
-shares the cores with the consumers, so its cost shows up as event latency. This probes the broker that `astec infra up`
-started (its PID is in services.json): at each log size, messages are produced one by one at a
-fixed rate to partition 0 of a fresh probe topic while a consumer reads them, and the broker
-process's CPU time is read with psutil.
+shares the cores with the consumers, so its cost shows up as event latency. This probes the broker
+that `astec infra up` started (its PID is in services.json): at each log size, messages are
+produced one by one at a fixed rate to partition 0 of a fresh probe topic while a consumer reads
+them, and the broker process's CPU time is read with psutil.
 
 The options separate what the cost could grow with: `--fill-batch` (messages per produce
 request while growing the log: messages vs stored batches), `--partitions` (the log is spread
@@ -15,6 +15,7 @@ over N partitions and only partition 0 is probed: the partition vs the topic) an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -184,10 +185,9 @@ def probe(
         prod.close(timeout=5)
         filler.close(timeout=5)
         cons.close()
-        try:
+        # best effort: a leftover probe topic is harmless
+        with contextlib.suppress(Exception):
             admin.delete_topics([topic] + ([idle_topic] if idle_messages else []))
-        except Exception:  # noqa: BLE001 - best effort: a leftover probe topic is harmless
-            pass
         admin.close()
     return rows
 
@@ -250,11 +250,15 @@ def bench_broker(services_dir, sizes, messages, rate, partitions, fill_batch, id
     try:
         _cpu_seconds(info.kafka.pid)
     except psutil.Error:
-        raise click.ClickException(f"{d}: the broker (pid {info.kafka.pid}) is not running")
+        raise click.ClickException(
+            f"{d}: the broker (pid {info.kafka.pid}) is not running"
+        ) from None
     try:
         size_list = [int(x) for x in sizes.split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"not a list of integers: {sizes!r}", param_hint="--sizes")
+        raise click.BadParameter(
+            f"not a list of integers: {sizes!r}", param_hint="--sizes"
+        ) from None
     opts = load_settings(services_dir=d).kafka_python_options()
     rows = probe(
         opts, info.kafka.pid, size_list, messages, rate, partitions, fill_batch, idle_messages

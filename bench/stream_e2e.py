@@ -28,17 +28,18 @@ import tempfile
 import threading
 import time
 import uuid
+from itertools import pairwise
 from pathlib import Path
 
 import click
 import numpy as np
 
-from stream.settings import Settings, load_settings, settings_env
-from stream.consumer_metrics import STAGES, read_all
-from stream.schemas import decode, encode
-from stream.state_store import connect
 from bench.stream_load import CLIENTS, AdReader, default_client, make_load_producer
 from stream.cli_stream import checked_model
+from stream.consumer_metrics import STAGES, read_all
+from stream.schemas import encode
+from stream.settings import Settings, load_settings, settings_env
+from stream.state_store import connect
 from stream.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +130,7 @@ class _CpuMeter:
             q = n // 4
             out["first_quarter"] = self._cores(self.samples[0], self.samples[q])
             out["last_quarter"] = self._cores(self.samples[n - 1 - q], self.samples[-1])
-        self.per_second = [self._cores(a, b) for a, b in zip(self.samples, self.samples[1:])]
+        self.per_second = [self._cores(a, b) for a, b in pairwise(self.samples)]
         out["peak_rss_mb"] = {k: round(v, 1) for k, v in self.rss_mb.items()}
         return out
 
@@ -256,7 +257,8 @@ class _Pipeline:
                 time.sleep(0.2)
             else:
                 raise click.ClickException(f"workers did not join the group; log {self.wlog.name}")
-            # worker start + group join until every partition is owned (4.3-5.7 s at 4-32 partitions)
+            # worker start + group join until every partition is owned
+            # (4.3-5.7 s at 4-32 partitions)
             self.join_s = round(time.monotonic() - t_start, 2)
             warm = [f"warm-{i}" for i in range(500)]
             _send(self.producer, s, self.titles, warm, self.users, None)
@@ -309,29 +311,32 @@ def run_bench(
 ) -> dict:
     load0 = os.getloadavg()[0]  # the box is shared: say how busy it was
     load_client = load_client or default_client()
-    wlog = tempfile.NamedTemporaryFile(prefix="astec-bench-workers-", suffix=".log", delete=False)
-    traces: list[dict] = []
-    runs = []
-    for delivery in deliveries or [settings.delivery]:
-        runs.append(
-            _run_mode(
-                settings,
-                model,
-                titles,
-                events,
-                workers,
-                rates,
-                paced_seconds,
-                users,
-                batch_max,
-                service_pids or {},
-                load_client,
-                delivery,
-                wlog,
-                traces,
-                log,
+    # kept after the run (delete=False): the report names it
+    with tempfile.NamedTemporaryFile(
+        prefix="astec-bench-workers-", suffix=".log", delete=False
+    ) as wlog:
+        traces: list[dict] = []
+        runs = []
+        for delivery in deliveries or [settings.delivery]:
+            runs.append(
+                _run_mode(
+                    settings,
+                    model,
+                    titles,
+                    events,
+                    workers,
+                    rates,
+                    paced_seconds,
+                    users,
+                    batch_max,
+                    service_pids or {},
+                    load_client,
+                    delivery,
+                    wlog,
+                    traces,
+                    log,
+                )
             )
-        )
     if trace:
         Path(trace).write_text(json.dumps({"paced": traces}) + "\n")
     return {
@@ -448,7 +453,7 @@ def _run_mode(
             {
                 "rate": r,
                 "events": n2,
-                "answered": int(len(arr)),
+                "answered": len(arr),
                 "complete": ok2,
                 "seconds": round(send_s, 1),
                 "achieved_send_rate": round(n2 / send_s, 1),

@@ -110,7 +110,7 @@ def _explain(
                             "score": round(float(s), 4),
                             "evidence": "none (prior)",
                         }
-                        for i, s in zip(ids.tolist(), scores.tolist())
+                        for i, s in zip(ids.tolist(), scores.tolist(), strict=True)
                         if i >= 0
                     ]
                 ),
@@ -184,7 +184,7 @@ def page_predict(src: Sources) -> None:
     names = [v.version for v in versions]
     cols = st.columns(2)
     shown = []
-    for c, (label, default) in zip(cols, (("Version A", 0), ("Version B", 1))):
+    for c, (label, default) in zip(cols, (("Version A", 0), ("Version B", 1)), strict=True):
         with c:
             v = st.selectbox(label, names, index=default, key=f"ver-{label[-1]}")
             vref = versions[names.index(v)]
@@ -256,7 +256,7 @@ def page_users(src: Sources) -> None:
             f"`{users.states_key(src.prefix, uid)}`): unknown user, or the state expired."
         )
         return
-    ref, pred = _current_predictor(src)
+    _ref, pred = _current_predictor(src)
     names = pred.label_names if pred is not None else None
     policy, how = None, "the top1 rule (the page's best query): no GRU policy found"
     if src.policy_dir is not None:
@@ -384,7 +384,7 @@ def page_users(src: Sources) -> None:
     c = st.columns(3)
     c[0].metric("Ad impressions (log)", n_imp)
     c[1].metric("Clicks", len(clicks))
-    c[2].metric("CTR", f"{100 * len(clicks) / n_imp:.1f}%" if n_imp else "–")
+    c[2].metric("CTR", f"{100 * len(clicks) / n_imp:.1f}%" if n_imp else "-")
     if clicks:
         st.dataframe(
             pd.DataFrame(
@@ -508,7 +508,7 @@ def page_offline(src: Sources) -> None:
     st.subheader("Each label-frequency bin's share of P@5")
     bins, why_not = [], []
     for r in runs:
-        for path, ev in r.evaluations:
+        for path, _ev in r.evaluations:
             try:
                 res = _bins(str(path), path.stat().st_mtime)
             except Exception as e:  # noqa: BLE001 - say which file, keep the page

@@ -1,4 +1,5 @@
-"""Stream health from the per-consumer snapshots the workers publish to Redis (stream.consumer_metrics).
+"""Stream health from the per-consumer snapshots the workers publish to Redis
+(stream.consumer_metrics).
 
 Each consumer rewrites its hash every metrics_interval_s with a 120 s TTL, so a consumer that
 died disappears after two minutes; before that its `updated_at` stops moving and it is flagged
@@ -71,7 +72,8 @@ def _value(key: str, v):
 def consumer_health(
     client: redis.Redis, prefix: str, interval_s: float = 1.0, now: float | None = None
 ) -> Health:
-    """Read every live consumer's snapshot; a consumer silent for > max(5 s, 5 intervals) is stale."""
+    """Read every live consumer's snapshot; a consumer silent for > max(5 s, 5 intervals) is
+    stale."""
     now = time.time() if now is None else now
     stale_after = max(5.0, 5 * interval_s)
     rows = []

@@ -133,9 +133,10 @@ def is_evaluation(obj: dict | None) -> bool:
 
 def _scan_run(run: Run) -> Run:
     """Fill train_log and evaluations from run.path and one directory level below it."""
-    dirs = [run.path] + sorted(
-        d for d in run.path.iterdir() if d.is_dir() and not d.name.startswith(".")
-    )
+    dirs = [
+        run.path,
+        *sorted(d for d in run.path.iterdir() if d.is_dir() and not d.name.startswith(".")),
+    ]
     for d in dirs:
         tl = d / "train_log.json"
         if run.train_log is None and tl.is_file():
@@ -263,7 +264,7 @@ def summary_rows(
                     }
                 )
         if not tl and not r.evaluations and not isinstance(hold, dict):
-            rows.append({**base, "source": "no metrics files", **{k: None for k in metric_keys}})
+            rows.append({**base, "source": "no metrics files", **dict.fromkeys(metric_keys)})
     return rows
 
 

@@ -109,7 +109,7 @@ def proposers(pred, text: str, ids) -> list[list[str]]:
     lt = getattr(pred, "label_text", None)
     if lt is not None and getattr(pred, "label_text_weight", 0) > 0 and ids:
         m = lt.scores([lt.title_ids(text)], np.zeros(len(ids), np.int64), np.array(ids))
-        for i, x in zip(ids, m.tolist()):
+        for i, x in zip(ids, m.tolist(), strict=True):
             if x > 0:
                 found[i].add(NAME)
     order = (KNN, CENTRES, NAME, PRIOR)
@@ -123,7 +123,9 @@ def prediction_rows(pred, text: str, k: int, short: bool = False) -> list[dict]:
     """The top-k queries of `text` with their scores and proposers, best first (`short`: the
     proposers' one-word names, for narrow side-by-side tables)."""
     ids, scores = pred.predict_one(text, k)
-    keep = [(int(i), float(s)) for i, s in zip(ids.tolist(), scores.tolist()) if i >= 0]
+    keep = [
+        (int(i), float(s)) for i, s in zip(ids.tolist(), scores.tolist(), strict=True) if i >= 0
+    ]
     who = proposers(pred, text, [i for i, _ in keep])
     names = pred.label_names
     return [
@@ -134,7 +136,7 @@ def prediction_rows(pred, text: str, k: int, short: bool = False) -> list[dict]:
             "proposed by": ", ".join(SHORT[x] if short else x for x in w) or "(re-scored only)",
             "id": i,
         }
-        for r, ((i, s), w) in enumerate(zip(keep, who))
+        for r, ((i, s), w) in enumerate(zip(keep, who, strict=True))
     ]
 
 

@@ -73,8 +73,8 @@ def recent_users(client: redis.Redis, prefix: str, limit: int = 50) -> list[str]
     pat = f"{prefix}:{{user:*}}:states"
     head, tail = f"{prefix}:{{user:", "}:states"
     out = []
-    for key in client.scan_iter(match=pat, count=500):
-        key = key.decode() if isinstance(key, bytes) else key
+    for raw in client.scan_iter(match=pat, count=500):
+        key = raw.decode() if isinstance(raw, bytes) else raw
         out.append(unquote(key[len(head) : -len(tail)], errors="surrogatepass"))
         if len(out) >= limit:
             break
@@ -124,12 +124,12 @@ def rankings(
             continue
         best: dict[int, float] = {}
         for s in states[max(0, i - policy.K + 1) : i + 1]:
-            for q, sc in zip(s.query_ids.tolist(), s.scores.tolist()):
+            for q, sc in zip(s.query_ids.tolist(), s.scores.tolist(), strict=True):
                 best[q] = max(best.get(q, 0.0), float(sc))
         out.append(
             [
                 (_name(names, int(q)), float(p), best.get(int(q), 0.0))
-                for q, p in zip(r[0][:top].tolist(), r[1][:top].tolist())
+                for q, p in zip(r[0][:top].tolist(), r[1][:top].tolist(), strict=True)
             ]
         )
     return out
@@ -147,8 +147,11 @@ def visits(
     ranks = rankings(states, policy, names, top)
     logged = logged or {}
     out = []
-    for s, (q, qs), rk in zip(states, chosen, ranks):
-        tq = [(_name(names, int(i)), float(sc)) for i, sc in zip(s.query_ids[:top], s.scores[:top])]
+    for s, (q, qs), rk in zip(states, chosen, ranks, strict=True):
+        tq = [
+            (_name(names, int(i)), float(sc))
+            for i, sc in zip(s.query_ids[:top], s.scores[:top], strict=True)
+        ]
         out.append(
             Visit(
                 ts=s.ts,
@@ -166,7 +169,7 @@ def visits(
 
 
 def _when(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def visit_rows(vs: list[Visit]) -> list[dict]:

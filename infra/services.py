@@ -1,4 +1,5 @@
-"""Start, check and stop the real loopback services: an Apache Kafka broker (KRaft) and redis-server.
+"""Start, check and stop the real loopback services: an Apache Kafka broker (KRaft) and
+redis-server.
 
 Kafka runs as one JVM that is both broker and controller, from the jars `make install` resolved
 with Maven into infra/kafka/lib (infra/kafka/pom.xml pins them; nothing is downloaded here). Its
@@ -83,7 +84,7 @@ class ServicesInfo:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "ServicesInfo":
+    def from_json(cls, d: dict) -> ServicesInfo:
         k = {f: d["kafka"][f] for f in ("pid", "port", "binary", "log")}
         r = {f: d["redis"][f] for f in ("pid", "port", "binary", "log")}
         return cls(
@@ -158,7 +159,7 @@ def java_binary() -> str:
     hint = "install OpenJDK 17 or later (Debian: apt-get install openjdk-17-jre-headless)"
     if not path:
         raise ServiceError(f"java not found on PATH or in $JAVA_HOME: {hint}")
-    out = subprocess.run([path, "-version"], capture_output=True, text=True).stderr
+    out = subprocess.run([path, "-version"], capture_output=True, text=True, check=False).stderr
     m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
     major = int(m.group(1)) if m else 0
     if major == 1 and m and m.group(2):
@@ -236,12 +237,12 @@ def kafka_answers(bootstrap: str, password: str = "", timeout_s: float = 3.0) ->
     with socket.create_connection((host, int(port)), timeout=timeout_s):
         pass
     sasl = (
-        dict(
-            security_protocol="SASL_PLAINTEXT",
-            sasl_mechanism="PLAIN",
-            sasl_plain_username=KAFKA_USER,
-            sasl_plain_password=password,
-        )
+        {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "PLAIN",
+            "sasl_plain_username": KAFKA_USER,
+            "sasl_plain_password": password,
+        }
         if password
         else {}
     )
@@ -398,6 +399,7 @@ def start_kafka(
             capture_output=True,
             text=True,
             timeout=120,
+            check=False,
         )
         if res.returncode != 0:
             raise ServiceError(
@@ -408,7 +410,7 @@ def start_kafka(
     proc = _spawn(
         [
             java,
-            f"-Xms128m",
+            "-Xms128m",
             f"-Xmx{KAFKA_HEAP}",
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",

@@ -105,7 +105,7 @@ def load_policy(model_dir: str | Path) -> tuple[dict[str, np.ndarray], dict, byt
     missing = [k for k in WEIGHT_SHAPES if k not in weights]
     if missing:
         raise PolicyFileError(f"{wpath}: tensors {missing} missing")
-    H3, D = weights["gru.w_ih"].shape
+    H3, _D = weights["gru.w_ih"].shape
     H = weights["gru.w_hh"].shape[1]
     Q = weights["user.w"].shape[0]
     if (

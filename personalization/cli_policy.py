@@ -61,11 +61,12 @@ def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
 
 def _fmt_table(metrics: dict, cols: list[str]) -> str:
     width = [max(12, len(c)) + 1 for c in cols]
-    head = f"{'policy':<15}" + "".join(f"{c:>{w}}" for c, w in zip(cols, width))
+    head = f"{'policy':<15}" + "".join(f"{c:>{w}}" for c, w in zip(cols, width, strict=True))
     lines = [head, "-" * len(head)]
     for p, m in metrics.items():
         lines.append(
-            f"{p:<15}" + "".join(f"{m.get(c, float('nan')):>{w}.4f}" for c, w in zip(cols, width))
+            f"{p:<15}"
+            + "".join(f"{m.get(c, float('nan')):>{w}.4f}" for c, w in zip(cols, width, strict=True))
         )
     return "\n".join(lines)
 
@@ -110,6 +111,11 @@ def run_evaluation(
     return out
 
 
+def _interval(ci) -> str:
+    """A 95% interval [lo, hi] as lo..hi."""
+    return f"{ci[0]:.4f}..{ci[1]:.4f}"
+
+
 def print_value(val: dict) -> None:
     """The table that decides: actual CTR (simulator), SNIPS / DR (logs), support, ESS."""
     pol = val["policies"]
@@ -127,10 +133,10 @@ def print_value(val: dict) -> None:
         r = pol[p]
         line = f"{p:<15}{r['intent_hit']:>11.4f}"
         if judged:
-            line += f"{r['actual_ctr']:>11.4f}{'%.4f..%.4f' % tuple(r['actual_ctr_ci95']):>18}"
+            line += f"{r['actual_ctr']:>11.4f}{_interval(r['actual_ctr_ci95']):>18}"
         if "dr" in r:
             line += (
-                f"{r['snips']:>8.4f}{r['dr']:>8.4f}{'%.4f..%.4f' % tuple(r['dr_ci95']):>18}"
+                f"{r['snips']:>8.4f}{r['dr']:>8.4f}{_interval(r['dr_ci95']):>18}"
                 f"{r['in_support']:>9.2f}{r['ess']:>8.0f}"
             )
             if judged:  # does the logs-only estimate's interval hold the simulator's truth?
@@ -630,7 +636,7 @@ def evaluate(logs, models, policy_dirs, world, val_frac, n_boot, json_out, oracl
             "\ntargets per policy: ratio to best baseline / paired lower bound / gap "
             "closed / intent hit - sim_rank"
         )
-        for pol, r in zip(policies, reps):
+        for pol, r in zip(policies, reps, strict=True):
             t, val = r["value"]["targets"], r["value"]
             click.echo(
                 f"  {pol.version}: {t['ctr_ratio_vs_best']:.3f} ({val['best_baseline']}) "

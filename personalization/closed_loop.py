@@ -237,9 +237,9 @@ def run_loop(
     from engine.predictor import Predictor
     from personalization import policy as P
     from personalization.cli_policy import resolve_predictor_dir
-    from personalization.visits import load_visits
     from personalization.policy import GruPolicy
     from personalization.train import TrainConfig, publish, train_policy
+    from personalization.visits import load_visits
     from simulator.world import load_world
 
     world = load_world(world_dir)
@@ -294,7 +294,7 @@ def run_loop(
         rec = {
             "round": rnd,
             "policy": str(policy.version),
-            "visits": int(len(shown)),
+            "visits": len(shown),
             "served_ctr": float(p_shown.mean()),
             "greedy_ctr": float(p_greedy.mean()),
             "clicks": int(clicked.sum()),

@@ -97,7 +97,7 @@ def normalise_rows(x: np.ndarray) -> np.ndarray:
 def block_starts(ts: np.ndarray, state_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(starts [B,K] bool: state follows a gap >= BLOCK_GAP_S or is the first,
     in_block [B,K] bool: state is in the current page's block)."""
-    B, K = state_mask.shape
+    _B, K = state_mask.shape
     starts = state_mask.copy()
     if K > 1:
         starts[:, 1:] &= ~state_mask[:, :-1] | (ts[:, 1:] - ts[:, :-1] >= BLOCK_GAP_S)
@@ -217,7 +217,7 @@ def build_batch(
     else:
         feats[..., n_sel + 3 :] = 0.0
     feats *= cand_mask[..., None]
-    zz = np.empty(z.shape[:2] + (z.shape[2] + 1,), np.float32)
+    zz = np.empty((*z.shape[:2], z.shape[2] + 1), np.float32)
     zz[..., :-1] = normalise_rows(z) * state_mask[..., None]
     zz[..., -1] = starts
     return EventBatch(

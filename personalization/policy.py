@@ -237,7 +237,7 @@ class GruPolicy:
             k = max(len(x) for x in ids)
             I = np.full((len(ids), k), -1, np.int64)
             S = np.zeros((len(ids), k), np.float32)
-            for r, (i, sc) in enumerate(zip(ids, scs)):
+            for r, (i, sc) in enumerate(zip(ids, scs, strict=True)):
                 I[r, : len(i)] = i
                 S[r, : len(sc)] = sc
         I[(I < 0) | (I >= self.n_labels)] = -1
@@ -261,7 +261,7 @@ class GruPolicy:
         self.maybe_reload()
         out: list = [None] * len(currents)
         rows, seqs = [], []
-        for b, (hist, cur) in enumerate(zip(histories, currents)):
+        for b, (hist, cur) in enumerate(zip(histories, currents, strict=True)):
             if not hist:
                 continue
             arr = self._clean(hist, cur)
@@ -322,7 +322,7 @@ class GruPolicy:
         """One (query id, score) per event; score = the policy's probability of that query."""
         ranked = self.rank_batch(histories, currents)
         res = []
-        for r, cur in zip(ranked, currents):
+        for r, cur in zip(ranked, currents, strict=True):
             if r is None or r[0].size == 0:
                 res.append(self._top_of(cur))
             else:
@@ -345,7 +345,7 @@ class GruPolicy:
         n = len(currents)
         rows, seqs = [], []
         cold_ids, cold_sc = [None] * n, [None] * n
-        for b, (hist, cur) in enumerate(zip(histories, currents)):
+        for b, (hist, cur) in enumerate(zip(histories, currents, strict=True)):
             arr = self._clean(hist, cur) if hist else None
             if hist and arr is None:
                 self.fallbacks += 1

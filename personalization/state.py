@@ -56,7 +56,7 @@ class UserState:
     @classmethod
     def from_visit(
         cls, event_id: str, ts: float, url: str, title: str, z, query_ids, scores
-    ) -> "UserState":
+    ) -> UserState:
         return cls(event_id, float(ts), text_hash(url), text_hash(title), z, query_ids, scores)
 
     def encode(self) -> bytes:
@@ -84,7 +84,7 @@ class UserState:
         )
 
     @classmethod
-    def decode(cls, raw: bytes) -> "UserState":
+    def decode(cls, raw: bytes) -> UserState:
         if len(raw) < _HEAD.size:
             raise StateFormatError(f"record of {len(raw)} bytes is shorter than its header")
         magic, ver, ts, uh, th, le, D, k = _HEAD.unpack_from(raw)
@@ -116,7 +116,7 @@ class UserState:
         }
 
     @classmethod
-    def from_json(cls, d: dict | str) -> "UserState":
+    def from_json(cls, d: dict | str) -> UserState:
         d = json.loads(d) if isinstance(d, str) else d
         return cls(
             d["event_id"],

@@ -225,7 +225,7 @@ def paired_bootstrap(
         "diff_ci95": np.percentile(diff, [2.5, 97.5]).tolist(),
         "lift": float(sa.sum() / max(sb.sum(), 1e-12) - 1),
         "lift_ci95": np.percentile(lift, [2.5, 97.5]).tolist(),
-        "users": int(len(u)),
+        "users": len(u),
     }
 
 
@@ -294,7 +294,7 @@ def crossfit_reward(
         else:
             th = fit_logistic(x_shown[tr], clicked[tr])
         r_shown[te] = predict_logistic(th, x_shown[te])
-        for r, x in zip(r_xs, xs):
+        for r, x in zip(r_xs, xs, strict=True):
             r[te] = predict_logistic(th, x[te])
     return r_shown, r_xs
 

@@ -125,7 +125,7 @@ def _session_codes(user: np.ndarray, ts: np.ndarray, sid: list[str | None]) -> n
         same_user = user[1:] == user[:-1]
         have = np.array([s is not None for s in sid])
         if have.all():
-            same = np.array([a == b for a, b in zip(sid[1:], sid[:-1])])
+            same = np.array([a == b for a, b in zip(sid[1:], sid[:-1], strict=True)])
         else:
             same = (ts[1:] - ts[:-1]) <= SESSION_GAP_S
         new[1:] = ~(same_user & same)
@@ -186,13 +186,16 @@ def load_visits(
         ok = (iu >= 0) & (cand >= 0)
         ok &= user[np.maximum(cand, 0)] == iu
         titles_ok = np.array(
-            [imps[j].get("title") in (None, views[max(c, 0)]["title"]) for j, c in zip(miss, cand)],
+            [
+                imps[j].get("title") in (None, views[max(c, 0)]["title"])
+                for j, c in zip(miss, cand, strict=True)
+            ],
             bool,
         )
         vi[miss] = np.where(ok & titles_ok, cand, -1)
     unknown_q = 0
     cand_of: dict[int, tuple[list, list]] = {}
-    for r, i in zip(imps, vi.tolist()):
+    for r, i in zip(imps, vi.tolist(), strict=True):
         if i < 0:
             continue
         q = name_to_id.get(r["query"], -1)

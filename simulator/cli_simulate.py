@@ -1,4 +1,4 @@
-"""`astec simulate world|logs`: build a synthetic (or dataset-backed) world and simulate its logs."""
+"""`astec simulate world|logs`: build a synthetic (or dataset-backed) world, simulate its logs."""
 
 from __future__ import annotations
 

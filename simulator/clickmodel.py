@@ -25,7 +25,8 @@ from simulator.world import World
 
 @dataclass(frozen=True)
 class ClickParams:
-    """p = base + intent * rel(q, intent) + page * rel(q, page) + pop * head(q), clipped to [0, 1]."""
+    """Click probability, clipped to [0, 1]:
+    p = base + intent * rel(q, intent) + page * rel(q, page) + pop * head(q)."""
 
     base: float = 0.005
     intent: float = 0.10  # weight of relevance to the session's latent intent

@@ -1,6 +1,7 @@
 """Simulated traffic on a world: search clicks, browsing sessions, and ad impressions/clicks.
 
-Written through engine.clicklog (date-partitioned JSON lines), so the same readers consume real logs:
+Written through engine.clicklog (date-partitioned JSON lines), so the same readers consume real
+logs:
   LOG_DIR/search_clicks/   {query, url, title, ts}              population-level search clicks
   LOG_DIR/page_views/      {event_id, user_id, session_id, ts, url, title}
   LOG_DIR/ad_impressions/  {event_id, user_id, session_id, ts, url, title, query, candidates,
@@ -23,7 +24,7 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,7 @@ class LogSettings:
 
 
 def _start_ts(day: str) -> float:
-    return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
 
 
 def _write(out: Path, kind: str, records, total: int, writer_id: str) -> int:
@@ -140,7 +141,8 @@ def simulate_sessions(world: World, rng, t0: float, s: LogSettings) -> Sessions:
 
 
 def logging_policy(world: World, ss: Sessions, rng, s: LogSettings):
-    """Candidates from the session's last `history` pages; epsilon-greedy on the page's top query."""
+    """Candidates from the session's last `history` pages; epsilon-greedy on the page's top
+    query."""
     V = len(ss.v_page)
     tops = world.top_queries(ss.v_page, s.per_page)
     cols = []
@@ -186,7 +188,7 @@ def simulate_logs(
         "search_clicks",
         (
             {"query": qt[q], "url": urls[p], "title": titles[p], "ts": round(t, 3)}
-            for p, q, t in zip(page.tolist(), query.tolist(), ts.tolist())
+            for p, q, t in zip(page.tolist(), query.tolist(), ts.tolist(), strict=True)
         ),
         len(ts),
         s.writer_id,
@@ -263,7 +265,7 @@ def simulate_logs(
                 "clicked": True,
                 "ts": round(t, 3),
             }
-            for i, t in zip(c_idx, c_ts)
+            for i, t in zip(c_idx, c_ts, strict=True)
         ),
         len(c_idx),
         s.writer_id,

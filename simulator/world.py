@@ -1,4 +1,5 @@
-"""A synthetic web: topics and sub-topics, a query catalogue, pages (url, title) and page -> queries.
+"""A synthetic web: topics and sub-topics, a query catalogue, pages (url, title) and
+page -> queries.
 
 Nobody outside a search engine has its click logs, so this builds a world with the statistics the
 paper leans on: Zipfian popularity of pages and queries, short texts (titles 3-12 words, queries
@@ -10,7 +11,8 @@ seconds. `world_from_dataset` builds the same structure on real text (a TSV data
 On disk (WORLD_DIR):
   world.json                   sizes, seed, source, generator settings
   queries.tsv                  id, text, topic, subtopic, popularity (header line first)
-  pages.jsonl                  {id, url, title, topic, subtopic, popularity, queries, query_weights[, split]}
+  pages.jsonl                  {id, url, title, topic, subtopic, popularity, queries,
+                               query_weights[, split]}
   subtopics.tsv                subtopic, topic, name
   users.jsonl                  {user_id, activity}  (sessions per day)
   truth/user_interests.jsonl   {user_id, subtopics, weights}  (evaluation only: latent interests)
@@ -165,8 +167,8 @@ def render_rows(vocab: np.ndarray, W: np.ndarray) -> list[str]:
     """Join each row's word ids (-1 = padding) with spaces (one gather, then one join per row)."""
     flat = vocab[W[W >= 0]].tolist()
     ends = np.cumsum((W >= 0).sum(axis=1)).tolist()
-    starts = [0] + ends[:-1]
-    return [" ".join(flat[i:j]) for i, j in zip(starts, ends)]
+    starts = [0, *ends[:-1]]
+    return [" ".join(flat[i:j]) for i, j in zip(starts, ends, strict=True)]
 
 
 def _row_dups(W: np.ndarray) -> np.ndarray:
@@ -246,7 +248,7 @@ def generate_world(
         raise ValueError("need at least 10 queries, 10 pages and 1 user")
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
-    T = n_topics or max(4, int(round(np.sqrt(n_queries) / 10)))
+    T = n_topics or max(4, round(np.sqrt(n_queries) / 10))
     S = subtopics_per_topic
     NS = T * S
     q_per_sub = n_queries / NS
@@ -378,7 +380,9 @@ def generate_world(
     p_topic = subtopic_topic[p_sub]
     urls = [
         f"https://www.{site[t]}.example/{a}-{b}/{i}"
-        for i, (t, a, b) in enumerate(zip(p_topic.tolist(), slug0.tolist(), slug1.tolist()))
+        for i, (t, a, b) in enumerate(
+            zip(p_topic.tolist(), slug0.tolist(), slug1.tolist(), strict=True)
+        )
     ]
 
     traffic = _pages_by_subtopic_weights(p_sub, p_pop, NS)
@@ -392,7 +396,7 @@ def generate_world(
         "n_topics": T,
         "subtopics_per_topic": S,
         "vocabulary": {"base_words": int(V0), "rare_codes": n_rare},
-        "links": int(len(lq)),
+        "links": len(lq),
         "generated_s": round(time.perf_counter() - t0, 2),
     }
     return World(
@@ -470,7 +474,7 @@ def world_from_dataset(
     Y.data[:] = 1
     rng = np.random.default_rng(seed)
     N = Y.shape[0]
-    T = n_topics or max(4, int(round(np.sqrt(L) / 10)))
+    T = n_topics or max(4, round(np.sqrt(L) / 10))
     S = subtopics_per_topic
     # label embedding: random projection of its points, smoothed one hop over co-occurrence
     R = rng.standard_normal((N, 64))
@@ -520,7 +524,7 @@ def world_from_dataset(
         "n_users": n_users,
         "n_topics": T,
         "subtopics_per_topic": S,
-        "links": int(len(lq)),
+        "links": len(lq),
     }
     return World(
         list(names),
@@ -564,6 +568,7 @@ def save_world(world: World, out: str | Path) -> Path:
                     world.query_topic.tolist(),
                     world.query_subtopic.tolist(),
                     world.query_pop.tolist(),
+                    strict=True,
                 )
             )
         )
@@ -589,7 +594,9 @@ def save_world(world: World, out: str | Path) -> Path:
         f.write("subtopic\ttopic\tname\n")
         f.writelines(
             f"{s}\t{t}\t{n}\n"
-            for s, (t, n) in enumerate(zip(world.subtopic_topic.tolist(), world.subtopic_name))
+            for s, (t, n) in enumerate(
+                zip(world.subtopic_topic.tolist(), world.subtopic_name, strict=True)
+            )
         )
     with open(out / "users.jsonl", "w", encoding="utf-8") as f:
         f.writelines(
@@ -654,7 +661,7 @@ def load_world(path: str | Path) -> World:
     bad = next((i for i, r in enumerate(rows) if len(r) != 5), None)
     if bad is not None:
         raise WorldFormatError(f"{qpath}:{bad + 2}: expected 5 tab-separated fields")
-    cols = list(zip(*rows)) if rows else [()] * 5
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 5
     q_text = list(cols[1])
     q_topic, q_sub = np.array(cols[2], np.int32), np.array(cols[3], np.int32)
     q_pop = np.array(cols[4], np.float64)

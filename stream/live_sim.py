@@ -16,8 +16,8 @@ import uuid
 
 import numpy as np
 
-from stream.settings import Settings
 from stream.schemas import SchemaError, decode, encode
+from stream.settings import Settings
 from stream.topics import make_consumer, make_producer
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class ClickResponder(threading.Thread):
                 page = np.array([ev[1] for _, ev in batch], np.int64)
                 p = click_probability(q, intent, page, world=self.world)
                 clicked = self.rng.random(len(batch)) < p
-                for (m, _), c in zip(batch, clicked):
+                for (m, _), c in zip(batch, clicked, strict=True):
                     self.producer.send(
                         self.s.topic_ad_clicks,
                         key=m["user_id"].encode(),

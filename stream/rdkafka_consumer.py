@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import namedtuple
-from typing import Callable
+from collections.abc import Callable
 
 from stream.settings import Settings
 
@@ -181,5 +181,5 @@ class RdConsumer:
                     log.warning("rewind of %s[%d] skipped: %s", tp.topic, tp.partition, exc)
 
     def close(self, autocommit: bool = False) -> None:
-        """Leave the group (auto commit is off, so nothing is committed here) and free the handle."""
+        """Leave the group (auto commit is off: nothing is committed here), free the handle."""
         self._c.close()

@@ -6,6 +6,7 @@ auto-creation) has the topics with the configured partitions; it is a no-op when
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -70,12 +71,10 @@ def ensure_topics(
     try:
         missing = [t for t in wanted if t not in set(admin.list_topics())]
         if missing:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another process was first
                 admin.create_topics(
                     [NewTopic(t, settings.partitions, settings.replication_factor) for t in missing]
                 )
-            except TopicAlreadyExistsError:
-                pass
         deadline = time.monotonic() + timeout_s
         while set(wanted) - set(admin.list_topics()):
             if time.monotonic() > deadline:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -140,6 +141,7 @@ def astec(*args: str, timeout: float = 600) -> str:
         text=True,
         timeout=timeout,
         cwd=os.path.dirname(os.path.dirname(__file__)),
+        check=False,
     )
     if res.returncode != 0:
         raise RuntimeError(
@@ -166,3 +168,35 @@ def astec_predictor(tmp_path_factory) -> str:
     )
     astec("export", "--model", str(d / "model"), "--out", str(d / "predictor"), "--threads", "1")
     return str(d / "predictor")
+
+
+@pytest.fixture(scope="session")
+def evaluation_json(astec_predictor, tmp_path_factory) -> Path:
+    """A real `astec evaluate --json` file for the fixture model on its own training lines."""
+    d = tmp_path_factory.mktemp("eval")
+    model = str(Path(astec_predictor).parent / "model")
+    train, labels = os.path.join(STREAM_DATA, "train.tsv"), os.path.join(STREAM_DATA, "labels.txt")
+    astec("predict", "--model", model, "--input", train, "--out", str(d / "pred.txt"), "--k", "5")
+    astec(
+        "evaluate",
+        "--test",
+        train,
+        "--labels",
+        labels,
+        "--pred",
+        str(d / "pred.txt"),
+        "--train",
+        train,
+        "--train-labels",
+        labels,
+        "--json",
+        str(d / "eval.json"),
+    )
+    return d / "eval.json"
+
+
+@pytest.fixture
+def redis_settings(services: Settings) -> Settings:
+    """The session's services with a Redis key prefix of this test's own (for tests that need
+    Redis only, not the Kafka topics `stream_settings` creates)."""
+    return services.replace(redis_key_prefix=f"astec-dash-{uuid.uuid4().hex[:8]}")

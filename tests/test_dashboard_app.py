@@ -16,10 +16,8 @@ from test_dashboard_data import (
     BENCH,
     _publish,
     _store_visits,
-    evaluation_json,  # noqa: F401
     make_registry,
     publish_series,
-    redis_settings,
     write_click_log,
 )
 
@@ -194,7 +192,7 @@ def test_offline_metrics_page_tables_and_module_timing(app_env, astec_predictor,
 def test_offline_metrics_peers_pk_and_frequency_bins(
     app_env, astec_predictor, evaluation_json, tmp_path, monkeypatch
 ):
-    v1, v2 = make_registry(tmp_path / "models", astec_predictor)
+    _v1, v2 = make_registry(tmp_path / "models", astec_predictor)
     (tmp_path / "models/versions" / v2 / "eval_test.json").write_text(evaluation_json.read_text())
     (tmp_path / "peers.json").write_text(json.dumps(BENCH))
     monkeypatch.setenv("ASTEC_DASHBOARD_BENCH", str(tmp_path / "peers.json"))

@@ -35,7 +35,6 @@ import pytest
 from test_dashboard_data import (
     BENCH,
     _store_visits,
-    evaluation_json,  # noqa: F401
     make_registry,
     publish_series,
     write_click_log,
@@ -223,8 +222,8 @@ def gru_root(astec_predictor, tmp_path_factory):
     `astec personalize train` publishes it."""
     from conftest import STREAM_DATA
     from engine.predictor import Predictor
-    from personalization.visits import load_visits
     from personalization.train import TrainConfig, publish, train_policy
+    from personalization.visits import load_visits
     from simulator.traffic import LogSettings, simulate_logs
     from simulator.world import world_from_dataset
 

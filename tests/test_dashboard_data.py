@@ -7,24 +7,14 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from pathlib import Path
 from unittest import mock
 
 import numpy as np
 import pytest
 
-from conftest import STREAM_DATA, astec
 from dashboard import health, models, offline, predictions, users
 from dashboard.sources import SourceError, find_logs, find_policy, mask_url, ping, redis_client
-
-
-@pytest.fixture
-def redis_settings(services):
-    """The session's services with a Redis key prefix of this test's own (the dashboard needs
-    Redis only, not the Kafka topics `redis_settings` creates)."""
-    return services.replace(redis_key_prefix=f"astec-dash-{uuid.uuid4().hex[:8]}")
-
 
 HOLDOUT = {"P@1": 41.5, "P@3": 30.25, "P@5": 22.0, "nDCG@5": 44.0, "PSP@1": 20.0, "PSP@5": 25.5}
 
@@ -55,38 +45,6 @@ def make_registry(root: Path, predictor_dir: str, n: int = 2) -> list[str]:
         reg.promote(st.version)
         ids.append(st.version)
     return ids
-
-
-_EVALUATION: dict = {}
-
-
-@pytest.fixture(scope="module")
-def evaluation_json(astec_predictor, tmp_path_factory) -> Path:
-    """A real `astec evaluate --json` file for the fixture model on its own training lines
-    (made once per session: the app and browser tests import this fixture too)."""
-    if astec_predictor in _EVALUATION:
-        return _EVALUATION[astec_predictor]
-    d = tmp_path_factory.mktemp("eval")
-    model = str(Path(astec_predictor).parent / "model")
-    train, labels = os.path.join(STREAM_DATA, "train.tsv"), os.path.join(STREAM_DATA, "labels.txt")
-    astec("predict", "--model", model, "--input", train, "--out", str(d / "pred.txt"), "--k", "5")
-    astec(
-        "evaluate",
-        "--test",
-        train,
-        "--labels",
-        labels,
-        "--pred",
-        str(d / "pred.txt"),
-        "--train",
-        train,
-        "--train-labels",
-        labels,
-        "--json",
-        str(d / "eval.json"),
-    )
-    _EVALUATION[astec_predictor] = d / "eval.json"
-    return d / "eval.json"
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -123,7 +81,7 @@ def test_resolve_predictor_says_what_is_missing(tmp_path):
     st = reg.stage("v-without-predictor")
     reg.commit(st)
     reg.promote(st.version)
-    with pytest.raises(models.ModelsError, match="v-without-predictor.*no exported predictor"):
+    with pytest.raises(models.ModelsError, match=r"v-without-predictor.*no exported predictor"):
         models.resolve_predictor(tmp_path / "reg")
 
 
@@ -204,7 +162,7 @@ def test_user_states_read_back_with_names_and_choice(
     assert bad == 0 and [st.event_id for st in states] == ["u1-e2", "u1-e3", "u1-e4", "u1-e5"]
     vs = users.visits(states, pred.label_names, policy=None, top=3)
     names = pred.label_names
-    for v, i in zip(vs, range(2, 6)):
+    for v, i in zip(vs, range(2, 6), strict=True):
         assert v.top_queries[0][0] == names[ids[i][0]]
         assert v.chosen == names[ids[i][int(np.argmax(scores[i]))]]
         assert len(v.top_queries) == 3
@@ -287,7 +245,7 @@ def test_nan_numbers_are_no_value():
 def test_unreachable_redis_is_a_clear_error_without_the_password():
     url = "redis://:s3cret@127.0.0.1:1/0"
     assert mask_url(url) == "redis://:***@127.0.0.1:1/0"
-    with pytest.raises(SourceError, match="unreachable.*astec infra up") as e:
+    with pytest.raises(SourceError, match=r"unreachable.*astec infra up") as e:
         ping(redis_client(url), url)
     assert "s3cret" not in str(e.value)
 
@@ -295,10 +253,10 @@ def test_unreachable_redis_is_a_clear_error_without_the_password():
 def test_users_chosen_query_by_a_trained_gru_policy(redis_settings, tmp_path):
     """With a GRU policy, visit i's chosen query is the policy's choice given visits 0..i-1
     (the first visit: cold start, the page's top query), as the stream would have chosen it."""
-    from test_personalization_policy import CFG, synthetic_visits, window_states
     from personalization.policy import GruPolicy
     from personalization.train import publish, train_policy
     from stream.state_store import StateStore, connect
+    from test_personalization_policy import CFG, synthetic_visits, window_states
 
     v, rows_w, _, _ = synthetic_visits()
     weights, report = train_policy(v, rows_w, CFG, progress=False)
@@ -321,7 +279,8 @@ def test_users_chosen_query_by_a_trained_gru_policy(redis_settings, tmp_path):
 
 # ---- time series of the stream metrics ----------------------------------------------------------
 class FakeClock:
-    """Stands in for the `time` module inside stream.consumer_metrics: publishes at chosen instants."""
+    """Stands in for the `time` module inside stream.consumer_metrics: publishes at chosen
+    instants."""
 
     def __init__(self, t0: float):
         self.t = t0

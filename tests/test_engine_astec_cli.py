@@ -1,4 +1,5 @@
-"""`astec train` / `astec predict` on a tiny TSV: model dir, prediction file, --text, clear errors."""
+"""`astec train` / `astec predict` on a tiny TSV: model dir, prediction file, --text, clear
+errors."""
 
 import json
 

@@ -39,7 +39,7 @@ def test_topk_rows_and_dense():
         T.tolist()
         == np.array([[0, 0.5, 0.3, 0], [0, 0, 0, 0], [0.2, 0, 0, 0.9]], np.float32).tolist()
     )
-    ids, sc = topk_dense_from_csr(M, 3)
+    ids, _sc = topk_dense_from_csr(M, 3)
     assert ids.tolist() == [[1, 2, 0], [-1, -1, -1], [3, 0, -1]]
 
 

@@ -12,22 +12,22 @@ from engine.astec.io import ModelDirError
 from engine.ranking_metrics import evaluate
 from engine.synthetic import zipf_dataset
 
-FAST = dict(
-    embedding_dim=32,
-    surrogate_epochs=4,
-    extreme_epochs=4,
-    reranker_epochs=2,
-    batch_size=64,
-    surrogate_lr=0.02,
-    extreme_lr=0.01,
-    finetune_lr=0.005,
-    num_threads=1,
-    shortlist_size=50,
-    predict_shortlist=50,
-    knn_neighbours=10,
-    centroid_neighbours=20,
-    head_min_points=30,
-)
+FAST = {
+    "embedding_dim": 32,
+    "surrogate_epochs": 4,
+    "extreme_epochs": 4,
+    "reranker_epochs": 2,
+    "batch_size": 64,
+    "surrogate_lr": 0.02,
+    "extreme_lr": 0.01,
+    "finetune_lr": 0.005,
+    "num_threads": 1,
+    "shortlist_size": 50,
+    "predict_shortlist": 50,
+    "knn_neighbours": 10,
+    "centroid_neighbours": 20,
+    "head_min_points": 30,
+}
 
 
 def fast(**kw) -> AstecConfig:
@@ -151,7 +151,7 @@ def test_tiny_label_sets_and_labels_without_points():
         )
     )  # label 2 has no training point
     m = Astec.train(texts, Y, fast(), progress=False)
-    ids, scores = m.predict(["apple", "car", ""], k=5)
+    ids, _scores = m.predict(["apple", "car", ""], k=5)
     assert ids.shape == (3, 5)
     assert ids[0, 0] == 0 and ids[1, 0] == 1
     assert (ids[:, 3:] == -1).all(), "only 3 labels exist, the rest is padding"
@@ -180,7 +180,7 @@ def test_duplicate_texts_and_ensemble(tmp_path):
     assert len(loaded.learners) == 2 and loaded.ensemble == m.ensemble
     man = json.loads((tmp_path / "e" / "manifest.json").read_text())
     (tmp_path / "e" / "manifest.json").write_text(json.dumps({**man, "ensemble": "median"}))
-    with pytest.raises(ModelDirError, match="manifest.json.*ensemble.*median"):
+    with pytest.raises(ModelDirError, match=r"manifest.json.*ensemble.*median"):
         Astec.load(tmp_path / "e")
     (tmp_path / "e" / "manifest.json").write_text(
         json.dumps({k: v for k, v in man.items() if k != "ensemble"})
@@ -256,6 +256,7 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
     """Module II's negatives, the re-ranker's mispredictions and the sparse ranker's shortlists
     are computed by chunks of rows (memory); any chunk size gives the same result."""
     import scipy.sparse as sp
+
     from engine.astec import model as astec_model
     from engine.astec.network import dense_bag
     from test_engine_predictor import _corpus, _train
@@ -281,7 +282,7 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
     whole = three()
     monkeypatch.setattr(astec_model, "_ROW_CHUNK", 37)
     chunked = three()
-    for w, c in zip(whole, chunked):
+    for w, c in zip(whole, chunked, strict=True):
         assert w.shape == c.shape and w.nnz > 0 and (w != c).nnz == 0
     m2, rr = whole[:2]
     assert m2.multiply(Y).nnz == 0 and rr.multiply(Y).nnz == 0  # never a positive

@@ -10,12 +10,12 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from bench.engine_peers import train_ratios
 from engine.astec import Astec, AstecConfig
 from engine.astec.config import available_cores, resolve_device, resolve_threads
 from engine.astec.network import Classifier, Encoder
 from engine.astec.sparse_ranker import SparseRanker, ranker_features
 from engine.astec.trainer import train_shortlisted, train_surrogate
-from bench.engine_peers import train_ratios
 from engine.synthetic import zipf_dataset
 
 
@@ -40,7 +40,7 @@ def test_fused_classifier_matches_torch_path():
     b = train_shortlisted(
         enc2, clf2, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, device="cpu", fused=False
     )
-    for ea, eb in zip(a, b):
+    for ea, eb in zip(a, b, strict=True):
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
     pairs = [
         (clf.weight.weight, clf2.weight.weight),
@@ -132,21 +132,21 @@ def test_model_trained_by_the_torch_path_predicts_like_a_cpu_model(tmp_path):
         noise=0.1,
         seed=1,
     )
-    cfg = dict(
-        embedding_dim=16,
-        surrogate_epochs=2,
-        extreme_epochs=2,
-        reranker_epochs=1,
-        batch_size=64,
-        num_threads=1,
-        shortlist_size=20,
-        predict_shortlist=20,
-        knn_neighbours=5,
-        centroid_neighbours=10,
-        sparse_ranker=False,
-        label_text=False,
-        fused_kernels=False,
-    )
+    cfg = {
+        "embedding_dim": 16,
+        "surrogate_epochs": 2,
+        "extreme_epochs": 2,
+        "reranker_epochs": 1,
+        "batch_size": 64,
+        "num_threads": 1,
+        "shortlist_size": 20,
+        "predict_shortlist": 20,
+        "knn_neighbours": 5,
+        "centroid_neighbours": 10,
+        "sparse_ranker": False,
+        "label_text": False,
+        "fused_kernels": False,
+    }
     m = Astec.train(texts[:700], Y[:700], AstecConfig.from_dict(cfg), progress=False)
     assert m.config.fused_kernels is False
     m.save(tmp_path / "m")

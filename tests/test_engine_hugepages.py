@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,7 @@ def _anon_huge_kb(addr: int) -> int:
 def test_memory_malloced_inside_is_collapsed_into_huge_pages(monkeypatch):
     monkeypatch.delenv("ASTEC_NO_HUGEPAGES", raising=False)
     try:
-        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
     except OSError:
         pytest.skip("no transparent huge pages here")
     if "[never]" in mode:

@@ -63,7 +63,7 @@ def test_candidates_are_every_label_matched_at_least_theta(theta):
     for i, t in enumerate(titles):
         m = lt.scores([t], np.zeros(len(names), np.int64), np.arange(len(names)))
         want |= {(i, j) for j in np.nonzero(m >= theta - 1e-6)[0].tolist()}
-    assert set(zip(rows.tolist(), labels.tolist())) == want
+    assert set(zip(rows.tolist(), labels.tolist(), strict=True)) == want
     assert len(want) >= 40  # at least every name finds itself
     # the predictor's compiled kernels find the same labels and add the same matches
     from engine import kernels
@@ -98,7 +98,7 @@ def test_predictor_adds_what_the_model_adds(tmp_path):
     export_model(tmp_path / "model", tmp_path / "pred", progress=False)
     p = Predictor.load(tmp_path / "pred")
     assert p.label_text_weight == 0.2
-    test = texts[480:] + [names[3], "", "zzzz unknown"]
+    test = [*texts[480:], names[3], "", "zzzz unknown"]
     ids_t, sc_t = assert_model_parity(_model_like(model, tmp_path / "pred"), p, test)
     # labels only their names find join the shortlists of both implementations
     lr, probe = model.learners[0], names[:300]
@@ -110,7 +110,7 @@ def test_predictor_adds_what_the_model_adds(tmp_path):
     ]
     assert any(j == i for i, j in added)  # a title that is a label's name finds it
     rows, labels = p._name_candidates(p._title_rows(probe))
-    assert set(added) <= set(zip(rows.tolist(), labels.tolist()))
+    assert set(added) <= set(zip(rows.tolist(), labels.tolist(), strict=True))
     # without the match the same learners rank differently on some titles
     model.label_text = None
     ids_0, sc_0 = model.predict(test, k=10)
@@ -152,6 +152,7 @@ def test_export_without_label_text_serves_the_model_without_it(tmp_path):
     """`astec export --no-label-text` gives the model's predictions without the match (what
     bench predict's parity then compares against)."""
     from click.testing import CliRunner
+
     from engine.cli_export import export as export_cmd
 
     texts, _, names = _corpus()

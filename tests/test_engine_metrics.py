@@ -135,8 +135,8 @@ def reference(Y_rows, ranked, ip, k):
     psp_den = np.zeros(k)
     psn_num = np.zeros(k)
     psn_den = np.zeros(k)
-    for true, pred in zip(Y_rows, ranked):
-        true = set(true)
+    for row, pred in zip(Y_rows, ranked, strict=True):
+        true = set(row)
         best = sorted(true, key=lambda l: (-ip[l], l))
         for kk in range(1, k + 1):
             top = pred[:kk]
@@ -144,10 +144,13 @@ def reference(Y_rows, ranked, ip, k):
             P[kk - 1] += sum(hits) / kk
             idcg = sum(1 / log2(j + 2) for j in range(min(kk, len(true)))) or 1.0
             N[kk - 1] += sum(h / log2(j + 2) for j, h in enumerate(hits)) / idcg
-            psp_num[kk - 1] += sum(ip[l] for l, h in zip(top, hits) if h) / kk
+            psp_num[kk - 1] += sum(ip[l] for l, h in zip(top, hits, strict=True) if h) / kk
             psp_den[kk - 1] += sum(ip[l] for l in best[:kk]) / kk
             psn_num[kk - 1] += (
-                sum(ip[l] / log2(j + 2) for j, (l, h) in enumerate(zip(top, hits)) if h) / idcg
+                sum(
+                    ip[l] / log2(j + 2) for j, (l, h) in enumerate(zip(top, hits, strict=True)) if h
+                )
+                / idcg
             )
             psn_den[kk - 1] += sum(ip[l] / log2(j + 2) for j, l in enumerate(best[:kk])) / idcg
     return {"P": P / n, "nDCG": N / n, "PSP": psp_num / psp_den, "PSnDCG": psn_num / psn_den}

@@ -4,7 +4,6 @@ corrupt directories refused, the API the stream and GRU code rely on, and the CL
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ def _corpus():
 
 def _train(out: Path, **over):
     import scipy.sparse as sp
+
     from engine.astec import Astec, AstecConfig
 
     texts, labels, names = _corpus()
@@ -62,13 +62,13 @@ def built(tmp_path_factory):
     model = _train(d / "model")
     export_model(d / "model", d / "predictor", progress=False)
     texts, _, _ = _corpus()
-    test = texts[480:] + ["", "zzzz qqqq unknownword", texts[0]]  # held out + edge cases
+    test = [*texts[480:], "", "zzzz qqqq unknownword", texts[0]]  # held out + edge cases
     return model, d, test
 
 
 def _parity(ids_a, sc_a, ids_b, sc_b):
-    same5 = np.mean([set(a[:5]) == set(b[:5]) for a, b in zip(ids_a, ids_b)])
-    close = np.mean([np.allclose(a, b, atol=1e-4) for a, b in zip(sc_a, sc_b)])
+    same5 = np.mean([set(a[:5]) == set(b[:5]) for a, b in zip(ids_a, ids_b, strict=True)])
+    close = np.mean([np.allclose(a, b, atol=1e-4) for a, b in zip(sc_a, sc_b, strict=True)])
     return same5, close
 
 
@@ -108,8 +108,8 @@ def test_onnx_backend_matches_numpy(built):
     _, d, test = built
     a = Predictor.load(d / "predictor", backend="numpy")
     b = Predictor.load(d / "predictor", backend="onnx")
-    ia, sa, za = a.predict_with_features(test[:40], k=5)
-    ib, sb, zb = b.predict_with_features(test[:40], k=5)
+    ia, _sa, za = a.predict_with_features(test[:40], k=5)
+    ib, _sb, zb = b.predict_with_features(test[:40], k=5)
     assert (ia == ib).mean() >= 0.99
     np.testing.assert_allclose(za, zb, atol=1e-5)
 
@@ -126,7 +126,7 @@ def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
     assert all(lr.points.hnsw is not None for lr in p.learners)
     assert p.learners[0].centres.hnsw.M == model.config.predict_graph_m
     cfg = json.loads((tmp_path / "pred" / "predictor.json").read_text())
-    for lr, lc in zip(model.learners, cfg["learners"]):
+    for lr, lc in zip(model.learners, cfg["learners"], strict=True):
         want = lr.search or (model.config.knn_neighbours, model.config.centroid_neighbours)
         assert (lc["shortlist"]["knn"], lc["shortlist"]["kmu"]) == tuple(want)
     test = _corpus()[0][480:]
@@ -153,11 +153,11 @@ def test_api_shapes_padding_and_edge_texts(built):
     assert (ids[:, -1] == -1).all() and (sc[:, -1] == 0).all()
     assert (ids[:, 0] >= 0).all()  # empty texts still get frequent labels
     assert (np.diff(sc[ids >= 0].reshape(2, -1), axis=1) <= 0).all()
-    i1, s1 = p.predict_one("", k=5)
+    i1, _s1 = p.predict_one("", k=5)
     assert i1.shape == (5,) and (i1 == ids[0, :5]).all()
     z = p.features(test[:3])
     assert z.shape == (3, D) and z.dtype == np.float32
-    i2, s2, z2 = p.predict_with_features(test[:3], k=4)
+    i2, _s2, z2 = p.predict_with_features(test[:3], k=4)
     assert (i2 == p.predict(test[:3], k=4)[0]).all()
     np.testing.assert_allclose(z2, z, atol=1e-6)
     rows = p.classifier_rows(np.array([0, 5, L - 1]))
@@ -170,14 +170,16 @@ def test_api_shapes_padding_and_edge_texts(built):
 
 
 def test_predict_path_never_imports_torch(built):
-    _, d, test = built
+    _, d, _test = built
     code = (
         "import sys, engine.predictor as m; assert 'torch' not in sys.modules, 'import';"
         f"p = m.Predictor.load({str(d / 'predictor')!r}); p.predict_one('gnome editor');"
         "p.predict(['a b', '']); p.features(['x']); p.classifier_rows([0]);"
         "assert 'torch' not in sys.modules, 'predict'; print('ok')"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
@@ -297,7 +299,7 @@ def test_single_text_path_is_repeatable_and_thread_safe(built):
     again = [p.predict_one(t, 10) for t in reversed(test)][::-1]
     with ThreadPoolExecutor(4) as ex:
         threaded = list(ex.map(lambda t: p.predict_one(t, 10), test * 3))[: len(test)]
-    for a, b, c in zip(want, again, threaded):
+    for a, b, c in zip(want, again, threaded, strict=True):
         assert (a[0] == b[0]).all() and (a[0] == c[0]).all()
         np.testing.assert_array_equal(a[1], b[1])
         np.testing.assert_array_equal(a[1], c[1])
@@ -321,7 +323,7 @@ def test_single_text_kernels_agree_with_batch_path(built, tmp_path, dtype):
                 lr.shortlist_size = cut
         assert len(test) >= 16  # predict takes the batch path (smaller batches: the kernels)
         ids_b, sc_b = p.predict(test, k=10)
-        ids_s, sc_s, z_s = p.predict_with_features(test[:5], k=10)
+        ids_s, _sc_s, z_s = p.predict_with_features(test[:5], k=10)
         assert (ids_s == ids_b[:5]).all()
         np.testing.assert_allclose(z_s, p.features(test[:5]), atol=1e-5)
         one = [p.predict_one(t, 10) for t in test]
@@ -339,6 +341,7 @@ def test_sparse_ranker_kernels_agree_with_scipy():
     """The predictor serves long ranker rows through their transpose and the model merges or
     bisects them: all three must give w_l . x exactly (same terms, same order)."""
     import scipy.sparse as sp
+
     from engine.kernels import sparse_entry_scores, sparse_scores_split
     from engine.predictor import _split_ranker
 
@@ -383,7 +386,7 @@ def test_export_without_sparse_ranker_serves_gamma_one(built, tmp_path):
     compares it against."""
     from engine.export import ExportOptions
 
-    model, d, test = built
+    _model, d, test = built
     export_model(d / "model", tmp_path / "p", ExportOptions(sparse_ranker=False), progress=False)
     assert not (tmp_path / "p" / "ranker_vectorizer").exists()
     p = Predictor.load(tmp_path / "p")

@@ -56,7 +56,9 @@ def _retrain(root, models, *extra, wait=True):
         return subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=os.getcwd()
         )
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=os.getcwd(), timeout=300)
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=os.getcwd(), timeout=300, check=False
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
 

@@ -90,7 +90,7 @@ def test_df_filters_and_max_features():
 @pytest.mark.parametrize("params", SETTINGS)
 def test_transform_one_matches_batch_transform(params):
     v = TfidfVectorizer(**params).fit(CORPUS)
-    texts = CORPUS + ["GNU GNU gtk+ bindings, unknownword", "", "C"]
+    texts = [*CORPUS, "GNU GNU gtk+ bindings, unknownword", "", "C"]
     X = v.transform(texts)
     for i, t in enumerate(texts):
         idx, val = v.transform_one(t)

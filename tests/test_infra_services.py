@@ -10,8 +10,8 @@ import redis
 from click.testing import CliRunner
 
 from infra.cli import cli
-from stream.settings import ConfigError, Settings, load_settings
 from infra.services import pid_alive
+from stream.settings import ConfigError, Settings, load_settings
 
 
 def test_infra_up_status_down(tmp_path):
@@ -72,9 +72,11 @@ def test_settings_errors_name_source_and_field(tmp_path):
     cfg.write_text('{"partitons": 3}')
     with pytest.raises(ConfigError, match=r"bad.json.*'partitons'"):
         load_settings(cfg, env={}, services_dir=str(tmp_path))
-    with pytest.raises(ConfigError, match="ASTEC_PARTITIONS.*'partitions'"):
+    with pytest.raises(ConfigError, match=r"ASTEC_PARTITIONS.*'partitions'"):
         load_settings(env={"ASTEC_PARTITIONS": "four"}, services_dir=str(tmp_path))
-    with pytest.raises(ConfigError, match="ASTEC_PRODUCER_CLIENT.*'producer_client'.*'librdkafka'"):
+    with pytest.raises(
+        ConfigError, match=r"ASTEC_PRODUCER_CLIENT.*'producer_client'.*'librdkafka'"
+    ):
         load_settings(env={"ASTEC_PRODUCER_CLIENT": "librdkafka"}, services_dir=str(tmp_path))
     assert (
         load_settings(
@@ -82,7 +84,7 @@ def test_settings_errors_name_source_and_field(tmp_path):
         ).producer_client
         == "kafka-python"
     )
-    with pytest.raises(ConfigError, match="ASTEC_CONSUMER_CLIENT.*'consumer_client'.*'rdkafka'"):
+    with pytest.raises(ConfigError, match=r"ASTEC_CONSUMER_CLIENT.*'consumer_client'.*'rdkafka'"):
         load_settings(env={"ASTEC_CONSUMER_CLIENT": "rdkafka"}, services_dir=str(tmp_path))
 
 

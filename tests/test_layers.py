@@ -4,6 +4,7 @@ here, naming the file and line, so the layering holds as the code grows."""
 
 import ast
 import os
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANK = {
@@ -21,7 +22,7 @@ ALLOWED_SIDEWAYS = {("bench", "infra")}
 
 def imports(path: str):
     """(line, top-level package) of every import in the file, function-level ones included."""
-    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:

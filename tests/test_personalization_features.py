@@ -18,8 +18,8 @@ def _loop_sims(T, norm, ids, mask, in_block, cand):
         pages.append(v / n if n > 1e-6 else v)
     cos = [float(T[cand] @ p) for p in pages]
     cur = cos[K - 1]
-    blk = np.mean([c for c, b in zip(cos, in_block) if b])
-    win = np.mean([c for c, m in zip(cos, mask) if m])
+    blk = np.mean([c for c, b in zip(cos, in_block, strict=True) if b])
+    win = np.mean([c for c, m in zip(cos, mask, strict=True) if m])
     return (np.array([cur, blk, win]) - norm[0]) / norm[1]
 
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from personalization.artifact import ONNX, WEIGHTS, PolicyFileError
-from personalization.visits import VisitLog
 from personalization.policy import NO_QUERY, GruPolicy
 from personalization.state import UserState
 from personalization.train import TrainConfig, make_batch, publish, split_rows, train_policy
+from personalization.visits import VisitLog
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def test_k_boundaries(registry, world):
     for n_hist in (0, 1, K - 1, K, K + 4):
         hist = long[-1 - n_hist : -1] if n_hist else []
         q, s = pol.choose(hist, cur)
-        allowed = set(np.concatenate([st.query_ids for st in hist[-(K - 1) :] + [cur]]).tolist())
+        allowed = set(np.concatenate([st.query_ids for st in [*hist[-(K - 1) :], cur]]).tolist())
         assert q in allowed and 0.0 < s <= 1.0, n_hist
     # only the last K-1 history states count: older ones change nothing
     assert pol.choose(long[:-1], cur) == pol.choose(long[-K:-1], cur)
@@ -171,7 +171,7 @@ def test_bad_history_states_are_skipped_not_fatal(registry, world):
     wrong_dim = state(90, np.zeros(7), [1, 2], [0.5, 0.4])
     no_queries = state(91, v.Z[0], [], [])
     out_of_space = state(92, v.Z[0], [10**6, 3], [0.9, 0.1])
-    q, s = pol.choose([wrong_dim, no_queries, good[0], out_of_space, good[1]], good[2])
+    q, _s = pol.choose([wrong_dim, no_queries, good[0], out_of_space, good[1]], good[2])
     assert q >= 0 and q != 10**6
     assert pol.choose([good[0], wrong_dim, good[1]], good[2]) == pol.choose(good[:2], good[2])
     # nothing usable left in the history (expired / corrupt state): the cold-start rule
@@ -197,6 +197,7 @@ def test_choose_batch_equals_choose(registry, world):
 
 def test_torch_numpy_onnx_agree(trained, world, registry):
     import torch
+
     from personalization.features import log_popularity
     from personalization.gru import GruPolicyNet
     from personalization.scoring import candidate_logits
@@ -288,7 +289,7 @@ def test_hot_reload_switches_version_and_refuses_a_corrupt_one(registry, trained
     v2, _ = publish(root, w2, CFG, {"engine_version": "synthetic", "train": report})
     assert pol.maybe_reload() and pol.version == v2
     assert np.allclose(pol.weights["mlp.b2"], w2["mlp.b2"])
-    v3, p3 = publish(root, weights, CFG, {"engine_version": "synthetic", "train": report})
+    _v3, p3 = publish(root, weights, CFG, {"engine_version": "synthetic", "train": report})
     (p3 / WEIGHTS).write_bytes(b"garbage")
     assert not pol.maybe_reload()  # refused: keeps serving v2
     assert pol.version == v2
@@ -313,7 +314,12 @@ def test_serving_never_imports_torch(registry, world):
         print("ok")
     """)
     res = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
 

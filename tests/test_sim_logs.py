@@ -1,4 +1,5 @@
-"""Simulated logs: readable by the click-log reader, intents persist, and history decides the best query."""
+"""Simulated logs: readable by the click-log reader, intents persist, and history decides the
+best query."""
 
 import json
 
@@ -52,9 +53,11 @@ def test_search_clicks_are_zipfian_over_pages(logs):
 
 def test_sessions_follow_a_persistent_latent_intent(world, logs):
     out, summary = logs
-    truth = [json.loads(line) for line in open(out / "truth" / "intents.jsonl")]
+    truth = [
+        json.loads(line) for line in (out / "truth" / "intents.jsonl").read_text().splitlines()
+    ]
     assert len(truth) == summary["counts"]["sessions"]
-    sub_of_url = dict(zip(world.page_url, world.page_subtopic.tolist()))
+    sub_of_url = dict(zip(world.page_url, world.page_subtopic.tolist(), strict=True))
     intent = {t["session_id"]: t["subtopic"] for t in truth}
     by_session = {}
     for v in read_log(out, "page_views"):
@@ -97,9 +100,9 @@ def test_logged_ad_clicks_follow_the_click_model(world, logs):
     out, _ = logs
     truth = {
         t["session_id"]: t["subtopic"]
-        for t in map(json.loads, open(out / "truth" / "intents.jsonl"))
+        for t in map(json.loads, (out / "truth" / "intents.jsonl").read_text().splitlines())
     }
-    q_sub = dict(zip(world.query_text, world.query_subtopic.tolist()))
+    q_sub = dict(zip(world.query_text, world.query_subtopic.tolist(), strict=True))
     rel, clicked = [], []
     for o in ad_outcomes(out):
         assert 0 < o["propensity"] <= 1 and o["query"] in o["candidates"]

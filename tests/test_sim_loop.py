@@ -12,10 +12,10 @@ from engine.clicklog import read_log
 def test_loop_serves_logs_and_retrains(astec_predictor, tmp_path):
     from conftest import STREAM_DATA
     from engine.predictor import Predictor
-    from personalization.visits import load_visits
-    from personalization.train import TrainConfig, publish, train_policy
-    from simulator.traffic import LogSettings, simulate_logs
     from personalization.closed_loop import run_loop
+    from personalization.train import TrainConfig, publish, train_policy
+    from personalization.visits import load_visits
+    from simulator.traffic import LogSettings, simulate_logs
     from simulator.world import save_world, world_from_dataset
 
     world = world_from_dataset(STREAM_DATA, n_users=80, seed=4)

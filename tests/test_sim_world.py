@@ -1,4 +1,5 @@
-"""The simulated world has the statistics the paper describes, deterministically, on disk and back."""
+"""The simulated world has the statistics the paper describes, deterministically, on disk and
+back."""
 
 import collections
 import hashlib

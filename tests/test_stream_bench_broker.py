@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.services import read_info
 from bench.broker import probe
+from infra.services import read_info
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
 

@@ -53,9 +53,9 @@ def test_rdkafka_producer_reports_an_undelivered_message_as_an_error():
     """The worker commits a batch's offsets only after every message it produced is
     acknowledged: a message the broker never took must raise, not count as done."""
     pytest.importorskip("confluent_kafka")
-    from stream.settings import Settings
     from infra.services import free_port
     from stream.rdkafka_producer import DeliveryError, RdProducer
+    from stream.settings import Settings
 
     p = RdProducer(
         Settings(kafka_bootstrap=f"127.0.0.1:{free_port()}"), "test", **{"message.timeout.ms": 300}
@@ -128,7 +128,7 @@ def test_rdkafka_consumer_commit_refusal_is_a_commit_failure(stream_settings, mo
         monkeypatch.setattr(
             c, "_c", type("C", (), {"commit": staticmethod(refuse), "close": c._c.close})()
         )
-        with pytest.raises(CommitFailedError, match="ILLEGAL_GENERATION|generation"):
+        with pytest.raises(CommitFailedError, match=r"ILLEGAL_GENERATION|generation"):
             c.commit({TopicPartition(s.topic_page_views, 0): OffsetAndMetadata(5, None, -1)})
         c.commit({})  # nothing to commit: no request at all
     finally:

@@ -19,11 +19,11 @@ from collections import Counter
 import psutil
 import pytest
 
-from stream.settings import settings_env
 from stream.consumer_metrics import read_all
 from stream.schemas import decode, encode
+from stream.settings import settings_env
 from stream.state_store import StateStore, connect
-from stream.topics import make_consumer, make_producer
+from stream.topics import make_consumer
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
 
@@ -32,7 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def start_stream(settings, predictor, workers=2):
     """`astec stream run` as a user starts it, configured through the environment."""
-    log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks
+    # a file, not a pipe: a chatty worker never blocks
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process (p.log)
     env = {**os.environ, **settings_env(settings), "ASTEC_LOG_LEVEL": "30"}
     p = subprocess.Popen(
         [
@@ -345,7 +346,10 @@ def test_redis_kill9_mid_stream_keeps_state_and_consumers_reconnect(
             ids=produce_paced(s, stream_corpus[0], n, users, rate=200, tag=tag)
         )
     )
-    store = lambda: StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
+
+    def store() -> StateStore:
+        return StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
+
     try:
         wait_sharing(s, 2)
         prod.start()

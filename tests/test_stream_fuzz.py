@@ -74,7 +74,7 @@ def _mutate(rng, msg) -> bytes:
     if kind == 1:
         return json.dumps(rng.choice([[], 1, "x", None, {"v": 1}])).encode()
     if kind == 2:
-        m[rng.choice(list(m))] = rng.choice(ODD_TEXT + [None, 1, [], {}, True, 1e308])
+        m[rng.choice(list(m))] = rng.choice([*ODD_TEXT, None, 1, [], {}, True, 1e308])
     if kind == 3:
         m.pop(rng.choice(list(m)))
     if kind == 4:
