@@ -347,10 +347,15 @@ def _kafka_state(kdir: Path) -> dict:
 
 
 def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (like random-uuid)."""
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (like random-uuid).
+    Never one that starts with '-' (1 in 64 would): the storage tool's argument parser reads it
+    as an option and the format fails, as Kafka's own Uuid.randomUuid avoids too."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def start_kafka(
@@ -391,8 +396,7 @@ def start_kafka(
                 f"-Dlog4j2.configurationFile={kdir / 'log4j2.properties'}",
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                state["cluster_id"],
+                f"--cluster-id={state['cluster_id']}",
                 "-c",
                 str(props),
             ],
