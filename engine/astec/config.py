@@ -384,7 +384,7 @@ class AstecConfig:
     def __init__(self, **kw: Any) -> None:
         given: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
         sections: dict[str, Any] = {}
-        object.__setattr__(self, "seed", kw.pop("seed", 0))
+        object.__setattr__(self, "seed", kw.pop("seed", type(self).seed))
         for k, v in kw.items():
             if k in SECTIONS:
                 if not isinstance(v, SECTIONS[k]):
@@ -475,12 +475,12 @@ class AstecConfig:
             default = getattr(SECTIONS[s](), f)
             given[s][f] = _coerce(v, default, f"{source}: field {name!r}")
 
-        seed = 0
+        seed = cls.seed
         for k, v in d.items():
             if k in _RETIRED and v == _RETIRED[k]:
                 continue
             if k == "seed":
-                seed = _coerce(v, 0, f"{source}: field 'seed'")
+                seed = _coerce(v, cls.seed, f"{source}: field 'seed'")
             elif k in SECTIONS:
                 if not isinstance(v, dict):
                     raise ConfigError(f"{source}: field {k!r} must be an object, got {v!r}")

@@ -1,7 +1,9 @@
 """The Astec model (PECOS-style API): `Astec.train`, `.predict`, `.features`, `.save`, `Astec.load`.
 
-One model directory holds one or more learners (an ensemble: Astec-3 = 3 learners with different
-seeds whose final scores are averaged). See docs/model-format.md for the files.
+One model directory holds one or more learners (an ensemble: Astec-3 = 3 learners with seeds
+seed + 1000 j whose final scores are joined over the union of their candidates by their mean or
+maximum, chosen on the validation split) and, with label names, the label-name match added to
+the joined scores. Parameters: engine/astec/config.py. Files: docs/model-format.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The prediction pipeline as plain numpy functions (shortlist -> classifier scores -> alpha/beta).
 
     S      = base similarities s(v) of shortlisted labels        (shortlist.ShortlistIndex.scores)
-    C      = top `predict_shortlist` labels of S                  (sparse.topk_rows)
+    C      = top `search.candidates` labels of S                  (sparse.topk_rows)
     logit  = w_l^T z + b_l on the entries of C                    (classifier_logits)
     y_hat  = alpha * sigmoid(logit) + (1 - alpha) * sigmoid(s)    (combine)
     y_bar  = beta * y_hat + (1 - beta) * sigmoid(w~_l^T z~ + b~_l)
     y      = gamma * y_bar + (1 - gamma) * sigmoid(u_l^T x)     (sparse ranker, sparse_ranker.py)
-An ensemble averages y_bar over learners (a label a learner did not shortlist counts 0).
+An ensemble joins y over learners by their mean or max (ensemble_scores; a label a learner did
+not shortlist counts 0 there).
 """
 
 from __future__ import annotations
