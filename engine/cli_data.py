@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+from engine.cli_options import default_of
+from engine.debian_packages import build as build_packages
+
 
 @click.group()
 def data() -> None:
@@ -66,7 +69,13 @@ def stats(path: str, labels: str | None, json_out: str | None) -> None:
     default=None,
     help="Keep this many packages (a deterministic sample by name hash; default: all).",
 )
-@click.option("--test-share", type=click.FloatRange(0.05, 0.9), default=0.3, show_default=True)
+@click.option(
+    "--test-share",
+    type=click.FloatRange(0.05, 0.9),
+    default=default_of(build_packages, "test_share"),
+    show_default=True,
+    help="Share of the packages held out in test.tsv.",
+)
 def build(out: Path, source: str | None, max_points: int | None, test_share: float) -> None:
     """Build the debian-related data set from the Debian package catalogue.
 

@@ -34,7 +34,9 @@ class CatalogueError(ValueError):
 
 
 @dataclass
-class Dataset:
+class PackageDataset:
+    """The debian-related train/test split (engine.formats.Dataset is one loaded file)."""
+
     train_texts: list[str]
     train_labels: sp.csr_matrix
     test_texts: list[str]
@@ -111,7 +113,7 @@ def build(
     test_share: float = 0.3,
     min_label_points: int = 2,
     max_points: int | None = None,
-) -> Dataset:
+) -> PackageDataset:
     """The data set of PKGS; MAX_POINTS keeps the packages whose name hashes lowest (a
     deterministic sample that keeps the catalogue's label structure)."""
     rows = list(pkgs)
@@ -138,7 +140,7 @@ def build(
             (np.ones(len(ind), np.float32), ind, indptr), shape=(len(lists), len(names))
         )
 
-    return Dataset(
+    return PackageDataset(
         split["train"][0],
         csr(split["train"][1]),
         split["test"][0],
@@ -148,7 +150,7 @@ def build(
     )
 
 
-def stats(ds: Dataset) -> dict:
+def stats(ds: PackageDataset) -> dict:
     tr = ds.train_labels
     per_label = np.asarray(tr.sum(axis=0)).ravel()
     return {
@@ -166,7 +168,7 @@ def stats(ds: Dataset) -> dict:
     }
 
 
-def write(ds: Dataset, out: str | Path) -> dict:
+def write(ds: PackageDataset, out: str | Path) -> dict:
     """train.tsv, test.tsv, labels.txt and stats.json under OUT; returns the stats."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
