@@ -324,8 +324,10 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     for s, cls in SECTIONS.items()
     for f in dataclasses.fields(cls)
 }
-assert len(FLAT_NAMES) == sum(len(dataclasses.fields(c)) for c in SECTIONS.values())
-assert not set(FLAT_NAMES) & (set(SECTIONS) | {"seed"})
+_FIELD_COUNT = sum(len(dataclasses.fields(c)) for c in SECTIONS.values())
+if len(FLAT_NAMES) != _FIELD_COUNT or set(FLAT_NAMES) & {*SECTIONS, "seed"}:
+    # a flat name meaning two things would misread the configs saved in the flat shape
+    raise RuntimeError("engine.astec.config: a flat name repeats or shadows a section")
 
 # fields that models saved by earlier versions may carry, with the one value that still means
 # today's behaviour (such a config loads; any other value is refused as unknown)
