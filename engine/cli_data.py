@@ -76,7 +76,20 @@ def stats(path: str, labels: str | None, json_out: str | None) -> None:
     show_default=True,
     help="Share of the packages held out in test.tsv.",
 )
-def build(out: Path, source: str | None, max_points: int | None, test_share: float) -> None:
+@click.option(
+    "--max-label-share",
+    type=click.FloatRange(0.0, 1.0, min_open=True),
+    default=None,
+    help="Drop labels that more than this share of packages name (e.g. 0.01 drops libc6 and "
+    "the other ubiquitous libraries; default: keep all).",
+)
+def build(
+    out: Path,
+    source: str | None,
+    max_points: int | None,
+    test_share: float,
+    max_label_share: float | None,
+) -> None:
     """Build the debian-related data set from the Debian package catalogue.
 
     Points are packages (text: the one-line description), labels the packages they depend on,
@@ -87,7 +100,12 @@ def build(out: Path, source: str | None, max_points: int | None, test_share: flo
 
     try:
         text = read_catalogue(source)
-        ds = build_ds(packages(text, source or "apt-cache dumpavail"), test_share, 2, max_points)
+        ds = build_ds(
+            packages(text, source or "apt-cache dumpavail"),
+            test_share=test_share,
+            max_points=max_points,
+            max_label_share=max_label_share,
+        )
     except CatalogueError as e:
         raise click.ClickException(str(e)) from None
     if not ds.train_texts or not ds.test_texts:

@@ -113,14 +113,18 @@ def build(
     test_share: float = 0.3,
     min_label_points: int = 2,
     max_points: int | None = None,
+    max_label_share: float | None = None,
 ) -> PackageDataset:
     """The data set of PKGS; MAX_POINTS keeps the packages whose name hashes lowest (a
-    deterministic sample that keeps the catalogue's label structure)."""
+    deterministic sample that keeps the catalogue's label structure). MAX_LABEL_SHARE drops the
+    labels more than that share of packages name (libc6 is related to 40% of them: plumbing,
+    not what a package is about; the demo drops them so its ads can be judged by eye)."""
     rows = list(pkgs)
     if max_points is not None and len(rows) > max_points:
         rows = sorted(rows, key=lambda r: _hash01("sample:" + r[0]))[:max_points]
     counts = Counter(lab for _, _, labs in rows for lab in set(labs))
-    names = sorted(lab for lab, c in counts.items() if c >= min_label_points)
+    most = len(rows) * max_label_share if max_label_share is not None else len(rows)
+    names = sorted(lab for lab, c in counts.items() if min_label_points <= c <= most)
     index = {n: i for i, n in enumerate(names)}
     split: dict[str, tuple[list[str], list[list[int]]]] = {"train": ([], []), "test": ([], [])}
     dropped = 0

@@ -51,6 +51,12 @@ def test_rare_labels_and_unlabelled_points_are_dropped():
     assert ds.dropped_no_label == 1 and not ds.test_texts
 
 
+def test_ubiquitous_labels_can_be_dropped():
+    more = CATALOGUE + "\nPackage: third\nDepends: libc6, python3\nDescription: a third\n"
+    ds = build(packages(more), test_share=0.0, max_label_share=0.5)
+    assert ds.label_names == ["spell-data"]  # libc6 and python3: 3 of 4 packages name them
+
+
 def test_the_split_is_by_package_name_and_stable_under_sampling():
     big = "\n".join(
         f"Package: p{i}\nDepends: libc6, lib{i % 7}\nDescription: tool number {i}\n"
