@@ -106,3 +106,21 @@ def test_gru_that_does_not_fit_the_stream_fails_at_start_and_is_refused_on_reloa
     assert pol.version == v1 and list(pol.refused) == [v2] and "K=32" in pol.refused[v2]
     v3 = tiny_gru(root, K=16)
     assert pol.maybe_reload() and pol.version == v3 and pol.gru.K == 16
+
+
+def test_stream_run_refuses_a_gru_that_does_not_fit_before_any_worker_starts(
+    astec_predictor, tmp_path, monkeypatch
+):
+    """`astec stream run` checks the policy before the broker or a worker: one line, exit 1."""
+    from click.testing import CliRunner
+
+    from stream.cli_stream import stream
+
+    root = tmp_path / "gru"
+    tiny_gru(root, K=8)
+    monkeypatch.setenv("ASTEC_SERVICES_DIR", str(tmp_path))  # no services: nothing to reach
+    monkeypatch.setenv("ASTEC_STATE_K", "4")
+    args = ["run", "--model", astec_predictor, "--policy", "gru", "--policy-model", str(root)]
+    r = CliRunner().invoke(stream, args)
+    assert r.exit_code == 1, r.output
+    assert "K=8" in r.output and "state_k=4" in r.output and "ASTEC_STATE_K" in r.output
