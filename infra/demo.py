@@ -9,6 +9,7 @@ over live simulated traffic while the click logger writes the new logs.
 from __future__ import annotations
 
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import click
+
+from stream.settings import load_settings
 
 
 def _usable(root: Path, kind: str) -> bool:
@@ -34,7 +37,7 @@ def _usable(root: Path, kind: str) -> bool:
 
             GruPolicy.load(root)
         return True
-    except Exception as e:  # any refusal means: train it again
+    except Exception as e:  # noqa: BLE001 - any refusal means: train it again
         click.echo(
             f"{root}: the promoted model does not load with this version ({e}); training it again",
             err=True,
@@ -53,7 +56,7 @@ def _show(cmd: list[str]) -> None:
 
 def _run(cmd: list[str]) -> None:
     _show(cmd)
-    result = subprocess.run(cmd)
+    result = subprocess.run(cmd, check=False)
     if result.returncode != 0:
         raise click.ClickException(f"step failed (exit {result.returncode}): {shlex.join(cmd)}")
 
@@ -61,8 +64,8 @@ def _run(cmd: list[str]) -> None:
 def _start(cmd: list[str], log: Path) -> subprocess.Popen:
     _show(cmd)
     click.echo(f"  (background, output in {log})")
-    out = open(log, "ab")
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -75,6 +78,54 @@ def _stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
             proc.wait()
 
 
+def _wait_workers(services: Path, supervisor: subprocess.Popen, workers: int) -> None:
+    """Until every worker of SUPERVISOR owns partitions: traffic sent while the group is still
+    rebalancing is answered twice (a batch in flight when its partition moves is replayed)."""
+    import psutil
+
+    from stream.consumer_metrics import read_all
+    from stream.state_store import connect
+
+    s = load_settings(services_dir=str(services))
+    client = connect(s.redis_url)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if supervisor.poll() is not None:
+            raise click.ClickException(f"`astec stream run` exited ({supervisor.returncode})")
+        try:
+            ours = {c.pid for c in psutil.Process(supervisor.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            ours = set()
+        ms = [m for m in read_all(client, s.redis_key_prefix) if int(m["pid"]) in ours]
+        owned = [int(m["partitions"]) for m in ms]
+        if len(ms) == workers and min(owned) > 0 and sum(owned) == s.partitions:
+            return
+        time.sleep(0.5)
+    click.echo("the workers have not shared the partitions within 120 s; sending anyway", err=True)
+
+
+def _show_ads(live_logs: Path, engine_models: Path, n: int = 8) -> None:
+    """A few served ads to judge by eye: the page, Astec's best query for the page alone, and
+    the query the GRU chose from the user's last pages (a different one is personalization)."""
+    from engine.clicklog import ad_outcomes
+    from stream.model_handle import ModelHandle
+
+    rows = list(ad_outcomes(live_logs))
+    if not rows:
+        return
+    rows = rows[:: max(1, len(rows) // n)][:n]
+    pred = ModelHandle.open(str(engine_models)).predictor
+    ids, _, _ = pred.predict_with_features([r["title"] for r in rows], 1)
+    click.secho(
+        f"\n{'page title':<48} {'Astec top query':<30} ad shown (GRU over the last visits)",
+        bold=True,
+    )
+    for r, top in zip(rows, ids, strict=True):
+        best = pred.label_names[int(top[0])] if int(top[0]) >= 0 else "(none)"
+        mark = "  [clicked]" if r["clicked"] else ""
+        click.echo(f"{r['title'][:47]:<48} {best[:29]:<30} {r['query']}{mark}")
+
+
 @click.command()
 @click.option(
     "--workdir",
@@ -83,13 +134,68 @@ def _stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     show_default=True,
     help="Where the services, world, logs and models go.",
 )
-@click.option("--queries", default=5000, show_default=True, help="Simulated query catalogue size.")
-@click.option("--pages", default=8000, show_default=True, help="Simulated web pages.")
-@click.option("--users", default=500, show_default=True, help="Simulated users.")
-@click.option("--days", default=2, show_default=True, help="Days of simulated logs to train on.")
-@click.option("--rate", default=100.0, show_default=True, help="Live page views per second.")
-@click.option("--duration", default=20.0, show_default=True, help="Seconds of live traffic.")
-@click.option("--workers", default=2, show_default=True, help="Consumer processes.")
+@click.option(
+    "--world-from",
+    type=click.Choice(["debian", "synthetic"]),
+    default="debian",
+    show_default=True,
+    help="debian: pages are this machine's Debian package descriptions (`apt-cache dumpavail`) "
+    "and queries the packages they relate to, real text to judge by eye; synthetic: made-up "
+    "words at any scale (--queries, --pages).",
+)
+@click.option(
+    "--pages",
+    type=click.IntRange(100, None),
+    default=10000,
+    show_default=True,
+    help="Web pages (debian: packages sampled from the catalogue).",
+)
+@click.option(
+    "--queries",
+    type=click.IntRange(10, None),
+    default=5000,
+    show_default=True,
+    help="Query catalogue size (synthetic only; debian: the related packages).",
+)
+@click.option(
+    "--users", type=click.IntRange(1, None), default=500, show_default=True, help="Simulated users."
+)
+@click.option(
+    "--days",
+    type=click.IntRange(1, 60),
+    default=2,
+    show_default=True,
+    help="Days of simulated logs to train on.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=100.0,
+    show_default=True,
+    help="Live page views per second.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=20.0,
+    show_default=True,
+    help="Seconds of measured live traffic.",
+)
+@click.option(
+    "--warmup",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds of live traffic before the measured part (kernel compilation, "
+    "first fetches); its latency is reported apart.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="Consumer processes.",
+)
 @click.option(
     "--retrain/--no-retrain",
     default=False,
@@ -99,26 +205,31 @@ def _stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
 @click.option(
     "--keep-services",
     is_flag=True,
-    help="Leave Kafka and Redis running afterwards (for `astec dashboard`).",
+    help="Leave Kafka, Redis, the workers and the click logger running afterwards (for "
+    "`astec dashboard`); the commands to add traffic and to stop everything are printed.",
 )
 def demo(
     workdir: Path,
-    queries: int,
+    world_from: str,
     pages: int,
+    queries: int,
     users: int,
     days: int,
     rate: float,
     duration: float,
+    warmup: float,
     workers: int,
     retrain: bool,
     keep_services: bool,
 ) -> None:
     """Run the whole pipeline on the embedded local services, in a few minutes.
 
-    Starts an Apache Kafka broker (KRaft, SASL) and redis-server on loopback, simulates a world and three kinds of
-    logs, trains and promotes the Astec engine and the GRU policy, streams live page views
-    through WORKERS consumers with the GRU policy, logs the ad clicks, and prints the stream's
-    metrics. Everything lands under WORKDIR; nothing listens beyond 127.0.0.1.
+    Starts an Apache Kafka broker (KRaft, SASL) and redis-server on loopback, builds a world of
+    real web pages (this machine's Debian package descriptions; --world-from synthetic for
+    made-up words at any scale) and three kinds of logs, trains and promotes the Astec engine and
+    the GRU policy, streams live page views through WORKERS consumers with the GRU policy, logs
+    the ad clicks, and prints the stream's metrics and a few of the ads served. Everything lands
+    under WORKDIR; nothing listens beyond 127.0.0.1.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     services, world, logs = workdir / "services", workdir / "world", workdir / "logs"
@@ -128,17 +239,35 @@ def demo(
 
     # --retrain trains the models again on the world and logs already there (the logs are
     # append-only: simulating into them again is refused); a fresh --workdir simulates anew
+    if world_from == "debian" and shutil.which("apt-cache") is None:
+        click.echo("apt-cache not found (not a Debian-family machine): a synthetic world", err=True)
+        world_from = "synthetic"
     if not (world / "queries.tsv").exists():
+        if world_from == "debian":
+            data = workdir / "data"
+            # libraries most packages depend on (libc6: 40%) are plumbing, not interests
+            _run(
+                _astec(
+                    "data",
+                    "build",
+                    "--out",
+                    str(data),
+                    "--max-points",
+                    str(pages),
+                    "--max-label-share",
+                    "0.01",
+                )
+            )
+            shape = ["--from-dataset", str(data)]
+        else:
+            shape = ["--queries", str(queries), "--pages", str(pages)]
         _run(
             _astec(
                 "simulate",
                 "world",
                 "--out",
                 str(world),
-                "--queries",
-                str(queries),
-                "--pages",
-                str(pages),
+                *shape,
                 "--users",
                 str(users),
                 "--seed",
@@ -203,7 +332,7 @@ def demo(
                 workdir / "log-clicks.log",
             )
         )
-        time.sleep(5.0)  # let the consumer group settle before traffic starts
+        _wait_workers(services, procs[0], workers)
         _run(
             _astec(
                 "stream",
@@ -215,14 +344,17 @@ def demo(
                 str(rate),
                 "--duration",
                 str(duration),
+                "--warmup",
+                str(warmup),
             )
         )
         _run(_astec("stream", "metrics", *svc))
     finally:
-        for proc in reversed(procs):
-            _stop(proc)
         if not keep_services:
-            subprocess.run(_astec("infra", "down", "--data-dir", str(services)))
+            for proc in reversed(procs):
+                _stop(proc)
+            subprocess.run(_astec("infra", "down", "--data-dir", str(services)), check=False)
+    _show_ads(live_logs, engine_models)
     click.secho("\nDone.", fg="green", bold=True)
     click.echo(f"Logged impressions and clicks: {live_logs}")
     click.echo("Inspect predictions, users and metrics with:")
@@ -231,7 +363,11 @@ def demo(
         f"--policy {gru_models} --logs {live_logs}"
     )
     if keep_services:
+        pids = " ".join(str(p.pid) for p in procs)
         click.echo(f"  {dash}")
-        click.echo("  (Stream health keeps the stopped workers' last 10 minutes for an hour)")
+        click.echo("More traffic (the workers and the click logger keep running):")
+        click.echo(f"  astec stream simulate {shlex.join(svc)} --world {world} --duration 300")
+        click.echo("Stop everything:")
+        click.echo(f"  kill {pids} && astec infra down --data-dir {services}")
     else:
         click.echo(f"  astec demo --keep-services && {dash}")
