@@ -15,6 +15,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -50,7 +51,7 @@ def run_bench(
     seed: int = 0,
 ) -> dict:
     """Per-event cost (microseconds) of choose() and choose_batch() for each backend."""
-    res = {
+    res: dict[str, Any] = {
         "K": None,
         "topk": topk,
         "events": events,

@@ -30,6 +30,7 @@ import time
 import uuid
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -124,7 +125,7 @@ class _CpuMeter:
         self._stop.set()
         self._thread.join()
         self.samples.append(self._now())
-        out = self._cores(self.samples[0], self.samples[-1])
+        out: dict[str, Any] = {**self._cores(self.samples[0], self.samples[-1])}
         n = len(self.samples)
         if n >= 9:  # at least two samples per quarter
             q = n // 4

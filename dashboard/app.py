@@ -183,7 +183,7 @@ def page_predict(src: Sources) -> None:
         return
     names = [v.version for v in versions]
     cols = st.columns(2)
-    shown = []
+    shown: list[list[dict]] = []
     for c, (label, default) in zip(cols, (("Version A", 0), ("Version B", 1)), strict=True):
         with c:
             v = st.selectbox(label, names, index=default, key=f"ver-{label[-1]}")
@@ -507,17 +507,17 @@ def page_offline(src: Sources) -> None:
     # -- label-frequency bins ------------------------------------------------------------------
     st.subheader("Each label-frequency bin's share of P@5")
     bins, why_not = [], []
-    for r in runs:
-        for path, _ev in r.evaluations:
+    for run in runs:
+        for path, _ev in run.evaluations:
             try:
                 res = _bins(str(path), path.stat().st_mtime)
             except Exception as e:  # noqa: BLE001 - say which file, keep the page
-                why_not.append(f"{r.name} · {path.name}: {e}")
+                why_not.append(f"{run.name} · {path.name}: {e}")
                 continue
             for b in res["bins"]:
                 bins.append(
                     {
-                        "version": f"{r.name} · {path.name}",
+                        "version": f"{run.name} · {path.name}",
                         **b,
                         "bin label": f"{b['bin']} ({b['mean_freq']:g})",
                     }

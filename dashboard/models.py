@@ -19,6 +19,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 MAX_JSON_BYTES = 4 << 20  # evaluation/train logs are small; skip anything bigger
 _SKIP_JSON = {"labels.json", "predictor.json", "manifest.json", "config.json", "tfidf.json"}
@@ -125,7 +126,7 @@ def load_predictor(ref: PredictorRef):
 
 
 # ---- offline metrics -----------------------------------------------------------------------
-def is_evaluation(obj: dict | None) -> bool:
+def is_evaluation(obj: dict | None) -> TypeGuard[dict]:
     """True for the object `astec evaluate --json` writes (metrics keyed like "P@1")."""
     m = obj.get("metrics") if isinstance(obj, dict) else None
     return isinstance(m, dict) and any(isinstance(k, str) and "@" in k for k in m)

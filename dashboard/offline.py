@@ -122,8 +122,9 @@ def frequency_bins(ev: dict, n_bins: int = 5, k: int = 5) -> dict:
     from engine.formats import load_dataset
     from engine.ranking_metrics import hit_matrix, topk
 
-    test, pred, train = ev.get("test"), ev.get("pred"), ev.get("train")
-    for what, p in (("test", test), ("pred", pred), ("train", train)):
+    files: dict[str, str] = {}
+    for what in ("test", "pred", "train"):
+        p = ev.get(what)
         if not p:
             raise ValueError(
                 f"the evaluation names no {what} file (run `astec evaluate` with "
@@ -131,12 +132,13 @@ def frequency_bins(ev: dict, n_bins: int = 5, k: int = 5) -> dict:
             )
         if not Path(p).is_file():
             raise ValueError(f"{what} file {p} is no longer readable")
-    te, tr = load_dataset(test), load_dataset(train)
+        files[what] = str(p)
+    te, tr = load_dataset(files["test"]), load_dataset(files["train"])
     L = max(te.num_labels, tr.num_labels, int(ev.get("num_labels") or 0))
     Y = sp.csr_matrix((te.Y.data, te.Y.indices, te.Y.indptr), shape=(te.Y.shape[0], L))
-    P = _load_pred(Path(pred), L)
+    P = _load_pred(Path(files["pred"]), L)
     if P.shape[0] != Y.shape[0]:
-        raise ValueError(f"{pred} has {P.shape[0]} rows, {test} has {Y.shape[0]}")
+        raise ValueError(f"{files['pred']} has {P.shape[0]} rows, {files['test']} has {Y.shape[0]}")
     P = sp.csr_matrix((P.data, P.indices, P.indptr), shape=(P.shape[0], L))
     ids = topk(P, k, L)
     hits = hit_matrix(Y, ids)

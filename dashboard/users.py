@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import redis
@@ -56,7 +57,8 @@ def states_key(prefix: str, user_id: str) -> str:
 
 def read_states(client: redis.Redis, prefix: str, user_id: str) -> tuple[list[UserState], int]:
     """The user's states oldest first, and how many stored records could not be decoded."""
-    raw = client.lrange(states_key(prefix, user_id), 0, -1)
+    # bytes: the dashboard's clients do not decode responses (sources.redis_client)
+    raw = cast("list[bytes]", client.lrange(states_key(prefix, user_id), 0, -1))
     states, bad = [], 0
     for r in reversed(raw):
         try:
@@ -117,7 +119,7 @@ def rankings(
     if policy is None or not states:
         return [None] * len(states)
     ranked = policy.rank_batch([states[:i] for i in range(len(states))], states)
-    out = []
+    out: list[list[tuple[str, float, float]] | None] = []
     for i, r in enumerate(ranked):
         if r is None or r[0].size == 0:
             out.append(None)

@@ -27,6 +27,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 SERVICES_FILE = "services.json"
 KAFKA_USER = "astec"
@@ -624,7 +625,7 @@ def services_status(data_dir: str | os.PathLike) -> dict:
     info = read_info(data_dir)
     if info is None:
         return {"running": False, "data_dir": str(Path(data_dir).resolve())}
-    out = {
+    out: dict[str, Any] = {
         "data_dir": info.data_dir,
         "kafka_bootstrap": info.kafka_bootstrap,
         "redis_url": info.redis_url.replace(info.redis_password, "***"),

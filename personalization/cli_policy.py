@@ -26,6 +26,8 @@ def resolve_predictor_dir(models: Path) -> Path:
         from engine.registry import Registry
 
         cur = Registry(models).current_path()
+        if cur is None:
+            raise click.UsageError(f"{models}: the registry has no promoted version")
         p = cur / "predictor"
         return p if p.is_dir() else cur
     if (models / "manifest.json").is_file():

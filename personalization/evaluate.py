@@ -108,13 +108,15 @@ def iso_time(ts: float | None) -> str:
 
 
 def check_held_out(
-    manifest: dict, version: str, eval_split_ts: float | None, val_frac: float
+    manifest: dict, version: str | None, eval_split_ts: float | None, val_frac: float
 ) -> None:
     """Refuse (OverlapError) a policy that read any session starting at or after the
     evaluation's split, or that does not record what it read: an offline figure is only honest
     when the evaluated sessions were neither trained nor validated on. With
     `eval_split_ts=None` only the presence of the record is checked."""
-    tr = manifest.get("train") if isinstance(manifest.get("train"), dict) else {}
+    tr = manifest.get("train")
+    if not isinstance(tr, dict):
+        tr = {}
     last = tr.get("last_session_start_ts")
     if last is None:
         raise OverlapError(
@@ -209,7 +211,7 @@ def evaluate_policies(
         + (ORACLES if oracle is not None else ())
         + (VALUE_ORACLES if judge is not None else ())
     )
-    per = {
+    per: dict[str, dict[str, list[np.ndarray]]] = {
         p: {
             m: []
             for m in (
@@ -228,13 +230,15 @@ def evaluate_policies(
         }
         for p in names
     }
-    xs_all = {p: [] for p in names}
+    xs_all: dict[str, list[np.ndarray]] = {p: [] for p in names}
     x_shown_all = []
     n_cold = 0
-    colds, chosen_all = [], {p: [] for p in names}
-    sess_intent = None
+    colds: list[np.ndarray] = []
+    chosen_all: dict[str, list[np.ndarray]] = {p: [] for p in names}
+    sess_intent = label_sub = None
     if truth is not None:
         sess_intent = np.array([truth.session_intent.get(s, -2) for s in v.session_ids], np.int64)
+        label_sub = truth.label_subtopic
     for a in tqdm(
         range(0, len(rows), batch), desc="evaluate", unit="batch", leave=False, disable=not progress
     ):
@@ -268,9 +272,9 @@ def evaluate_policies(
         shown, clicked = v.shown[r], v.clicked[r]
         x_shown_all.append(_reward_features(b, shown))
         prop = v.propensity[r]
-        if sess_intent is not None:
+        if sess_intent is not None and label_sub is not None:
             intent = sess_intent[v.session[r]]
-            sub = np.where(b.cand_ids >= 0, truth.label_subtopic[np.maximum(b.cand_ids, 0)], -3)
+            sub = np.where(b.cand_ids >= 0, label_sub[np.maximum(b.cand_ids, 0)], -3)
         for name, ids in ranked.items():
             d = per[name]
             chosen = ids[:, 0]
@@ -299,16 +303,16 @@ def evaluate_policies(
         for p, d in per.items()
     }
     metrics = {}
-    for p, d in per_visit.items():
-        m = {}
-        hc = d["has_click"].astype(bool)
+    for p, pv in per_visit.items():
+        m: dict[str, float] = {}
+        hc = pv["has_click"].astype(bool)
         for k in ("intent_hit", "intent_R@5", "intent_MRR", "ips_ctr", "actual_ctr", "in_support"):
-            if k in d:
-                m[k] = float(d[k].mean())
+            if k in pv:
+                m[k] = float(pv[k].mean())
         for k in ("click_hit", "click_R@5", "click_MRR"):
-            m[k] = float(d[k][hc].mean()) if hc.any() else float("nan")
-        if "has_intent_cand" in d:
-            m["intent_in_candidates"] = float(d["has_intent_cand"].mean())
+            m[k] = float(pv[k][hc].mean()) if hc.any() else float("nan")
+        if "has_intent_cand" in pv:
+            m["intent_in_candidates"] = float(pv["has_intent_cand"].mean())
         metrics[p] = m
     return EvalResult(
         metrics,
@@ -338,15 +342,15 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
     ESS; the GRU against each value baseline (paired, user-clustered)."""
     from personalization.value import crossfit_reward, mean_ci, off_policy, paired_bootstrap
 
-    rows = res.rows
+    rows, x_shown, x_chosen = res.rows, res.x_shown, res.x_chosen
+    if rows is None or x_shown is None or x_chosen is None:
+        raise ValueError("value_summary needs evaluate_policies' rows and reward features")
     users = res.users
     names = list(res.chosen)
     shown, clicked, prop = v.shown[rows], v.clicked[rows], v.propensity[rows]
     has = shown >= 0
     out: dict = {"policies": {}, "vs_baselines": {}}
-    r_shown, r_ch = crossfit_reward(
-        res.x_shown, clicked, has, users, [res.x_chosen[p] for p in names]
-    )
+    r_shown, r_ch = crossfit_reward(x_shown, clicked, has, users, [x_chosen[p] for p in names])
     judged = "actual_ctr" in res.per_visit["gru"]
     for p, rc in zip(names, r_ch, strict=True):
         d = res.per_visit[p]
@@ -412,7 +416,7 @@ def bootstrap_lift(
     lifts = np.empty(n_boot)
     for i in range(n_boot):  # each draw is one vectorised resample of all users
         w = np.bincount(rng.integers(0, len(u), len(u)), minlength=len(u))
-        lifts[i] = (w @ sn) / max(w @ sd, 1e-12) - 1.0
+        lifts[i] = (w @ sn) / max(float(w @ sd), 1e-12) - 1.0
     point = sn.sum() / max(sd.sum(), 1e-12) - 1.0
     lo, hi = np.percentile(lifts, [2.5, 97.5])
     return {

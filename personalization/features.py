@@ -211,6 +211,8 @@ def build_batch(
     feats[..., n_sel + 1] = log_pop[np.where(cand_mask, cand_ids, 0)]
     feats[..., n_sel + 2] = n_states / K
     if sim_table is not None:
+        if sim_norm is None:
+            raise ValueError("sim_table needs sim_norm, the (mean, sd) of its raw cosines")
         feats[..., n_sel + 3 :] = _sim_features(
             sim_table, sim_norm, flat.reshape(B, K, k), cand_ids, Wt
         )

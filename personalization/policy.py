@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -109,6 +110,8 @@ def _resolve(path: Path) -> tuple[Path, Path | None, str | None]:
             version = reg.current()
         except RegistryError as e:
             raise PolicyFileError(str(e)) from e
+        if version is None:
+            raise PolicyFileError(f"{path}: the registry has no promoted version")
         return reg.path(version), path, version
     return path, None, None
 
@@ -125,7 +128,7 @@ class GruPolicy:
     reload_every_s: float = 5.0
     backend: str = "onnx"  # "onnx" (ONNX Runtime, the fast path) or "numpy"
     fallbacks: int = 0  # events answered by the cold-start rule because of bad state
-    _session: object = field(default=None, repr=False)
+    _session: Any = field(default=None, repr=False)  # onnxruntime.InferenceSession or None
     _next_check: float = field(default=0.0, repr=False)
     refused: dict[str, str] = field(default_factory=dict, repr=False)  # version -> reason
 
@@ -344,7 +347,8 @@ class GruPolicy:
         rng = rng if rng is not None else np.random.default_rng()
         n = len(currents)
         rows, seqs = [], []
-        cold_ids, cold_sc = [None] * n, [None] * n
+        cold_ids: list[np.ndarray | None] = [None] * n
+        cold_sc: list[np.ndarray] = [np.zeros(0, np.float32)] * n
         for b, (hist, cur) in enumerate(zip(histories, currents, strict=True)):
             arr = self._clean(hist, cur) if hist else None
             if hist and arr is None:
@@ -381,10 +385,10 @@ class GruPolicy:
             r = np.asarray(rows)
             cand[r, : batch.cand_ids.shape[1]] = batch.cand_ids
             logit[r, : batch.cand_ids.shape[1]] = self.logits(batch)
-        for b in range(n):  # cold rows: at most top-k copies, no per-candidate work
-            if cold_ids[b] is not None and len(cold_ids[b]):
-                cand[b, : len(cold_ids[b])] = cold_ids[b]
-                logit[b, : len(cold_ids[b])] = cold_sc[b] * 8.0  # Astec scores as log-odds
+        for b, ci in enumerate(cold_ids):  # cold rows: at most top-k copies, no per-candidate work
+            if ci is not None and len(ci):
+                cand[b, : len(ci)] = ci
+                logit[b, : len(ci)] = cold_sc[b] * 8.0  # Astec scores as log-odds
         mask = cand >= 0
         none = ~mask.any(1)
         mask[none, 0] = True  # keep the maths finite; these rows show nothing

@@ -349,7 +349,8 @@ def train_policy(
     if cfg.objective != "losses":
         raise ValueError(f"objective must be 'dr' or 'losses', got {cfg.objective!r}")
     net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop)
-    history, best, best_state = [], np.inf, None
+    history: list[dict] = []
+    best, best_state = np.inf, None
     t0 = time.perf_counter()
 
     def keep_if_best(val: dict) -> None:
@@ -421,6 +422,11 @@ def train_policy(
         history.append(rec)
         log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
         keep_if_best(val)
+    if best_state is None:
+        raise ValueError(
+            f"no epoch gave a finite validation objective ({cfg.epochs} epochs, init "
+            f"{cfg.init!r}): nothing to keep"
+        )
     net.load_state_dict(best_state)
     report = {
         "config": asdict(cfg),
@@ -564,7 +570,7 @@ def dr_terms(
 ) -> dict[str, np.ndarray]:
     """Per visit and per ranking key fn(batch) -> [B,C] (higher = better): the DR term of its
     argmax choice (mean = the DR estimate of that policy's CTR)."""
-    out = {k: [] for k in keys}
+    out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     for a in range(0, len(rows), batch):
         r = rows[a : a + batch]
         b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, *sim)

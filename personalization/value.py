@@ -45,6 +45,7 @@ class ClickJudge:
     link_keys: np.ndarray  # int64 sorted page * L + label of every (page, query) link
     visit_intent: np.ndarray  # int64 [N] the latent intent (sub-topic) at each visit (-1 unknown)
     log_lr: np.ndarray  # float64 [S] log(1 + a / (1 - a) / pop(s)): a page of s's evidence
+    visit_page: np.ndarray  # int64 [N] VisitLog page index per visit
 
     @property
     def n_labels(self) -> int:
@@ -88,8 +89,6 @@ class ClickJudge:
         p = np.where(ok, np.clip(p, 0.0, 1.0), 0.0)
         return p if two else p[:, 0]
 
-    visit_page: np.ndarray = None  # int64 [N] VisitLog page index per visit (set by load_judge)
-
     def window_posterior(self, v, rows: np.ndarray, K: int, ttl_s: float) -> np.ndarray:
         """[B,S] posterior over the visit's intent from the window's pages of its session, with
         a uniform prior: what a policy that knew every page's true sub-topic could infer."""
@@ -108,8 +107,11 @@ class ClickJudge:
 
 def _read_queries(world_dir: Path) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
     qpath = world_dir / "queries.tsv"
-    ids, topic, sub, pop = [], [], [], []
-    text_to_id = {}
+    ids: list[int] = []
+    topic: list[int] = []
+    sub: list[int] = []
+    pop: list[float] = []
+    text_to_id: dict[str, int] = {}
     with open(qpath, encoding="utf-8") as f:
         next(f, None)
         for n, line in enumerate(f, 2):
@@ -189,11 +191,9 @@ def load_judge(world_dir: str | Path, log_dir: str | Path, v, label_names: list[
         lo = first[k]
         hi = first[k + 1] if k + 1 < len(first) else v.n
         visit_intent[lo:hi] = it
-    j = ClickJudge(
-        params, q_sub, q_top, q_head, sub_topic, page_sub, link_keys, visit_intent, log_lr
+    return ClickJudge(
+        params, q_sub, q_top, q_head, sub_topic, page_sub, link_keys, visit_intent, log_lr, v.page
     )
-    j.visit_page = v.page
-    return j
 
 
 # ------------------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ class VisitLog:
         """bool [B]: query q[b] was among the logger's candidates at visit rows[b] (inside its
         support: an exploring logger could have shown it)."""
         rows = np.asarray(rows, np.int64)
-        if self.logged_indptr is None:
+        if self.logged_indptr is None or self.logged_ids is None:
             return np.zeros(len(rows), bool)
         cnt = self.logged_indptr[rows + 1] - self.logged_indptr[rows]
         b = np.repeat(np.arange(len(rows)), cnt)

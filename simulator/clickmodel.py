@@ -44,13 +44,11 @@ DEFAULT_PARAMS = ClickParams()
 
 def _head_score(world: World) -> np.ndarray:
     """Per query: popularity / the most popular query of its sub-topic, in [0, 1] (cached)."""
-    cached = getattr(world, "_head_score", None)
-    if cached is None:
+    if world._head_score is None:
         best = np.zeros(world.n_subtopics)
         np.maximum.at(best, world.query_subtopic, world.query_pop)
-        cached = world.query_pop / np.maximum(best[world.query_subtopic], 1e-300)
-        world._head_score = cached
-    return cached
+        world._head_score = world.query_pop / np.maximum(best[world.query_subtopic], 1e-300)
+    return world._head_score
 
 
 def click_probability(

@@ -64,6 +64,7 @@ class World:
     meta: dict = field(default_factory=dict)
     page_split: list[str] | None = None
     _keys: np.ndarray | None = field(default=None, repr=False)
+    _head_score: np.ndarray | None = field(default=None, repr=False)  # simulator.clickmodel's
 
     @property
     def n_queries(self) -> int:
@@ -656,8 +657,8 @@ def load_world(path: str | Path) -> World:
         )
     meta = json.loads((path / "world.json").read_text())
     qpath = path / "queries.tsv"
-    rows = qpath.read_text(encoding="utf-8").split("\n")[1:]
-    rows = [r.split("\t") for r in rows if r]
+    lines = qpath.read_text(encoding="utf-8").split("\n")[1:]
+    rows = [r.split("\t") for r in lines if r]
     bad = next((i for i, r in enumerate(rows) if len(r) != 5), None)
     if bad is not None:
         raise WorldFormatError(f"{qpath}:{bad + 2}: expected 5 tab-separated fields")

@@ -19,6 +19,8 @@ VERSION = 1
 SUPPORTED = {1}
 
 _S, _N, _B, _LS, _LI, _LN = "str", "number", "bool", "list[str]", "list[int]", "list[number]"
+# list type -> what each item must be an instance of
+_ITEM: dict[str, type | tuple[type, ...]] = {_LS: str, _LI: int, _LN: (int, float)}
 
 # topic kind -> field -> (type, required, max length for strings/lists)
 SCHEMAS: dict[str, dict[str, tuple[str, bool, int]]] = {
@@ -112,7 +114,7 @@ def validate(kind: str, msg: Any) -> dict:
             if not isinstance(val, bool):
                 raise SchemaError(f"field {name!r} must be true/false, got {val!r}")
         else:
-            item = {_LS: str, _LI: int, _LN: (int, float)}[typ]
+            item = _ITEM[typ]
             if not isinstance(val, list) or not all(
                 isinstance(x, item) and not isinstance(x, bool) for x in val
             ):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from typing import Any
 
 from stream.settings import Settings
 
@@ -24,14 +25,13 @@ def check_kafka(settings: Settings, timeout_s: float = 5.0) -> None:
     from confluent_kafka.admin import AdminClient
 
     errors: list = []
-    admin = AdminClient(
-        {
-            **settings.librdkafka_options(),
-            "error_cb": errors.append,
-            "log_level": 0,
-            "logger": logging.getLogger("stream.librdkafka.check"),
-        }
-    )
+    conf: dict[str, Any] = {
+        **settings.librdkafka_options(),
+        "error_cb": errors.append,
+        "log_level": 0,
+        "logger": logging.getLogger("stream.librdkafka.check"),
+    }
+    admin = AdminClient(conf)
     deadline = time.monotonic() + timeout_s
     refused = False
     while time.monotonic() < deadline and not refused:
