@@ -69,6 +69,10 @@ class Model:
         return self
 
     label_names = tuple(f"q{i}" for i in range(10))
+    refused: tuple = ()
+
+    def maybe_reload(self):
+        return False
 
     def predict_with_features(self, titles, k):
         if any(t in self.fail for t in titles):
@@ -203,3 +207,60 @@ def test_watcher_open_without_a_promoted_version_names_the_file(tmp_path):
     (tmp_path / "versions").mkdir()
     with pytest.raises(FileNotFoundError, match="CURRENT: no promoted thing version yet"):
         RegistryWatcher(tmp_path, lambda d: d, "thing").open()
+
+
+# ---- the worker with injected clients -------------------------------------------------------
+class Future:
+    is_done = True
+
+    def get(self, timeout=None):
+        return None
+
+
+class Producer:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, topic, key=None, value=None):
+        self.sent.append((topic, value))
+        return Future()
+
+
+class Consumer:
+    def __init__(self):
+        self.commits = []
+
+    def commit(self, offsets):
+        self.commits.append({tp.partition: o.offset for tp, o in offsets.items()})
+
+
+def test_worker_runs_its_stages_on_injected_clients_and_commits_settled_offsets():
+    """No broker, no Redis: the worker's batch (stages, dead letters, metrics) and its
+    at-least-once settle/commit over clients it was given."""
+    from stream.batch_stages import default_stages
+    from stream.consumer_metrics import STAGES
+    from stream.settings import Settings
+    from stream.worker import Clients, StreamWorker
+
+    s = Settings(top_k=K, commit_interval_ms=0)
+    model, policy = Model(), Top1Policy()
+
+    def append(user_ids, states, with_history):
+        return [True] * len(states), [[] for _ in states], [None] * len(states)
+
+    producer, consumer = Producer(), Consumer()
+    clients = Clients(consumer, producer, None, Producer)
+    w = StreamWorker(
+        s, model, policy, "w-inj", clients=clients, stages=default_stages(s, model, policy, append)
+    )
+    recs = records(6, bad={4})
+    b = w.process(recs)
+    assert b.events == 5 and b.dead == 1 and len(b.futures) == 6
+    assert set(b.stages) == set(STAGES)
+    assert {tp.partition: o for tp, o in b.offsets.items()} == {0: 6}
+    assert {tp.partition: o for tp, o in b.first.items()} == {0: 0}
+    topics = [t for t, _ in producer.sent]
+    assert topics.count(s.topic_ad_queries) == 5 and topics.count(s.topic_dead_letters) == 1
+    w.inflight.append(b)
+    assert w.settle() == 1 and consumer.commits == [{0: 6}]
+    assert w.metrics.events == 5 and w.metrics.dead_letters == 1
