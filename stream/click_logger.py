@@ -143,7 +143,7 @@ def run_click_logger(
                 try:
                     x = convert(decode(schema, rec.value, MAX_MESSAGE_BYTES))
                     item = (rec, writers[kind].encode(x))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - any failure here is the record's fault
                     to_dead(rec, _reason(exc))
                     continue
                 if batch[kind].setdefault((x["user_id"], x["event_id"]), item) is not item:
