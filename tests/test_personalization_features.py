@@ -76,3 +76,7 @@ def test_sim_features_are_zero_without_a_table():
     )
     b = build_batch(z, I, S, m, np.zeros(20, np.float32), ts)
     assert not b.feats[..., [F["sim_current"], F["sim_block"], F["sim_window"]]].any()
+    # a table without its cosine statistics is refused by name (it was a TypeError on None)
+    T = sim_table_from_rows(rng.standard_normal((20, 12)).astype(np.float32) + 1.0, dim=8)
+    with pytest.raises(ValueError, match="sim_table needs sim_norm"):
+        build_batch(z, I, S, m, np.zeros(20, np.float32), ts, T)

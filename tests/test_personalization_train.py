@@ -76,6 +76,15 @@ def test_first_visits_get_the_top1_choice():
         assert np.array_equal(small.chosen[p], res.chosen[p]), p
 
 
+def test_training_without_a_finite_validation_objective_says_so():
+    """No epoch (0 epochs from a random start) leaves no weights to keep: a clear error, not
+    load_state_dict(None)."""
+    v, rows_w, _, _ = synthetic_visits(n_users=40, seed=2)
+    cfg = dataclasses.replace(CFG, epochs=0, init="random")
+    with pytest.raises(ValueError, match="no epoch gave a finite validation objective"):
+        train_policy(v, rows_w, cfg, progress=False)
+
+
 def test_bootstrap_lift_on_known_numbers():
     users = np.repeat(np.arange(50), 4)
     num = np.tile([1.0, 1.0, 1.0, 0.0], 50)  # 0.75
