@@ -72,13 +72,7 @@ def title_words(pred, text: str) -> list[Word]:
 
 def has_evidence(pred, text: str) -> bool:
     """Whether any feature of the title is known: otherwise the predictor's answer is its prior."""
-    if pred.vectorizer.transform_one(text)[0].size:
-        return True
-    rvec = getattr(pred, "ranker_vectorizer", None)
-    if rvec is not None and rvec.transform_one(text)[0].size:
-        return True
-    lt = getattr(pred, "label_text", None)
-    return lt is not None and lt.title_ids(text).size > 0
+    return bool(pred.has_evidence([text])[0])
 
 
 def proposers(pred, text: str, ids) -> list[list[str]]:

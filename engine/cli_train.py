@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -165,7 +166,14 @@ def _read_inputs(path):
 
 
 @click.command("predict")
-@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--model",
+    "model_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="A model registry (with CURRENT), one of its versions, a trained model directory or an "
+    "exported predictor.",
+)
 @click.option(
     "--input",
     "input_path",
@@ -194,19 +202,41 @@ def _read_inputs(path):
     "--no-verify", is_flag=True, help="Skip sha256 checks when loading (sizes are still checked)."
 )
 def predict(model_dir, input_path, out_path, texts, k, no_verify):
-    """Predict the top-k labels with a trained model (batch file or --text)."""
-    from engine.astec import Astec
+    """Predict the top-k labels with a trained model (batch file or --text).
+
+    A --text with no word the model knows prints "no known word: no queries" instead of the
+    model's prior (the same queries for every such text)."""
     from engine.astec.io import ModelDirError
-    from engine.formats import FormatError, write_predictions
+    from engine.formats import FormatError, detect_format, write_predictions
+    from engine.model_paths import ModelPathError, resolve_model
+    from engine.predictor import PredictorError, known_texts
 
     if not input_path and not texts:
         raise click.UsageError("give --input FILE (with --out) or --text 'some title'")
     if input_path and not out_path:
         raise click.UsageError("--input needs --out PRED.txt")
+    # features files need the trained model; text goes through the (faster to load) predictor
+    sparse_input = input_path is not None and detect_format(input_path) == "xc-sparse"
+    model: Any  # a Predictor or an Astec model: both predict(texts, k) and name their labels
     try:
-        model = Astec.load(model_dir, check_hashes=not no_verify)
-    except (ModelDirError, ValueError) as e:
+        where = resolve_model(model_dir, prefer="model" if sparse_input else "predictor")
+        if where.kind == "predictor":
+            if sparse_input:
+                raise click.ClickException(
+                    f"{where.path}: an exported predictor reads text, not the XC sparse features "
+                    f"of {input_path}: give the trained model directory (or its registry)"
+                )
+            from engine.predictor import Predictor
+
+            model = Predictor.load(str(where.path), check_hashes=not no_verify)
+        else:
+            from engine.astec import Astec
+
+            model = Astec.load(where.path, check_hashes=not no_verify)
+    except (ModelPathError, ModelDirError, PredictorError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    version = f", version {where.version}" if where.version else ""
+    click.echo(f"{where.kind}: {where.path}{version}", err=True)
     if input_path:
         try:
             inputs = _read_inputs(input_path)
@@ -224,8 +254,16 @@ def predict(model_dir, input_path, out_path, texts, k, no_verify):
     if texts:
         ids, scores = model.predict(list(texts), k=k)
         names = model.label_names
-        for t, row, sc in zip(texts, ids, scores, strict=True):
+        known = (
+            known_texts(list(texts), model.vectorizer, model.ranker_vectorizer, model.label_text)
+            if model.vectorizer is not None
+            else [True] * len(texts)
+        )
+        for t, row, sc, ok in zip(texts, ids, scores, known, strict=True):
             click.echo(f"{t}")
+            if not ok:
+                click.echo("  no known word: no queries")
+                continue
             for i, s in zip(row, sc, strict=True):
                 if i >= 0:
                     click.echo(f"  {s:.4f}  {names[i] if names else i}")

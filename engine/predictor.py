@@ -993,6 +993,13 @@ class Predictor:
         """(ids, scores, z) with z the first learner's final features float32 [n, D]."""
         return self._run(list(texts), int(k), want_z=True)
 
+    def has_evidence(self, texts: list[str]) -> np.ndarray:
+        """Whether each text holds anything the model knows: a word or n-gram of either
+        vectorizer, or a word of a label name. A text without any gets the learners' prior,
+        the same queries for every such text, which says nothing about the page: serving
+        code shows no ad for it (or names a fallback) rather than that guess."""
+        return known_texts(texts, self.vectorizer, self.ranker_vectorizer, self.label_text)
+
     def features(self, texts: list[str]) -> np.ndarray:
         """Final Astec features z (first learner) float32 [n, D], the GRU's input."""
         texts = list(texts)
@@ -1070,3 +1077,20 @@ def _load_ann(m: Manifest, ic: dict, dim: int, count: int, max_id: int, where: s
     else:
         raise PredictorError(f"{where}: field 'kind' must be 'hnsw' or 'exact', got {kind!r}")
     return ann
+
+
+def known_texts(
+    texts: list[str], vectorizer, ranker_vectorizer=None, label_text=None
+) -> np.ndarray:
+    """Per text, whether the model knows any of it (see Predictor.has_evidence); shared by the
+    exported predictor and the trained model."""
+    vecs = [v for v in (vectorizer, ranker_vectorizer) if v is not None]
+    return np.fromiter(
+        (
+            any(v.transform_one(t)[0].size for v in vecs)
+            or (label_text is not None and label_text.title_ids(t).size > 0)
+            for t in texts
+        ),
+        bool,
+        len(texts),
+    )

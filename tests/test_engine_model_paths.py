@@ -1,0 +1,68 @@
+"""Every command's --model takes what the user holds: a registry, a version, a trained model
+or an exported predictor; anything else is one line that says what to give."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from engine.model_paths import ModelPathError, resolve_model
+from engine.registry import Registry
+
+
+@pytest.fixture(scope="module")
+def registry(astec_predictor, tmp_path_factory) -> Path:
+    """A registry whose promoted version holds the fixture's model and predictor."""
+    root = tmp_path_factory.mktemp("reg") / "models"
+    reg = Registry(root)
+    st = reg.stage()
+    src = Path(astec_predictor).parent
+    shutil.copytree(src / "model", st.path / "model")
+    shutil.copytree(src / "predictor", st.path / "predictor")
+    reg.commit(st)
+    reg.promote(st.version)
+    return root
+
+
+def test_each_kind_of_path_resolves(registry, astec_predictor):
+    version = Registry(registry).current()
+    vdir = registry / "versions" / version
+    got = resolve_model(registry)
+    assert (got.kind, got.path, got.version) == ("predictor", vdir / "predictor", version)
+    assert resolve_model(registry, prefer="model").path == vdir / "model"
+    assert resolve_model(vdir).version == version
+    assert resolve_model(Path(astec_predictor).parent / "model").kind == "model"
+    assert resolve_model(astec_predictor).kind == "predictor"
+
+
+def test_anything_else_says_what_to_give(tmp_path):
+    with pytest.raises(ModelPathError, match=r"not a model; give a model registry .* predictor"):
+        resolve_model(tmp_path)
+    with pytest.raises(ModelPathError, match="no such directory"):
+        resolve_model(tmp_path / "missing")
+    (tmp_path / "CURRENT").write_text("")
+    with pytest.raises(ModelPathError):
+        resolve_model(tmp_path)  # an empty pointer: refused, not read as a path
+
+
+def test_predict_takes_a_registry_and_marks_titles_it_knows_nothing_of(registry):
+    from engine.cli_train import predict
+
+    res = CliRunner().invoke(
+        predict,
+        [
+            "--model",
+            str(registry),
+            "--text",
+            "openssh server",
+            "--text",
+            "zzqxv blorfx",
+            "--k",
+            "3",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    out = res.stdout.split("zzqxv blorfx")
+    assert len(out[0].strip().splitlines()) == 4  # the known title: its three queries
+    assert out[1].strip() == "no known word: no queries"  # not the prior's ten guesses
