@@ -74,6 +74,8 @@ class Batch:
     states: list[UserState] = field(default_factory=list)
     hists: list[list[UserState]] = field(default_factory=list)  # earlier states, oldest first
     query: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # chosen (-1: none)
+    # whether each page's title holds a word the model knows (empty: not checked)
+    known: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     served: list[dict] = field(default_factory=list)  # the policy's log fields per event
     model_version: str = ""  # the predictor that predicted this batch
     label_names: Any = None
@@ -104,7 +106,7 @@ class Batch:
             pick(self.served),
         )
         self.ids, self.scores, self.z = take(self.ids), take(self.scores), take(self.z)
-        self.query = take(self.query)
+        self.query, self.known = take(self.query), take(self.known)
 
 
 Stage = Callable[[Batch, Outbox], None]
@@ -124,9 +126,25 @@ def decode_stage(batch: Batch, out: Outbox, *, max_bytes: int) -> None:
     batch.records = [batch.records[i] for i in ok]
 
 
-def predict_stage(batch: Batch, out: Outbox, *, model: ModelHandle, top_k: int) -> None:
+def predict_stage(
+    batch: Batch, out: Outbox, *, model: ModelHandle, top_k: int, skip_unknown: bool = False
+) -> None:
     """The batch's top-k queries and page features in one call; if that call fails, event by
-    event, so only the events that fail on their own are dead-lettered."""
+    event, so only the events that fail on their own are dead-lettered. With skip_unknown, a
+    page whose title the model knows nothing of gets no queries (not the prior's guesses)."""
+    _predict(batch, out, model, top_k)
+    pred = model.predictor
+    if skip_unknown and len(batch) and hasattr(pred, "has_evidence"):
+        try:
+            batch.known = np.asarray(pred.has_evidence([m["title"] for m in batch.msgs]), bool)
+        except Exception as exc:  # noqa: BLE001 - a failed check serves the predictions as they are
+            log.warning("%s: evidence check failed (%s)", out.consumer_id, exc)
+            return
+        batch.ids[~batch.known] = -1
+        batch.scores[~batch.known] = 0.0
+
+
+def _predict(batch: Batch, out: Outbox, model: ModelHandle, top_k: int) -> None:
     pred = model.predictor
     batch.model_version, batch.label_names = model.version, pred.label_names
     titles = [m["title"] for m in batch.msgs]
@@ -209,6 +227,7 @@ def choose_stage(batch: Batch, out: Outbox, *, policy: Policy) -> None:
 
     try:
         batch.query, batch.served = serve(batch.hists, batch.states, batch.ids, batch.scores)
+        _no_ad_without_evidence(batch)
         return
     except Exception as exc:  # noqa: BLE001 - isolate the event(s) at fault
         log.warning("%s: batch policy failed (%s); choosing event by event", out.consumer_id, exc)
@@ -228,6 +247,14 @@ def choose_stage(batch: Batch, out: Outbox, *, policy: Policy) -> None:
             out.dead_letter(batch.records[i], reason("policy", exc))
     batch.keep(ok)
     batch.query, batch.served = np.asarray(query, np.int64), served
+    _no_ad_without_evidence(batch)
+
+
+def _no_ad_without_evidence(batch: Batch) -> None:
+    """No ad for a page the model knows nothing of, though the policy could pick one from the
+    user's earlier pages: the page gives no reason for it (Settings.no_evidence)."""
+    if len(batch.known) == len(batch.query):
+        batch.query = np.where(batch.known, batch.query, -1)
 
 
 def emit_stage(batch: Batch, out: Outbox, *, topic: str, policy_name: str) -> None:
@@ -269,7 +296,15 @@ def default_stages(
     """The pipeline, each stage under its metric name (stream.consumer_metrics.STAGES)."""
     return [
         ("decode", functools.partial(decode_stage, max_bytes=settings.max_message_bytes)),
-        ("predict", functools.partial(predict_stage, model=model, top_k=settings.top_k)),
+        (
+            "predict",
+            functools.partial(
+                predict_stage,
+                model=model,
+                top_k=settings.top_k,
+                skip_unknown=settings.no_evidence == "skip",
+            ),
+        ),
         (
             "redis",
             functools.partial(state_stage, append=append, with_history=policy.needs_history),

@@ -179,10 +179,25 @@ def log_clicks(settings, log_dir, max_seconds, restart):
 @settings_options
 def metrics(settings):
     """Print every live consumer's metrics (JSON lines) from Redis."""
-    from stream.consumer_metrics import read_all
-    from stream.state_store import connect
+    import redis
 
-    for m in read_all(connect(settings.redis_url), settings.redis_key_prefix):
+    from stream.consumer_metrics import read_all
+    from stream.state_store import connect, redis_address
+
+    try:
+        snaps = read_all(connect(settings.redis_url, retries=1), settings.redis_key_prefix)
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as e:
+        raise click.ClickException(
+            f"no Redis answers at {redis_address(settings.redis_url)} ({e}): start one with "
+            "`astec infra up` or set REDIS_URL (or --services-dir)"
+        ) from None
+    if not snaps:
+        click.echo(
+            f"no consumer has published metrics under '{settings.redis_key_prefix}' in the last "
+            "minutes: is `astec stream run` running against this Redis?",
+            err=True,
+        )
+    for m in snaps:
         click.echo(json.dumps(m))
 
 

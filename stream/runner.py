@@ -6,18 +6,40 @@ and leaves the group); a worker that dies abnormally (e.g. kill -9) is restarted
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from multiprocessing.context import SpawnProcess
 
 from stream.settings import Settings
 from stream.worker import worker_main
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def blas_threads(threads: int) -> Iterator[None]:
+    """The BLAS thread variables a spawned child inherits, set only while it starts (never left
+    in the supervisor's own environment). One BLAS thread per worker unless told otherwise: on a
+    busy box OpenBLAS' own threads spin against the other workers (a 8x300 @ 300x300 product went
+    from 0.1 ms to 16 ms); the child's numpy reads them when it loads, so they must be there
+    before the spawn."""
+    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    old = {v: os.environ.get(v) for v in names}
+    os.environ.update(dict.fromkeys(names, str(threads)))
+    try:
+        yield
+    finally:
+        for v, val in old.items():
+            if val is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = val
 
 
 def run_workers(
@@ -32,11 +54,6 @@ def run_workers(
     """Supervise n_workers processes until SIGTERM/SIGINT; returns the number of restarts.
 
     Worker i serves Prometheus metrics on settings.metrics_port + i (0: none)."""
-    # One BLAS thread per worker unless told otherwise: on a busy box OpenBLAS' own threads spin
-    # against the other workers (a 8x300 @ 300x300 product went from 0.1 ms to 16 ms).
-    # Set before the spawn so the children's numpy reads it when it loads.
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(threads)
     ctx = mp.get_context("spawn")
     host = socket.gethostname()
     stopping = False
@@ -53,9 +70,19 @@ def run_workers(
             target=worker_main,
             name=cid,
             daemon=False,
-            args=(settings, model_path, policy, policy_model, cid, port, threads, txn_id),
+            kwargs={
+                "settings": settings,
+                "model_path": model_path,
+                "policy_name": policy,
+                "policy_model": policy_model,
+                "consumer_id": cid,
+                "metrics_port": port,
+                "threads": threads,
+                "transactional_id": txn_id,
+            },
         )
-        p.start()
+        with blas_threads(threads):
+            p.start()
         log.info("started worker %s pid %s", cid, p.pid)
         return p
 

@@ -80,6 +80,12 @@ class Settings:
     state_k: int = 16
     state_ttl_s: int = 30 * 86400
     dedup_ttl_s: int = 7 * 86400
+    # replay window of the dedupe: the last dedup_n event ids per user (8 bytes each) beside the
+    # states; a replay older than that many of the user's visits would be stored again
+    dedup_n: int = 128
+    # a page whose title holds no word the model knows: "skip" shows no ad (counted in no_query;
+    # its state keeps no queries), "prior" shows the learners' prior, the same for every such page
+    no_evidence: str = "skip"
     redis_key_prefix: str = "astec"
     models_dir: str = "models"  # the engine registry the dashboard shows
     metrics_interval_s: float = 1.0
@@ -164,6 +170,7 @@ _CHOICES = {
     "producer_client": ("confluent", "kafka-python"),
     "consumer_client": ("confluent", "kafka-python"),
     "delivery": ("exactly-once", "at-least-once"),
+    "no_evidence": ("skip", "prior"),
     "kafka_security_protocol": ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"),
     "kafka_sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
 }

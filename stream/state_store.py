@@ -107,6 +107,14 @@ def connect(url: str, retries: int = 10) -> redis.Redis:
     )
 
 
+def redis_address(url: str) -> str:
+    """host:port of a Redis URL, without its password (for messages)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return f"{u.hostname or '127.0.0.1'}:{u.port or 6379}"
+
+
 def check_eviction_policy(client: redis.Redis) -> str | None:
     """The server's maxmemory-policy, logged as an error unless it is `noeviction` (an evicting
     Redis may drop a dedupe list, and a replay then appends twice without any error). None when

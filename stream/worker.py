@@ -168,6 +168,7 @@ class StreamWorker:
             settings.state_k,
             settings.state_ttl_s,
             settings.dedup_ttl_s,
+            settings.dedup_n,
         )
         self.stages = stages or default_stages(settings, model, policy, self._append_with_backoff)
         self.aborted = 0  # transactions aborted and replayed (exactly-once)

@@ -264,3 +264,89 @@ def test_worker_runs_its_stages_on_injected_clients_and_commits_settled_offsets(
     w.inflight.append(b)
     assert w.settle() == 1 and consumer.commits == [{0: 6}]
     assert w.metrics.events == 5 and w.metrics.dead_letters == 1
+
+
+class Knowing(Model):
+    """The fake predictor, knowing no word of titles that contain 'zz'."""
+
+    def has_evidence(self, titles):
+        return np.array(["zz" not in t for t in titles])
+
+
+def test_a_page_the_model_knows_nothing_of_gets_no_ad_even_from_history():
+    b, out, sent = decoded(3)
+    b.msgs[1]["title"] = "zzqxv blorfx"
+    predict_stage(b, out, model=Knowing(), top_k=K, skip_unknown=True)
+    assert b.known.tolist() == [True, False, True] and (b.ids[1] == -1).all()
+    state_stage(
+        b, out, append=lambda u, s, h: ([True] * 3, [[]] * 3, [None] * 3), with_history=True
+    )
+    assert b.states[1].query_ids.size == 0  # its state keeps no prior guesses for later windows
+
+    class FromHistory:  # like the GRU: would pick a query from the user's earlier pages
+        name, needs_history, version, refused = "hist", True, "p1", {}
+
+        def serve_batch(self, h, states, ids, scores):
+            sv = Top1Policy().serve_batch(h, states, np.full_like(ids, 7), scores)
+            return sv
+
+        def maybe_reload(self):
+            return False
+
+    choose_stage(b, out, policy=FromHistory())
+    emit_stage(b, out, topic="ads", policy_name="hist")
+    ads = [decode("ad_query", v, 1 << 20)["event_id"] for t, v in sent if t == "ads"]
+    assert ads == ["e0", "e2"] and b.no_query == 1 and len(b.answered_ts) == 3
+
+
+def test_no_evidence_prior_serves_the_predictions_as_they_are():
+    b, out, _ = decoded(2)
+    b.msgs[0]["title"] = "zzqxv"
+    predict_stage(b, out, model=Knowing(), top_k=K, skip_unknown=False)
+    assert b.known.size == 0 and (b.ids >= 0).all()
+
+
+def test_stream_metrics_without_redis_is_one_line_that_says_what_to_do(tmp_path):
+    import socket
+    import time
+
+    from click.testing import CliRunner
+
+    from stream.cli_stream import stream
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0", "ASTEC_SERVICES_DIR": str(tmp_path)}
+    t0 = time.monotonic()
+    res = CliRunner().invoke(stream, ["metrics"], env=env)
+    assert res.exit_code == 1 and time.monotonic() - t0 < 10
+    assert res.output.startswith(f"Error: no Redis answers at 127.0.0.1:{port}")
+    assert "astec infra up" in res.output and "hunter2" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def _child_blas(q):
+    import os
+
+    q.put(os.environ.get("OPENBLAS_NUM_THREADS"))
+
+
+def test_workers_get_their_blas_threads_without_changing_the_supervisors_environment(
+    monkeypatch,
+):
+    import multiprocessing as mp
+    import os
+
+    from stream.runner import blas_threads
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with blas_threads(3):
+        p = ctx.Process(target=_child_blas, args=(q,))
+        p.start()
+    assert q.get(timeout=60) == "3"
+    p.join(30)
+    assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["OMP_NUM_THREADS"] == "5"
