@@ -64,5 +64,7 @@ def resolve_model(path: str | Path, prefer: Kind = "predictor") -> ModelPath:
         raise ModelPathError(f"{p}: a registry version without a model or predictor directory")
     found = kind_of(p)
     if found is None:
-        raise ModelPathError(f"{p}: not a model; give {KINDS_HELP}")
+        raise ModelPathError(
+            f"{p}: not a model (no CURRENT, version.json or manifest.json in it); give {KINDS_HELP}"
+        )
     return ModelPath(p, found, version)
