@@ -61,7 +61,7 @@ class Settings:
     poll_timeout_ms: int = 20
     # kafka-python consumers: poll sleeps min(poll timeout, retry_backoff_ms) whenever a fetch has
     # just come back empty and no other is in flight, and new records wait out that sleep: at its
-    # default of 100 ms that was every ~100 ms stall of a paced stream (README, stream benchmark)
+    # default of 100 ms that was every ~100 ms stall of a paced stream (docs/benchmarks-stream.md)
     consumer_retry_backoff_ms: int = 20
     # offsets of settled batches are committed at most this often (and on shutdown / rebalance):
     # a commit per small batch was a broker request per few events (at-least-once either way)
