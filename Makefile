@@ -48,7 +48,7 @@ $(STAMP): pyproject.toml
 	# torch first and pinned. With no local CPU wheel (pip config's find-links), PyPI's Linux
 	# build comes with the CUDA 13 runtime wheels it loads at import even on CPU: ~4.5 GB in all.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,peers]'
+	$(PIP) install -q -e '.[all,dev,peers]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -61,8 +61,29 @@ def bench() -> None:
     """Benchmarks that print figures (accuracy, speed, memory) measured side by side."""
 
 
+# packages of the optional extras (pyproject.toml), and the extra that brings each
+EXTRA_OF = {
+    "kafka": "stream",
+    "confluent_kafka": "stream",
+    "redis": "stream",
+    "prometheus_client": "stream",
+    "streamlit": "dashboard",
+}
+
+
 def main() -> None:
-    cli(prog_name="astec")
+    try:
+        cli(prog_name="astec")
+    except ModuleNotFoundError as e:  # an engine-only install running a stream/dashboard command
+        extra = EXTRA_OF.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        click.echo(
+            f"Error: this command needs {e.name}, which an install without the '{extra}' extra "
+            f"leaves out: pip install 'astec-ads[{extra}]'",
+            err=True,
+        )
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":
