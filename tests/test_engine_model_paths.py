@@ -37,7 +37,11 @@ def test_each_kind_of_path_resolves(registry, astec_predictor):
 
 
 def test_anything_else_says_what_to_give(tmp_path):
-    with pytest.raises(ModelPathError, match=r"not a model \(no CURRENT, version.json or manifest.json in it\); give a model registry .* predictor"):
+    with pytest.raises(
+        ModelPathError,
+        match=r"not a model \(no CURRENT, version.json or manifest.json in it\); "
+        r"give a model registry .* predictor",
+    ):
         resolve_model(tmp_path)
     with pytest.raises(ModelPathError, match="no such directory"):
         resolve_model(tmp_path / "missing")
