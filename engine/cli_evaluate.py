@@ -90,7 +90,7 @@ def format_table(metrics: dict[str, float], ks: list[int]) -> str:
 @click.option(
     "--A",
     "A",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=PROPENSITY_A,
     show_default=True,
     help="Propensity A (0.6 Amazon, 0.5 Wikipedia).",
@@ -98,7 +98,7 @@ def format_table(metrics: dict[str, float], ks: list[int]) -> str:
 @click.option(
     "--B",
     "B",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=PROPENSITY_B,
     show_default=True,
     help="Propensity B (2.6 Amazon, 0.4 Wikipedia).",

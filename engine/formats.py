@@ -641,10 +641,15 @@ def load_dataset(
         if len(names) >= Y.shape[1]:
             Y = sp.csr_matrix((Y.data, Y.indices, Y.indptr), shape=(Y.shape[0], len(names)))
         elif labels_path is not None:
+            # name the line of the first id beyond the names (XC files have a header line)
+            Yc = sp.csr_matrix(Y)
+            pos = int(np.flatnonzero(Yc.indices >= len(names))[0])
+            src = Path(y_path) if y_path is not None else path
             raise FormatError(
-                labels_path,
-                None,
-                f"{len(names)} label names but the data uses label ids up to {Y.shape[1] - 1}",
+                src,
+                _row_of(Yc.indptr, pos) + (1 if fmt == "text-tsv" else 2),
+                f"label id {int(Yc.indices[pos])}, but {labels_path} names {len(names)} labels "
+                f"(ids 0..{len(names) - 1})",
             )
         else:
             names = None

@@ -22,16 +22,37 @@ def simulate() -> None:
     type=click.Path(file_okay=False),
     help="World directory to write.",
 )
-@click.option("--queries", default=50_000, show_default=True, help="Size of the query catalogue.")
-@click.option("--pages", default=100_000, show_default=True, help="Number of web pages.")
-@click.option("--users", default=10_000, show_default=True, help="Number of users.")
+@click.option(
+    "--queries",
+    type=click.IntRange(10, None),
+    default=50_000,
+    show_default=True,
+    help="Size of the query catalogue.",
+)
+@click.option(
+    "--pages",
+    type=click.IntRange(10, None),
+    default=100_000,
+    show_default=True,
+    help="Number of web pages.",
+)
+@click.option(
+    "--users",
+    type=click.IntRange(1, None),
+    default=10_000,
+    show_default=True,
+    help="Number of users.",
+)
 @click.option(
     "--seed", default=0, show_default=True, help="Random seed (the world is deterministic in it)."
 )
 @click.option(
-    "--topics", default=None, type=int, help="Number of topics (default: sqrt(queries)/10)."
+    "--topics",
+    default=None,
+    type=click.IntRange(1, None),
+    help="Number of topics (default: sqrt(queries)/10).",
 )
-@click.option("--subtopics-per-topic", default=8, show_default=True)
+@click.option("--subtopics-per-topic", type=click.IntRange(1, None), default=8, show_default=True)
 @click.option(
     "--from-dataset",
     "dataset",
@@ -75,17 +96,30 @@ def world_cmd(out, queries, pages, users, seed, topics, subtopics_per_topic, dat
 @click.option(
     "--out", "out", required=True, type=click.Path(file_okay=False), help="Log directory to create."
 )
-@click.option("--days", default=3, show_default=True)
+@click.option("--days", type=click.IntRange(1, None), default=3, show_default=True)
 @click.option(
     "--start", default="2026-01-05", show_default=True, help="First UTC day (YYYY-MM-DD)."
 )
 @click.option("--seed", default=0, show_default=True)
-@click.option("--search-clicks-per-day", default=None, type=int, help="Default: 5 x pages.")
 @click.option(
-    "--epsilon", default=0.3, show_default=True, help="Exploration of the logging policy."
+    "--search-clicks-per-day",
+    default=None,
+    type=click.IntRange(0, None),
+    help="Default: 5 x pages.",
 )
 @click.option(
-    "--history", default=5, show_default=True, help="Session pages whose queries are ad candidates."
+    "--epsilon",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.3,
+    show_default=True,
+    help="Exploration of the logging policy.",
+)
+@click.option(
+    "--history",
+    type=click.IntRange(1, None),
+    default=5,
+    show_default=True,
+    help="Session pages whose queries are ad candidates.",
 )
 def logs_cmd(world_dir, out, days, start, seed, search_clicks_per_day, epsilon, history):
     """Simulate search clicks, browsing sessions and ad impressions/clicks into LOG_DIR."""
