@@ -11,6 +11,7 @@ PYTEST_ARGS ?=
 .PHONY: install system-deps java-deps test lint demo clean
 
 install: system-deps java-deps $(STAMP) $(KAFKA_STAMP)
+	@echo "installed: run $(VENV)/bin/astec, or '. $(VENV)/bin/activate' and then astec"
 
 # Debian packages the services and tests need (Redis server, Chromium). Skipped when already present.
 system-deps:
