@@ -21,20 +21,20 @@ log = logging.getLogger(__name__)
 
 
 def resolve_predictor_dir(models: Path) -> Path:
-    """The predictor directory of MODELS_DIR (a registry root or a predictor dir itself)."""
-    if (models / "CURRENT").is_file():
-        from engine.registry import Registry
+    """The exported predictor MODELS names: a registry root, a version or a predictor directory
+    (engine.model_paths: one notion of model for every command)."""
+    from engine.model_paths import ModelPathError, resolve_model
 
-        cur = Registry(models).current_path()
-        if cur is None:
-            raise click.UsageError(f"{models}: the registry has no promoted version")
-        p = cur / "predictor"
-        return p if p.is_dir() else cur
-    if (models / "manifest.json").is_file():
-        return models
-    raise click.UsageError(
-        f"{models}: neither a model registry (CURRENT) nor a predictor directory (manifest.json)"
-    )
+    try:
+        where = resolve_model(models, prefer="predictor")
+    except ModelPathError as e:
+        raise click.UsageError(str(e)) from None
+    if where.kind != "predictor":
+        raise click.UsageError(
+            f"{models}: a trained model, not an exported predictor: run `astec export --model "
+            f"{models} --out DIR` (or give its registry)"
+        )
+    return where.path
 
 
 def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
