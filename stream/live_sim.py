@@ -55,12 +55,10 @@ class ClickResponder(threading.Thread):
         self.s, self.world, self.pending = settings, world, pending
         self.rng = np.random.default_rng(seed + 1)
         self.qid = {t: i for i, t in enumerate(world.query_text)}
+        # no consumer group: it reads its own run's answers from every partition (a group join
+        # on a topic created moments before could leave it without partitions for a minute)
         self.consumer = make_consumer(
-            settings,
-            [settings.topic_ad_queries],
-            f"{settings.consumer_group}-simulator-{run_id}",
-            auto_offset_reset="latest",
-            max_poll_records=2000,
+            settings, [], None, auto_offset_reset="latest", max_poll_records=2000
         )
         self.producer = make_producer(settings)
         self.stop_event = threading.Event()
@@ -73,15 +71,26 @@ class ClickResponder(threading.Thread):
         self.ready = threading.Event()
 
     def wait_assigned(self, timeout: float = 60.0) -> None:
-        """Join the group before any event is produced (offset reset is 'latest')."""
+        """Take every partition of the ad-queries topic at its current end, before any event is
+        produced, so no answer of this run is missed."""
+        from kafka.structs import TopicPartition
+
+        topic = self.s.topic_ad_queries
         deadline = time.monotonic() + timeout
-        while not self.consumer.assignment() and time.monotonic() < deadline:
-            self.consumer.poll(timeout_ms=100)
-        if not self.consumer.assignment():
+        parts = None
+        while not parts and time.monotonic() < deadline:
+            parts = self.consumer.partitions_for_topic(topic)
+            if not parts:
+                time.sleep(0.2)
+        if not parts:
             raise RuntimeError(
-                f"simulator consumer got no partition of {self.s.topic_ad_queries} "
-                f"within {timeout}s"
+                f"simulator consumer found no partition of {topic} within {timeout}s"
             )
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        self.consumer.assign(tps)
+        self.consumer.seek_to_end(*tps)
+        for tp in tps:
+            self.consumer.position(tp)  # resolve the end offsets now
 
     def run(self) -> None:
         from simulator.clickmodel import click_probability
@@ -131,7 +140,6 @@ class ClickResponder(threading.Thread):
                         ),
                     )
                 self.producer.flush()
-                self.consumer.commit()
                 self.answered += len(batch)
                 self.clicks += int(clicked.sum())
         finally:

@@ -87,7 +87,9 @@ def test_data_survives_down_up_and_kill9(tmp_path):
         t0 = time.monotonic()
         assert _read_group(s, topic, group, 1, timeout=150) == [b"d"]
         print(f"\nfirst read after kill -9 and restart: {time.monotonic() - t0:.1f} s")
-        assert sorted(_read_group(s, topic, f"fresh-{uuid.uuid4().hex[:4]}", 4)) == [
+        # a new group after the crash waits for its coordinator like the old one did
+        fresh = f"fresh-{uuid.uuid4().hex[:4]}"
+        assert sorted(_read_group(s, topic, fresh, 4, timeout=150)) == [
             b"a",
             b"b",
             b"c",
