@@ -83,7 +83,7 @@ def _wait_workers(services: Path, supervisor: subprocess.Popen, workers: int) ->
     rebalancing is answered twice (a batch in flight when its partition moves is replayed)."""
     import psutil
 
-    from stream.consumer_metrics import read_all
+    from stream.consumer_metrics import partitions_shared, read_all
     from stream.state_store import connect
 
     s = load_settings(services_dir=str(services))
@@ -97,8 +97,7 @@ def _wait_workers(services: Path, supervisor: subprocess.Popen, workers: int) ->
         except psutil.NoSuchProcess:
             ours = set()
         ms = [m for m in read_all(client, s.redis_key_prefix) if int(m["pid"]) in ours]
-        owned = [int(m["partitions"]) for m in ms]
-        if len(ms) == workers and min(owned) > 0 and sum(owned) == s.partitions:
+        if partitions_shared(ms, workers, s.partitions):
             return
         time.sleep(0.5)
     click.echo("the workers have not shared the partitions within 120 s; sending anyway", err=True)

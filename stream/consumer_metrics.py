@@ -214,6 +214,14 @@ def read_series(client, prefix: str, max_points: int = SERIES_LEN) -> dict[str, 
     return out
 
 
+def partitions_shared(snaps: list[dict], workers: int, partitions: int) -> bool:
+    """Whether exactly `workers` consumers each own partitions and together own all of them: the
+    group has settled. A worker publishes before it joins, so counting consumers alone would let
+    traffic start before the last rebalance (whose replays are answered twice)."""
+    owned = [int(m["partitions"]) for m in snaps]
+    return len(owned) == workers and all(owned) and sum(owned) == partitions
+
+
 def read_all(client, prefix: str) -> list[dict]:
     """Every live consumer's last snapshot (what the dashboard shows)."""
     ids = sorted(

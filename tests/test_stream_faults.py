@@ -19,7 +19,7 @@ from collections import Counter
 import psutil
 import pytest
 
-from stream.consumer_metrics import read_all
+from stream.consumer_metrics import partitions_shared, read_all
 from stream.schemas import decode, encode
 from stream.settings import settings_env
 from stream.state_store import StateStore, connect
@@ -87,17 +87,10 @@ def wait_for(cond, timeout, what):
 
 
 def wait_sharing(settings, workers: int, timeout: float = 90) -> None:
-    """Until exactly `workers` live consumers each own partitions and together own them all. A
-    worker publishes metrics before it joins the group, so counting consumers alone would let
-    traffic start before the last rebalance (whose replays then count as events twice)."""
+    """Until the live consumers have settled (stream.consumer_metrics.partitions_shared)."""
 
     def shared() -> bool:
-        ms = live_consumers(settings)
-        return (
-            len(ms) == workers
-            and all(int(m["partitions"]) > 0 for m in ms)
-            and sum(int(m["partitions"]) for m in ms) == settings.partitions
-        )
+        return partitions_shared(live_consumers(settings), workers, settings.partitions)
 
     wait_for(shared, timeout, f"{workers} worker(s) sharing the partitions")
 

@@ -350,3 +350,12 @@ def test_workers_get_their_blas_threads_without_changing_the_supervisors_environ
     assert q.get(timeout=60) == "3"
     p.join(30)
     assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["OMP_NUM_THREADS"] == "5"
+
+
+def test_the_group_has_settled_only_when_every_worker_owns_partitions():
+    from stream.consumer_metrics import partitions_shared
+
+    snap = [{"partitions": "4"}, {"partitions": "0"}]  # the second published before joining
+    assert not partitions_shared(snap, 2, 4)
+    assert partitions_shared([{"partitions": "1"}, {"partitions": "3"}], 2, 4)
+    assert not partitions_shared([{"partitions": "4"}], 2, 4)
