@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import click
@@ -203,7 +203,7 @@ def _write_round(
     bounds = np.concatenate([[0], np.cumsum(np.bincount(ss.v_session, minlength=len(ss.user)))])
     with open(out / "truth" / "intents.jsonl", "a", encoding="utf-8") as f:
         for k in range(len(ss.user)):
-            a = int(bounds[k])
+            a, b = int(bounds[k]), int(bounds[k + 1])
             f.write(
                 json.dumps(
                     {
@@ -212,6 +212,7 @@ def _write_round(
                         "subtopic": int(ss.intent[k]),
                         "topic": int(world.subtopic_topic[ss.intent[k]]),
                         "start_ts": round(vts[a], 3),
+                        "intents": ss.v_intent[a:b].tolist(),
                     }
                 )
                 + "\n"
@@ -258,22 +259,25 @@ def run_loop(
     )
     cfg = replace(cfg, K=policy.K)
     logs, registry = out / "logs", out / "gru"
+    sim_settings = LogSettings(seed=seed, epsilon=eps)
     sim = {
         "world": str(Path(world_dir).resolve()),
-        "settings": {"on_intent": LogSettings().on_intent, "loop": True},
+        "settings": {**asdict(sim_settings), "loop": True},
         "click_model": DEFAULT_PARAMS.to_dict(),
     }
     logs.mkdir(exist_ok=True)
     (logs / "simulation.json").write_text(json.dumps(sim, indent=1) + "\n")
     t0 = _start_ts(start)
     results = []
+    last_intent = None  # each user's intent carries over from round to round
     for rnd in range(rounds):
         clock = time.perf_counter()
         ss = simulate_sessions(
-            world, rng, t0 + rnd * days * DAY, LogSettings(days=days, seed=seed + rnd)
+            world, rng, t0 + rnd * days * DAY, replace(sim_settings, days=days), last_intent
         )
+        last_intent = ss.last_intent
         shown, prop, greedy, cands = _serve_round(world, predictor, policy, ss, 10, eps, temp, rng)
-        intent = ss.intent[ss.v_session]
+        intent = ss.v_intent
         p_shown = click_probability(shown, intent, ss.v_page, world=world)
         p_greedy = click_probability(greedy, intent, ss.v_page, world=world)
         clicked = rng.random(len(shown)) < p_shown

@@ -274,6 +274,8 @@ def evaluate_policies(
         prop = v.propensity[r]
         if sess_intent is not None and label_sub is not None:
             intent = sess_intent[v.session[r]]
+            if judge is not None:  # the intent at the visit (it drifts within sessions)
+                intent = np.where(judge.visit_intent[r] >= 0, judge.visit_intent[r], -2)
             sub = np.where(b.cand_ids >= 0, label_sub[np.maximum(b.cand_ids, 0)], -3)
         for name, ids in ranked.items():
             d = per[name]

@@ -1,17 +1,18 @@
 """Reference rows for `astec personalize evaluate --oracle`: the best intent hit reachable on
 simulated logs, from the simulator's own generative model (evaluation only, never training).
 
-A session draws its intent s from the user's interests w_u(s); each view is on-intent with
-probability a (a page of s, drawn by popularity) or else a popular page from anywhere. So the
-posterior over the intent after the session's views p_1..p_n is
+A session continues its user's last intent or draws afresh from the user's interests w_u(s),
+and drifts within the session; each view is on-intent with probability a (a page of s, drawn by
+popularity) or else a popular page from anywhere. The posterior over the intent at a visit is
+that hidden Markov chain filtered over the window's pages (personalization.intent_filter); with
+one intent per session it is P(s | p) ∝ w_u(s) * prod_j (1 + a / (1 - a) * [sub(p_j) = s] /
+pop(s)) over the session's pages, pop(s) the summed popularity of the pages of s.
 
-    P(s | p) ∝ w_u(s) * prod_j (1 + a / (1 - a) * [sub(p_j) = s] / pop(s))
-
-with pop(s) the summed popularity of the pages of s. The oracle picks the candidate whose
-sub-topic has the highest posterior: the Bayes-optimal intent hit for a policy that sees the
-same candidates and the same window, but knows every page's true sub-topic, the session's
-boundaries and (for "oracle") the user's true interests. "oracle_no_user" uses a uniform prior
-(what the window's pages alone allow). No learnt policy on these logs can beat these rows.
+The oracle picks the candidate whose sub-topic has the highest posterior: the Bayes-optimal
+intent hit for a policy that sees the same candidates and the same window, but knows every
+page's true sub-topic, the session boundaries, the chain's settings and (for "oracle") the
+user's true interests. "oracle_no_user" uses a uniform prior (what the window's pages alone
+allow). No learnt policy on these logs can beat these rows.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from personalization.intent_filter import chain_settings, intent_posterior
+
 
 @dataclass
 class OracleModel:
@@ -31,6 +34,8 @@ class OracleModel:
     log_lr: np.ndarray  # float64 [S]: log(1 + a / (1 - a) / pop(s))
     log_prior: np.ndarray  # float64 [U, S]: log of each VisitLog user's true interest weights
     label_subtopic: np.ndarray  # int64 [L]
+    persist: float = 0.0  # the simulator's intent chain (personalization.intent_filter)
+    drift: float = 0.0
 
 
 def load_oracle(
@@ -57,8 +62,9 @@ def load_oracle(
     S = max(max(spop, default=-1), int(np.max(label_subtopic, initial=-1))) + 1
     pop = np.zeros(S)
     pop[list(spop)] = list(spop.values())
-    sim = Path(log_dir) / "simulation.json"
-    a = float(json.loads(sim.read_text())["settings"]["on_intent"]) if sim.is_file() else 0.7
+    sim_path = Path(log_dir) / "simulation.json"
+    sim = json.loads(sim_path.read_text()) if sim_path.is_file() else {}
+    a = float(sim.get("settings", {}).get("on_intent", 0.7))
     a = min(max(a, 1e-6), 1 - 1e-6)
     log_lr = np.log1p(a / (1 - a) / np.maximum(pop, 1e-300))
     prior = np.full((len(user_ids), S), 1e-12)
@@ -73,27 +79,22 @@ def load_oracle(
                 seen[j] = True
     prior[~seen] = 1.0
     prior /= prior.sum(1, keepdims=True)
-    return OracleModel(psub, log_lr, np.log(prior), np.asarray(label_subtopic, np.int64))
+    return OracleModel(
+        psub, log_lr, np.log(prior), np.asarray(label_subtopic, np.int64), *chain_settings(sim)
+    )
 
 
 def oracle_keys(
     m: OracleModel, v, rows: np.ndarray, cand_ids: np.ndarray, K: int, ttl_s: float
 ) -> dict[str, np.ndarray]:
     """Ranking keys [B,C] of the oracle rows for visits `rows` (their window of K states)."""
-    idx, mask = v.window(rows, K, ttl_s)
-    same = mask & (v.session[idx] == v.session[rows][:, None])  # the session's views so far
-    sub = m.page_subtopic[v.page[idx]]
-    B, S = len(rows), len(m.log_lr)
-    counts = np.zeros((B, S))
-    b, k = np.nonzero(same & (sub >= 0))
-    np.add.at(counts, (b, sub[b, k]), 1.0)
-    loglik = counts * m.log_lr[None, :]
+    chain = (m.page_subtopic, m.log_lr, m.persist, m.drift)
+    no_user = intent_posterior(v, rows, K, ttl_s, *chain)
+    user = intent_posterior(v, rows, K, ttl_s, *chain, prior=np.exp(m.log_prior[v.user[rows]]))
     csub = np.where(cand_ids >= 0, m.label_subtopic[np.maximum(cand_ids, 0)], -1)
     out = {}
-    for name, logpost in (
-        ("oracle", loglik + m.log_prior[v.user[rows]]),
-        ("oracle_no_user", loglik),
-    ):
+    for name, post in (("oracle", user), ("oracle_no_user", no_user)):
+        logpost = np.log(np.maximum(post, 1e-300))
         key = np.take_along_axis(logpost, np.maximum(csub, 0), 1)
         out[name] = np.where(csub >= 0, key, -1e30)
     return out

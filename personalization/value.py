@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from personalization.intent_filter import chain_settings
+
 DEFAULT_CLICK = {
     "base": 0.005,
     "intent": 0.10,
@@ -46,6 +48,8 @@ class ClickJudge:
     visit_intent: np.ndarray  # int64 [N] the latent intent (sub-topic) at each visit (-1 unknown)
     log_lr: np.ndarray  # float64 [S] log(1 + a / (1 - a) / pop(s)): a page of s's evidence
     visit_page: np.ndarray  # int64 [N] VisitLog page index per visit
+    persist: float = 0.0  # the simulator's intent chain (personalization.intent_filter)
+    drift: float = 0.0
 
     @property
     def n_labels(self) -> int:
@@ -90,19 +94,14 @@ class ClickJudge:
         return p if two else p[:, 0]
 
     def window_posterior(self, v, rows: np.ndarray, K: int, ttl_s: float) -> np.ndarray:
-        """[B,S] posterior over the visit's intent from the window's pages of its session, with
-        a uniform prior: what a policy that knew every page's true sub-topic could infer."""
-        idx, mask = v.window(rows, K, ttl_s)
-        same = mask & (v.session[idx] == v.session[rows][:, None])
-        sub = self.page_sub[v.page[idx]]
-        B, S = len(rows), len(self.log_lr)
-        counts = np.zeros((B, S))
-        b, k = np.nonzero(same & (sub >= 0))
-        np.add.at(counts, (b, sub[b, k]), 1.0)
-        ll = counts * self.log_lr[None, :]
-        ll -= ll.max(1, keepdims=True)
-        post = np.exp(ll)
-        return post / post.sum(1, keepdims=True)
+        """[B,S] posterior over the visit's intent from the window's pages (the simulator's
+        intent chain, uniform prior): what a policy that knew every page's true sub-topic and
+        the session boundaries could infer."""
+        from personalization.intent_filter import intent_posterior
+
+        return intent_posterior(
+            v, rows, K, ttl_s, self.page_sub, self.log_lr, self.persist, self.drift
+        )
 
 
 def _read_queries(world_dir: Path) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
@@ -175,25 +174,51 @@ def load_judge(world_dir: str | Path, log_dir: str | Path, v, label_names: list[
     a = float(sim.get("settings", {}).get("on_intent", 0.7))
     a = min(max(a, 1e-6), 1 - 1e-6)
     log_lr = np.log1p(a / (1 - a) / np.maximum(spop, 1e-300))
-    # the intent at each visit (the session's)
-    sess_pos: dict[str, list[int]] = {}
-    for i, sid in enumerate(v.session_ids):  # a user's overlapping sessions split into pieces
-        sess_pos.setdefault(sid, []).append(i)
-    first = np.flatnonzero(np.r_[True, v.session[1:] != v.session[:-1]])
-    visit_intent = np.full(v.n, -1, np.int64)
-    per_sess: dict[int, object] = {}
-    with open(log_dir / "truth" / "intents.jsonl", encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            for k in sess_pos.get(rec["session_id"], ()):
-                per_sess[k] = int(rec["subtopic"])
-    for k, it in per_sess.items():  # once per session (not per visit)
-        lo = first[k]
-        hi = first[k + 1] if k + 1 < len(first) else v.n
-        visit_intent[lo:hi] = it
+    visit_intent = _visit_intents(v, log_dir / "truth" / "intents.jsonl")
+    persist, drift = chain_settings(sim)
     return ClickJudge(
-        params, q_sub, q_top, q_head, sub_topic, page_sub, link_keys, visit_intent, log_lr, v.page
+        params,
+        q_sub,
+        q_top,
+        q_head,
+        sub_topic,
+        page_sub,
+        link_keys,
+        visit_intent,
+        log_lr,
+        v.page,
+        persist,
+        drift,
     )
+
+
+def _visit_intents(v, path: Path) -> np.ndarray:
+    """int64 [N] the latent intent at each visit: the truth file's per-view `intents` (views in
+    time order) or, for logs written before intents drifted, the session's `subtopic`."""
+    first = np.flatnonzero(np.r_[True, v.session[1:] != v.session[:-1]])
+    ends = np.r_[first[1:], v.n]
+    pieces: dict[str, list[int]] = {}  # a user's overlapping sessions split into pieces
+    for k, sid in enumerate(v.session_ids):
+        pieces.setdefault(sid, []).append(k)
+    out = np.full(v.n, -1, np.int64)
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                rec = json.loads(line)
+                ks = pieces.get(rec["session_id"])
+                if not ks:
+                    continue
+                at = np.concatenate([np.arange(first[k], ends[k]) for k in ks])
+                per_view = rec.get("intents")
+                if per_view is not None and len(per_view) == len(at):
+                    out[at[np.argsort(v.ts[at], kind="stable")]] = per_view
+                else:  # the session's (first) intent when views were lost or not recorded
+                    out[at] = int(rec["subtopic"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise ValueError(
+                    f"{path}:{n}: expected {{session_id, subtopic, intents}}: {e}"
+                ) from e
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -121,7 +121,23 @@ def world_cmd(out, queries, pages, users, seed, topics, subtopics_per_topic, dat
     show_default=True,
     help="Session pages whose queries are ad candidates.",
 )
-def logs_cmd(world_dir, out, days, start, seed, search_clicks_per_day, epsilon, history):
+@click.option(
+    "--persist",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.7,
+    show_default=True,
+    help="P(a session continues the intent the user's previous session ended on).",
+)
+@click.option(
+    "--drift",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.05,
+    show_default=True,
+    help="P(the intent is redrawn at each view after a session's first).",
+)
+def logs_cmd(
+    world_dir, out, days, start, seed, search_clicks_per_day, epsilon, history, persist, drift
+):
     """Simulate search clicks, browsing sessions and ad impressions/clicks into LOG_DIR."""
     from simulator.traffic import LogSettings, simulate_logs
     from simulator.world import load_world
@@ -134,6 +150,8 @@ def logs_cmd(world_dir, out, days, start, seed, search_clicks_per_day, epsilon, 
         search_clicks_per_day=search_clicks_per_day,
         epsilon=epsilon,
         history=history,
+        persist=persist,
+        drift=drift,
     )
     summary = simulate_logs(w, out, s, world_dir=str(Path(world_dir).resolve()))
     click.echo(

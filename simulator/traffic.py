@@ -7,12 +7,17 @@ logs:
   LOG_DIR/ad_impressions/  {event_id, user_id, session_id, ts, url, title, query, candidates,
                             propensity, policy, model_version}  one query shown after each view
   LOG_DIR/ad_clicks/       {event_id, user_id, query, clicked, ts}  only for clicked impressions
-  LOG_DIR/truth/intents.jsonl  per session: latent intent (topic, subtopic), on_intent flags
+  LOG_DIR/truth/intents.jsonl  per session: latent intent at its first view (topic, subtopic),
+                               per view the intent (intents) and on_intent flags
                                (evaluation only; never read by training)
   LOG_DIR/simulation.json      the settings and counts of the run
 
-Sessions: a user has 1-3 latent interests; each session draws one as its intent (a sub-topic);
-each page view is on-intent with probability `on_intent`, otherwise a popular page from anywhere.
+Sessions: a user has 1-3 latent interests. A session's intent (a sub-topic) continues the
+intent the user's previous session ended on with probability `persist`, else it is a fresh draw
+from the interests by weight; at each later view of the session the intent drifts (a fresh draw)
+with probability `drift`. So a user's earlier sessions tell about the current one, and the
+latest pages tell more than the session's first. Each page view is on-intent with probability
+`on_intent` (a page of the view's intent, by popularity), otherwise a popular page from anywhere.
 The logging policy shows the current page's strongest query with probability 1 - epsilon and
 otherwise a uniform pick among the candidates (the top queries of the last `history` pages of the
 session), and logs the propensity, so the GRU can learn off-policy from these logs.
@@ -45,8 +50,10 @@ class LogSettings:
     seed: int = 0
     search_clicks_per_day: int | None = None  # default: 5 per page of the world
     noise: float = 0.03  # share of search clicks on a random (query, page)
-    on_intent: float = 0.7  # P(a page view follows the session's intent)
+    on_intent: float = 0.7  # P(a page view follows the view's intent)
     mean_session_views: float = 6.0
+    persist: float = 0.7  # P(a session continues the intent the user's previous session ended on)
+    drift: float = 0.05  # P(the intent is redrawn at a view after the session's first)
     epsilon: float = 0.3  # exploration of the logging policy
     history: int = 5  # pages of the session whose queries are candidates
     per_page: int = 3  # top queries per page in the candidate set
@@ -100,35 +107,81 @@ def simulate_search_clicks(world: World, rng, t0: float, s: LogSettings):
 @dataclass
 class Sessions:
     user: np.ndarray  # per session
-    intent: np.ndarray  # per session: subtopic id
+    intent: np.ndarray  # per session: subtopic id at its first view
     start: np.ndarray  # per session
     v_session: np.ndarray  # per view
     v_pos: np.ndarray  # per view: position within its session
     v_page: np.ndarray
     v_on: np.ndarray
     v_ts: np.ndarray
+    v_intent: np.ndarray  # per view: the intent (sub-topic) at that view
+    last_intent: np.ndarray  # per user: the intent their last session ended on (-1: none)
 
 
-def simulate_sessions(world: World, rng, t0: float, s: LogSettings) -> Sessions:
-    """Browsing sessions with a latent intent each; views in session order."""
-    n_sess = rng.poisson(world.user_activity * s.days)
-    user = np.repeat(np.arange(world.n_users), n_sess)
-    # intent: one of the user's interests, by weight (each user's weights sum to 1)
+def draw_interest(world: World, user: np.ndarray, rng) -> np.ndarray:
+    """One of each user's interests (sub-topic ids), by weight (each user's weights sum to 1)."""
     C = np.cumsum(world.interest_weight)
     idx = np.searchsorted(C, user + rng.random(len(user)), side="right")
     idx = np.clip(idx, world.interest_indptr[user], world.interest_indptr[user + 1] - 1)
-    intent = world.interest_subtopic[idx].astype(np.int64)
+    return world.interest_subtopic[idx].astype(np.int64)
+
+
+def _intents(
+    world: World,
+    rng,
+    user: np.ndarray,
+    start: np.ndarray,
+    v_session: np.ndarray,
+    v_pos: np.ndarray,
+    s: LogSettings,
+    last_intent: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first intent per session, intent per view, last intent per user): a session continues
+    the user's previous session's final intent with probability persist, views drift."""
+    n_sess, V = len(user), len(v_session)
+    fresh_s = draw_interest(world, user, rng)
+    fresh_v = draw_interest(world, user[v_session], rng)
+    switch = (v_pos > 0) & (rng.random(V) < s.drift)
+    # the last switch at or before each view (-1: none yet in its session)
+    at = np.where(switch, np.arange(V), -1)
+    first = np.concatenate([[0], np.flatnonzero(np.diff(v_session)) + 1])
+    seg = np.maximum.accumulate(np.where(v_pos == 0, np.arange(V), at))
+    last_sw = np.where(switch[seg], seg, -1)  # seg is the session's first view or a switch
+    # the intent a session ends on, if it switched: the last view's switch draw
+    end_view = np.concatenate([first[1:], [V]]) - 1 if n_sess else np.zeros(0, np.int64)
+    end_sw = last_sw[end_view]
+    prev = np.full(world.n_users, -1, np.int64) if last_intent is None else last_intent.copy()
+    order = np.lexsort((start, user))
+    rank = np.arange(n_sess) - np.searchsorted(user[order], user[order])
+    keep = rng.random(n_sess) < s.persist
+    init = np.empty(n_sess, np.int64)
+    for r in range(int(rank.max(initial=-1)) + 1):  # each user's r-th session, all users at once
+        k = order[rank == r]
+        p = prev[user[k]]
+        init[k] = np.where(keep[k] & (p >= 0), p, fresh_s[k])
+        prev[user[k]] = np.where(end_sw[k] >= 0, fresh_v[np.maximum(end_sw[k], 0)], init[k])
+    v_intent = np.where(last_sw >= 0, fresh_v[np.maximum(last_sw, 0)], init[v_session])
+    return init, v_intent, prev
+
+
+def simulate_sessions(
+    world: World, rng, t0: float, s: LogSettings, last_intent: np.ndarray | None = None
+) -> Sessions:
+    """Browsing sessions with a latent intent each (persisting across a user's sessions from
+    `last_intent`, per user, when given, and drifting within them); views in session order."""
+    n_sess = rng.poisson(world.user_activity * s.days)
+    user = np.repeat(np.arange(world.n_users), n_sess)
     start = t0 + rng.random(len(user)) * (s.days * DAY - 2 * 3600)
     length = np.minimum(1 + rng.geometric(1.0 / (s.mean_session_views - 1), len(user)), 60)
     v_session = np.repeat(np.arange(len(user)), length)
     first = np.concatenate([[0], np.cumsum(length)[:-1]])
     v_pos = np.arange(len(v_session)) - first[v_session]
+    intent, vi, last = _intents(world, rng, user, start, v_session, v_pos, s, last_intent)
     on = rng.random(len(v_session)) < s.on_intent
-    # on-intent views: a page of the intent subtopic by popularity; else a popular page anywhere
+    # on-intent views: a page of the view's intent subtopic by popularity; else a popular page
     order = np.argsort(world.page_subtopic, kind="stable")
     sub_sorted = world.page_subtopic[order]
     bounds = np.searchsorted(sub_sorted, np.arange(world.n_subtopics + 1))
-    vi = intent[v_session]
     lo, hi = bounds[vi], bounds[vi + 1]
     on &= hi > lo
     lo, hi = np.where(on, lo, 0), np.where(on, hi, world.n_pages)
@@ -137,7 +190,7 @@ def simulate_sessions(world: World, rng, t0: float, s: LogSettings) -> Sessions:
     gaps[v_pos == 0] = 0.0
     csum = np.cumsum(gaps)
     ts = start[v_session] + csum - csum[first][v_session]
-    return Sessions(user, intent, start, v_session, v_pos, page, on, ts)
+    return Sessions(user, intent, start, v_session, v_pos, page, on, ts, vi, last)
 
 
 def logging_policy(world: World, ss: Sessions, rng, s: LogSettings):
@@ -196,9 +249,7 @@ def simulate_logs(
 
     ss = simulate_sessions(world, rng, t0, s)
     cand, shown, prop = logging_policy(world, ss, rng, s)
-    p_click = click_probability(
-        shown, ss.intent[ss.v_session], ss.v_page, world=world, params=params
-    )
+    p_click = click_probability(shown, ss.v_intent, ss.v_page, world=world, params=params)
     clicked = rng.random(len(shown)) < p_click
     order = np.argsort(ss.v_ts, kind="stable")
     uid = [world.user_id(u) for u in ss.user.tolist()]
@@ -273,7 +324,7 @@ def simulate_logs(
 
     (out / "truth").mkdir(exist_ok=True)
     bounds = np.concatenate([[0], np.cumsum(np.bincount(ss.v_session, minlength=len(ss.user)))])
-    on_l = ss.v_on.tolist()
+    on_l, vint_l = ss.v_on.tolist(), ss.v_intent.tolist()
     with open(out / "truth" / "intents.jsonl", "w", encoding="utf-8") as f:
         for k in range(len(ss.user)):
             a, b = int(bounds[k]), int(bounds[k + 1])
@@ -287,6 +338,7 @@ def simulate_logs(
                         "start_ts": round(v_ts[a], 3),
                         "end_ts": round(v_ts[b - 1], 3),
                         "on_intent": on_l[a:b],
+                        "intents": vint_l[a:b],
                     }
                 )
                 + "\n"

@@ -44,7 +44,7 @@ def test_logs_are_valid_partitioned_and_time_ordered(logs):
 
 def test_search_clicks_are_zipfian_over_pages(logs):
     out, _ = logs
-    counts = {}
+    counts: dict[str, int] = {}
     for r in read_log(out, "search_clicks"):
         counts[r["url"]] = counts.get(r["url"], 0) + 1
     f = np.sort(np.array(list(counts.values())))[::-1]
@@ -58,16 +58,17 @@ def test_sessions_follow_a_persistent_latent_intent(world, logs):
     ]
     assert len(truth) == summary["counts"]["sessions"]
     sub_of_url = dict(zip(world.page_url, world.page_subtopic.tolist(), strict=True))
-    intent = {t["session_id"]: t["subtopic"] for t in truth}
-    by_session = {}
-    for v in read_log(out, "page_views"):
-        by_session.setdefault(v["session_id"], []).append(
-            sub_of_url[v["url"]] == intent[v["session_id"]]
-        )
+    intents = {t["session_id"]: t["intents"] for t in truth}
+    by_session: dict[str, list[bool]] = {}
+    for v in read_log(out, "page_views"):  # in time order: the n-th view of its session
+        h = by_session.setdefault(v["session_id"], [])
+        h.append(sub_of_url[v["url"]] == intents[v["session_id"]][len(h)])
     hits = np.concatenate([np.array(h) for h in by_session.values()])
     assert 0.55 < hits.mean() < 0.8  # on-intent most of the time, with off-intent pages
     long = [h for h in by_session.values() if len(h) >= 4]
     assert long and np.mean([np.mean(h) for h in long]) > 0.5
+    # the intent a session starts with is the one its first view follows
+    assert all(t["intents"][0] == t["subtopic"] for t in truth)
 
 
 def test_best_query_depends_on_history(world):
@@ -75,7 +76,7 @@ def test_best_query_depends_on_history(world):
     rng = np.random.default_rng(2)
     ss = simulate_sessions(world, rng, _start_ts(s.start), s)
     cand, _, _ = logging_policy(world, ss, rng, s)
-    intent = ss.intent[ss.v_session]
+    intent = ss.v_intent
     p = np.stack(
         [
             click_probability(cand[:, j], intent, ss.v_page, world=world)
@@ -99,16 +100,17 @@ def test_best_query_depends_on_history(world):
 def test_logged_ad_clicks_follow_the_click_model(world, logs):
     out, _ = logs
     truth = {
-        t["session_id"]: t["subtopic"]
+        t["session_id"]: t["intents"]
         for t in map(json.loads, (out / "truth" / "intents.jsonl").read_text().splitlines())
     }
     q_sub = dict(zip(world.query_text, world.query_subtopic.tolist(), strict=True))
-    rel, clicked = [], []
+    rel_l, clicked_l = [], []
     for o in ad_outcomes(out):
         assert 0 < o["propensity"] <= 1 and o["query"] in o["candidates"]
-        rel.append(q_sub[o["query"]] == truth[o["session_id"]])
-        clicked.append(o["clicked"])
-    rel, clicked = np.array(rel), np.array(clicked)
+        pos = int(o["event_id"].rsplit("-", 1)[1])  # ad-<session>-<view>: the view's intent
+        rel_l.append(q_sub[o["query"]] == truth[o["session_id"]][pos])
+        clicked_l.append(o["clicked"])
+    rel, clicked = np.array(rel_l), np.array(clicked_l)
     assert clicked[rel].mean() > 2 * clicked[~rel].mean()
 
 

@@ -52,6 +52,36 @@ def test_judge_equals_the_simulators_click_model(world, tmp_path):
     assert (got > 0.1).any() and (got == 0).any()  # both intent hits and "nothing shown"
 
 
+def test_judge_reads_the_intent_at_each_view(world, tmp_path):
+    """Intents drift within a session: the judge takes each visit's own intent from the truth
+    file (views in time order), and a session whose views are not all loaded falls back to its
+    first intent."""
+    import json
+
+    wdir, ldir = tmp_path / "w", tmp_path / "l"
+    save_world(world, wdir)
+    simulate_logs(world, ldir, LogSettings(days=2, seed=2, drift=0.3), world_dir=str(wdir))
+    truth = [json.loads(x) for x in (ldir / "truth" / "intents.jsonl").read_text().splitlines()]
+    sess = [t for t in truth if len(set(t["intents"])) > 1][:100]
+    assert len(sess) == 100
+    n = [len(t["intents"]) for t in sess]
+    n[-1] -= 1  # the last session lost a view
+    ts = np.concatenate([np.arange(k, 0, -1) * 1.0 for k in n])  # reversed: sorted by ts
+    v = SimpleNamespace(
+        titles=list(world.page_title),
+        session_ids=[t["session_id"] for t in sess],
+        session=np.repeat(np.arange(len(sess)), n),
+        page=np.zeros(sum(n), np.int64),
+        ts=ts,
+        n=sum(n),
+    )
+    judge = load_judge(wdir, ldir, v, world.query_text)
+    want = np.concatenate(
+        [t["intents"][::-1] for t in sess[:-1]] + [[sess[-1]["subtopic"]] * n[-1]]
+    )
+    np.testing.assert_array_equal(judge.visit_intent, want)
+
+
 def test_dr_interval_covers_the_actual_ctr_from_exploring_logs(world):
     """A logger exploring over the candidates (epsilon-softmax mixture, propensities logged)
     lets DR estimate another policy's CTR: its 95% interval holds the exact expected CTR that
@@ -76,7 +106,7 @@ def test_dr_interval_covers_the_actual_ctr_from_exploring_logs(world):
     col, prop, _ = explore(logits, mask, 0.5, 4.0, rng)
     R = np.arange(V)
     shown, p_shown = cand[R, col], prop[R, col]
-    intent = ss.intent[ss.v_session]
+    intent = ss.v_intent
     clicked = rng.random(V) < click_probability(shown, intent, ss.v_page, world=world)
     # target: the query of the previous page's top (the session's intent is more often there)
     tcol = np.where(mask[:, 3], 3, 0)
