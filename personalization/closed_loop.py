@@ -31,6 +31,28 @@ from simulator.traffic import DAY, LogSettings, _start_ts, simulate_sessions
 log = logging.getLogger(__name__)
 
 
+LOGGERS = ("top1", "most_frequent")  # fixed rankings that can serve a round instead of a GRU
+
+
+class BaselineLogger:
+    """A fixed ranking (personalization.evaluate.baseline_keys) over exactly the candidates the
+    GRU ranks (the window's Astec top-k), served with the same exploration: the logger for the
+    first logs a GRU learns from, when there is no policy yet. Not a true-link oracle: it knows
+    only what the engine predicts for the user's pages."""
+
+    def __init__(self, name: str, n_labels: int, K: int):
+        if name not in LOGGERS:
+            raise ValueError(f"unknown logger {name!r}: expected one of {', '.join(LOGGERS)}")
+        self.name, self.K, self.version = name, K, name
+        self.weights = {"log_pop": np.zeros(n_labels, np.float32), "sim_table": None}
+        self.weights["sim_norm"] = None
+
+    def logits(self, b) -> np.ndarray:
+        from personalization.evaluate import baseline_keys
+
+        return baseline_keys(b)[self.name].astype(np.float32)
+
+
 def _serve_round(
     world,
     predictor,
@@ -233,14 +255,18 @@ def run_loop(
     train_cfg=None,
     progress: bool = False,
     echo=print,
+    retrain: bool = True,
 ) -> list[dict]:
-    """Run `rounds` of serve -> log -> retrain; returns one record per round."""
+    """Run `rounds` of serve -> log -> retrain; returns one record per round. `policy_dir` is a
+    GRU policy or one of LOGGERS (a fixed ranking, exploring over the GRU's candidates);
+    without `retrain` every round serves it (logs for a first GRU)."""
     from engine.predictor import Predictor
     from personalization import policy as P
     from personalization.cli_policy import resolve_predictor_dir
     from personalization.policy import GruPolicy
     from personalization.train import TrainConfig, publish, train_policy
     from personalization.visits import load_visits
+    from personalization.window import WINDOW
     from simulator.world import load_world
 
     world = load_world(world_dir)
@@ -252,7 +278,12 @@ def run_loop(
     names = predictor.label_names
     eps = P.EPSILON if epsilon is None else epsilon
     temp = P.TEMPERATURE if temperature is None else temperature
-    policy = GruPolicy.load(policy_dir, backend="numpy")
+    if str(policy_dir) in LOGGERS:
+        policy: GruPolicy | BaselineLogger = BaselineLogger(
+            str(policy_dir), predictor.num_labels, WINDOW.K
+        )
+    else:
+        policy = GruPolicy.load(policy_dir, backend="numpy")
     rng = np.random.default_rng(seed)
     cfg = train_cfg or TrainConfig(
         K=policy.K, seed=seed, rows_per_epoch=30_000, epochs=2, objective="dr"
@@ -292,7 +323,7 @@ def run_loop(
             clicked,
             rng,
             f"r{rnd}s",
-            "gru-explore",
+            "gru-explore" if isinstance(policy, GruPolicy) else f"{policy.name}-explore",
             str(policy.version),
         )
         rec = {
@@ -304,10 +335,16 @@ def run_loop(
             "clicks": int(clicked.sum()),
             "explored": float((shown != greedy).mean()),
         }
+        if not retrain:
+            rec["seconds"] = round(time.perf_counter() - clock, 1)
+            echo(json.dumps(rec))
+            results.append(rec)
+            continue
         # retrain on everything the loop has logged (the policy's own explored traffic)
         v = load_visits(logs, predictor, k=cfg.topk, progress=progress)
         rows = predictor.classifier_rows(np.arange(predictor.num_labels))
-        weights, report = train_policy(v, rows, cfg, progress=progress, incumbent=policy)
+        incumbent = policy if isinstance(policy, GruPolicy) else None
+        weights, report = train_policy(v, rows, cfg, progress=progress, incumbent=incumbent)
         version, path = publish(
             registry, weights, cfg, {"train": report, "engine_version": v.engine_version}
         )
@@ -336,8 +373,8 @@ def run_loop(
     "--policy",
     "policy_dir",
     required=True,
-    type=click.Path(exists=True, file_okay=False),
-    help="The GRU policy served in the first round (version dir or registry root).",
+    help="The GRU policy served in the first round (version dir or registry root), or a fixed "
+    f"ranking over the same candidates ({', '.join(LOGGERS)}) as the first logger.",
 )
 @click.option(
     "--out",
@@ -370,6 +407,13 @@ def run_loop(
 @click.option("--epochs", default=2, show_default=True, help="Policy epochs per retrain.")
 @click.option("--rows-per-epoch", default=30_000, show_default=True)
 @click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--retrain/--no-retrain",
+    default=True,
+    show_default=True,
+    help="Retrain after each round; --no-retrain serves --policy every round (logs to train a "
+    "first GRU on: astec personalize train --logs OUT/logs).",
+)
 def loop_cmd(
     world_dir,
     models,
@@ -383,9 +427,17 @@ def loop_cmd(
     epochs,
     rows_per_epoch,
     seed,
+    retrain,
 ):
     """Closed loop: serve (exploring) -> log -> retrain, with the actual CTR of each round."""
     from personalization.train import TrainConfig
+
+    if policy_dir not in LOGGERS and not Path(policy_dir).is_dir():
+        raise click.BadParameter(
+            f"{policy_dir}: no such directory; give a GRU policy version or registry, or one of "
+            f"{', '.join(LOGGERS)}",
+            param_hint="--policy",
+        )
 
     cfg = TrainConfig(seed=seed, epochs=epochs, rows_per_epoch=rows_per_epoch, objective=objective)
     res = run_loop(
@@ -400,6 +452,7 @@ def loop_cmd(
         seed=seed,
         train_cfg=cfg,
         echo=click.echo,
+        retrain=retrain,
     )
     click.echo(f"{'round':>5} {'policy':<28} {'served CTR':>10} {'greedy CTR':>10} {'visits':>7}")
     for r in res:

@@ -58,5 +58,46 @@ def test_loop_serves_logs_and_retrains(astec_predictor, tmp_path):
     lv = load_visits(tmp_path / "loop" / "logs", pred, progress=False)
     has = lv.shown >= 0
     assert has.mean() > 0.9 and lv.in_logged(np.flatnonzero(has), lv.shown[has]).all()
-    assert np.isfinite(lv.logged_prob).mean() > 0.99
+    assert lv.logged_prob is not None and np.isfinite(lv.logged_prob).mean() > 0.99
     assert json.loads((tmp_path / "loop" / "loop.json").read_text()) == res
+
+
+def test_a_fixed_ranking_logs_over_the_grus_candidates(astec_predictor, tmp_path):
+    """The first logs need no GRU: most_frequent serves over exactly the candidates the GRU
+    ranks (the window's Astec top-k, not the world's true links), exploring, and --no-retrain
+    leaves the logs for `astec personalize train`; truth records each view's intent."""
+    from conftest import STREAM_DATA
+    from personalization.closed_loop import run_loop
+    from personalization.window import WINDOW
+    from simulator.world import save_world, world_from_dataset
+
+    world = world_from_dataset(STREAM_DATA, n_users=60, seed=5)
+    save_world(world, tmp_path / "world")
+    res = run_loop(
+        tmp_path / "world",
+        astec_predictor,
+        "most_frequent",
+        tmp_path / "loop",
+        rounds=2,
+        days=1,
+        epsilon=0.3,
+        seed=2,
+        echo=lambda *_: None,
+        retrain=False,
+    )
+    assert [r["policy"] for r in res] == ["most_frequent"] * 2
+    assert not (tmp_path / "loop" / "gru").exists()  # nothing trained
+    assert all(0.1 < r["explored"] < 0.4 for r in res)
+    imps = list(read_log(tmp_path / "loop" / "logs", "ad_impressions"))
+    views = list(read_log(tmp_path / "loop" / "logs", "page_views"))
+    assert len(imps) > 100 and {r["policy"] for r in imps} == {"most_frequent-explore"}
+    # candidates: the union of the Astec top-10 of the user's last K pages, none else
+    mean_c = np.mean([len(r["candidates"]) for r in imps])
+    assert 10 <= mean_c <= 10 * WINDOW.K
+    truth = [
+        json.loads(x)
+        for x in (tmp_path / "loop" / "logs" / "truth" / "intents.jsonl").read_text().splitlines()
+    ]
+    assert sum(len(t["intents"]) for t in truth) == len(views)
+    sim = json.loads((tmp_path / "loop" / "logs" / "simulation.json").read_text())
+    assert sim["settings"]["persist"] == 0.7 and sim["settings"]["epsilon"] == 0.3
