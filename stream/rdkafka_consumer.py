@@ -51,12 +51,14 @@ class RdConsumer:
                 "max.poll.interval.ms": max(
                     settings.max_poll_interval_ms, settings.session_timeout_ms
                 ),
-                "fetch.wait.max.ms": max(1, settings.poll_timeout_ms),
+                "fetch.wait.max.ms": max(1, settings.fetch_wait_max_ms),
                 "enable.partition.eof": False,
                 "socket.nagle.disable": True,
                 "logger": logging.getLogger("stream.librdkafka"),
+                "on_commit": self._committed,
             }
         )
+        self.async_commit_failures = 0  # commit_async results, reported under poll
         self._on_revoke = on_revoke
         self._assigned: set = set()
         if topics:
@@ -141,6 +143,25 @@ class RdConsumer:
             self._c.commit(offsets=parts, asynchronous=False)
         except KafkaException as exc:
             raise CommitFailedError(f"librdkafka refused the commit: {exc.args[0]}") from exc
+
+    def commit_async(self, offsets: dict) -> None:
+        """Commit without waiting for the coordinator's answer (the worker's periodic commit: a
+        synchronous one held every event that arrived meanwhile for a broker round trip). A
+        refusal is logged and counted when a later poll serves its report; the batches it
+        covered are replayed by the partitions' next owner, as after any failed commit."""
+        from confluent_kafka import TopicPartition as CkTopicPartition
+
+        if offsets:
+            parts = [
+                CkTopicPartition(tp.topic, tp.partition, int(getattr(o, "offset", o)))
+                for tp, o in offsets.items()
+            ]
+            self._c.commit(offsets=parts, asynchronous=True)
+
+    def _committed(self, err, _partitions) -> None:
+        if err is not None:
+            self.async_commit_failures += 1
+            log.warning("asynchronous commit failed (%s); its batches may be replayed", err)
 
     def lag(self) -> int | None:
         """Messages between this member's positions and its partitions' ends (high watermarks

@@ -316,7 +316,7 @@ class StreamWorker:
         if self.pending_offsets and (
             block or time.monotonic() - self._last_commit >= self.s.commit_interval_ms / 1000.0
         ):
-            self.commit_pending()
+            self.commit_pending(wait=block)
         return n
 
     def commit_before_rebalance(self) -> None:
@@ -327,19 +327,26 @@ class StreamWorker:
         except Exception as exc:  # noqa: BLE001 - the new owner replays; never break the rejoin
             log.warning("%s: commit before rebalance failed: %s", self.cid, exc)
 
-    def commit_pending(self) -> None:
-        """Commit the settled batches' offsets (a no-op when there are none)."""
+    def commit_pending(self, wait: bool = True) -> None:
+        """Commit the settled batches' offsets (a no-op when there are none); wait=False does
+        not wait for the coordinator where the consumer can commit asynchronously (the periodic
+        commit; on shutdown and before a rebalance the commit is waited for)."""
         if self.pending_offsets:
             offsets, self.pending_offsets = self.pending_offsets, {}
-            self.commit(offsets)
+            self.commit(offsets, wait)
         self._last_commit = time.monotonic()
 
-    def commit(self, offsets: dict) -> None:
+    def commit(self, offsets: dict, wait: bool = True) -> None:
         from kafka.errors import CommitFailedError, KafkaError
         from kafka.structs import OffsetAndMetadata
 
+        meta = {tp: OffsetAndMetadata(o, None, -1) for tp, o in offsets.items()}
+        commit_async = getattr(self.consumer, "commit_async", None)
         try:
-            self.consumer.commit({tp: OffsetAndMetadata(o, None, -1) for tp, o in offsets.items()})
+            if not wait and commit_async is not None:
+                commit_async(meta)
+            else:
+                self.consumer.commit(meta)
         except (CommitFailedError, KafkaError) as exc:
             # the partitions moved to another member: it replays them (idempotent state)
             self.commit_failures += 1
