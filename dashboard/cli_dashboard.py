@@ -46,8 +46,8 @@ def streamlit_command(host: str, port: int) -> list[str]:
     "models_dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Model registry (CURRENT + versions/), exported predictor, or a directory of "
-    "runs (default: the models_dir setting, 'models').",
+    help="A model registry (CURRENT + versions/), one of its versions, an exported predictor, "
+    "or a directory of runs (default: the models_dir setting, 'models').",
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True)
 @click.option(
@@ -101,6 +101,7 @@ def dashboard(models_dir, port, host, config_file, redis_url, policy_dir, logs_d
     Reads model artifacts, metrics files and Redis; never trains. Runs `streamlit run` in this
     process (Ctrl-C stops it).
     """
+    from dashboard.models import ModelsError, resolve_predictor
     from dashboard.sources import BENCH_ENV, LOGS_ENV, POLICY_ENV, find_logs, find_policy, mask_url
     from stream.settings import ConfigError, load_settings, settings_env
 
@@ -135,6 +136,11 @@ def dashboard(models_dir, port, host, config_file, redis_url, policy_dir, logs_d
         f"{mask_url(settings.redis_url)})",
         err=True,
     )
+    try:
+        found = resolve_predictor(models).describe()
+    except ModelsError as e:  # the offline page can still show run metrics; say what is missing
+        found = f"none ({e})"
+    click.echo(f"  predictor: {found}", err=True)
     click.echo(
         f"  GRU policy: {policy or 'none found (users page shows the top1 rule; --policy)'}"
         f"\n  click logs: {logs or 'none found (users page shows hashes; --logs)'}"

@@ -2,7 +2,9 @@
 
 MODELS_DIR may be
   * an engine registry (CURRENT -> versions/<id>/, the predictor in versions/<id>/predictor/),
-  * an exported predictor directory (manifest.json + predictor.json), or
+  * one of its versions, or an exported predictor directory (manifest.json + predictor.json),
+    resolved by engine.model_paths as every command does (a trained model is refused with the
+    `astec export` to run), or
   * any directory holding model/predictor directories (e.g. `astec train --out M/model` and
     `astec export --out M/predictor`).
 Offline metrics are found without a fixed layout: a run's `train_log.json` (written by
@@ -35,7 +37,17 @@ class PredictorRef:
 
     path: Path
     version: str
-    source: str  # "registry", "predictor" or "directory"
+    source: str  # "registry", "version", "predictor" or "directory"
+
+    def describe(self) -> str:
+        """What was found, in words (the dashboard command prints it)."""
+        where = {
+            "registry": f"the registry's promoted version {self.version}",
+            "version": f"registry version {self.version}",
+            "predictor": f"exported predictor {self.version}",
+            "directory": f"the newest predictor found below it, {self.version}",
+        }[self.source]
+        return f"{where}: {self.path}"
 
 
 @dataclass
@@ -81,25 +93,21 @@ def resolve_predictor(models: Path) -> PredictorRef:
             "(`astec train ... --out M/model`, `astec export --model M/model "
             "--out M/predictor`) and start the dashboard with --models M"
         )
-    if (models / "CURRENT").is_file() or (models / "versions").is_dir():
-        from engine.registry import RegistryError
+    if (models / "versions").is_dir() and not (models / "CURRENT").is_file():
+        raise ModelsError(f"{models / 'CURRENT'}: no promoted model version yet")
+    # a registry, one of its versions, a predictor or a trained model: the one rule of every
+    # command (engine.model_paths); a trained model is refused with the export to run
+    from engine.model_paths import ModelPathError, kind_of, require
 
-        reg = _registry(models)
+    if (models / "CURRENT").is_file() or (models / "version.json").is_file() or kind_of(models):
         try:
-            version = reg.current()
-        except RegistryError as e:
+            mp = require(models, "predictor")
+        except ModelPathError as e:
             raise ModelsError(str(e)) from None
-        if version is None:
-            raise ModelsError(f"{models / 'CURRENT'}: no promoted model version yet")
-        vdir = reg.path(version)
-        pdir = vdir / "predictor" if is_predictor_dir(vdir / "predictor") else vdir
-        if not is_predictor_dir(pdir):
-            raise ModelsError(
-                f"{vdir}: the current version has no exported predictor (predictor/manifest.json)"
-            )
-        return PredictorRef(pdir, version, "registry")
-    if is_predictor_dir(models):
-        return PredictorRef(models, _manifest_version(models) or models.name, "predictor")
+        if mp.version is not None:
+            source = "registry" if (models / "CURRENT").is_file() else "version"
+            return PredictorRef(mp.path, mp.version, source)
+        return PredictorRef(mp.path, _manifest_version(mp.path) or mp.path.name, "predictor")
     found = sorted(d for d in models.iterdir() if d.is_dir() and is_predictor_dir(d))
     if found:
         # several exported predictors side by side: the most recently written one

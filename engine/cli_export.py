@@ -16,7 +16,8 @@ from engine.export import ExportOptions
     "model_dir",
     required=True,
     type=click.Path(exists=True, file_okay=False),
-    help="Model directory written by `astec train`.",
+    help="The trained model to export: the directory `astec train --out` wrote, a model "
+    "registry (its promoted version's model) or one of its versions.",
 )
 @click.option(
     "--out",
@@ -136,7 +137,16 @@ def export(
     Load it with `engine.predictor.Predictor.load(OUT)` (no torch needed).
     """
     from engine.export import ExportError, export_model
+    from engine.model_paths import ModelPathError, require
     from engine.predictor import Predictor
+
+    try:
+        mp = require(model_dir, "model")
+    except ModelPathError as e:
+        raise click.ClickException(str(e)) from None
+    if mp.version is not None:
+        click.echo(f"exporting {mp.path} (registry version {mp.version})", err=True)
+    model_dir = str(mp.path)
 
     opts = ExportOptions(
         dtype=dtype,

@@ -61,10 +61,38 @@ def resolve_model(path: str | Path, prefer: Kind = "predictor") -> ModelPath:
         for want in (prefer, other):
             if kind_of(p / want) == want:
                 return ModelPath(p / want, want, version)
-        raise ModelPathError(f"{p}: a registry version without a model or predictor directory")
+        raise ModelPathError(
+            f"{p}: a registry version with no exported predictor (predictor/manifest.json) and "
+            "no trained model (model/manifest.json)"
+        )
     found = kind_of(p)
     if found is None:
         raise ModelPathError(
             f"{p}: not a model (no CURRENT, version.json or manifest.json in it); give {KINDS_HELP}"
         )
     return ModelPath(p, found, version)
+
+
+def _what(mp: ModelPath) -> str:
+    at = f" (registry version {mp.version})" if mp.version else ""
+    what = "an exported predictor" if mp.kind == "predictor" else "a trained model"
+    return f"{mp.path} is {what}{at}"
+
+
+def require(path: str | Path, kind: Kind) -> ModelPath:
+    """resolve_model(PATH) when it yields KIND, else one error saying what PATH holds and how to
+    get the KIND a command needs (a trained model is exported; a predictor cannot be turned back
+    into a model)."""
+    mp = resolve_model(path, prefer=kind)
+    if mp.kind == kind:
+        return mp
+    if kind == "predictor":
+        raise ModelPathError(
+            f"{_what(mp)}, not an exported predictor: export it with "
+            f"`astec export --model {mp.path} --out DIR` and give DIR, or give a registry "
+            "(`astec retrain` exports every version)"
+        )
+    raise ModelPathError(
+        f"{_what(mp)}, not a trained model: this command needs the model `astec train --out` "
+        "wrote (or a registry version holding one); a predictor cannot be turned back into one"
+    )

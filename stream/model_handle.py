@@ -1,9 +1,10 @@
 """The predictor a consumer uses, with hot reload from the model registry between batches.
 
-`--model PATH` is either a predictor directory (fixed) or a registry root holding CURRENT
-(`{"version": "<id>"}`) and versions/<id>/predictor/. Between batches the consumer calls
-`maybe_reload()`, which follows CURRENT by the one rule of stream.registry_watch (a version that
-fails to load is refused once, logged and counted, and the old predictor kept).
+`--model PATH` is a predictor directory or a registry version holding one (fixed), or a registry
+root holding CURRENT (`{"version": "<id>"}`) and versions/<id>/predictor/ (followed). Between
+batches the consumer calls `maybe_reload()`, which follows CURRENT by the one rule of
+stream.registry_watch (a version that fails to load is refused once, logged and counted, and the
+old predictor kept).
 """
 
 from __future__ import annotations
@@ -24,22 +25,18 @@ def load_predictor(path: str | Path, threads: int = 1) -> Any:
 
 
 def check_model(path: str | Path) -> None:
-    """Raise (naming the file) unless `path` is an exported predictor or a registry whose promoted
-    version holds one: the supervisor checks once, so a wrong --model is one clear error rather
-    than workers restarting on it until they give up. Files are checked for presence and size;
-    each worker verifies their hashes when it loads them."""
+    """Raise (naming the file) unless `path` is an exported predictor, a registry version holding
+    one, or a registry whose promoted version does (engine.model_paths: a trained model is
+    refused with the export command to run): the supervisor checks once, so a wrong --model is
+    one clear error rather than workers restarting on it until they give up. Files are checked
+    for presence and size; each worker verifies their hashes when it loads them."""
     from engine.manifest import verify_manifest
+    from engine.model_paths import ModelPathError, require
 
     p = Path(path)
-    if is_registry(p):
-        from engine.registry import Registry
-
-        registry = Registry(p)
-        version = registry.current()
-        if version is None:
-            raise FileNotFoundError(f"{p / 'CURRENT'}: no promoted model version yet")
-        p = registry.path(version) / "predictor"
-    verify_manifest(p, check_hashes=False)
+    if is_registry(p) and not (p / "CURRENT").is_file():
+        raise ModelPathError(f"{p / 'CURRENT'}: no promoted model version yet")
+    verify_manifest(require(p, "predictor").path, check_hashes=False)
 
 
 @dataclass
@@ -59,9 +56,16 @@ class ModelHandle:
         check_every_s: float = 1.0,
     ) -> ModelHandle:
         p = Path(path)
-        if not is_registry(p):
+        if not is_registry(p):  # a predictor, or a registry version holding one: fixed
+            version = ""
+            if (p / "version.json").is_file():
+                from engine.model_paths import require
+
+                mp = require(p, "predictor")
+                p, version = mp.path, mp.version or ""
             predictor = loader(p)
-            return cls(p, predictor, str(getattr(predictor, "version", "") or p.name))
+            version = version or str(getattr(predictor, "version", "") or p.name)
+            return cls(p, predictor, version)
         watcher = RegistryWatcher(
             p, lambda vdir: loader(vdir / "predictor"), "model", check_every_s
         )

@@ -70,3 +70,41 @@ def test_predict_takes_a_registry_and_marks_titles_it_knows_nothing_of(registry)
     out = res.stdout.split("zzqxv blorfx")
     assert len(out[0].strip().splitlines()) == 4  # the known title: its three queries
     assert out[1].strip() == "no known word: no queries"  # not the prior's ten guesses
+
+
+def test_the_stream_and_the_dashboard_take_a_registry_version(registry):
+    """check_model / ModelHandle.open (astec stream run) and the dashboard's --models load a
+    registry version directory, not only a registry or a bare predictor."""
+    from dashboard.models import resolve_predictor
+    from stream.model_handle import ModelHandle, check_model
+
+    version = Registry(registry).current()
+    vdir = registry / "versions" / version
+    check_model(vdir)
+    handle = ModelHandle.open(vdir)
+    assert handle.version == version and handle.watcher is None
+    assert handle.predictor.predict(["openssh server"], 3)[0].shape == (1, 3)
+    ref = resolve_predictor(vdir)
+    assert (ref.path, ref.version, ref.source) == (vdir / "predictor", version, "version")
+    assert version in ref.describe() and resolve_predictor(registry).source == "registry"
+
+
+def test_each_command_says_what_it_got_and_what_it_needs(registry, tmp_path):
+    """A trained model where a predictor is served, or a predictor given to `astec export`:
+    one line naming what the path holds and the command that makes what is needed."""
+    from dashboard.models import ModelsError, resolve_predictor
+    from engine.cli_export import export
+    from stream.model_handle import check_model
+
+    vdir = registry / "versions" / Registry(registry).current()
+    with pytest.raises(ModelPathError, match=r"is a trained model.*, not an exported predictor: "):
+        check_model(vdir / "model")
+    with pytest.raises(ModelsError, match=r"astec export --model .*model --out DIR"):
+        resolve_predictor(vdir / "model")
+    res = CliRunner().invoke(export, ["--model", str(vdir / "predictor"), "--out", "P"])
+    assert res.exit_code == 1 and "is an exported predictor, not a trained model" in res.output
+    res = CliRunner().invoke(
+        export, ["--model", str(registry), "--out", str(tmp_path / "p"), "--threads", "1"]
+    )
+    assert res.exit_code == 0, res.output
+    assert f"exporting {vdir / 'model'}" in res.output
