@@ -10,6 +10,45 @@ import click
 
 from infra.commands import BENCH_COMMANDS, COMMANDS, SUBCOMMANDS
 
+# The errors a user causes (a bad file, a wrong model directory, services not running, a bad
+# setting): every command's are one line `Error: ...` that names the file or field, exit 1. They
+# are matched by name along the exception's classes, so nothing is imported to recognise them.
+USER_ERRORS = frozenset(
+    {
+        "engine.formats.FormatError",
+        "engine.manifest.ManifestError",  # PredictorError too
+        "engine.model_paths.ModelPathError",
+        "engine.astec.io.ModelDirError",
+        "engine.astec.config.ConfigError",
+        "engine.clicklog.ClickLogError",
+        "engine.debian_packages.CatalogueError",
+        "engine.export.ExportError",
+        "engine.registry.RegistryError",
+        "engine.retrain.RetrainError",
+        "simulator.world.WorldFormatError",
+        "personalization.state.StateFormatError",
+        "personalization.artifact.PolicyFileError",
+        "personalization.evaluate.OverlapError",
+        "stream.settings.ConfigError",  # PolicyMismatch too
+        "stream.topics.KafkaUnavailable",
+        "infra.services.ServiceError",
+        "dashboard.sources.SourceError",
+        "dashboard.models.ModelsError",
+    }
+)
+# a missing or unreadable path the user gave: the message names it
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The one line to show for a user's error, or None for anything else (a bug: traceback)."""
+    if isinstance(exc, PATH_ERRORS) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__}
+    if names & USER_ERRORS:
+        return str(exc) or type(exc).__name__
+    return None
+
 
 class LazyGroup(click.Group):
     """A click group whose sub-commands are imported on first use."""
@@ -20,6 +59,17 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def invoke(self, ctx):
+        """Run the command; a user's error (USER_ERRORS) is one line, not a traceback
+        (ASTEC_TRACEBACK=1 shows the traceback)."""
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            line = None if os.environ.get("ASTEC_TRACEBACK") else user_error(exc)
+            if line is None or isinstance(exc, click.ClickException):
+                raise
+            raise click.ClickException(line) from exc
 
     def get_command(self, ctx, name):
         if name in self.lazy:
