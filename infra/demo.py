@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from stream.settings import load_settings
+from stream.traffic_options import traffic_options
 
 
 def _usable(root: Path, kind: str) -> bool:
@@ -166,28 +167,7 @@ def _show_ads(live_logs: Path, engine_models: Path, n: int = 8) -> None:
     show_default=True,
     help="Days of simulated logs to train on.",
 )
-@click.option(
-    "--rate",
-    type=click.FloatRange(min=0, min_open=True),
-    default=100.0,
-    show_default=True,
-    help="Live page views per second.",
-)
-@click.option(
-    "--duration",
-    type=click.FloatRange(min=0, min_open=True),
-    default=20.0,
-    show_default=True,
-    help="Seconds of measured live traffic.",
-)
-@click.option(
-    "--warmup",
-    type=click.FloatRange(min=0),
-    default=5.0,
-    show_default=True,
-    help="Seconds of live traffic before the measured part (kernel compilation, "
-    "first fetches); its latency is reported apart.",
-)
+@traffic_options(rate=100.0, duration=20.0, warmup=5.0)  # passed on to `astec stream simulate`
 @click.option(
     "--workers",
     type=click.IntRange(1, 64),

@@ -7,6 +7,8 @@ import json
 
 import click
 
+from stream.traffic_options import traffic_options
+
 
 def settings_options(f):
     """Options shared by every stream command; they override config file and env."""
@@ -49,11 +51,12 @@ def checked_model(ctx, param, value):
     """`--model` callback: one clear error naming the file while parsing, before any service or
     worker starts (stream.model_handle.check_model), for every command that serves a model."""
     from engine.manifest import ManifestError
+    from engine.model_paths import ModelPathError
     from stream.model_handle import check_model
 
     try:
         check_model(value)
-    except (ManifestError, OSError) as e:
+    except (ManifestError, ModelPathError, OSError) as e:
         raise click.ClickException(str(e)) from None
     return value
 
@@ -93,8 +96,8 @@ def stream() -> None:
     required=True,
     type=click.Path(exists=True, file_okay=False),
     callback=checked_model,
-    help="Exported predictor dir, or a model registry root (CURRENT + versions/): "
-    "the latter is hot-reloaded when a new version is promoted.",
+    help="A model registry root (CURRENT + versions/: hot-reloaded when a new version is "
+    "promoted), one of its versions, or an exported predictor (`astec export`).",
 )
 @click.option(
     "--workers",
@@ -210,28 +213,7 @@ def metrics(settings):
     type=click.Path(exists=True, file_okay=False),
     help="World directory (`astec simulate world`).",
 )
-@click.option(
-    "--rate",
-    type=click.FloatRange(min=0, min_open=True),
-    default=200.0,
-    show_default=True,
-    help="Page views per second.",
-)
-@click.option(
-    "--duration",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
-    show_default=True,
-    help="Seconds of measured traffic.",
-)
-@click.option(
-    "--warmup",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    help="Seconds of traffic before the measured part; their latency is reported apart "
-    "(warmup_e2a_ms_*).",
-)
+@traffic_options(rate=200.0, duration=30.0, warmup=0.0)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--drain",

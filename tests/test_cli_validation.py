@@ -16,6 +16,10 @@ from infra.cli import cli
         (["stream", "simulate", "--world", ".", "--rate", "-5"], "--rate"),
         (["stream", "simulate", "--world", ".", "--duration", "0"], "--duration"),
         (["demo", "--pages", "0"], "--pages"),
+        # the demo passes these on to `stream simulate`: one declaration (stream.traffic_options)
+        (["demo", "--rate", "0"], "--rate"),
+        (["demo", "--duration", "0"], "--duration"),
+        (["demo", "--warmup", "-1"], "--warmup"),
     ],
 )
 def test_out_of_range_numbers_are_refused_by_name(args, option, tmp_path):
