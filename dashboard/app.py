@@ -167,6 +167,11 @@ def page_predict(src: Sources) -> None:
     compare = len(versions) >= 2 and st.toggle(
         f"Compare two model versions side by side ({len(versions)} in the registry)", key="compare"
     )
+    if len(versions) < 2:
+        st.caption(
+            f"Side-by-side comparison: {len(versions)} model version here; it needs two "
+            "(`astec retrain` adds one, `astec demo --retrain` too)."
+        )
     if not text.strip():
         st.info(
             "Type a page title to see the queries the model predicts for it, the title's "
@@ -229,6 +234,21 @@ def _user_log(src: Sources, uid: str):
 @st.cache_data(max_entries=32, show_spinner="Reading the click log ...")
 def _read_user_log(logs: str, uid: str, _stamp):
     return users.read_user_log(Path(logs), uid)
+
+
+def _flat_note(probs: list[float]) -> str | None:
+    """Say so when the GRU hardly prefers its choice: near-equal top probabilities make the
+    choice close to a draw among them, which the table alone does not make plain."""
+    if len(probs) < 2 or probs[0] <= 0:
+        return None
+    spread = (probs[0] - probs[-1]) / probs[0]
+    if spread >= 0.2:
+        return None
+    return (
+        f"Nearly flat: the GRU's top {len(probs)} probabilities lie within {spread:.0%} of "
+        f"each other (at most {probs[0]:.3f}), so it barely prefers its choice; the Astec "
+        "scores show which candidates the pages themselves supported."
+    )
 
 
 def page_users(src: Sources) -> None:
@@ -334,6 +354,9 @@ def page_users(src: Sources) -> None:
                     ]
                 )
                 st.dataframe(rk, hide_index=True, key=f"rank-{i}")
+                flat = _flat_note(rk["GRU probability"].tolist())
+                if flat:
+                    st.caption(flat)
                 if i == 0:
                     import altair as alt
 
@@ -653,7 +676,11 @@ def page_health(src: Sources) -> None:
             g = st.columns(2)
             with g[0]:
                 st.markdown("**Dead letters** (cumulative)")
-                st.line_chart(health.pivot(series, "dead_letters"), height=200)
+                dead = health.pivot(series, "dead_letters")
+                if dead.empty or not (dead.fillna(0).to_numpy() > 0).any():
+                    st.caption("None in this window: every event was answered or skipped.")
+                else:
+                    st.line_chart(dead, height=200)
             with g[1]:
                 st.markdown("**Consumer lag** (messages behind the partitions' ends)")
                 lag = health.pivot(series, "lag")
