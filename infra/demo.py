@@ -46,6 +46,37 @@ def _usable(root: Path, kind: str) -> bool:
         return False
 
 
+def _evaluate_current(engine_models: Path) -> None:
+    """`astec evaluate --json` of the promoted version on its held-out file, into the version
+    directory, where the dashboard's offline page finds it (P@k against k, each label-frequency
+    bin's share of P@5). Skipped, saying so, while the version's data/test.tsv is empty."""
+    from engine.registry import Registry
+
+    vdir = Registry(engine_models).current_path()
+    if vdir is None or (vdir / "eval_test.json").exists():
+        return
+    data = vdir / "data"
+    test = data / "test.tsv"
+    if not test.is_file() or test.stat().st_size == 0:
+        click.echo(f"{test}: no held-out points; the offline bins are not computed", err=True)
+        return
+    pred = vdir / "test.pred"
+    _run(_astec("predict", "--model", str(vdir), "--input", str(test), "--out", str(pred)))
+    _run(
+        _astec(
+            "evaluate",
+            "--test",
+            str(test),
+            "--pred",
+            str(pred),
+            "--train",
+            str(data / "train.tsv"),
+            "--json",
+            str(vdir / "eval_test.json"),
+        )
+    )
+
+
 def _astec(*args: str) -> list[str]:
     return [sys.executable, "-m", "infra.cli", *args]
 
@@ -284,6 +315,7 @@ def demo(
             )
         )
 
+    _evaluate_current(engine_models)
     _run(_astec("infra", "up", "--data-dir", str(services)))
     procs: list[subprocess.Popen] = []
     try:
