@@ -365,6 +365,8 @@ def test_every_page_in_chromium(demo_dashboard, tmp_path, capsys):
     demo = info["demo"]
     assert f"GRU policy: {demo / 'models/gru'}" in info["log"], info["log"]
     assert f"click logs: {demo / 'live-logs'}" in info["log"], info["log"]
+    # and says which predictor --models resolved to (engine.model_paths, as every command)
+    assert f"predictor: the registry's promoted version {info['v2']}" in info["log"], info["log"]
     chrome = Chrome(tempfile.mkdtemp(prefix="chrome-", dir=tmp_path))
     try:
         drive_every_page(chrome, url, info, shots)
