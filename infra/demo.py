@@ -381,4 +381,5 @@ def demo(
         click.echo("Stop everything:")
         click.echo(f"  kill {pids} && astec infra down --data-dir {services}")
     else:
-        click.echo(f"  astec demo --keep-services && {dash}")
+        # the same work directory: the dashboard command names this run's artefacts
+        click.echo(f"  astec demo --workdir {shlex.quote(str(workdir))} --keep-services && {dash}")
