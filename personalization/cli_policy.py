@@ -311,11 +311,12 @@ def personalize() -> None:
 )
 @click.option(
     "--init",
-    type=click.Choice(["sim_rank", "random"]),
+    type=click.Choice(["sim_rank", "fitted", "random"]),
     default="sim_rank",
     show_default=True,
     help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
-    "residual; the start competes in the best-epoch selection. random: torch init.",
+    "residual; fitted: start as a logistic fit of the logged clicks on the hand features; the "
+    "start competes in the best-epoch selection. random: torch init.",
 )
 @click.option(
     "--objective",

@@ -166,6 +166,56 @@ def calibrate_ranking(
     return float(theta[0]), float(theta[1])
 
 
+def fit_start(
+    v: VisitLog,
+    rows: np.ndarray,
+    cfg: TrainConfig,
+    log_pop: np.ndarray,
+    sim: tuple,
+    n: int = 60_000,
+    seed: int = 0,
+    l2: float = 1e-3,
+) -> tuple[np.ndarray, float]:
+    """(weights [N_FEATURES], bias) of a ridge logistic regression of the logged clicks on the
+    hand features of the shown query: the best fixed linear ranking these logs support. When
+    the logger explores over the policy's own candidates (astec simulate loop) every candidate
+    the policy can pick has logged impressions, so the fit ranks them; a linear model keeps to
+    what ~10^4 clicks can tell (a tree model fitted the same way chose off-support candidates
+    and earned 0.069 against the linear 0.123 in the simulator)."""
+    from personalization.value import fit_logistic
+
+    rng = np.random.default_rng(seed)
+    r_all = np.sort(rng.choice(rows, min(n, len(rows)), replace=False))
+    X, y = [], []
+    for a in range(0, len(r_all), 4096):
+        r = r_all[a : a + 4096]
+        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, *sim)
+        shown = v.shown[r]
+        eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
+        has = np.flatnonzero(eq.any(1))
+        X.append(b.feats[has, eq[has].argmax(1)])
+        y.append(v.clicked[r][has])
+    Xa, ya = np.concatenate(X).astype(np.float64), np.concatenate(y).astype(np.float64)
+    if len(ya) == 0 or ya.min() == ya.max():
+        return np.zeros(Xa.shape[1], np.float32), 0.0
+    th = fit_logistic(Xa, ya, l2=l2)
+    return th[:-1].astype(np.float32), float(th[-1])
+
+
+def start_weights(
+    v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop: np.ndarray, sim: tuple
+) -> tuple[np.ndarray, float, dict]:
+    """(linear weights, bias, report fields) of the policy's start (cfg.init)."""
+    if cfg.init == "fitted":
+        w, bias = fit_start(v, rows, cfg, log_pop, sim, seed=cfg.seed)
+        return w, bias, {"init": "fitted", "init_weights": w.tolist(), "init_bias": bias}
+    if cfg.init == "sim_rank":
+        w0 = sim_rank_weights(sim[1])
+        scale, bias = calibrate_ranking(v, rows, cfg, log_pop, sim, w0, seed=cfg.seed)
+        return scale * w0, bias, {"init": "sim_rank", "init_scale": scale, "init_bias": bias}
+    raise ValueError(f"init must be 'fitted', 'sim_rank' or 'random', got {cfg.init!r}")
+
+
 def split_rows(
     v: VisitLog, val_frac: float, before_ts: float = np.inf
 ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -359,18 +409,14 @@ def train_policy(
             best = val["val_objective"]
             best_state = {k: t.detach().clone() for k, t in net.state_dict().items()}
 
-    start = {}
-    if cfg.init == "sim_rank":
-        w0 = sim_rank_weights(sim_norm)
-        scale, bias = calibrate_ranking(v, train_rows, cfg, log_pop, sim, w0, seed=cfg.seed)
-        net.start_at(scale * w0, bias)
-        start = {"init": "sim_rank", "init_scale": scale, "init_bias": bias}
+    start: dict = {}
+    if cfg.init != "random":
+        w_start, b_start, start = start_weights(v, train_rows, cfg, log_pop, sim)
+        net.start_at(w_start, b_start)
         val = _validation(net, v, val_rows, cfg, log_pop, sim)
         history.append({"epoch": 0, **val, "elapsed_s": round(time.perf_counter() - t0, 1)})
-        log.info("start (sim_rank x %.3f %+.3f): %s", scale, bias, json.dumps(history[-1]))
+        log.info("start (%s): %s", cfg.init, json.dumps(history[-1]))
         keep_if_best(val)
-    elif cfg.init != "random":
-        raise ValueError(f"init must be 'sim_rank' or 'random', got {cfg.init!r}")
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for epoch in range(cfg.epochs):
         net.train()
@@ -645,12 +691,13 @@ def _train_dr(
     best kept. Returns (exported weights, report)."""
     t0 = time.perf_counter()
     D = classifier_rows.shape[1]
-    w0 = sim_rank_weights(sim[1])
-    scale, bias = calibrate_ranking(v, train_rows, cfg, log_pop, sim, w0, seed=cfg.seed)
+    if cfg.init == "random":
+        raise ValueError("objective dr starts from a fixed ranking: init 'fitted' or 'sim_rank'")
+    w_start, b_start, start = start_weights(v, train_rows, cfg, log_pop, sim)
 
     def fresh():
         net = GruPolicyNet(cfg.gru_config(), D, rows_n, log_pop)
-        net.start_at(scale * w0, bias)
+        net.start_at(w_start, b_start)
         return net
 
     def batches(perm):
@@ -711,16 +758,17 @@ def _train_dr(
         log_pop,
         sim,
         reward,
-        {**base_keys, "reward_greedy": _net_key(rnet), **extra},
+        {**base_keys, "start": lambda b, r: b.feats @ w_start, "reward_greedy": _net_key(rnet)}
+        | extra,
     )
     users = v.user[val_rows]
     # 2. policy: listwise, maximise the DR value of softmax(logits / T) over the candidates,
     # starting from the better (validation DR) of the fixed ranking and the reward model
     net = fresh()
-    if val_terms["reward_greedy"].mean() > val_terms["sim_rank"].mean():
+    if val_terms["reward_greedy"].mean() > val_terms["start"].mean():
         net.load_state_dict(rnet.state_dict())
     cands = {
-        "sim_rank": (float(val_terms["sim_rank"].mean()), None),
+        "start": (float(val_terms["start"].mean()), None),
         "reward_greedy": (
             float(val_terms["reward_greedy"].mean()),
             {k: t.clone() for k, t in rnet.state_dict().items()},
@@ -777,9 +825,7 @@ def _train_dr(
         "val_vs_current_policy": vs_cur,
         "current_policy": getattr(incumbent, "version", None) if vs_cur else None,
         "objective": "dr",
-        "init": "sim_rank",
-        "init_scale": scale,
-        "init_bias": bias,
+        **start,
         "epochs": history,
         "chosen": best,
         "val_dr": {k: float(x.mean()) for k, x in term_of.items()},

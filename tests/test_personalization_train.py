@@ -263,6 +263,34 @@ def test_sim_rank_start_is_the_fixed_ranking_and_competes_for_best_epoch(tmp_pat
     assert rep_rand["epochs"][0]["epoch"] == 1 and "init_scale" not in rep_rand
 
 
+def test_fitted_start_is_the_logistic_fit_of_the_logged_clicks(tmp_path):
+    """init="fitted": the start is a ridge logistic regression of the logged clicks on the
+    shown query's hand features (refitting it by hand gives the same weights), the policy ranks
+    by it before any step (lr 0), and it competes as epoch 0; the DR trainer scores it as
+    'start'."""
+    from personalization.train import make_batch
+    from personalization.value import fit_logistic
+
+    v, rows_w, _q_topic, _intent = synthetic_visits(n_users=60, seed=6)
+    cfg = dataclasses.replace(HELD, epochs=1, lr=0.0, init="fitted")
+    w, rep = train_policy(v, rows_w, cfg, progress=False)
+    assert rep["init"] == "fitted" and rep["best_epoch"] == 0
+    train_rows, _, _ = split_rows(v, cfg.val_frac, rep["holdout_split_ts"])
+    _, m = v.window(train_rows, 2, cfg.ttl_s)
+    r = train_rows[m[:, 0]]
+    b = make_batch(v, r, cfg.K, cfg.ttl_s, w["log_pop"], w["sim_table"], w["sim_norm"])
+    eq = (b.cand_ids == v.shown[r][:, None]) & (v.shown[r][:, None] >= 0)
+    has = np.flatnonzero(eq.any(1))
+    th = fit_logistic(b.feats[has, eq[has].argmax(1)].astype(np.float64), v.clicked[r][has], 1e-3)
+    np.testing.assert_allclose(rep["init_weights"], th[:-1], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(w["lin.w"], th[:-1], rtol=1e-3, atol=1e-4)
+    assert not np.allclose(th[:-1], 0)
+    _w, rep_dr = train_policy(
+        v, rows_w, dataclasses.replace(cfg, objective="dr", lr=3e-3, reward_epochs=1), False
+    )
+    assert "start" in rep_dr["val_dr"] and rep_dr["init"] == "fitted"
+
+
 def test_dr_training_earns_more_clicks_than_every_baseline():
     """objective "dr": the reward model + DR-listwise policy, kept by validation DR value,
     earns a higher true CTR on held-out sessions than every fixed baseline, and no less than the
