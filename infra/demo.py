@@ -8,6 +8,7 @@ over live simulated traffic while the click logger writes the new logs.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -350,6 +351,12 @@ def demo(
             )
         )
         _wait_workers(services, procs[0], workers)
+        # latency on a shared machine depends on what else runs: say so beside the figures
+        load1 = os.getloadavg()[0]
+        click.echo(
+            f"load average {load1:.1f} on {os.cpu_count()} cores before the traffic "
+            "(other processes compete with the stream for them)"
+        )
         _run(
             _astec(
                 "stream",
