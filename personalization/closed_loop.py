@@ -11,6 +11,10 @@ oracle; the first round serves the policy given (e.g. one trained on `astec simu
 
 Reported per round: the served traffic's exact expected CTR (exploration included) and that of
 the greedy choices, from the click model; the policy chosen by training and its validation DR.
+A retrained policy serves the next round only when it passes `astec personalize train`'s
+promotion gate (objective dr: the 95% lower bound of its validation DR gain over the best
+baseline and over the policy served now is above zero); otherwise the current one keeps serving.
+The first round may serve a fixed ranking (LOGGERS) instead of a GRU.
 """
 
 from __future__ import annotations
@@ -264,7 +268,7 @@ def run_loop(
     from personalization import policy as P
     from personalization.cli_policy import resolve_predictor_dir
     from personalization.policy import GruPolicy
-    from personalization.train import TrainConfig, publish, train_policy
+    from personalization.train import TrainConfig, promotion_check, publish, train_policy
     from personalization.visits import load_visits
     from personalization.window import WINDOW
     from simulator.world import load_world
@@ -348,15 +352,23 @@ def run_loop(
         version, path = publish(
             registry, weights, cfg, {"train": report, "engine_version": v.engine_version}
         )
+        # serve the retrained policy only when it earns it (the promotion gate of `astec
+        # personalize train`): its validation DR gain over the best baseline and the policy
+        # served now has a 95% lower bound above zero; else the current one keeps serving
+        ok, why = promotion_check(report) if cfg.objective == "dr" else (True, "")
         rec.update(
-            next_policy=version,
+            trained=version,
+            next_policy=version if ok else str(policy.version),
+            promoted=ok,
+            why_not=why,
             chosen=report.get("chosen"),
             val_dr=report.get("val_dr", {}).get(report.get("chosen")),
             seconds=round(time.perf_counter() - clock, 1),
         )
         echo(json.dumps(rec))
         results.append(rec)
-        policy = GruPolicy.load(path, backend="numpy")
+        if ok:
+            policy = GruPolicy.load(path, backend="numpy")
     (out / "loop.json").write_text(json.dumps(results, indent=1) + "\n")
     return results
 
@@ -404,6 +416,14 @@ def run_loop(
     help="Trainer of each round (the loop's logs explore the policy's own candidates, "
     "which the dr objective needs).",
 )
+@click.option(
+    "--init",
+    type=click.Choice(["fitted", "sim_rank"]),
+    default="fitted",
+    show_default=True,
+    help="Start of each retrain (astec personalize train --init): the loop's logs explore "
+    "over the policy's own candidates, so a fit of their clicks is the natural start.",
+)
 @click.option("--epochs", default=2, show_default=True, help="Policy epochs per retrain.")
 @click.option("--rows-per-epoch", default=30_000, show_default=True)
 @click.option("--seed", default=0, show_default=True)
@@ -424,6 +444,7 @@ def loop_cmd(
     epsilon,
     temperature,
     objective,
+    init,
     epochs,
     rows_per_epoch,
     seed,
@@ -439,7 +460,9 @@ def loop_cmd(
             param_hint="--policy",
         )
 
-    cfg = TrainConfig(seed=seed, epochs=epochs, rows_per_epoch=rows_per_epoch, objective=objective)
+    cfg = TrainConfig(
+        seed=seed, epochs=epochs, rows_per_epoch=rows_per_epoch, objective=objective, init=init
+    )
     res = run_loop(
         world_dir,
         models,
@@ -454,9 +477,12 @@ def loop_cmd(
         echo=click.echo,
         retrain=retrain,
     )
-    click.echo(f"{'round':>5} {'policy':<28} {'served CTR':>10} {'greedy CTR':>10} {'visits':>7}")
+    click.echo(
+        f"{'round':>5} {'policy':<28} {'served CTR':>10} {'greedy CTR':>10} {'visits':>7}  next"
+    )
     for r in res:
+        nxt = "" if "promoted" not in r else ("promoted" if r["promoted"] else r["why_not"])
         click.echo(
             f"{r['round']:>5} {r['policy']:<28} {r['served_ctr']:>10.4f} "
-            f"{r['greedy_ctr']:>10.4f} {r['visits']:>7}"
+            f"{r['greedy_ctr']:>10.4f} {r['visits']:>7}  {nxt}"
         )
