@@ -12,8 +12,9 @@ Objective, from logs only:
           logger showed it at one of the session's next `future_horizon` visits (what the
           query is worth for the rest of the session, i.e. for the user's intent)
 The policy starts (init "sim_rank", the default) as the fixed sim_rank ranking of the hand
-features, its scale and offset fitted to the logged clicks, with the GRU/MLP term at zero; the
-start is epoch 0 of the best-epoch selection, and training learns a residual from the logs.
+features, its scale and offset fitted to the logged clicks, or (init "fitted") as a logistic
+regression of the logged clicks on all hand features, with the GRU/MLP term at zero; the start
+is epoch 0 of the best-epoch selection, and training learns a residual from the logs.
 Sessions in the last `holdout` share by start time are never read (training or validation), so
 `astec personalize evaluate` can score them honestly; the validation split is the last
 `val_frac` of the remaining sessions, and the epoch with the lowest validation objective (the
@@ -76,6 +77,7 @@ class TrainConfig:
     ttl_s: float = 30 * 86400.0  # the stream's Redis state TTL
     sim_dim: int = SIM_DIM  # size of the query vectors of the sim_* features (0 = off)
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
+    # "fitted": start as a logistic fit of the logged clicks on the hand features (fit_start);
     # the start is also a candidate of the best-epoch selection. "random": torch's init.
     init: str = "sim_rank"
     # "losses" (default): the weighted losses above, epochs chosen by their validation sum.
