@@ -94,6 +94,16 @@ def _run(cmd: list[str]) -> None:
         raise click.ClickException(f"step failed (exit {result.returncode}): {shlex.join(cmd)}")
 
 
+def _run_or_say(cmd: list[str]) -> bool:
+    """_run for an optional step: a failure is one line and the demo goes on."""
+    try:
+        _run(cmd)
+        return True
+    except click.ClickException as e:
+        click.echo(f"(optional step skipped: {e.message})", err=True)
+        return False
+
+
 def _start(cmd: list[str], log: Path, nice: int = 0) -> subprocess.Popen:
     """CMD in the background; NICE > 0 lowers its CPU priority (work off the latency path)."""
     _show(cmd)
@@ -220,7 +230,9 @@ def _show_ads(live_logs: Path, engine_models: Path, n: int = 8) -> None:
     "--keep-services",
     is_flag=True,
     help="Leave Kafka, Redis, the workers and the click logger running afterwards (for "
-    "`astec dashboard`); the commands to add traffic and to stop everything are printed.",
+    "`astec dashboard`); the commands to add traffic and to stop everything are printed. "
+    "Once per work directory it also runs `astec bench peers` on the data set (~2 min) for "
+    "the dashboard's comparison with the peers.",
 )
 def demo(
     workdir: Path,
@@ -373,18 +385,44 @@ def demo(
             )
         )
         _run(_astec("stream", "metrics", *svc))
+    except BaseException:
+        if keep_services:  # a failed step still leaves them running: say how to stop them
+            pids = " ".join(str(p.pid) for p in procs)
+            click.echo(f"Stop the services: kill {pids} && astec infra down --data-dir {services}")
+        raise
     finally:
         if not keep_services:
             for proc in reversed(procs):
                 _stop(proc)
             subprocess.run(_astec("infra", "down", "--data-dir", str(services)), check=False)
     _show_ads(live_logs, engine_models)
+    peers = workdir / "bench" / "peers.json"
+    has_data = (workdir / "data" / "train.tsv").is_file()
+    if keep_services and has_data and not peers.exists():
+        # for the dashboard's offline page (Astec against its peers), after the timed traffic;
+        # once per work directory (~2 min on 2 cores). Not fatal: the services keep running and
+        # the commands to use and stop them must still be printed
+        peers.parent.mkdir(parents=True, exist_ok=True)
+        _run_or_say(
+            _astec(
+                "bench",
+                "peers",
+                "--train",
+                str(workdir / "data" / "train.tsv"),
+                "--test",
+                str(workdir / "data" / "test.tsv"),
+                "--json-out",
+                str(peers),
+            )
+        )
     click.secho("\nDone.", fg="green", bold=True)
     click.echo(f"Logged impressions and clicks: {live_logs}")
     click.echo("Inspect predictions, users and metrics with:")
     dash = (
         f"ASTEC_SERVICES_DIR={services} astec dashboard --models {engine_models} "
         f"--policy {gru_models} --logs {live_logs}"
+        # a later `--keep-services` run writes it for a world built from a data set
+        + (f" --bench {peers}" if peers.exists() or (not keep_services and has_data) else "")
     )
     if keep_services:
         pids = " ".join(str(p.pid) for p in procs)
