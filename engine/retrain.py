@@ -27,7 +27,7 @@ import scipy.sparse as sp
 
 from engine.clicklog import ReadReport, partitions, read_log
 from engine.clicks_dataset import aggregate_clicks, build_training_set, table_to_points
-from engine.formats import read_label_names, read_text_tsv
+from engine.formats import read_label_names, read_text_tsv, write_text_tsv
 from engine.ranking_metrics import evaluate, inv_propensity
 from engine.registry import Registry, RegistryLocked
 
@@ -184,6 +184,11 @@ def _retrain_locked(
             raise RetrainError(
                 f"{log_dir}: no held-out pages with >= {s.min_clicks} clicks since {holdout_since}"
             )
+        # the held-out day in the model's label space is the version's test set (what `astec
+        # evaluate`, the benchmarks and the dashboard's offline page read from data/test.tsv)
+        t_texts, t_Y, _ = table_to_points(table, label_names=names)
+        write_text_tsv(st.path / "data" / "test.tsv", t_texts, t_Y)
+        data["points_test"] = len(t_texts)
         fn, mnames = _predictor_fn(st.path)
         m_new = evaluate_by_text(fn, mnames, e_texts, e_Y, e_names, s.k)
         if s.metric not in m_new:

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 
 from engine.astec.clustering import balanced_clusters, meta_labels
 from engine.astec.shortlist import add_random_negatives, hard_negatives, recall_at
-from engine.astec.sparse import topk_dense_from_csr, topk_rows
+from engine.astec.sparse import from_owned, topk_dense_from_csr, topk_rows
 
 
 def test_balanced_clusters_sizes_differ_by_at_most_one_level():
@@ -93,3 +93,48 @@ def test_sparse_ranker_learns_word_cues_from_shortlisted_negatives():
     assert np.all(np.abs(r.W.data[r.W.indices != F]) >= 0.1)
     with pytest.raises(ValueError, match="columns"):
         r.scores(Xr[:, :F], C)
+
+
+def _topk_reference(M: sp.csr_matrix, k: int) -> np.ndarray:
+    """Row by row in Python: the k largest entries, ties to the lower column."""
+    out = np.zeros(M.shape, np.float32)
+    D = M.toarray()
+    for r in range(M.shape[0]):
+        cols = M.indices[M.indptr[r] : M.indptr[r + 1]]
+        best = sorted(cols, key=lambda c: (-D[r, c], c))[:k]
+        out[r, best] = D[r, best]
+    return out
+
+
+def test_topk_rows_matches_a_row_by_row_reference_with_ties_and_threads():
+    # values on a coarse grid: many ties, which must go to the lower column
+    M = sp.random(3000, 400, density=0.05, random_state=4, format="csr", dtype=np.float32)
+    M.data = np.round(M.data * 4).astype(np.float32) / 4 + 0.25
+    for k in (1, 7, 30):
+        ref = _topk_reference(M, k)
+        for threads in (1, 2, 3):
+            T = topk_rows(M, k, threads)
+            assert T.has_sorted_indices
+            assert np.array_equal(T.toarray(), ref)
+
+
+def test_centre_scores_take_each_labels_best_centre():
+    rng = np.random.default_rng(5)
+    n, k, count, L = 2500, 12, 300, 90
+    ids = rng.integers(0, count, (n, k))
+    ids[::7, -1] = -1  # a search that found fewer neighbours
+    sims = rng.normal(0, 0.5, (n, k)).astype(np.float32)
+    owner = rng.integers(0, L, count)
+    ref = np.full((n, L), -np.inf, np.float32)
+    for r in range(n):
+        for j in range(k):
+            if ids[r, j] >= 0:
+                lab = owner[ids[r, j]]
+                ref[r, lab] = max(ref[r, lab], sims[r, j], 0.0)
+    for threads in (1, 2):
+        M = from_owned(ids, sims, owner, L, threads)
+        assert M.has_sorted_indices
+        stored = np.full((n, L), -np.inf, np.float32)
+        rows = np.repeat(np.arange(n), np.diff(M.indptr))
+        stored[rows, M.indices] = M.data
+        assert np.array_equal(stored, ref)

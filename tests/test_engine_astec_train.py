@@ -272,18 +272,24 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
     lr, cfg = model.learners[0], model.config
     V = dense_bag(lr.encoder, X)  # the final index holds every training point, in order
 
+    def same(a, b):
+        return a.shape == b.shape and a.nnz > 0 and (a != b).nnz == 0
+
     def three():
-        return (
-            astec_model._module2_negatives(lr.index, V, Y, cfg, 0),
-            astec_model._reranker_negatives(lr, X, Y, cfg),
-            astec_model._fit_ranker(lr, X[:480], Y[:480], Xr[:480], cfg, 0).W,
-        )
+        hard, cand = astec_model._after_iv_shortlists(lr, X, Y, cfg, rerank=True, sparse=True)
+        # one label-centre search serves both: each alone gives the same shortlists
+        assert same(hard, astec_model._after_iv_shortlists(lr, X, Y, cfg, True, False)[0])
+        assert same(cand, astec_model._after_iv_shortlists(lr, X, Y, cfg, False, True)[1])
+        W = astec_model._fit_ranker(lr, X[:480], Y[:480], Xr[:480], cfg, 0).W
+        given = astec_model._fit_ranker(lr, X[:480], Y[:480], Xr[:480], cfg, 0, C=cand[:480]).W
+        assert same(W, given)
+        return astec_model._module2_negatives(lr.index, V, Y, cfg, 0), hard, W
 
     whole = three()
     monkeypatch.setattr(astec_model, "_ROW_CHUNK", 37)
     chunked = three()
     for w, c in zip(whole, chunked, strict=True):
-        assert w.shape == c.shape and w.nnz > 0 and (w != c).nnz == 0
+        assert same(w, c)
     m2, rr = whole[:2]
     assert m2.multiply(Y).nnz == 0 and rr.multiply(Y).nnz == 0  # never a positive
     assert np.diff(rr.indptr).max() <= cfg.reranker_negatives

@@ -108,6 +108,40 @@ def test_sparse_ranker_fit_does_not_depend_on_threads():
     assert (a != b).nnz == 0
 
 
+def test_sparse_ranker_refit_starts_from_the_first_fits_duals():
+    """The refit after the validation split joins: warm-started from a fit on part of the points
+    (row ids shared), it lands where a fit from zero lands, and a warm start at the optimum
+    stays there."""
+    texts, Y = zipf_dataset(
+        900, 300, labels_per_point=2, words_per_point=5, words_per_label=2, vocab_size=500, seed=4
+    )
+    from engine.text import TfidfVectorizer
+
+    Xr = ranker_features(TfidfVectorizer(word_ngrams=2).fit_transform(texts))
+    Y = sp.csr_matrix(Y, dtype=np.float32)
+    rng = np.random.default_rng(1)
+    n, L = Y.shape
+    negs = sp.csr_matrix(
+        (np.ones(n * 15, np.float32), rng.integers(0, L, n * 15), np.arange(0, n * 15 + 1, 15)),
+        shape=(n, L),
+    )
+    negs.sum_duplicates()
+    cold = SparseRanker.fit(Xr, Y, negs, max_iters=200, seed=0)
+    part = np.sort(rng.permutation(n)[: int(0.9 * n)])
+    first = SparseRanker.fit(Xr[part], Y[part], negs[part], max_iters=200, row_ids=part)
+    assert first.dual is not None and first.dual[0].size > 0
+    warm = SparseRanker.fit(Xr, Y, negs, max_iters=200, warm=first)
+    again = SparseRanker.fit(Xr, Y, negs, max_iters=1, warm=cold)
+    pairs = sp.csr_matrix(negs + Y)
+    ref = cold.scores(Xr, pairs)
+    for other in (warm, again):
+        # the same solution up to the solver's tolerance (and weights below 0.1 dropped)
+        assert np.abs(other.scores(Xr, pairs) - ref).mean() < 0.01
+        assert other.W.nnz == pytest.approx(cold.W.nnz, rel=0.05)
+    first_on_all = first.scores(Xr, pairs)
+    assert np.abs(first_on_all - ref).mean() > 3 * np.abs(warm.scores(Xr, pairs) - ref).mean()
+
+
 def test_train_ratios_to_fastest_peer():
     rows = [
         {"method": "astec", "train_s": 80.0},

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from engine.formats import read_label_names, read_text_tsv
 from engine.registry import Registry
 from simulator.traffic import LogSettings, simulate_logs
 from simulator.world import generate_world
@@ -74,6 +75,10 @@ def test_promotes_first_then_only_when_not_worse(logs, tmp_path):
     meta = reg.meta(first["version"])
     assert meta["holdout"]["since"] == "2026-01-07" and meta["train_until"] == "2026-01-06"
     assert 0 < meta["metrics_holdout"]["P@1"] <= 100
+    # the held-out day is the version's test set, in the model's label space
+    test_texts, test_Y = read_text_tsv(v1 / "data" / "test.tsv")
+    assert len(test_texts) == meta["data"]["points_test"] > 0
+    assert test_Y.shape[1] <= len(read_label_names(v1 / "data" / "labels.txt"))
     # demand an impossible improvement: the new version is kept on disk but not promoted
     second = _retrain(logs, models, "--keep", "2", "--tolerance", "-1000")
     assert not second["promoted"] and second["previous"] == first["version"]

@@ -57,7 +57,15 @@ class AnnIndex:
         index.set_ef(ef_search)
         return cls("hnsw", d, n, hnsw=index, ef_search=ef_search)
 
-    def query(self, Q: np.ndarray, k: int, num_threads: int = 2, block: int = 2048):
+    def as_exact(self) -> AnnIndex:
+        """The same vectors searched exactly (blocked matmul + top-k): for bulk searches at a
+        large k over a few ten thousand vectors, cheaper than the graph at ef >= k."""
+        if self.kind == "exact":
+            return self
+        V = np.ascontiguousarray(self._graph().get_items(np.arange(self.count)), np.float32)
+        return AnnIndex("exact", self.dim, self.count, vectors=V, ef_search=self.ef_search)
+
+    def query(self, Q: np.ndarray, k: int, num_threads: int = 2, block: int = 1024):
         """(ids int64 [n, k'], sims float32 [n, k']) with k' = min(k, count), best first."""
         Q = normalize_rows(np.ascontiguousarray(Q, dtype=np.float32))
         k = int(min(k, self.count))

@@ -120,6 +120,12 @@ class ShortlistParams:
     # exact search up to this many vectors, hnswlib above: real data sets get log-time search, and
     # the exported predictor copies the same graphs, so it gives the model's answers exactly
     exact_max_points: int = 5000
+    # training-time searches of the label centres (hard negatives, shortlists of every training
+    # point at k = 300-600) are exact up to this many centres: a blocked matmul + top-k beats an
+    # HNSW search at ef >= k there (debian-related, 25k centres, k = 600: 16.3 s -> see
+    # docs/engine-training.md) and the training-time graph need not be built. Prediction keeps
+    # its HNSW graphs (one title at a time).
+    exact_max_centres: int = 65536
     hnsw_x: tuple[int, ...] = (50, 100, 100)  # M, efC, efS for ANNS^x (instances)
     hnsw_mu: tuple[int, ...] = (100, 300, 300)  # M, efC, efS for ANNS^mu (label centres)
 

@@ -13,7 +13,7 @@ import math
 import resource
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +103,11 @@ class Learner:
         cfg: AstecConfig,
         exclude_self=None,
         extra: sp.csr_matrix | None = None,
+        centre_hits: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         """(C, Z): top candidates with base similarity s as data, and final features z; `extra`
-        (label-name candidates, data NAME_ONLY_S) joins C."""
+        (label-name candidates, data NAME_ONLY_S) joins C; centre_hits: see
+        ShortlistIndex.scores."""
         V = dense_bag(self.encoder, X)
         with torch.no_grad():
             self.encoder.eval()
@@ -119,8 +121,9 @@ class Learner:
             cfg.training.threads,
             exclude_self=exclude_self,
             knn_power=cfg.shortlist.knn_power,
+            centre_hits=centre_hits,
         )
-        C = topk_rows(S, cfg.search.candidates)
+        C = topk_rows(S, cfg.search.candidates, cfg.training.threads)
         if self.index.prior.size:  # frequent labels are always scored (covers empty texts)
             n, k = X.shape[0], self.index.prior.size
             P = sp.csr_matrix(
@@ -199,9 +202,10 @@ def _build_index(
     cents, owner = label_centres(
         V, Y, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
     )
-    centres = AnnIndex.build(
-        cents, cfg.shortlist.exact_max_points, Mm, cm, em, cfg.training.threads, seed
-    )
+    exact_centres = cfg.shortlist.exact_max_points
+    if not serving:
+        exact_centres = max(exact_centres, cfg.shortlist.exact_max_centres)
+    centres = AnnIndex.build(cents, exact_centres, Mm, cm, em, cfg.training.threads, seed)
     counts = np.diff(sp.csc_matrix(Y).indptr)
     prior = np.argsort(-counts, kind="stable")[: cfg.shortlist.prior_labels]
     prior = prior[counts[prior] > 0].astype(np.int64)
@@ -399,35 +403,91 @@ def _module2_negatives(
     )
 
 
-def _reranker_negatives(learner: Learner, X, Y, cfg: AstecConfig) -> sp.csr_matrix:
-    """The base model's top mispredictions of each indexed point (X: the index's own points, in
-    order; itself excluded), `reranker_negatives` deep, as a 0/1 csr."""
-
-    def mispredicted(a, b):
-        C, Z = learner.shortlist(X[a:b], cfg, exclude_self=np.arange(a, b))
-        base, _ = learner.logits(X[a:b], C, Z)
-        return hard_negatives(combine(C, base, learner.alpha), Y[a:b], cfg.rerank.negatives)
-
-    return _by_rows(X.shape[0], Y.shape[1], mispredicted)
-
-
-def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> SparseRanker:
-    """The sparse ranker on (Xr, Y); negatives: the learner's full-search shortlist of each
-    point (itself excluded), `sparse_negatives` labels deep."""
+def _ranker_pool(cfg: AstecConfig) -> AstecConfig:
+    """The shortlist settings of the sparse ranker's training candidates: `sparse.negatives`
+    labels deep, from at least as many label centres."""
     pool = cfg.copy()
     pool.search.candidates = cfg.sparse.negatives
     pool.shortlist.centroid_neighbours = max(
         cfg.shortlist.centroid_neighbours, cfg.sparse.negatives
     )
-    search, learner.search = learner.search, None
+    return pool
+
+
+def _after_iv_shortlists(
+    learner: Learner, X, Y, cfg: AstecConfig, rerank: bool, sparse: bool
+) -> tuple[sp.csr_matrix | None, sp.csr_matrix | None]:
+    """One pass over the indexed points (X: the index's own points, in order; each excludes
+    itself) after Module IV: the re-ranker's negatives (the base model's top mispredictions,
+    `rerank.negatives` deep, 0/1) and the sparse ranker's candidates, whichever are asked. The
+    label-centre search runs once, at the deeper of the two k (an exact search's first kmu
+    columns are its top kmu; an HNSW search's nearly): it is most of a shortlist's cost."""
+    pool = _ranker_pool(cfg) if sparse else None
+    k_centres = max(
+        cfg.shortlist.centroid_neighbours if rerank else 0,
+        pool.shortlist.centroid_neighbours if pool is not None else 0,
+    )
+
+    def chunk(a: int, b: int) -> tuple[sp.csr_matrix | None, sp.csr_matrix | None]:
+        hits = None
+        if learner.index.centres.count > 0 and k_centres > 0:
+            V = dense_bag(learner.encoder, X[a:b])
+            hits = learner.index.centres.query(V, k_centres, cfg.training.threads)
+        own = np.arange(a, b)
+        hard = cand = None
+        if rerank:
+            C, Z = learner.shortlist(X[a:b], cfg, exclude_self=own, centre_hits=hits)
+            base, _ = learner.logits(X[a:b], C, Z)
+            scores = combine(C, base, learner.alpha)
+            hard = hard_negatives(scores, Y[a:b], cfg.rerank.negatives)
+        if pool is not None:
+            cand = learner.shortlist(X[a:b], pool, exclude_self=own, centre_hits=hits)[0]
+        return hard, cand
+
+    search, learner.search = learner.search, None  # training shortlists: the full search
     try:
-        C = _by_rows(
-            X.shape[0],
-            Y.shape[1],
-            lambda a, b: learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0],
-        )
+        parts = [
+            chunk(a, min(X.shape[0], a + _ROW_CHUNK)) for a in range(0, X.shape[0], _ROW_CHUNK)
+        ]
     finally:
         learner.search = search
+    hard_parts = [h for h, _ in parts if h is not None]
+    cand_parts = [c for _, c in parts if c is not None]
+    return (
+        sp.csr_matrix(sp.vstack(hard_parts), dtype=np.float32) if hard_parts else None,
+        sp.csr_matrix(sp.vstack(cand_parts), dtype=np.float32) if cand_parts else None,
+    )
+
+
+def _fit_ranker(
+    learner: Learner,
+    X,
+    Y,
+    Xr,
+    cfg: AstecConfig,
+    seed: int,
+    rows: np.ndarray | None = None,
+    warm: SparseRanker | None = None,
+    C: sp.csr_matrix | None = None,
+) -> SparseRanker:
+    """The sparse ranker on (Xr, Y); negatives C: the learner's full-search shortlist of each
+    point (itself excluded), `sparse_negatives` labels deep (computed here when not given).
+    rows: the points' ids among all training points; warm: an earlier fit on some of them whose
+    dual variables start this one."""
+    if C is None:
+        pool = _ranker_pool(cfg)
+        search, learner.search = learner.search, None
+        index = learner.index
+        if index.centres.count <= cfg.shortlist.exact_max_centres:  # see ShortlistParams
+            learner.index = replace(index, centres=index.centres.as_exact())
+        try:
+            C = _by_rows(
+                X.shape[0],
+                Y.shape[1],
+                lambda a, b: learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0],
+            )
+        finally:
+            learner.search, learner.index = search, index
     return SparseRanker.fit(
         Xr,
         Y,
@@ -437,6 +497,8 @@ def _fit_ranker(learner: Learner, X, Y, Xr, cfg: AstecConfig, seed: int) -> Spar
         cfg.sparse.iters,
         seed,
         threads=resolve_threads(cfg.training.threads),
+        row_ids=rows,
+        warm=warm,
     )
 
 
@@ -584,9 +646,12 @@ def train_learner(
         tqdm.write(f"  Module IV: alpha={learner.alpha} valid={m4['valid']}")
 
     # Re-ranker: independent Z~, W~ on positives + the base model's top mispredictions
+    sparse_candidates = None  # the sparse ranker's, found in the re-ranker's pass when both run
     if cfg.rerank.enabled and cfg.rerank.epochs > 0:
         t0, c0 = time.time(), _cpu_s()
-        hard = _reranker_negatives(learner, Xf, Yf, cfg)
+        hard, sparse_candidates = _after_iv_shortlists(
+            learner, Xf, Yf, cfg, rerank=True, sparse=Xr is not None and cfg.sparse.enabled
+        )
         rr = Encoder(X.shape[1], D, cfg.network.spectral_lambda, cfg.network.dropout)
         with torch.no_grad():
             rr.embed.weight.copy_(encoder.embed.weight)
@@ -641,7 +706,10 @@ def train_learner(
         if progress:
             tqdm.write(f"  Sparse ranker: shortlists and fit on {Xf.shape[0]} points ...")
         Xrv = Xr[valid]
-        learner.sparse = _fit_ranker(learner, Xf, Yf, Xr[fit], cfg, seed)
+        learner.sparse = _fit_ranker(
+            learner, Xf, Yf, Xr[fit], cfg, seed, rows=fit, C=sparse_candidates
+        )
+        del sparse_candidates
         ms: dict[str, Any] = {"weights": int(learner.sparse.W.nnz)}
         if Xv.shape[0]:
             C, Z = learner.shortlist(Xv, cfg)
@@ -682,14 +750,17 @@ def train_learner(
     learner.index = _build_index(encoder, X, Y, cfg, seed, serving=True)
     if learner.sparse is not None and Xv.shape[0]:
         # the ranker, too, learns from every training point once gamma is chosen (negatives from
-        # the final indexes; else labels seen only in the validation split would have no model)
+        # the final indexes; else labels seen only in the validation split would have no model),
+        # starting from the first fit's dual variables: debian-related, 49.5 -> 39.1 CPU s
         t0, c0 = time.time(), _cpu_s()
         if progress:
             tqdm.write(f"  Sparse ranker: refit on all {X.shape[0]} points ...")
-        learner.sparse = _fit_ranker(learner, X, Y, Xr, cfg, seed)
+        learner.sparse = _fit_ranker(learner, X, Y, Xr, cfg, seed, warm=learner.sparse)
         log["modules"]["sparse"]["refit_seconds"] = round(time.time() - t0, 1)
         log["modules"]["sparse"]["refit_cpu_seconds"] = round(_cpu_s() - c0, 1)
         log["modules"]["sparse"]["weights"] = int(learner.sparse.W.nnz)
+    if learner.sparse is not None:
+        learner.sparse.dual = None  # only a refit needs it: free it before the next learner
     return learner, log, Sv
 
 

@@ -14,7 +14,7 @@ dense modules stay exactly the paper's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -50,11 +50,15 @@ def _append(out_idx, out_val, n, f, v):
 
 @njit(cache=True, nogil=True)
 def _train_labels(
-    pptr, pidx, py, xptr, xidx, xval, num_features, cost, max_iters, eps, threshold, seed
+    pptr, pidx, py, alpha, xptr, xidx, xval, num_features, cost, max_iters, eps, threshold, seed
 ):
     """Dual coordinate descent for L2-regularised squared-hinge SVMs, one per label (column of
-    the pair pattern pptr/pidx/py: the points and their +-1 targets). Returns the kept weights as
-    CSR (indptr, indices, data) over labels."""
+    the pair pattern pptr/pidx/py: the points and their +-1 targets), with liblinear's shrinking
+    (solver 1): an example at alpha = 0 whose gradient exceeds the last sweep's largest
+    projected gradient leaves the active set (most shortlisted negatives are easy: they stop
+    costing anything after a sweep or two), and the solver stops when the projected gradients
+    span at most eps over all examples. alpha (aligned with pidx) is the warm start and is
+    updated in place. Returns the kept weights as CSR (indptr, indices, data) over labels."""
     # numba's legacy per-thread generator, seeded here; a Generator would draw other orders
     # and change every trained ranker
     np.random.seed(seed)  # noqa: NPY002
@@ -73,11 +77,11 @@ def _train_labels(
         n = e - s
         if n > 0:
             nt = 0
-            alpha = np.zeros(n)
             qd = np.empty(n)
             for j in range(n):
                 i = pidx[s + j]
                 q = dii
+                d = alpha[s + j] * py[s + j]
                 for p in range(xptr[i], xptr[i + 1]):
                     q += xval[p] * xval[p]
                     f = xidx[p]
@@ -85,30 +89,50 @@ def _train_labels(
                         seen[f] = True
                         touched[nt] = f
                         nt += 1
+                    if d != 0.0:
+                        w[f] += d * xval[p]
                 qd[j] = q
             order = np.arange(n)
-            for _ in range(max_iters):
-                np.random.shuffle(order)  # noqa: NPY002 (see the seed above)
-                worst = 0.0
-                for jj in range(n):
+            active = n
+            pg_max_old = np.inf
+            it = 0
+            while it < max_iters:
+                pg_max, pg_min = -np.inf, np.inf
+                np.random.shuffle(order[:active])  # noqa: NPY002 (see the seed above)
+                jj = 0
+                while jj < active:
                     j = order[jj]
                     i = pidx[s + j]
                     y = py[s + j]
+                    a = alpha[s + j]
                     g = 0.0
                     for p in range(xptr[i], xptr[i + 1]):
                         g += w[xidx[p]] * xval[p]
-                    grad = y * g - 1.0 + dii * alpha[j]
-                    pg = grad if alpha[j] > 0.0 else min(grad, 0.0)
-                    if abs(pg) > worst:
-                        worst = abs(pg)
-                    if pg != 0.0:
-                        a_new = max(alpha[j] - grad / qd[j], 0.0)
-                        d = (a_new - alpha[j]) * y
-                        alpha[j] = a_new
+                    grad = y * g - 1.0 + dii * a
+                    pg = grad
+                    if a == 0.0:
+                        if grad > pg_max_old:  # shrink: swap it out of the active set
+                            active -= 1
+                            order[jj], order[active] = order[active], order[jj]
+                            continue
+                        pg = min(grad, 0.0)
+                    pg_max = max(pg_max, pg)
+                    pg_min = min(pg_min, pg)
+                    if abs(pg) > 1e-12:
+                        a_new = max(a - grad / qd[j], 0.0)
+                        d = (a_new - a) * y
+                        alpha[s + j] = a_new
                         for p in range(xptr[i], xptr[i + 1]):
                             w[xidx[p]] += d * xval[p]
-                if worst < eps:
-                    break
+                    jj += 1
+                it += 1
+                if pg_max - pg_min <= eps:
+                    if active == n:
+                        break
+                    active = n  # converged on the active set: check every example again
+                    pg_max_old = np.inf
+                    continue
+                pg_max_old = pg_max if pg_max > 0.0 else np.inf
             for t in range(nt):
                 f = touched[t]
                 if abs(w[f]) >= threshold or f == bias:
@@ -128,9 +152,12 @@ _LABEL_CHUNK = 1024  # labels per task of the fit (fixed: the result must not de
 
 @dataclass
 class SparseRanker:
-    """W [L, F+1]: per-label weights over the ranker features (last column: bias)."""
+    """W [L, F+1]: per-label weights over the ranker features (last column: bias). `dual`: the
+    fit's nonzero dual variables as (pair keys label << 32 | row id, alpha), kept in memory
+    only, for a warm-started refit on more points (never saved)."""
 
     W: sp.csr_matrix
+    dual: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self.W = sp.csr_matrix(self.W, dtype=np.float32)
@@ -148,11 +175,16 @@ class SparseRanker:
         max_iters: int = 10,
         seed: int = 0,
         threads: int = 1,
+        row_ids: np.ndarray | None = None,
+        warm: SparseRanker | None = None,
     ) -> SparseRanker:
         """Xr: ranker_features of the training points; negatives: candidate labels per point
         (positives among them are ignored). A label with no example at all gets bias -1 only:
         a label the ranker never saw must not outscore the ones it learnt to reject (an empty
-        row would score 0, above most of them)."""
+        row would score 0, above most of them). row_ids: the points' ids in a numbering shared
+        with `warm` (default 0..n-1); warm: a ranker fitted on some of the same (point, label)
+        pairs, whose dual variables start this fit (a refit after a validation split joins
+        converges in a sweep or two instead of starting from zero)."""
         Yp = sp.csr_matrix(Y, dtype=np.float32, copy=True)
         Yp.data[:] = 2.0
         C = sp.csr_matrix(negatives)
@@ -174,16 +206,29 @@ class SparseRanker:
         )
         pp = P.indptr.astype(np.int64)
         L = Y.shape[1]
+        ids = np.arange(Y.shape[0], dtype=np.int64) if row_ids is None else np.asarray(row_ids)
+        wk, wa = warm.dual if warm is not None and warm.dual is not None else (None, None)
 
         def chunk(a):
             """Labels [a, a + _LABEL_CHUNK): independent problems, own seed, so the weights do not
-            depend on how many threads share the chunks (the kernel releases the GIL)."""
+            depend on how many threads share the chunks (the kernel releases the GIL). Their
+            dual variables (pair keys label << 32 | row id, ascending) start from `warm`'s and
+            the nonzero ones come back with the weights."""
             b = min(L, a + _LABEL_CHUNK)
             s0, s1 = pp[a], pp[b]
-            return _train_labels(
+            keys = (np.repeat(np.arange(a, b, dtype=np.int64), np.diff(pp[a : b + 1])) << 32) | ids[
+                P.indices[s0:s1]
+            ]
+            alpha = np.zeros(s1 - s0, np.float64)
+            if wk is not None and wa is not None and wk.size:
+                pos = np.minimum(np.searchsorted(wk, keys), wk.size - 1)
+                hit = wk[pos] == keys
+                alpha[hit] = wa[pos[hit]]
+            out = _train_labels(
                 pp[a : b + 1] - s0,
                 P.indices[s0:s1],
                 P.data[s0:s1],
+                alpha,
                 xptr,
                 xidx,
                 xval,
@@ -194,6 +239,8 @@ class SparseRanker:
                 float(threshold),
                 int(seed) + a,
             )
+            kept = alpha != 0.0
+            return (*out, keys[kept], alpha[kept].astype(np.float32))
 
         starts = list(range(0, L, _LABEL_CHUNK))
         if threads > 1 and len(starts) > 1:
@@ -205,12 +252,17 @@ class SparseRanker:
             parts = [chunk(a) for a in starts]
         ptr = np.zeros(L + 1, np.int64)
         off = 0
-        for a, (cp, _, _) in zip(starts, parts, strict=True):
-            ptr[a + 1 : a + cp.size] = cp[1:] + off
-            off += int(cp[-1])
+        for a, q in zip(starts, parts, strict=True):
+            ptr[a + 1 : a + q[0].size] = q[0][1:] + off
+            off += int(q[0][-1])
         idx = np.concatenate([q[1] for q in parts]) if parts else np.zeros(0, np.int32)
         val = np.concatenate([q[2] for q in parts]) if parts else np.zeros(0, np.float32)
-        return cls(sp.csr_matrix((val, idx, ptr), shape=(Y.shape[1], F)))
+        keys = np.concatenate([q[3] for q in parts]) if parts else np.zeros(0, np.int64)
+        dual = np.concatenate([q[4] for q in parts]) if parts else np.zeros(0, np.float32)
+        if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):  # row ids given out of order
+            order = np.argsort(keys, kind="stable")
+            keys, dual = keys[order], dual[order]
+        return cls(sp.csr_matrix((val, idx, ptr), shape=(Y.shape[1], F)), (keys, dual))
 
     def scores(self, Xr: sp.csr_matrix, C: sp.csr_matrix) -> np.ndarray:
         """w_l . x_i on every stored entry (i, l) of C, in C's entry order (float32 [nnz])."""
