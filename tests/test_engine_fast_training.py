@@ -227,3 +227,16 @@ def test_openmp_waits_passively_unless_told_otherwise():
         check=True,
     )
     assert out.stdout.strip() == "ACTIVE"
+
+
+def test_sparse_ranker_tasks_bound_labels_and_pairs():
+    from engine.astec.sparse_ranker import label_chunks
+
+    counts = np.array([5000, 10, 10, 300, 0, 0, *([7] * 3000)], np.int64)
+    pptr = np.concatenate([[0], np.cumsum(counts)])
+    starts = label_chunks(pptr, max_labels=1000, max_pairs=400)
+    ends = [*starts[1:], counts.size]
+    assert starts[0] == 0 and ends[0] == 1  # a label with more pairs than a task is one alone
+    assert all(a < b for a, b in zip(starts, ends, strict=True))
+    for a, b in zip(starts, ends, strict=True):
+        assert b - a <= 1000 and (b - a == 1 or pptr[b] - pptr[a] <= 400)

@@ -65,7 +65,7 @@ class AnnIndex:
         V = np.ascontiguousarray(self._graph().get_items(np.arange(self.count)), np.float32)
         return AnnIndex("exact", self.dim, self.count, vectors=V, ef_search=self.ef_search)
 
-    def query(self, Q: np.ndarray, k: int, num_threads: int = 2, block: int = 1024):
+    def query(self, Q: np.ndarray, k: int, num_threads: int = 2, block: int = 256):
         """(ids int64 [n, k'], sims float32 [n, k']) with k' = min(k, count), best first."""
         Q = normalize_rows(np.ascontiguousarray(Q, dtype=np.float32))
         k = int(min(k, self.count))
