@@ -63,6 +63,19 @@ def test_surrogate_device_argument_runs_on_cpu():
     assert enc.embed.weight.device.type == "cpu"
 
 
+def test_surrogate_schedule_follows_validation_when_given_patience():
+    """Module I's epochs scale with the data: without a new best validation meta P@1 for
+    `patience` epochs the lr halves, after as many more training stops (the cap is `epochs`)."""
+    X, Y, _ = _toy()
+    never = sp.csr_matrix(Y[:50].shape, dtype=np.float32)  # nothing to hit: P@1 stays 0
+    enc = Encoder(X.shape[1], 16, 1.0, 0.5)
+    logs = train_surrogate(enc, X, Y, 30, 0.02, 64, 0, False, (X[:50], never), patience=2)
+    assert [e["epoch"] for e in logs] == [1, 2, 3, 4, 5]  # best at 1; decay after 3; stop at 5
+    assert logs[2].get("decayed") and "stopped" in logs[4]
+    fixed = train_surrogate(enc, X, Y, 4, 0.02, 64, 0, False, (X[:50], never), patience=0)
+    assert len(fixed) == 4
+
+
 def test_device_option_validated_and_resolved():
     assert resolve_device("cpu") == "cpu"
     assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -240,3 +253,11 @@ def test_sparse_ranker_tasks_bound_labels_and_pairs():
     assert all(a < b for a, b in zip(starts, ends, strict=True))
     for a, b in zip(starts, ends, strict=True):
         assert b - a <= 1000 and (b - a == 1 or pptr[b] - pptr[a] <= 400)
+
+
+def test_training_keeps_large_arrays_out_of_the_heap():
+    """glibc's M_MMAP_THRESHOLD is fixed for training (see fixed_mmap_threshold): set on the
+    Debian machines this project runs on."""
+    from engine.astec.model import fixed_mmap_threshold
+
+    assert fixed_mmap_threshold() is True

@@ -101,6 +101,10 @@ class SurrogateParams:
     epochs: int = 20
     lr: float = 0.02
     decay: float = 0.7  # > 0: fraction of the epochs after which the lr halves
+    # > 0: the validation meta-label P@1 sets the schedule (trainer.train_surrogate): the lr
+    # halves after this many epochs without a new best (or at `decay`), training stops after as
+    # many more; `epochs` is the cap. 0: the fixed schedule
+    patience: int = 2
 
 
 @dataclass
@@ -295,6 +299,7 @@ _RENAMED: dict[tuple[str, str], str] = {
     ("surrogate", "epochs"): "surrogate_epochs",
     ("surrogate", "lr"): "surrogate_lr",
     ("surrogate", "decay"): "surrogate_decay",
+    ("surrogate", "patience"): "surrogate_patience",
     ("shortlist", "negatives"): "shortlist_size",
     ("shortlist", "exact_max_points"): "exact_knn_max_points",
     ("extreme", "epochs"): "extreme_epochs",

@@ -8,6 +8,7 @@ the joined scores. Parameters: engine/astec/config.py. Files: docs/model-format.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import resource
@@ -59,6 +60,18 @@ def _set_threads(n: int) -> None:
     # numba.config sets its names when it reads the environment at import: no static attribute
     cap = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
     numba.set_num_threads(max(1, min(n, cap)))
+
+
+def fixed_mmap_threshold(nbytes: int = 1 << 20) -> bool:
+    """Keep arrays of `nbytes` or more in their own memory mappings, returned to the system on
+    free. glibc raises its mmap threshold after each large free (up to 32 MB), so training's
+    large transient arrays (shortlist chunks, score blocks) moved into the heap, which
+    fragmented and was not given back: the sparse ranker's refit on debian-related peaked at
+    1,908 MB, 1,522 MB with a fixed threshold (docs/engine-training.md). True when set (glibc)."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes)))  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
 
 
 def _cpu_s() -> float:
@@ -549,6 +562,7 @@ def train_learner(
         progress,
         valid=(Xv, meta_labels(Yv, assign, cfg.surrogate.num_clusters)),
         decay_epoch=round(cfg.surrogate.decay * cfg.surrogate.epochs),
+        patience=cfg.surrogate.patience,
         device=device,
     )
     log["modules"]["I"] = {
@@ -829,6 +843,7 @@ class Astec:
             raise ValueError("Astec.train: no training points")
         cfg = cfg.resolve(L)
         _set_threads(cfg.training.threads)
+        fixed_mmap_threshold()
         t_start = time.time()
         vectorizer = None
         if sp.issparse(texts):

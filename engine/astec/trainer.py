@@ -108,11 +108,15 @@ def train_surrogate(
     decay_epoch: int = 0,
     decay_factor: float = 0.5,
     device: str = "cpu",
+    patience: int = 0,
 ) -> list[dict]:
     """Module I: train E, R0 and a dense meta-label classifier with BCE; returns per-epoch logs.
 
     valid: optional (X_valid, Ymeta_valid) on which meta-label P@1 is logged each epoch.
     decay_epoch > 0: learning rates are multiplied by decay_factor from that epoch on (step decay).
+    patience > 0 (with valid): the schedule follows the validation meta-label P@1 instead: the
+    learning rates decay after `patience` epochs without a new best (or at decay_epoch, whichever
+    comes first), and training stops after `patience` more without one; `epochs` is the cap.
     device: where the batches run (the encoder comes back to the CPU).
     """
     dev = torch.device(device)
@@ -134,11 +138,17 @@ def train_surrogate(
     logs = []
     nb = -(-X.shape[0] // max(batch_size, 1))
     bar = tqdm(total=epochs * nb, desc="Module I", disable=not progress, leave=False, unit="batch")
+    decayed, best, since_best = False, -1.0, 0
+
+    def decay() -> None:
+        opt_s.lr *= decay_factor
+        for g in opt_d.param_groups:
+            g["lr"] *= decay_factor
+
     for ep in range(epochs):
-        if decay_epoch > 0 and ep == decay_epoch:
-            opt_s.lr *= decay_factor
-            for g in opt_d.param_groups:
-                g["lr"] *= decay_factor
+        if not decayed and decay_epoch > 0 and ep == decay_epoch:
+            decay()
+            decayed, since_best = True, 0
         encoder.train()
         t0 = time.time()
         tot = 0.0
@@ -174,6 +184,20 @@ def train_surrogate(
                 100.0 * float(np.asarray(Yv[np.arange(Yv.shape[0]), top]).mean()), 2
             )
         logs.append(entry)
+        stop = False
+        if patience > 0 and "valid_meta_P@1" in entry:
+            if entry["valid_meta_P@1"] > best:
+                best, since_best = entry["valid_meta_P@1"], 0
+            else:
+                since_best += 1
+            if since_best >= patience:
+                if decayed:
+                    stop = True
+                    entry["stopped"] = f"no better validation meta P@1 in {patience} epochs"
+                else:
+                    decay()
+                    decayed, since_best = True, 0
+                    entry["decayed"] = True
         if progress:
             tqdm.write(
                 f"  Module I epoch {ep + 1}: "
@@ -183,6 +207,8 @@ def train_surrogate(
                     if k != "epoch"
                 )
             )
+        if stop:
+            break
     bar.close()
     if dev.type != "cpu":
         encoder.to("cpu")
