@@ -1,10 +1,11 @@
 """`astec stream simulate`: live traffic from a simulated world, and clicks from its click model.
 
-Page views come from the world's browsing-session model (simulator.traffic: one latent
-intent per session, on/off-intent pages), replayed in time order at --rate events/s with the
-current time stamped. A second thread reads `ad-queries` and, for the events this run produced,
-draws a click with simulator.clickmodel.click_probability(query, session intent, page)
-and produces `ad-clicks`. Event -> ad latency is measured on arrival (receive time - event ts).
+Page views come from the world's browsing-session model (simulator.traffic: a latent intent
+that persists across a user's sessions and drifts within them, on/off-intent pages), replayed
+in time order at --rate events/s with the current time stamped. A second thread reads
+`ad-queries` and, for the events this run produced, draws a click with
+simulator.clickmodel.click_probability(query, the view's intent, page) and produces
+`ad-clicks`. Event -> ad latency is measured on arrival (receive time - event ts).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 def plan_views(world, n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """n page views (user, session, intent, page) in time order from the world's session model."""
+    """n page views (user, session, the view's intent, page) in time order from the world's
+    session model."""
     from simulator.traffic import LogSettings, simulate_sessions
 
     rng = np.random.default_rng(seed)
@@ -43,7 +45,8 @@ def plan_views(world, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {
         "user": ss.user[sess],
         "session": sess,
-        "intent": ss.intent[sess],
+        # each view's own intent: interests drift within a session (simulator.traffic)
+        "intent": ss.v_intent[order],
         "page": ss.v_page[order],
     }
 
