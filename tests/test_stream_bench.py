@@ -79,7 +79,8 @@ def test_bench_stream_answers_every_event_and_removes_its_services(astec_predict
 
 @pytest.mark.parametrize("command", [["stream", "run"], ["bench", "stream", "--events", "10"]])
 def test_a_directory_that_is_no_predictor_is_refused_before_anything_starts(command, tmp_path):
-    """One clear error naming the missing manifest, not workers restarting on it for minutes."""
+    """One clear error naming the directory and what a model is, not workers restarting on it
+    for minutes."""
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
     res = subprocess.run(
@@ -92,5 +93,7 @@ def test_a_directory_that_is_no_predictor_is_refused_before_anything_starts(comm
         check=False,
     )
     assert res.returncode != 0
-    assert f"{tmp_path / 'manifest.json'}: missing" in res.stderr
+    assert f"Error: {tmp_path}: not a model" in res.stderr
+    assert "an exported predictor (`astec export`)" in res.stderr
+    assert "Traceback" not in res.stderr
     assert not list((tmp_path / "tmp").iterdir())  # no services, no workers' log
