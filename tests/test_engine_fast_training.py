@@ -93,6 +93,22 @@ def test_thread_default_has_one_home():
     assert AstecConfig().resolve(100).num_threads == available_cores()
 
 
+def _ranker_problem(texts, Y, per_point: int, rng):
+    """(ranker features, Y as float32 csr, `per_point` uniform candidate labels per point)."""
+    from engine.text import TfidfVectorizer
+
+    Xr = ranker_features(TfidfVectorizer(word_ngrams=2).fit_transform(texts))
+    Y = sp.csr_matrix(Y, dtype=np.float32)
+    n, L = Y.shape
+    k = per_point
+    negs = sp.csr_matrix(
+        (np.ones(n * k, np.float32), rng.integers(0, L, n * k), np.arange(0, n * k + 1, k)),
+        shape=(n, L),
+    )
+    negs.sum_duplicates()
+    return Xr, Y, negs
+
+
 def test_sparse_ranker_fit_does_not_depend_on_threads():
     texts, Y = zipf_dataset(
         1200,
@@ -104,17 +120,8 @@ def test_sparse_ranker_fit_does_not_depend_on_threads():
         noise=0.1,
         seed=3,
     )
-    from engine.text import TfidfVectorizer
-
-    Xr = ranker_features(TfidfVectorizer(word_ngrams=2).fit_transform(texts))
-    Y = sp.csr_matrix(Y, dtype=np.float32)
-    rng = np.random.default_rng(0)
-    n, L = Y.shape
-    negs = sp.csr_matrix(
-        (np.ones(n * 20, np.float32), rng.integers(0, L, n * 20), np.arange(0, n * 20 + 1, 20)),
-        shape=(n, L),
-    )
-    negs.sum_duplicates()
+    Xr, Y, negs = _ranker_problem(texts, Y, 20, np.random.default_rng(0))
+    L = Y.shape[1]
     a = SparseRanker.fit(Xr, Y, negs, threads=1).W
     b = SparseRanker.fit(Xr, Y, negs, threads=2).W
     assert a.shape == b.shape == (L, Xr.shape[1]) and L > 2048  # several label chunks
@@ -128,17 +135,9 @@ def test_sparse_ranker_refit_starts_from_the_first_fits_duals():
     texts, Y = zipf_dataset(
         900, 300, labels_per_point=2, words_per_point=5, words_per_label=2, vocab_size=500, seed=4
     )
-    from engine.text import TfidfVectorizer
-
-    Xr = ranker_features(TfidfVectorizer(word_ngrams=2).fit_transform(texts))
-    Y = sp.csr_matrix(Y, dtype=np.float32)
     rng = np.random.default_rng(1)
-    n, L = Y.shape
-    negs = sp.csr_matrix(
-        (np.ones(n * 15, np.float32), rng.integers(0, L, n * 15), np.arange(0, n * 15 + 1, 15)),
-        shape=(n, L),
-    )
-    negs.sum_duplicates()
+    Xr, Y, negs = _ranker_problem(texts, Y, 15, rng)
+    n = Y.shape[0]
     cold = SparseRanker.fit(Xr, Y, negs, max_iters=200, seed=0)
     part = np.sort(rng.permutation(n)[: int(0.9 * n)])
     first = SparseRanker.fit(Xr[part], Y[part], negs[part], max_iters=200, row_ids=part)
