@@ -310,6 +310,15 @@ def personalize() -> None:
     help="Size of the query vectors behind the sim_* features (0 = off).",
 )
 @click.option(
+    "--clusters",
+    type=click.IntRange(-1, 4096),
+    default=0,
+    show_default=True,
+    help="Query clusters behind the intent_mass / page_cluster_share features "
+    "(co-occurrence in the engine's predictions): 0 = 0.8 sqrt(queries predicted), "
+    "-1 = off.",
+)
+@click.option(
     "--init",
     type=click.Choice(["sim_rank", "fitted", "random"]),
     default="sim_rank",
@@ -382,6 +391,7 @@ def train(
     w_later_click,
     horizon,
     sim_dim,
+    clusters,
     init,
     objective,
     reward_epochs,
@@ -412,6 +422,7 @@ def train(
         w_later_click=w_later_click,
         future_horizon=horizon,
         sim_dim=sim_dim,
+        clusters=clusters,
         init=init,
         threads=threads,
         seed=seeds[0],

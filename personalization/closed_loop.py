@@ -71,7 +71,7 @@ def _serve_round(
 ):
     """Serve every view of sessions `ss` (batched); returns per view (in ss order): shown query
     (world id), propensity, greedy query, the candidate (world ids, scores, propensities)."""
-    from personalization.features import F, build_batch
+    from personalization.features import F, build_batch, cluster_lookup
     from personalization.policy import explore
 
     V = len(ss.v_page)
@@ -118,6 +118,7 @@ def _serve_round(
             ss.v_ts[safe],
             w["sim_table"],
             w["sim_norm"],
+            cluster_lookup(w),
         )
         logit = policy.logits(b)
         cold = mask.sum(1) <= 1  # the cold-start rule: the page's Astec scores as log-odds

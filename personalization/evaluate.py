@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from personalization.features import EventBatch, F, sim_rank_weights
+from personalization.features import EventBatch, F, cluster_lookup, sim_rank_weights
 from personalization.visits import VisitLog
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,14 @@ def evaluate_policies(
     ):
         r = rows[a : a + batch]
         b = make_batch(
-            v, r, K, ttl_s, log_pop, policy.weights["sim_table"], policy.weights["sim_norm"]
+            v,
+            r,
+            K,
+            ttl_s,
+            log_pop,
+            policy.weights["sim_table"],
+            policy.weights["sim_norm"],
+            cluster_lookup(policy.weights),
         )
         cold = b.state_mask.sum(1) <= 1
         n_cold += int(cold.sum())

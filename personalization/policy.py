@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from personalization.artifact import PolicyFileError, load_policy
-from personalization.features import EventBatch, build_batch, pad_states
+from personalization.features import EventBatch, build_batch, cluster_lookup, pad_states
 from personalization.scoring import candidate_logits, softmax_masked
 
 log = logging.getLogger(__name__)
@@ -287,6 +287,7 @@ class GruPolicy:
             ts,
             self.weights["sim_table"],
             self.weights["sim_norm"],
+            cluster_lookup(self.weights),
         )
         probs = softmax_masked(self.logits(batch))
         order = np.argsort(-probs, axis=1, kind="stable")
@@ -375,6 +376,7 @@ class GruPolicy:
                 ts,
                 self.weights["sim_table"],
                 self.weights["sim_norm"],
+                cluster_lookup(self.weights),
             )
             C = batch.cand_ids.shape[1]
         k_cold = max((len(x) for x in cold_ids if x is not None), default=0)

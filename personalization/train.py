@@ -38,6 +38,7 @@ from personalization.features import (
     SIM_DIM,
     EventBatch,
     build_batch,
+    cluster_lookup,
     log_popularity,
     sim_rank_weights,
     sim_table_from_rows,
@@ -76,6 +77,9 @@ class TrainConfig:
     holdout: float = 0.0  # last share of sessions never read (offline evaluation); 0 = all
     ttl_s: float = 30 * 86400.0  # the stream's Redis state TTL
     sim_dim: int = SIM_DIM  # size of the query vectors of the sim_* features (0 = off)
+    # query clusters behind the intent_mass / page_cluster_share features
+    # (personalization.query_clusters): 0 = auto (0.8 sqrt(queries predicted)), -1 = off
+    clusters: int = 0
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
     # "fitted": start as a logistic fit of the logged clicks on the hand features (fit_start);
     # the start is also a candidate of the best-epoch selection. "random": torch's init.
@@ -108,11 +112,13 @@ def make_batch(
     log_pop: np.ndarray,
     sim_table: np.ndarray | None = None,
     sim_norm: np.ndarray | None = None,
+    clusters: np.ndarray | None = None,
 ) -> EventBatch:
-    """The serving-identical EventBatch of visits `rows` (their windows of the last K states)."""
+    """The serving-identical EventBatch of visits `rows` (their windows of the last K states);
+    clusters: features.cluster_lookup of the policy (None: intent features 0)."""
     z, ids, sc, mask = v.states(rows, K, ttl_s)
     idx, _ = v.window(rows, K, ttl_s)
-    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx], sim_table, sim_norm)
+    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx], sim_table, sim_norm, clusters)
 
 
 def sim_normaliser(
@@ -127,12 +133,12 @@ def sim_normaliser(
 ) -> np.ndarray:
     """(mean, sd) of the raw sim_* cosines over the candidates of up to n training visits:
     the cosines of one table sit in a narrow band, so they are standardised for the scorer."""
-    from personalization.features import N_SIM
+    from personalization.features import N_SIM, F
 
     rng = np.random.default_rng(seed)
     r = np.sort(rng.choice(rows, min(n, len(rows)), replace=False))
     b = make_batch(v, r, K, ttl_s, log_pop, sim_table, np.array([0.0, 1.0], np.float32))
-    x = b.feats[..., -N_SIM:][b.cand_mask]
+    x = b.feats[..., F["sim_current"] : F["sim_current"] + N_SIM][b.cand_mask]
     return np.array([x.mean(), max(float(x.std()), 1e-4)], np.float32)
 
 
@@ -216,6 +222,17 @@ def start_weights(
         scale, bias = calibrate_ranking(v, rows, cfg, log_pop, sim, w0, seed=cfg.seed)
         return scale * w0, bias, {"init": "sim_rank", "init_scale": scale, "init_bias": bias}
     raise ValueError(f"init must be 'fitted', 'sim_rank' or 'random', got {cfg.init!r}")
+
+
+def clusters_of_training_pages(
+    v: VisitLog, train_rows: np.ndarray, val_rows: np.ndarray, cfg: TrainConfig, n_labels: int
+) -> np.ndarray:
+    """float32 [L] query cluster of every label (personalization.query_clusters) from the
+    engine's predictions on the pages of the visits this training reads."""
+    from personalization.query_clusters import query_clusters
+
+    pages = np.unique(v.page[np.concatenate([train_rows, val_rows])])
+    return query_clusters(v.IDS[pages], v.SC[pages], n_labels, cfg.clusters, cfg.seed)
 
 
 def split_rows(
@@ -372,7 +389,12 @@ def train_policy(
     else:  # features off: zero vectors give zero cosines
         sim_table = np.zeros((classifier_rows.shape[0] + 1, 1), np.float32)
         sim_norm = np.array([0.0, 1.0], np.float32)
-    sim = (sim_table, sim_norm)
+    query_cluster = (
+        clusters_of_training_pages(v, train_rows, val_rows, cfg, classifier_rows.shape[0])
+        if cfg.clusters >= 0
+        else np.full(classifier_rows.shape[0], -1.0, np.float32)
+    )
+    sim = (sim_table, sim_norm, cluster_lookup({"query_cluster": query_cluster}))
     if cfg.objective == "dr":
         weights, rep = _train_dr(
             v,
@@ -397,6 +419,7 @@ def train_policy(
             "val_visits": len(val_rows),
         }
         weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
+        weights["query_cluster"] = query_cluster
         return weights, report
     if cfg.objective != "losses":
         raise ValueError(f"objective must be 'dr' or 'losses', got {cfg.objective!r}")
@@ -490,6 +513,7 @@ def train_policy(
     }
     weights = net.export_weights()
     weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
+    weights["query_cluster"] = query_cluster
     return weights, report
 
 
@@ -514,7 +538,7 @@ def evaluate_loss(
     rows: np.ndarray,
     cfg: TrainConfig,
     log_pop: np.ndarray,
-    sim: tuple = (None, None),
+    sim: tuple = (None, None, None),
     batch: int = 2048,
 ) -> dict:
     """Validation click log-loss and future CE (no gradients)."""
@@ -669,6 +693,7 @@ def _incumbent_key(pol, v: VisitLog, cfg: TrainConfig):
             pol.weights["log_pop"],
             pol.weights["sim_table"],
             pol.weights["sim_norm"],
+            cluster_lookup(pol.weights),
         )
         return pol.logits(bi)
 

@@ -268,6 +268,7 @@ def test_fitted_start_is_the_logistic_fit_of_the_logged_clicks(tmp_path):
     shown query's hand features (refitting it by hand gives the same weights), the policy ranks
     by it before any step (lr 0), and it competes as epoch 0; the DR trainer scores it as
     'start'."""
+    from personalization.features import cluster_lookup
     from personalization.train import make_batch
     from personalization.value import fit_logistic
 
@@ -278,7 +279,9 @@ def test_fitted_start_is_the_logistic_fit_of_the_logged_clicks(tmp_path):
     train_rows, _, _ = split_rows(v, cfg.val_frac, rep["holdout_split_ts"])
     _, m = v.window(train_rows, 2, cfg.ttl_s)
     r = train_rows[m[:, 0]]
-    b = make_batch(v, r, cfg.K, cfg.ttl_s, w["log_pop"], w["sim_table"], w["sim_norm"])
+    b = make_batch(
+        v, r, cfg.K, cfg.ttl_s, w["log_pop"], w["sim_table"], w["sim_norm"], cluster_lookup(w)
+    )
     eq = (b.cand_ids == v.shown[r][:, None]) & (v.shown[r][:, None] >= 0)
     has = np.flatnonzero(eq.any(1))
     th = fit_logistic(b.feats[has, eq[has].argmax(1)].astype(np.float64), v.clicked[r][has], 1e-3)
