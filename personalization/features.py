@@ -282,16 +282,17 @@ def intent_features(
     flat = (np.arange(B * K).reshape(B, K, 1) * n + cid)[ok]
     E = np.bincount(flat, weights=scores[ok], minlength=B * K * n).reshape(B, K, n)
     E = E / np.maximum(E.sum(2, keepdims=True), 1e-9)
-    belief = np.full((B, n), 1.0 / n)
-    started = np.zeros(B, bool)
+    lik = 1.0 + INTENT_KAPPA * E
+    keep = np.where(starts, INTENT_KEEP_BLOCK, INTENT_KEEP)[:, :, None]
+    # states are right-aligned: a padding state (E = 0) and the first real one meet a uniform
+    # belief, which mixing leaves uniform, so no mask is needed; the belief is normalised once
+    # at the end (mixing toward uniform uses its current total)
+    belief = np.ones((B, n))
     for t in range(K):  # K sequential steps on [B,n] blocks
-        m = state_mask[:, t]
-        keep = np.where(starts[:, t], INTENT_KEEP_BLOCK, INTENT_KEEP)[:, None]
-        step = (m & started)[:, None]
-        belief = np.where(step, keep * belief + (1.0 - keep) / n, belief)
-        belief = np.where(m[:, None], belief * (1.0 + INTENT_KAPPA * E[:, t]), belief)
-        belief /= belief.sum(1, keepdims=True)
-        started |= m
+        total = belief.sum(1, keepdims=True)
+        belief = keep[:, t] * belief + (1.0 - keep[:, t]) * (total / n)
+        belief *= lik[:, t]
+    belief /= belief.sum(1, keepdims=True)
     cc = clusters[cand_ids]  # [B,C]
     has = cc >= 0
     safe = np.maximum(cc, 0)
