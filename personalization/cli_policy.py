@@ -320,24 +320,27 @@ def personalize() -> None:
 )
 @click.option(
     "--init",
-    type=click.Choice(["sim_rank", "fitted", "random"]),
-    default="sim_rank",
+    type=click.Choice(["auto", "sim_rank", "fitted", "intent", "random"]),
+    default="auto",
     show_default=True,
     help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
     "residual; fitted: start as a logistic fit of the logged clicks on the hand features; the "
-    "start competes in the best-epoch selection. random: torch init.",
+    "start competes in the best-epoch selection. intent: the fixed ranking intent_mass + "
+    "0.05 score_current (click-calibrated). random: torch init. auto: fitted with the dr "
+    "objective, sim_rank with losses.",
 )
 @click.option(
     "--objective",
-    type=click.Choice(["losses", "dr"]),
-    default="losses",
+    type=click.Choice(["auto", "losses", "dr"]),
+    default="auto",
     show_default=True,
-    help="losses: the weighted --w-* losses, epochs by their validation sum (earns "
-    "the most actual CTR on `astec simulate logs` logs). dr: reward model on "
-    "every logged impression, then the policy trained listwise for "
-    "doubly-robust CTR, kept by validation DR value and promoted only when its "
-    "DR lower bound beats the baselines and the current policy; needs logs of "
-    "a logger exploring the policy's own candidates (astec simulate loop).",
+    help="dr: reward model on every logged impression, then the policy trained listwise for "
+    "doubly-robust CTR, kept by validation DR value and promoted only when its DR lower bound "
+    "beats the baselines and the current policy; needs logs of a logger exploring the "
+    "policy's own candidates (astec simulate loop, the stream's served policy). losses: the "
+    "weighted --w-* losses, epochs by their validation sum (for logs whose logger explored "
+    "other candidates, e.g. `astec simulate logs`). auto: dr when the logger explored >= 90% "
+    "of the policy's candidates, else losses.",
 )
 @click.option(
     "--reward-epochs",
@@ -429,6 +432,12 @@ def train(
         objective=objective,
         reward_epochs=reward_epochs,
     )
+    from personalization.train import resolve_auto
+
+    cfg, why = resolve_auto(v, cfg)
+    if why:
+        click.echo(why, err=True)
+    objective = cfg.objective
     rows = predictor.classifier_rows(np.arange(predictor.num_labels))
     root = out or (models / "gru")
     for seed in seeds:

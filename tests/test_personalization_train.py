@@ -330,3 +330,27 @@ def test_promotion_needs_a_dr_lower_bound_above_zero():
         {"val_vs_best_baseline": win, "val_vs_current_policy": lose, "current_policy": "v7"}
     )
     assert not ok and "v7" in why
+
+
+def test_auto_objective_follows_the_loggers_support():
+    """--objective / --init auto: dr + fitted when the logger's logged candidates cover the
+    policy's own (a logger exploring over them), losses + sim_rank when it explored other
+    queries (a true-link logger) or logged no candidates; the held-out sessions are not read."""
+    from personalization.train import candidate_support, make_batch, resolve_auto
+
+    v, _rows_w, _, _ = synthetic_visits(n_users=40, seed=2)
+    cfg = dataclasses.replace(HELD, objective="auto", init="auto")
+    assert candidate_support(v, cfg) == 0.0  # no logged candidates at all
+    assert resolve_auto(v, cfg)[0].objective == "losses"
+    b = make_batch(v, np.arange(v.n), cfg.K, cfg.ttl_s, np.zeros(v.n_labels, np.float32))
+    own = [row[m] for row, m in zip(b.cand_ids, b.cand_mask, strict=True)]
+    first = [row[:1] for row in own]
+    for logged, want in ((own, ("dr", "fitted")), (first, ("losses", "sim_rank"))):
+        v.logged_indptr = np.r_[0, np.cumsum([len(x) for x in logged])].astype(np.int64)
+        v.logged_ids = np.concatenate(logged).astype(np.int64)
+        share = candidate_support(v, cfg)
+        got, why = resolve_auto(v, cfg)
+        assert (got.objective, got.init) == want, (share, why)
+        assert f"{share:.0%}" in why
+    explicit = dataclasses.replace(cfg, objective="losses", init="fitted")
+    assert resolve_auto(v, explicit) == (explicit, "")
