@@ -276,13 +276,16 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
         return a.shape == b.shape and a.nnz > 0 and (a != b).nnz == 0
 
     def three():
-        hard, cand = astec_model._after_iv_shortlists(lr, X, Y, cfg, rerank=True, sparse=True)
+        both = astec_model._after_iv_shortlists(lr, X, Y, cfg, rerank=True, sparse=True)
+        hard, cand = both.hard, both.candidates
         # one label-centre search serves both: each alone gives the same shortlists
-        assert same(hard, astec_model._after_iv_shortlists(lr, X, Y, cfg, True, False)[0])
-        assert same(cand, astec_model._after_iv_shortlists(lr, X, Y, cfg, False, True)[1])
-        W = astec_model._fit_ranker(lr, X[:480], Y[:480], Xr[:480], cfg, 0).W
-        given = astec_model._fit_ranker(lr, X[:480], Y[:480], Xr[:480], cfg, 0, C=cand[:480]).W
-        assert same(W, given)
+        assert same(hard, astec_model._after_iv_shortlists(lr, X, Y, cfg, True, False).hard)
+        alone = astec_model._after_iv_shortlists(lr, X, Y, cfg, False, True)
+        assert same(cand, alone.candidates)
+        np.testing.assert_array_equal(both.kth_centre, alone.kth_centre)
+        # the same candidates as the ranker's own shortlist of those rows
+        assert same(cand, astec_model._ranker_shortlists(lr, X, np.arange(X.shape[0]), cfg))
+        W = astec_model._fit_ranker(Xr[:480], Y[:480], cand[:480], cfg, 0).W
         return astec_model._module2_negatives(lr.index, V, Y, cfg, 0), hard, W
 
     whole = three()
@@ -293,3 +296,63 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
     m2, rr = whole[:2]
     assert m2.multiply(Y).nnz == 0 and rr.multiply(Y).nnz == 0  # never a positive
     assert np.diff(rr.indptr).max() <= cfg.reranker_negatives
+
+
+def test_refit_keeps_the_first_fits_candidates_and_adds_labels_first_seen_in_validation(tmp_path):
+    """The sparse ranker's refit on all points reuses the fit points' candidates from the first
+    pass (no second shortlist of every point), adds each label the fit points never had where
+    its centre is as near as the point's `sparse.negatives`-th centre was, and shortlists the
+    validation points from the final indexes."""
+    from dataclasses import replace
+
+    import scipy.sparse as sp
+
+    from engine.astec import model as astec_model
+    from engine.astec.network import dense_bag
+    from engine.astec.sparse import normalize_rows
+    from test_engine_predictor import _corpus, _train
+
+    texts, labels, names = _corpus()
+    model = _train(tmp_path / "model")
+    n = 480
+    rows = np.repeat(np.arange(n), [len(x) for x in labels[:n]])
+    Y = sp.csr_matrix(
+        (np.ones(rows.size, np.float32), (rows, np.concatenate(labels[:n]))),
+        shape=(n, len(names)),
+    )
+    X = model.transform(texts[:n])
+    lr, cfg = model.learners[0], model.config.copy()
+    cfg.shortlist.centroid_neighbours, cfg.sparse.negatives = 10, 20  # a bar below every centre
+    valid = np.arange(3, n, 6)  # holds labels the fit points never have
+    fit = np.setdiff1d(np.arange(n), valid)
+    first_learner = replace(
+        lr, index=astec_model._build_index(lr.encoder, X[fit], Y[fit], cfg, 0), search=None
+    )
+    first = astec_model._after_iv_shortlists(first_learner, X[fit], Y[fit], cfg, False, True)
+    Cf, kth = first.candidates.copy(), first.kth_centre
+    final = replace(lr, index=astec_model._build_index(lr.encoder, X, Y, cfg, 0), search=None)
+    C, order = astec_model._refit_candidates(final, X, Y, fit, valid, first, cfg)
+
+    np.testing.assert_array_equal(order, np.concatenate([fit, valid]))
+    assert C.shape == (n, len(names)) and first.candidates is None  # taken over, not copied
+    top = C[: len(fit)]
+    assert Cf.multiply(top).nnz == Cf.nnz  # every first-pass candidate kept
+    added = sp.csr_matrix(top - top.multiply(Cf != 0))
+    added.eliminate_zeros()
+    new_labels = np.flatnonzero((np.diff(sp.csc_matrix(Y[fit]).indptr) == 0) & (Y.sum(0).A1 > 0))
+    assert new_labels.size > 0 and added.nnz > 0
+    assert np.isin(added.indices, new_labels).all()
+    # each added label's nearest centre clears the point's bar; a new label it did not add fails it
+    index = final.index
+    mine = np.isin(index.centre_owner, new_labels)
+    V = normalize_rows(dense_bag(lr.encoder, X[fit]))
+    S = V @ normalize_rows(index.centres.vectors_of(np.flatnonzero(mine))).T
+    best = np.full((len(fit), len(names)), -np.inf, np.float32)
+    np.maximum.at(best, (slice(None), index.centre_owner[mine]), S)
+    cleared = best >= kth[:, None]
+    r, c = added.nonzero()
+    assert cleared[r, c].all()
+    assert cleared.sum() == added.nnz
+    # the validation points: fresh shortlists from the final indexes, themselves excluded
+    fresh = astec_model._ranker_shortlists(final, X, valid, cfg)
+    assert (C[len(fit) :] != fresh).nnz == 0 and fresh.nnz > 0

@@ -65,6 +65,15 @@ class AnnIndex:
         V = np.ascontiguousarray(self._graph().get_items(np.arange(self.count)), np.float32)
         return AnnIndex("exact", self.dim, self.count, vectors=V, ef_search=self.ef_search)
 
+    def vectors_of(self, ids: np.ndarray) -> np.ndarray:
+        """The stored (normalised) vectors of these ids, float32 [len(ids), dim]."""
+        ids = np.asarray(ids, np.int64)
+        if self.kind == "exact":
+            return self._table()[ids]
+        if ids.size == 0:
+            return np.zeros((0, self.dim), np.float32)
+        return np.asarray(self._graph().get_items(ids), np.float32).reshape(ids.size, self.dim)
+
     def query(self, Q: np.ndarray, k: int, num_threads: int = 2, block: int = 256):
         """(ids int64 [n, k'], sims float32 [n, k']) with k' = min(k, count), best first."""
         Q = normalize_rows(np.ascontiguousarray(Q, dtype=np.float32))

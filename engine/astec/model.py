@@ -47,7 +47,7 @@ from .shortlist import (
     label_centres,
     recall_at,
 )
-from .sparse import topk_dense_from_csr, topk_rows
+from .sparse import normalize_rows, topk_dense_from_csr, topk_rows
 from .sparse_ranker import SparseRanker, ranker_features
 from .trainer import train_shortlisted, train_surrogate
 
@@ -117,9 +117,10 @@ class Learner:
         exclude_self=None,
         extra: sp.csr_matrix | None = None,
         centre_hits: tuple[np.ndarray, np.ndarray] | None = None,
+        point_hits: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         """(C, Z): top candidates with base similarity s as data, and final features z; `extra`
-        (label-name candidates, data NAME_ONLY_S) joins C; centre_hits: see
+        (label-name candidates, data NAME_ONLY_S) joins C; centre_hits, point_hits: see
         ShortlistIndex.scores."""
         V = dense_bag(self.encoder, X)
         with torch.no_grad():
@@ -135,6 +136,7 @@ class Learner:
             exclude_self=exclude_self,
             knn_power=cfg.shortlist.knn_power,
             centre_hits=centre_hits,
+            point_hits=point_hits,
         )
         C = topk_rows(S, cfg.search.candidates, cfg.training.threads)
         if self.index.prior.size:  # frequent labels are always scored (covers empty texts)
@@ -153,10 +155,10 @@ class Learner:
             C.sort_indices()
         return C, Z
 
-    def logits(self, X, C, Z):
+    def logits(self, X, C, Z, threads: int = 1):
         W = self.clf.weight.weight.detach().numpy()
         b = self.clf.bias.weight.detach().numpy().ravel()
-        base = classifier_logits(Z, W, b, C)
+        base = classifier_logits(Z, W, b, C, threads)
         rr = None
         if self.reranker is not None and self.rr_clf is not None:
             Zr = dense_bag(self.reranker, X, what="z")
@@ -165,6 +167,7 @@ class Learner:
                 self.rr_clf.weight.weight.detach().numpy(),
                 self.rr_clf.bias.weight.detach().numpy().ravel(),
                 C,
+                threads,
             )
         return base, rr
 
@@ -186,7 +189,7 @@ class Learner:
         extra: sp.csr_matrix | None = None,
     ) -> sp.csr_matrix:
         C, Z = self.shortlist(X, cfg, extra=extra)
-        base, rr = self.logits(X, C, Z)
+        base, rr = self.logits(X, C, Z, resolve_threads(cfg.training.threads))
         return combine(C, base, self.alpha, rr, self.beta, self.sparse_scores(Xr, C), self.gamma)
 
 
@@ -198,11 +201,12 @@ def _build_index(
     seed: int,
     V: np.ndarray | None = None,
     serving: bool = False,
+    centres_owner: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> ShortlistIndex:
     """Shortlist indexes over X's v. serving=True: the graphs prediction searches, of degree
     `predict_graph_m` and ef = k (hnswlib searches with max(ef, k)): fewer links per node than
     the training-time graphs, so fewer vectors pulled through the cache per query, at the small
-    k of prediction."""
+    k of prediction. V, centres_owner: X's v and label_centres of (V, Y) when already known."""
     if V is None:
         V = dense_bag(encoder, X)
     Mx, cx, ex = cfg.shortlist.hnsw_x
@@ -212,7 +216,7 @@ def _build_index(
     points = AnnIndex.build(
         V, cfg.shortlist.exact_max_points, Mx, cx, ex, cfg.training.threads, seed
     )
-    cents, owner = label_centres(
+    cents, owner = centres_owner or label_centres(
         V, Y, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
     )
     exact_centres = cfg.shortlist.exact_max_points
@@ -427,35 +431,58 @@ def _ranker_pool(cfg: AstecConfig) -> AstecConfig:
     return pool
 
 
+@dataclass
+class AfterIv:
+    """What one shortlist pass over the fit points gives the later stages: the re-ranker's
+    negatives, the sparse ranker's candidates, and each point's `sparse.negatives`-th nearest
+    label-centre similarity (the bar a label first seen in the validation split must clear to
+    join the point's candidates in the refit, see `_refit_candidates`)."""
+
+    hard: sp.csr_matrix | None = None
+    candidates: sp.csr_matrix | None = None
+    kth_centre: np.ndarray | None = None
+
+
 def _after_iv_shortlists(
     learner: Learner, X, Y, cfg: AstecConfig, rerank: bool, sparse: bool
-) -> tuple[sp.csr_matrix | None, sp.csr_matrix | None]:
+) -> AfterIv:
     """One pass over the indexed points (X: the index's own points, in order; each excludes
     itself) after Module IV: the re-ranker's negatives (the base model's top mispredictions,
     `rerank.negatives` deep, 0/1) and the sparse ranker's candidates, whichever are asked. The
     label-centre search runs once, at the deeper of the two k (an exact search's first kmu
     columns are its top kmu; an HNSW search's nearly): it is most of a shortlist's cost."""
     pool = _ranker_pool(cfg) if sparse else None
+    threads = resolve_threads(cfg.training.threads)
     k_centres = max(
         cfg.shortlist.centroid_neighbours if rerank else 0,
         pool.shortlist.centroid_neighbours if pool is not None else 0,
     )
 
-    def chunk(a: int, b: int) -> tuple[sp.csr_matrix | None, sp.csr_matrix | None]:
-        hits = None
+    def chunk(a: int, b: int):
+        hits = points = None
+        kth = np.full(b - a, -np.inf, np.float32)
+        V = dense_bag(learner.encoder, X[a:b])
+        if learner.index.points.count > 0 and cfg.shortlist.knn_neighbours > 0:
+            # both shortlists search the same knn points (+ 1: each point finds itself)
+            points = learner.index.points.query(V, cfg.shortlist.knn_neighbours + 1, threads)
         if learner.index.centres.count > 0 and k_centres > 0:
-            V = dense_bag(learner.encoder, X[a:b])
-            hits = learner.index.centres.query(V, k_centres, cfg.training.threads)
+            hits = learner.index.centres.query(V, k_centres, threads)
+            if pool is not None and hits[1].shape[1] >= pool.shortlist.centroid_neighbours:
+                kth = hits[1][:, pool.shortlist.centroid_neighbours - 1].copy()
         own = np.arange(a, b)
         hard = cand = None
         if rerank:
-            C, Z = learner.shortlist(X[a:b], cfg, exclude_self=own, centre_hits=hits)
-            base, _ = learner.logits(X[a:b], C, Z)
+            C, Z = learner.shortlist(
+                X[a:b], cfg, exclude_self=own, centre_hits=hits, point_hits=points
+            )
+            base, _ = learner.logits(X[a:b], C, Z, threads)
             scores = combine(C, base, learner.alpha)
             hard = hard_negatives(scores, Y[a:b], cfg.rerank.negatives)
         if pool is not None:
-            cand = learner.shortlist(X[a:b], pool, exclude_self=own, centre_hits=hits)[0]
-        return hard, cand
+            cand = learner.shortlist(
+                X[a:b], pool, exclude_self=own, centre_hits=hits, point_hits=points
+            )[0]
+        return hard, cand, kth
 
     search, learner.search = learner.search, None  # training shortlists: the full search
     try:
@@ -464,43 +491,88 @@ def _after_iv_shortlists(
         ]
     finally:
         learner.search = search
-    hard_parts = [h for h, _ in parts if h is not None]
-    cand_parts = [c for _, c in parts if c is not None]
-    return (
+    hard_parts = [h for h, _, _ in parts if h is not None]
+    cand_parts = [c for _, c, _ in parts if c is not None]
+    return AfterIv(
         sp.csr_matrix(sp.vstack(hard_parts), dtype=np.float32) if hard_parts else None,
         sp.csr_matrix(sp.vstack(cand_parts), dtype=np.float32) if cand_parts else None,
+        np.concatenate([k for _, _, k in parts]) if pool is not None and parts else None,
     )
 
 
-def _fit_ranker(
+def _ranker_shortlists(learner: Learner, X, rows: np.ndarray, cfg: AstecConfig) -> sp.csr_matrix:
+    """The sparse ranker's candidates for X[rows] from the learner's indexes (full search,
+    label centres searched exactly up to `exact_max_centres`), each point excluding itself
+    (rows: its id in the indexes)."""
+    pool = _ranker_pool(cfg)
+    search, learner.search = learner.search, None
+    index = learner.index
+    if index.centres.count <= cfg.shortlist.exact_max_centres:  # see ShortlistParams
+        learner.index = replace(index, centres=index.centres.as_exact())
+    try:
+        return _by_rows(
+            len(rows),
+            learner.index.num_labels,
+            lambda a, b: learner.shortlist(X[rows[a:b]], pool, exclude_self=rows[a:b])[0],
+        )
+    finally:
+        learner.search, learner.index = search, index
+
+
+def _refit_candidates(
     learner: Learner,
     X,
     Y,
-    Xr,
+    fit: np.ndarray,
+    valid: np.ndarray,
+    first: AfterIv,
     cfg: AstecConfig,
-    seed: int,
-    rows: np.ndarray | None = None,
-    warm: SparseRanker | None = None,
-    C: sp.csr_matrix | None = None,
+) -> tuple[sp.csr_matrix, np.ndarray]:
+    """The refit's candidates for every training point, as (C, rows): C's rows are the fit
+    points' then the validation points' (rows: their ids in X; no reordering copy), learner.index
+    being the final indexes over all points. The fit points keep the first fit's candidates
+    (recomputing them from the final indexes cost ~35 s on debian-related and changed only
+    what the validation points add) plus each label with no fit point whose centre is at least
+    as near as the point's `sparse.negatives`-th nearest centre was: a label first seen in the
+    validation split needs negatives too. The validation points get fresh shortlists. Takes
+    over `first.candidates`."""
+    Cf, first.candidates = first.candidates, None
+    if Cf is None or first.kth_centre is None:
+        raise ValueError("_refit_candidates: the first fit's candidates were not kept")
+    L = Y.shape[1]
+    fit_counts = np.diff(sp.csc_matrix(Y[fit]).indptr)
+    index = learner.index
+    new_centres = np.flatnonzero(fit_counts[index.centre_owner] == 0)
+    if new_centres.size:
+        Vn = normalize_rows(dense_bag(learner.encoder, X[fit]))
+        Cn = normalize_rows(index.centres.vectors_of(new_centres))
+        owner = index.centre_owner[new_centres]
+        kth = first.kth_centre
+
+        def near(a: int, b: int) -> sp.csr_matrix:
+            rs, cs = [], []
+            for s in range(a, b, 512):  # [512, new centres] blocks bound the memory
+                S = Vn[s : min(b, s + 512)] @ Cn.T
+                r, c = np.nonzero(S >= kth[s : s + S.shape[0], None])
+                rs.append(r + (s - a))
+                cs.append(owner[c])
+            r, c = np.concatenate(rs), np.concatenate(cs)
+            M = sp.csr_matrix((np.ones(r.size, np.float32), (r, c)), shape=(b - a, L))
+            M.sum_duplicates()
+            M.data[:] = 1.0
+            return M
+
+        Cf = sp.csr_matrix(Cf.maximum(_by_rows(len(fit), L, near)))
+    Cv = _ranker_shortlists(learner, X, valid, cfg)
+    return sp.csr_matrix(sp.vstack([Cf, Cv]), dtype=np.float32), np.concatenate([fit, valid])
+
+
+def _fit_ranker(
+    Xr, Y, C: sp.csr_matrix, cfg: AstecConfig, seed: int, rows=None, warm=None
 ) -> SparseRanker:
-    """The sparse ranker on (Xr, Y); negatives C: the learner's full-search shortlist of each
-    point (itself excluded), `sparse_negatives` labels deep (computed here when not given).
-    rows: the points' ids among all training points; warm: an earlier fit on some of them whose
-    dual variables start this one."""
-    if C is None:
-        pool = _ranker_pool(cfg)
-        search, learner.search = learner.search, None
-        index = learner.index
-        if index.centres.count <= cfg.shortlist.exact_max_centres:  # see ShortlistParams
-            learner.index = replace(index, centres=index.centres.as_exact())
-        try:
-            C = _by_rows(
-                X.shape[0],
-                Y.shape[1],
-                lambda a, b: learner.shortlist(X[a:b], pool, exclude_self=np.arange(a, b))[0],
-            )
-        finally:
-            learner.search, learner.index = search, index
+    """The sparse ranker on (Xr, Y) with candidates C (see SparseRanker.fit); rows: the points'
+    ids among all training points; warm: an earlier fit on some of them whose dual variables
+    start this one."""
     return SparseRanker.fit(
         Xr,
         Y,
@@ -541,6 +613,7 @@ def train_learner(
     Xv, Yv = X[valid], Y[valid]
     L = Y.shape[1]
     D = cfg.network.embedding_dim
+    threads = resolve_threads(cfg.training.threads)
 
     # Module I: clusters -> surrogate task
     t0, c0 = time.time(), _cpu_s()
@@ -634,13 +707,18 @@ def train_learner(
         cfg.training.fused_kernels,
     )
     del negatives
-    # E may have been fine-tuned: rebuild the indexes on the final v
-    index = _build_index(encoder, Xf, Yf, cfg, seed)
+    # E may have been fine-tuned: rebuild the indexes on the final v (the serving graphs over
+    # the fit points, for the search's choice below, share v and the label centres)
+    Vf = dense_bag(encoder, Xf)
+    fit_centres = label_centres(
+        Vf, Yf, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
+    )
+    index = _build_index(encoder, Xf, Yf, cfg, seed, Vf, centres_owner=fit_centres)
     learner = Learner(encoder, clf, index)
     m4: dict[str, Any] = {"epochs": ep}
     if Xv.shape[0]:
         C, Z = learner.shortlist(Xv, cfg)
-        base, _ = learner.logits(Xv, C, Z)
+        base, _ = learner.logits(Xv, C, Z, threads)
     learner.alpha = _combination_weight(
         "alpha",
         cfg.combination.alpha,
@@ -660,12 +738,12 @@ def train_learner(
         tqdm.write(f"  Module IV: alpha={learner.alpha} valid={m4['valid']}")
 
     # Re-ranker: independent Z~, W~ on positives + the base model's top mispredictions
-    sparse_candidates = None  # the sparse ranker's, found in the re-ranker's pass when both run
+    sparse_on = Xr is not None and cfg.sparse.enabled
+    after: AfterIv | None = None  # the sparse ranker's candidates come from the same pass
     if cfg.rerank.enabled and cfg.rerank.epochs > 0:
         t0, c0 = time.time(), _cpu_s()
-        hard, sparse_candidates = _after_iv_shortlists(
-            learner, Xf, Yf, cfg, rerank=True, sparse=Xr is not None and cfg.sparse.enabled
-        )
+        after = _after_iv_shortlists(learner, Xf, Yf, cfg, rerank=True, sparse=sparse_on)
+        hard, after.hard = after.hard, None
         rr = Encoder(X.shape[1], D, cfg.network.spectral_lambda, cfg.network.dropout)
         with torch.no_grad():
             rr.embed.weight.copy_(encoder.embed.weight)
@@ -690,11 +768,11 @@ def train_learner(
             device,
             cfg.training.fused_kernels,
         )
+        del hard
         learner.reranker, learner.rr_clf = rr, rr_clf
         mr: dict[str, Any] = {"epochs": ep}
-        if Xv.shape[0]:
-            C, Z = learner.shortlist(Xv, cfg)
-            base, rrl = learner.logits(Xv, C, Z)
+        if Xv.shape[0]:  # C, Z: the validation shortlists of Module IV's indexes, as above
+            base, rrl = learner.logits(Xv, C, Z, threads)
         learner.beta = _combination_weight(
             "beta",
             cfg.combination.beta,
@@ -720,14 +798,13 @@ def train_learner(
         if progress:
             tqdm.write(f"  Sparse ranker: shortlists and fit on {Xf.shape[0]} points ...")
         Xrv = Xr[valid]
-        learner.sparse = _fit_ranker(
-            learner, Xf, Yf, Xr[fit], cfg, seed, rows=fit, C=sparse_candidates
-        )
-        del sparse_candidates
+        if after is None or after.candidates is None:
+            after = _after_iv_shortlists(learner, Xf, Yf, cfg, rerank=False, sparse=True)
+        assert after.candidates is not None
+        learner.sparse = _fit_ranker(Xr[fit], Yf, after.candidates, cfg, seed, rows=fit)
         ms: dict[str, Any] = {"weights": int(learner.sparse.W.nnz)}
         if Xv.shape[0]:
-            C, Z = learner.shortlist(Xv, cfg)
-            base, rrl = learner.logits(Xv, C, Z)
+            base, rrl = learner.logits(Xv, C, Z, threads)
             us = learner.sparse_scores(Xrv, C)
         # without a validation split (tiny data): an even mix
         learner.gamma = _combination_weight(
@@ -751,8 +828,11 @@ def train_learner(
     # prediction: serving graphs; the search size is chosen on validation with graphs like the
     # final ones (over the fit points only, so validation points do not find themselves)
     if Xv.shape[0] and cfg.search.fractions:
-        learner.index = _build_index(encoder, Xf, Yf, cfg, seed, serving=True)
+        learner.index = _build_index(
+            encoder, Xf, Yf, cfg, seed, Vf, serving=True, centres_owner=fit_centres
+        )
         learner.search = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
+    del Vf, fit_centres
 
     Sv = None
     if valid_scores and Xv.shape[0]:
@@ -763,13 +843,19 @@ def train_learner(
     # final indexes over all training points (the validation points' labels help prediction)
     learner.index = _build_index(encoder, X, Y, cfg, seed, serving=True)
     if learner.sparse is not None and Xv.shape[0]:
-        # the ranker, too, learns from every training point once gamma is chosen (negatives from
-        # the final indexes; else labels seen only in the validation split would have no model),
-        # starting from the first fit's dual variables: debian-related, 49.5 -> 39.1 CPU s
+        # the ranker, too, learns from every training point once gamma is chosen (else labels
+        # seen only in the validation split would have no model), starting from the first
+        # fit's dual variables: debian-related, 49.5 -> 39.1 CPU s
         t0, c0 = time.time(), _cpu_s()
         if progress:
             tqdm.write(f"  Sparse ranker: refit on all {X.shape[0]} points ...")
-        learner.sparse = _fit_ranker(learner, X, Y, Xr, cfg, seed, warm=learner.sparse)
+        assert after is not None
+        C, rows = _refit_candidates(learner, X, Y, fit, valid, after, cfg)
+        del after
+        learner.sparse = _fit_ranker(
+            Xr[rows], Y[rows], C, cfg, seed, rows=rows, warm=learner.sparse
+        )
+        del C
         log["modules"]["sparse"]["refit_seconds"] = round(time.time() - t0, 1)
         log["modules"]["sparse"]["refit_cpu_seconds"] = round(_cpu_s() - c0, 1)
         log["modules"]["sparse"]["weights"] = int(learner.sparse.W.nnz)

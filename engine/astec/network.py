@@ -24,6 +24,30 @@ def bag_inputs(X: sp.csr_matrix):
     )
 
 
+class MaskDropout(nn.Module):
+    """Inverted dropout whose CPU mask comes from numpy's PCG64 (seeded from torch's generator,
+    so torch.manual_seed still fixes it): torch's per-element Bernoulli draws took 1.3 ms of a
+    Module I batch's ~28 ms for each of the two dropouts, numpy's 0.3 ms. Elsewhere (a GPU),
+    torch's own dropout."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {p}")
+        self.p = float(p)
+        self._rng: np.random.Generator | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, True)
+        if self._rng is None:
+            self._rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
+        keep = self._rng.random(tuple(x.shape), dtype=np.float32) >= self.p
+        return x * torch.from_numpy(keep.astype(np.float32) / np.float32(1.0 - self.p))
+
+
 class SpectralResidual(nn.Module):
     """x + ReLU(R x) where R is rescaled so its spectral norm never exceeds lambda (power
     iteration)."""
@@ -70,7 +94,7 @@ class Encoder(nn.Module):
         self.embed = nn.EmbeddingBag(max(vocab_size, 1), dim, mode="sum", sparse=True)
         nn.init.normal_(self.embed.weight, std=dim**-0.5)
         self.residual = SpectralResidual(dim, lam)
-        self.drop = nn.Dropout(dropout)
+        self.drop = MaskDropout(dropout)
 
     def v(self, ids, offsets, weights) -> torch.Tensor:
         return F.relu(self.embed(ids, offsets, per_sample_weights=weights))

@@ -87,19 +87,24 @@ class ShortlistIndex:
         exclude_self: np.ndarray | None = None,
         knn_power: float = 1.0,
         centre_hits: tuple[np.ndarray, np.ndarray] | None = None,
+        point_hits: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> sp.csr_matrix:
         """Base similarity s for every candidate label of every row of V (sparse [n, L]).
 
         exclude_self: for training rows, the row's own id in the point index (so a point is
         not its own neighbour). centre_hits: this V's label-centre search, done once at a k >=
-        kmu for several shortlists (its first kmu columns are the top kmu).
+        kmu for several shortlists (its first kmu columns are the top kmu). point_hits: this
+        V's search of the points at k = knn (+ 1 with exclude_self), done once likewise.
         """
         n = V.shape[0]
         L = self.num_labels
         parts = []
         if knn > 0 and self.points.count > 0:
             extra = 1 if exclude_self is not None else 0
-            ids, sims = self.points.query(V, knn + extra, num_threads)
+            if point_hits is not None:
+                ids, sims = point_hits[0][:, : knn + extra], point_hits[1][:, : knn + extra]
+            else:
+                ids, sims = self.points.query(V, knn + extra, num_threads)
             if exclude_self is not None:
                 keep = ids != exclude_self[:, None]
                 # drop self (or the last column when self was not found) to keep knn columns

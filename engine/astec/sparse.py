@@ -35,13 +35,13 @@ def topk_rows(M: sp.csr_matrix, k: int, threads: int = 1) -> sp.csr_matrix:
     data = np.ascontiguousarray(M.data)
     out_ptr = np.concatenate([[0], np.cumsum(np.minimum(counts, k))]).astype(np.int64)
     keep = np.empty(int(out_ptr[-1]), np.int64)
-    _row_parts(
+    row_parts(
         M.shape[0], threads, lambda a, b: _topk_positions(indptr, data, out_ptr, keep, k, a, b)
     )
     return sp.csr_matrix((M.data[keep], M.indices[keep], out_ptr), shape=M.shape)
 
 
-def _row_parts(n: int, threads: int, run) -> None:
+def row_parts(n: int, threads: int, run) -> None:
     """run(a, b) over `threads` contiguous row ranges (the kernels release the GIL; rows are
     independent, so the result does not depend on the split)."""
     parts = max(1, min(int(threads), n // 1024 or 1))
@@ -107,7 +107,7 @@ def from_owned(ids: np.ndarray, sims: np.ndarray, owner: np.ndarray, L: int, thr
     idx = np.empty(n * k, np.int64)
     val = np.empty(n * k, np.float32)
     counts = np.zeros(n, np.int64)
-    _row_parts(n, threads, lambda a, b: _max_by_owner(ids, sims, owner, L, counts, idx, val, a, b))
+    row_parts(n, threads, lambda a, b: _max_by_owner(ids, sims, owner, L, counts, idx, val, a, b))
     out_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     # row r's entries sit at r * k ... r * k + counts[r]: gather them contiguously
     keep = np.repeat(np.arange(n, dtype=np.int64) * k - out_ptr[:-1], counts) + np.arange(
