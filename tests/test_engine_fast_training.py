@@ -260,3 +260,29 @@ def test_training_keeps_large_arrays_out_of_the_heap():
     from engine.astec.model import fixed_mmap_threshold
 
     assert fixed_mmap_threshold() is True
+
+
+def test_dropout_masks_are_inverted_dropout_and_follow_torchs_seed():
+    """The encoder's dropout (numpy masks on the CPU): in training each entry is zeroed with
+    probability p and the rest scaled by 1 / (1 - p), gradients flow through the same mask, the
+    same torch.manual_seed gives the same masks, and evaluation is the identity."""
+    from engine.astec.network import MaskDropout
+
+    x = torch.ones(400, 300, requires_grad=True)
+
+    def masked(seed):
+        torch.manual_seed(seed)
+        d = MaskDropout(0.5)
+        return d, d(x)
+
+    d, y = masked(3)
+    kept = y.detach() != 0
+    assert abs(kept.float().mean().item() - 0.5) < 0.01
+    assert torch.all(y.detach()[kept] == 2.0)
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # d(sum x * m) / dx = m
+    assert torch.equal(masked(3)[1], y) and not torch.equal(masked(4)[1], y)
+    d.eval()
+    assert d(x) is x
+    with pytest.raises(ValueError, match="dropout"):
+        MaskDropout(1.0)
