@@ -82,7 +82,8 @@ class TrainConfig:
     clusters: int = 0
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
     # "fitted": start as a logistic fit of the logged clicks on the hand features (fit_start);
-    # the start is also a candidate of the best-epoch selection. "random": torch's init.
+    # "intent": the fixed ranking INTENT_RANK (click-calibrated); the start is also a candidate
+    # of the best-epoch selection. "random": torch's init. "auto": see resolve_auto.
     init: str = "sim_rank"
     # "losses" (default): the weighted losses above, epochs chosen by their validation sum.
     # "dr": a reward model P(click | window, candidate) fitted on every logged impression, then
@@ -92,6 +93,8 @@ class TrainConfig:
     # choices outside its support) "dr" exploits its reward model where no logged click
     # corrects it: validation DR 0.1415 for an actual CTR of 0.1182, below "losses"' 0.1237
     # (docs/personalization.md). It is meant for logs of the exploring served policy.
+    # "auto": "dr" when the logger explored the policy's own candidates, else "losses"
+    # (resolve_auto; train_policy resolves it).
     objective: str = "losses"
     reward_epochs: int = 2
     dr_temperature: float = 0.5  # softmax temperature of the listwise DR objective
