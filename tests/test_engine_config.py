@@ -36,7 +36,12 @@ def test_every_field_has_one_flat_name():
     assert sorted(FLAT_NAMES.values()) == sorted(fields)
     # the file the single-class code wrote names exactly these fields, but those added since
     # (loading it gives them their defaults)
-    added_since = {"exact_max_centres", "surrogate_patience"}
+    added_since = {
+        "exact_max_centres",
+        "surrogate_patience",
+        "surrogate_large_fraction",
+        "surrogate_large_from",
+    }
     assert set(json.loads(FLAT_FILE.read_text())) == (set(FLAT_NAMES) - added_since) | {"seed"}
 
 
@@ -199,3 +204,15 @@ def test_train_threads_is_a_config_field_not_an_environment_change(tmp_path):
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
     assert saved["training"]["threads"] == 1 and saved["network"]["embedding_dim"] == 16
     assert dict(os.environ) == env_before
+
+
+def test_meta_label_count_follows_label_count():
+    """Module I's meta-labels: 0.1 L up to 1,024, then 0.05 L (the paper's lower bound), as a
+    power of two, at most 2^16 and L; an explicit num_clusters wins."""
+    auto = {L: AstecConfig().resolve(L).surrogate.num_clusters for L in (3, 580, 13_728, 25_918)}
+    assert auto == {3: 1, 580: 64, 13_728: 1024, 25_918: 1024}
+    assert AstecConfig().resolve(500_000).surrogate.num_clusters == 32_768
+    assert AstecConfig().resolve(3_000_000).surrogate.num_clusters == 65_536
+    cfg = AstecConfig()
+    cfg.surrogate.num_clusters = 2048
+    assert cfg.resolve(25_918).surrogate.num_clusters == 2048
