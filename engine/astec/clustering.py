@@ -38,10 +38,15 @@ def _split(C, rng, iters: int = 10):
         if prev is not None and np.array_equal(prev, left):
             break
         prev = left.copy()
-        for j, m in enumerate((left, ~left)):
-            c = np.asarray(C[m].sum(axis=0)).ravel()
-            nrm = np.linalg.norm(c)
-            centres[j] = c / nrm if nrm > 0 else c
+        # both sides' sums as one product with a 2 x n indicator (row masks of a sparse C
+        # copied it twice per iteration)
+        side = sp.csr_matrix(
+            (np.ones(n, np.float32), ((~left).astype(np.int64), np.arange(n))), shape=(2, n)
+        )
+        sums = np.asarray((side @ C).toarray() if sp.issparse(C) else side @ C)
+        for j in range(2):
+            nrm = np.linalg.norm(sums[j])
+            centres[j] = sums[j] / nrm if nrm > 0 else sums[j]
     return left
 
 

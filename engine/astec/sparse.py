@@ -141,13 +141,32 @@ def topk_dense_from_csr(M: sp.csr_matrix, k: int):
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _topk_dense(indptr, indices, data, ids, scores):
+    """Rows' top k, best first, ties to the earlier entry (the lower column: rows are sorted).
+    Small k (the weight grids and predictions ask for 5-10 of ~300): one pass keeping a sorted
+    buffer, an entry entering only when it beats the k-th so far; large k: a stable sort."""
     k = ids.shape[1]
     for r in range(indptr.size - 1):
         s, e = indptr[r], indptr[r + 1]
-        order = np.argsort(-data[s:e], kind="mergesort")[:k]
-        for j in range(order.size):
-            ids[r, j] = indices[s + order[j]]
-            scores[r, j] = data[s + order[j]]
+        if k > 32 or e - s <= k:
+            order = np.argsort(-data[s:e], kind="mergesort")[:k]
+            for j in range(order.size):
+                ids[r, j] = indices[s + order[j]]
+                scores[r, j] = data[s + order[j]]
+            continue
+        m = 0
+        for p in range(s, e):
+            v = data[p]
+            if m == k and v <= scores[r, k - 1]:
+                continue
+            j = min(m, k - 1)  # the slot it takes, moving later ones down (ties stay first)
+            while j > 0 and scores[r, j - 1] < v:
+                if j < k:
+                    scores[r, j] = scores[r, j - 1]
+                    ids[r, j] = ids[r, j - 1]
+                j -= 1
+            scores[r, j] = v
+            ids[r, j] = indices[p]
+            m = min(m + 1, k)
 
 
 def remove_entries(M: sp.csr_matrix, mask: sp.csr_matrix) -> sp.csr_matrix:
