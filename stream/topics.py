@@ -175,6 +175,14 @@ def make_stream_consumer(settings: Settings, topic: str, group_id: str, client_i
                 pass
 
         c = make_consumer(settings, [], group_id, client_id=client_id)
+        # the group's leader assigns partitions from its own metadata: a topic created moments
+        # before may be missing there, and the group then split nothing until a later
+        # rebalance (a two-worker group in CI stayed unassigned for 90 s). Join once this
+        # member's metadata holds the topic's partitions (bounded: a missing topic is the
+        # worker's unassigned warning to report, not a hang here)
+        deadline = time.monotonic() + 10.0
+        while not c.partitions_for_topic(topic) and time.monotonic() < deadline:
+            time.sleep(0.1)
         c.subscribe([topic], listener=_Listener())
         return c
     from stream.rdkafka_consumer import RdConsumer
