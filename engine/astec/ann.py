@@ -62,7 +62,7 @@ class AnnIndex:
         large k over a few ten thousand vectors, cheaper than the graph at ef >= k."""
         if self.kind == "exact":
             return self
-        V = np.ascontiguousarray(self._graph().get_items(np.arange(self.count)), np.float32)
+        V = np.ascontiguousarray(self.vectors_of(np.arange(self.count)))
         return AnnIndex("exact", self.dim, self.count, vectors=V, ef_search=self.ef_search)
 
     def vectors_of(self, ids: np.ndarray) -> np.ndarray:

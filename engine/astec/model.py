@@ -118,11 +118,13 @@ class Learner:
         extra: sp.csr_matrix | None = None,
         centre_hits: tuple[np.ndarray, np.ndarray] | None = None,
         point_hits: tuple[np.ndarray, np.ndarray] | None = None,
+        V: np.ndarray | None = None,
     ):
         """(C, Z): top candidates with base similarity s as data, and final features z; `extra`
         (label-name candidates, data NAME_ONLY_S) joins C; centre_hits, point_hits: see
-        ShortlistIndex.scores."""
-        V = dense_bag(self.encoder, X)
+        ShortlistIndex.scores; V: X's v when the caller has it."""
+        if V is None:
+            V = dense_bag(self.encoder, X)
         with torch.no_grad():
             self.encoder.eval()
             Z = self.encoder.residual(torch.from_numpy(V)).numpy()
@@ -473,14 +475,14 @@ def _after_iv_shortlists(
         hard = cand = None
         if rerank:
             C, Z = learner.shortlist(
-                X[a:b], cfg, exclude_self=own, centre_hits=hits, point_hits=points
+                X[a:b], cfg, exclude_self=own, centre_hits=hits, point_hits=points, V=V
             )
             base, _ = learner.logits(X[a:b], C, Z, threads)
             scores = combine(C, base, learner.alpha)
             hard = hard_negatives(scores, Y[a:b], cfg.rerank.negatives)
         if pool is not None:
             cand = learner.shortlist(
-                X[a:b], pool, exclude_self=own, centre_hits=hits, point_hits=points
+                X[a:b], pool, exclude_self=own, centre_hits=hits, point_hits=points, V=V
             )[0]
         return hard, cand, kth
 
