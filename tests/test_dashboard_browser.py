@@ -425,14 +425,16 @@ def drive_every_page(chrome: Chrome, url: str, info: dict, shots: Path) -> None:
         chrome.text,
     )
     chrome.click_toggle("Compare two model versions")
+    # the selectboxes are lazily loaded components: they may mount after the text is there
     wait_until(
-        lambda: "A vs B:" in chrome.text() and chrome.settled(),
+        lambda: "A vs B:" in chrome.text()
+        and chrome.settled()
+        and chrome.eval("document.querySelectorAll('[data-testid=stSelectbox]').length") == 2,
         60,
-        "the side-by-side comparison",
+        "the side-by-side comparison with its two version selectboxes",
         chrome.text,
     )
     body = chrome.text()
-    assert chrome.eval("document.querySelectorAll('[data-testid=stSelectbox]').length") == 2
     assert info["v1"] in body and info["v2"] in body
     assert body.count("Known words: 6 of 8") == 2
     chrome.screenshot(shots / "2b-predict-compare.png")
