@@ -427,9 +427,11 @@ def drive_every_page(chrome: Chrome, url: str, info: dict, shots: Path) -> None:
     chrome.click_toggle("Compare two model versions")
     # the selectboxes are lazily loaded components: they may mount after the text is there
     wait_until(
-        lambda: "A vs B:" in chrome.text()
-        and chrome.settled()
-        and chrome.eval("document.querySelectorAll('[data-testid=stSelectbox]').length") == 2,
+        lambda: (
+            "A vs B:" in chrome.text()
+            and chrome.settled()
+            and chrome.eval("document.querySelectorAll('[data-testid=stSelectbox]').length") == 2
+        ),
         60,
         "the side-by-side comparison with its two version selectboxes",
         chrome.text,

@@ -138,3 +138,47 @@ def test_centre_scores_take_each_labels_best_centre():
         rows = np.repeat(np.arange(n), np.diff(M.indptr))
         stored[rows, M.indices] = M.data
         assert np.array_equal(stored, ref)
+
+
+def test_exact_search_orders_by_similarity_then_lower_id_with_duplicates():
+    # duplicated vectors (training texts that repeat) tie exactly: the lower id must come first,
+    # as in the exported predictor, whether the tie is inside the top k or at its boundary (up
+    # to 32 tied past k: the search's margin)
+    from engine.astec.ann import AnnIndex
+
+    rng = np.random.default_rng(6)
+    base = rng.standard_normal((60, 16)).astype(np.float32)
+    V = base[rng.integers(0, 60, 400)]  # ~7 copies of each vector, ids shuffled
+    Q = base[:30] + 0.3 * rng.standard_normal((30, 16))
+    index = AnnIndex.build(V, exact_max=10_000)
+    Vn = V / np.linalg.norm(V, axis=1, keepdims=True)
+    Qn = Q / np.maximum(np.linalg.norm(Q, axis=1, keepdims=True), 1e-12)
+    for k in (1, 5, 9, 40):
+        ids, sims = index.query(Q.astype(np.float32), k, block=7)
+        for r in range(Q.shape[0]):
+            s = index.vectors @ Qn[r].astype(np.float32)
+            ref = sorted(range(len(V)), key=lambda c: (-s[c], c))[:k]
+            assert ids[r].tolist() == ref, (k, r)
+            assert np.allclose(sims[r], Vn[ref] @ Qn[r], atol=1e-5)
+
+
+def test_serving_index_shares_the_training_graph_only_when_it_is_the_same_graph():
+    # the search's choice runs on serving graphs over the fit points: when the training graph
+    # has the serving degree (and efC) it is that graph, searched at the serving ef
+    from engine.astec import AstecConfig
+    from engine.astec.model import _build_index
+
+    rng = np.random.default_rng(7)
+    V = rng.standard_normal((300, 8)).astype(np.float32)
+    Y = sp.csr_matrix((np.ones(300, np.float32), (np.arange(300), np.arange(300) % 20)))
+    for m, shared in ((16, True), (24, False)):
+        cfg = AstecConfig(exact_knn_max_points=0, predict_graph_m=16, num_threads=1)
+        cfg.shortlist.hnsw_x = (m, 50, 60)
+        train = _build_index(None, None, Y, cfg, 0, V)
+        serve = _build_index(None, None, Y, cfg, 0, V, serving=True, same_points=train)
+        assert train.points.kind == serve.points.kind == "hnsw"
+        assert (serve.points.hnsw is train.points.hnsw) == shared, m
+        assert serve.points.hnsw.M == 16 and serve.points.ef_search == 1
+        assert train.points.ef_search == 60
+        ids, _ = serve.points.query(V[:20], 5, 1)
+        assert (ids[:, 0] == np.arange(20)).all()  # each point finds itself

@@ -41,6 +41,7 @@ def test_every_field_has_one_flat_name():
         "surrogate_patience",
         "surrogate_large_fraction",
         "surrogate_large_from",
+        "sparse_refit_iters",
     }
     assert set(json.loads(FLAT_FILE.read_text())) == (set(FLAT_NAMES) - added_since) | {"seed"}
 

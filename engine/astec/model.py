@@ -204,20 +204,31 @@ def _build_index(
     V: np.ndarray | None = None,
     serving: bool = False,
     centres_owner: tuple[np.ndarray, np.ndarray] | None = None,
+    same_points: ShortlistIndex | None = None,
 ) -> ShortlistIndex:
     """Shortlist indexes over X's v. serving=True: the graphs prediction searches, of degree
     `predict_graph_m` and ef = k (hnswlib searches with max(ef, k)): fewer links per node than
     the training-time graphs, so fewer vectors pulled through the cache per query, at the small
-    k of prediction. V, centres_owner: X's v and label_centres of (V, Y) when already known."""
+    k of prediction. V, centres_owner: X's v and label_centres of (V, Y) when already known.
+    same_points: an index over the same V built with the other `serving` setting, whose points
+    graph is shared when both settings build the same graph (same degree and efC; the search's
+    ef is set per query)."""
     if V is None:
         V = dense_bag(encoder, X)
     Mx, cx, ex = cfg.shortlist.hnsw_x
     Mm, cm, em = cfg.shortlist.hnsw_mu
     if serving and cfg.search.graph_m > 0:
-        Mx, Mm, ex, em = cfg.search.graph_m, cfg.search.graph_m, 1, 1
-    points = AnnIndex.build(
-        V, cfg.shortlist.exact_max_points, Mx, cx, ex, cfg.training.threads, seed
-    )
+        Mm, ex, em = cfg.search.graph_m, 1, 1
+        same_degree = Mx == cfg.search.graph_m
+        Mx = cfg.search.graph_m
+    else:
+        same_degree = cfg.search.graph_m in (0, Mx)
+    if same_points is not None and same_degree and same_points.points.count == V.shape[0]:
+        points = replace(same_points.points, ef_search=ex)
+    else:
+        points = AnnIndex.build(
+            V, cfg.shortlist.exact_max_points, Mx, cx, ex, cfg.training.threads, seed
+        )
     cents, owner = centres_owner or label_centres(
         V, Y, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
     )
@@ -574,19 +585,39 @@ def _fit_ranker(
 ) -> SparseRanker:
     """The sparse ranker on (Xr, Y) with candidates C (see SparseRanker.fit); rows: the points'
     ids among all training points; warm: an earlier fit on some of them whose dual variables
-    start this one."""
+    start this one (`sparse.refit_iters` sweeps instead of `sparse.iters`)."""
     return SparseRanker.fit(
         Xr,
         Y,
         C,
         cfg.sparse.cost,
         cfg.sparse.threshold,
-        cfg.sparse.iters,
+        cfg.sparse.iters if warm is None else cfg.sparse.refit_iters,
         seed,
         threads=resolve_threads(cfg.training.threads),
         row_ids=rows,
         warm=warm,
     )
+
+
+def _epoch_objective(
+    encoder: Encoder, clf: Classifier, Xv, Cv: sp.csr_matrix, Yv, inv_prop, cfg: AstecConfig
+):
+    """The validation objective of a classifier alone on fixed validation shortlists Cv, read
+    from the live (training) weights: what a training loop checks after each epoch."""
+    threads = resolve_threads(cfg.training.threads)
+
+    def objective() -> float:
+        Z = dense_bag(encoder, Xv, what="z")
+        W = clf.weight.weight.detach().numpy()
+        b = clf.bias.weight.detach().numpy().ravel()
+        S = sp.csr_matrix(
+            (classifier_logits(Z, W, b, Cv, threads), Cv.indices, Cv.indptr), shape=Cv.shape
+        )
+        m = evaluate(Yv, topk_dense_from_csr(S, 5), inv_prop, ks=(1, 3, 5))
+        return float(np.mean([m[k] for k in cfg.validation.metrics]))
+
+    return objective
 
 
 def train_learner(
@@ -676,6 +707,7 @@ def train_learner(
         m2["valid_shortlist_only"] = {
             k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()
         }
+        Cv2 = topk_rows(Sv, cfg.search.candidates, cfg.training.threads)
         del Sv
     m2["seconds"] = round(time.time() - t0, 1)
     m2["cpu_seconds"] = round(_cpu_s() - c0, 1)
@@ -707,6 +739,7 @@ def train_learner(
         progress,
         device,
         cfg.training.fused_kernels,
+        valid=_epoch_objective(encoder, clf, Xv, Cv2, Yv, inv_prop, cfg) if Xv.shape[0] else None,
     )
     del negatives
     # E may have been fine-tuned: rebuild the indexes on the final v (the serving graphs over
@@ -769,6 +802,7 @@ def train_learner(
             progress,
             device,
             cfg.training.fused_kernels,
+            valid=_epoch_objective(rr, rr_clf, Xv, C, Yv, inv_prop, cfg) if Xv.shape[0] else None,
         )
         del hard
         learner.reranker, learner.rr_clf = rr, rr_clf
@@ -831,7 +865,15 @@ def train_learner(
     # final ones (over the fit points only, so validation points do not find themselves)
     if Xv.shape[0] and cfg.search.fractions:
         learner.index = _build_index(
-            encoder, Xf, Yf, cfg, seed, Vf, serving=True, centres_owner=fit_centres
+            encoder,
+            Xf,
+            Yf,
+            cfg,
+            seed,
+            Vf,
+            serving=True,
+            centres_owner=fit_centres,
+            same_points=index,
         )
         learner.search = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
     del Vf, fit_centres

@@ -10,6 +10,7 @@ the rows a batch touched cost anything.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -243,6 +244,7 @@ def train_shortlisted(
     progress: bool = True,
     device: str = "cpu",
     fused: bool = True,
+    valid: Callable[[], float] | None = None,
 ) -> list[dict]:
     """Modules III/IV (and the re-ranker): 1-vs-all BCE over positives + shortlisted negatives.
 
@@ -250,7 +252,8 @@ def train_shortlisted(
     On CPU (fused=True) the classifier rows are scored and updated by compiled kernels
     (`fused.py`) straight in W; otherwise (a GPU, or fused=False) the batch gathers the union of
     its rows as torch tensors on `device` and autograd + RowAdam update them: the same loss and
-    optimiser, so both give the same kind of model.
+    optimiser, so both give the same kind of model. valid: the validation objective of the live
+    weights, logged after each epoch (whether more or fewer epochs would pay, per data set).
     """
     dev = torch.device(device)
     if dev.type != "cpu":
@@ -335,9 +338,14 @@ def train_shortlisted(
                 opt_e.step(rows, Eu.grad)
             tot += loss * len(idx)
         entry = {"epoch": ep + 1, "loss": tot / max(n, 1), "seconds": round(time.time() - t0, 2)}
+        if valid is not None:
+            entry["valid_objective"] = round(valid(), 3)
         logs.append(entry)
         if progress:
-            tqdm.write(f"  {name} epoch {ep + 1}: loss={entry['loss']:.4g} ({entry['seconds']} s)")
+            obj = f", valid {entry['valid_objective']}" if "valid_objective" in entry else ""
+            tqdm.write(
+                f"  {name} epoch {ep + 1}: loss={entry['loss']:.4g}{obj} ({entry['seconds']} s)"
+            )
     bar.close()
     if fused:
         fc.close()
