@@ -6,7 +6,7 @@ import scipy.sparse as sp
 
 from engine.astec.clustering import balanced_clusters, meta_labels
 from engine.astec.shortlist import add_random_negatives, hard_negatives, recall_at
-from engine.astec.sparse import from_owned, topk_dense_from_csr, topk_rows
+from engine.astec.sparse import from_owned, normalize_rows, topk_dense_from_csr, topk_rows
 
 
 def test_balanced_clusters_sizes_differ_by_at_most_one_level():
@@ -182,3 +182,21 @@ def test_serving_index_shares_the_training_graph_only_when_it_is_the_same_graph(
         assert train.points.ef_search == 60
         ids, _ = serve.points.query(V[:20], 5, 1)
         assert (ids[:, 0] == np.arange(20)).all()  # each point finds itself
+
+
+def test_small_nodes_split_on_their_gram_matrix_as_on_their_rows(monkeypatch):
+    # the Gram-matrix split is the same 2-means (same steps, same random draws): on rows
+    # without ties it gives the same clusters as the row-wise split
+    import engine.astec.clustering as cl
+
+    rng = np.random.default_rng(8)
+    C = sp.random(700, 2000, density=0.01, random_state=8, format="csr", dtype=np.float32)
+    C = normalize_rows(sp.csr_matrix(sp.hstack([C, rng.random((700, 5), dtype=np.float32)])))
+    for dense in (False, True):
+        M = C.toarray() if dense else C
+        gram = balanced_clusters(M, 64, seed=3, progress=False)
+        monkeypatch.setattr(cl, "_GRAM_MAX", 0)
+        rows = balanced_clusters(M, 64, seed=3, progress=False)
+        monkeypatch.undo()
+        assert np.array_equal(gram, rows)
+        assert np.bincount(gram, minlength=64).max() <= 11
