@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from bench.subprocesses import run_worker
 from engine.astec.config import DEVICES, TrainingParams
 from engine.cli_options import config_option, default_of
 from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B
@@ -184,10 +184,9 @@ def _run(job: PeerJob) -> dict:
         cmd = [sys.executable, "-m", "bench.engine_peers", str(spec)]
         # omikuji prints a progress line per example: to a file, whose tail explains a failure
         with open(os.path.join(tmp, "log.txt"), "wb") as logf:
-            proc = subprocess.Popen(
+            status, ru = run_worker(
                 cmd, cwd=str(Path(__file__).resolve().parents[1]), stdout=logf, stderr=logf
             )
-            _, status, ru = os.wait4(proc.pid, 0)
         if status != 0 or not os.path.exists(job.out_json):
             tail = Path(tmp, "log.txt").read_bytes()[-2000:].decode("utf-8", "replace")
             return {

@@ -20,6 +20,8 @@ from typing import Any
 
 import click
 
+from bench.subprocesses import run_worker
+
 
 @dataclass
 class ScaleJob:
@@ -133,12 +135,11 @@ def scale(sizes, points_per_label, config_path, seed, json_out, progress):
             )
             spec = Path(tmp, "job.json")
             spec.write_text(json.dumps(dataclasses.asdict(job)))
-            proc = subprocess.Popen(
+            status, ru = run_worker(
                 [sys.executable, "-m", "bench.engine_scale", str(spec)],
                 cwd=str(Path(__file__).resolve().parents[1]),
                 stdout=_stderr_fd(),
             )
-            _, status, ru = os.wait4(proc.pid, 0)
             if status != 0 or not os.path.exists(out):
                 rows.append({"L": L, "error": f"exit status {status}"})
                 continue
