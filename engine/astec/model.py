@@ -217,13 +217,11 @@ def _build_index(
         V = dense_bag(encoder, X)
     Mx, cx, ex = cfg.shortlist.hnsw_x
     Mm, cm, em = cfg.shortlist.hnsw_mu
+    # both settings build ANNS^x at efC cx: the graphs are the same when the degrees are
+    same_graph = cfg.search.graph_m in (0, Mx)
     if serving and cfg.search.graph_m > 0:
-        Mm, ex, em = cfg.search.graph_m, 1, 1
-        same_degree = Mx == cfg.search.graph_m
-        Mx = cfg.search.graph_m
-    else:
-        same_degree = cfg.search.graph_m in (0, Mx)
-    if same_points is not None and same_degree and same_points.points.count == V.shape[0]:
+        Mx, Mm, ex, em = cfg.search.graph_m, cfg.search.graph_m, 1, 1
+    if same_points is not None and same_graph and same_points.points.count == V.shape[0]:
         points = replace(same_points.points, ef_search=ex)
     else:
         points = AnnIndex.build(
@@ -256,13 +254,18 @@ def _prior_score(counts: np.ndarray) -> np.ndarray:
     return (1e-3 * counts / max(float(counts.max(initial=1)), 1.0)).astype(np.float32)
 
 
+def _valid_metrics(S: sp.csr_matrix, Yv, inv_prop, metrics) -> tuple[float, dict]:
+    """(the validation objective: the mean of `metrics`, every metric at k = 1, 3, 5) of the
+    scores S of the validation points: what every choice made on validation compares."""
+    m = evaluate(Yv, topk_dense_from_csr(S, 5), inv_prop, ks=(1, 3, 5))
+    return float(np.mean([m[k] for k in metrics])), m
+
+
 def _select(name, grid, make_scores, Yv, inv_prop, metrics, log):
     """Pick the grid value maximising the mean of `metrics` on the validation split."""
     best, best_val, table = grid[0], -1.0, []
     for g in grid:
-        ids, sc = topk_dense_from_csr(make_scores(g), 5)
-        m = evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5))
-        val = float(np.mean([m[k] for k in metrics]))
+        val, m = _valid_metrics(make_scores(g), Yv, inv_prop, metrics)
         table.append({name: g, "objective": round(val, 3), **{k: round(m[k], 2) for k in metrics}})
         if val > best_val:
             best, best_val = g, val
@@ -282,10 +285,8 @@ def _combination_weight(
             if fixed >= 0
             else _select(name, grid, make_scores, Yv, inv_prop, cfg.validation.metrics, log)
         )
-        ids, sc = topk_dense_from_csr(make_scores(w), 5)
-        log["valid"] = {
-            k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()
-        }
+        _, m = _valid_metrics(make_scores(w), Yv, inv_prop, cfg.validation.metrics)
+        log["valid"] = {k: round(v, 2) for k, v in m.items()}
     else:
         w = fixed if fixed >= 0 else default
     log[name] = w
@@ -307,9 +308,9 @@ def select_search(
         if cand in objective:
             continue
         learner.search = cand
-        ids, sc = topk_dense_from_csr(learner.scores(Xv, cfg, Xrv), 5)
-        m = evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5))
-        objective[cand] = float(np.mean([m[k] for k in cfg.validation.metrics]))
+        objective[cand], m = _valid_metrics(
+            learner.scores(Xv, cfg, Xrv), Yv, inv_prop, cfg.validation.metrics
+        )
         table.append(
             {
                 "knn": cand[0],
@@ -614,8 +615,7 @@ def _epoch_objective(
         S = sp.csr_matrix(
             (classifier_logits(Z, W, b, Cv, threads), Cv.indices, Cv.indptr), shape=Cv.shape
         )
-        m = evaluate(Yv, topk_dense_from_csr(S, 5), inv_prop, ks=(1, 3, 5))
-        return float(np.mean([m[k] for k in cfg.validation.metrics]))
+        return _valid_metrics(S, Yv, inv_prop, cfg.validation.metrics)[0]
 
     return objective
 
@@ -707,7 +707,8 @@ def train_learner(
         m2["valid_shortlist_only"] = {
             k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()
         }
-        Cv2 = topk_rows(Sv, cfg.search.candidates, cfg.training.threads)
+        # Module II's validation shortlists: fixed candidates for the per-epoch objective
+        Cv_ii = topk_rows(Sv, cfg.search.candidates, cfg.training.threads)
         del Sv
     m2["seconds"] = round(time.time() - t0, 1)
     m2["cpu_seconds"] = round(_cpu_s() - c0, 1)
@@ -739,7 +740,7 @@ def train_learner(
         progress,
         device,
         cfg.training.fused_kernels,
-        valid=_epoch_objective(encoder, clf, Xv, Cv2, Yv, inv_prop, cfg) if Xv.shape[0] else None,
+        valid=_epoch_objective(encoder, clf, Xv, Cv_ii, Yv, inv_prop, cfg) if Xv.shape[0] else None,
     )
     del negatives
     # E may have been fine-tuned: rebuild the indexes on the final v (the serving graphs over
