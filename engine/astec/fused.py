@@ -82,6 +82,45 @@ def _adam_rows(
         b[l] -= step * m / (np.sqrt(v) * rc2 + eps)
 
 
+@njit(cache=True, nogil=True)
+def _group_by_label(lab, ptr, count):
+    """The batch's entries grouped by label, as a stable argsort would (without the sort of
+    every entry: a fifth of the step's time): (order, seg, labels, owner), entries order[q] for
+    q in seg[j]:seg[j+1] being those of labels[j] (ascending), each group in entry order;
+    owner[e] the point of entry e. count: an all-zero int64 [L] scratch, left all zero."""
+    n = lab.size
+    seen = np.empty(n, np.int64)
+    nu = 0
+    for e in range(n):
+        lb = lab[e]
+        if count[lb] == 0:
+            seen[nu] = lb
+            nu += 1
+        count[lb] += 1
+    labels = np.sort(seen[:nu])
+    seg = np.empty(nu + 1, np.int64)
+    s = 0
+    for j in range(nu):
+        lb = labels[j]
+        seg[j] = s
+        c = count[lb]
+        count[lb] = s  # from here on: the label's next slot in order
+        s += c
+    seg[nu] = s
+    order = np.empty(n, np.int64)
+    for e in range(n):
+        lb = lab[e]
+        order[count[lb]] = e
+        count[lb] += 1
+    for j in range(nu):
+        count[labels[j]] = 0
+    owner = np.empty(n, np.int64)
+    for i in range(ptr.size - 1):
+        for e in range(ptr[i], ptr[i + 1]):
+            owner[e] = i
+    return order, seg, labels, owner
+
+
 def _ranges(n: int, parts: int) -> list[tuple[int, int]]:
     cuts = np.linspace(0, n, max(1, parts) + 1).astype(np.int64)
     return [(int(a), int(b)) for a, b in itertools.pairwise(cuts) if b > a]
@@ -112,6 +151,7 @@ class FusedClassifierAdam:
         self.vW = np.zeros_like(W)
         self.mb = np.zeros_like(b)
         self.vb = np.zeros_like(b)
+        self._count = np.zeros(W.shape[0], np.int64)  # scratch of _group_by_label
         self.t = 0
 
     def step(self, z: np.ndarray, ptr: np.ndarray, lab: np.ndarray, y: np.ndarray):
@@ -124,20 +164,16 @@ class FusedClassifierAdam:
         loss_rows = np.empty(B, np.float64)
         scale = np.float64(1.0 / max(n, 1))
         self._run(_scores_and_dz, B, z, ptr, lab, y, self.W, self.b, scale, g, dz, loss_rows)
-        order = np.argsort(lab, kind="stable")
-        sl = lab[order]
-        starts = np.flatnonzero(np.r_[True, sl[1:] != sl[:-1]]) if n else np.zeros(0, np.int64)
-        seg = np.r_[starts, n].astype(np.int64)
-        owner = np.repeat(np.arange(B, dtype=np.int64), np.diff(ptr))
+        order, seg, labels, owner = _group_by_label(lab, ptr, self._count)
         self.t += 1
         b1, b2 = self.betas
         self._run(
             _adam_rows,
-            starts.size,
+            labels.size,
             z,
             order,
             seg,
-            sl[starts],
+            labels,
             owner,
             g,
             self.W,
