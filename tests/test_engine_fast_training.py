@@ -65,13 +65,21 @@ def test_surrogate_device_argument_runs_on_cpu():
 
 def test_surrogate_schedule_follows_validation_when_given_patience():
     """Module I's epochs scale with the data: without a new best validation meta P@1 for
-    `patience` epochs the lr halves, after as many more training stops (the cap is `epochs`)."""
+    `patience` epochs the lr halves, after as many more training stops (the cap is `epochs`),
+    and the best epoch's weights are kept."""
     X, Y, _ = _toy()
     never = sp.csr_matrix(Y[:50].shape, dtype=np.float32)  # nothing to hit: P@1 stays 0
+    torch.manual_seed(0)
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)
     logs = train_surrogate(enc, X, Y, 30, 0.02, 64, 0, False, (X[:50], never), patience=2)
     assert [e["epoch"] for e in logs] == [1, 2, 3, 4, 5]  # best at 1; decay after 3; stop at 5
     assert logs[2].get("decayed") and "stopped" in logs[4]
+    # the best epoch's weights are the ones kept: those of a run that stops after epoch 1
+    assert logs[0].get("kept") and not any(e.get("kept") for e in logs[1:])
+    torch.manual_seed(0)
+    once = Encoder(X.shape[1], 16, 1.0, 0.5)
+    train_surrogate(once, X, Y, 1, 0.02, 64, 0, False, (X[:50], never), patience=0)
+    assert torch.equal(enc.embed.weight, once.embed.weight)
     fixed = train_surrogate(enc, X, Y, 4, 0.02, 64, 0, False, (X[:50], never), patience=0)
     assert len(fixed) == 4
 

@@ -117,7 +117,8 @@ def train_surrogate(
     decay_epoch > 0: learning rates are multiplied by decay_factor from that epoch on (step decay).
     patience > 0 (with valid): the schedule follows the validation meta-label P@1 instead: the
     learning rates decay after `patience` epochs without a new best (or at decay_epoch, whichever
-    comes first), and training stops after `patience` more without one; `epochs` is the cap.
+    comes first), training stops after `patience` more without one (`epochs` is the cap), and
+    the weights of the best epoch are the ones kept (its log entry is marked "kept").
     device: where the batches run (the encoder comes back to the CPU).
     """
     dev = torch.device(device)
@@ -140,6 +141,9 @@ def train_surrogate(
     nb = -(-X.shape[0] // max(batch_size, 1))
     bar = tqdm(total=epochs * nb, desc="Module I", disable=not progress, leave=False, unit="batch")
     decayed, best, since_best = False, -1.0, 0
+    best_state: list[torch.Tensor] | None = None
+    best_entry: dict = {}
+    params = [encoder.embed.weight, *residual.parameters(), *head.parameters()]
 
     def decay() -> None:
         opt_s.lr *= decay_factor
@@ -189,6 +193,13 @@ def train_surrogate(
         if patience > 0 and "valid_meta_P@1" in entry:
             if entry["valid_meta_P@1"] > best:
                 best, since_best = entry["valid_meta_P@1"], 0
+                with torch.no_grad():
+                    if best_state is None:
+                        best_state = [p.detach().clone() for p in params]
+                    else:
+                        for b, p in zip(best_state, params, strict=True):
+                            b.copy_(p)
+                best_entry = entry
             else:
                 since_best += 1
             if since_best >= patience:
@@ -211,6 +222,11 @@ def train_surrogate(
         if stop:
             break
     bar.close()
+    if best_state is not None:
+        with torch.no_grad():
+            for b, p in zip(best_state, params, strict=True):
+                p.copy_(b)
+        best_entry["kept"] = True
     if dev.type != "cpu":
         encoder.to("cpu")
     encoder.eval()
