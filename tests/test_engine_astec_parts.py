@@ -184,6 +184,39 @@ def test_serving_index_shares_the_training_graph_only_when_it_is_the_same_graph(
         assert (ids[:, 0] == np.arange(20)).all()  # each point finds itself
 
 
+def test_final_index_grows_the_fit_graph_by_the_validation_points():
+    # the serving indexes over every training point, fit points first: a fit graph of the serving
+    # degree takes the validation points as ids len(fit)... instead of a build over all points
+    import torch
+
+    from engine.astec import AstecConfig
+    from engine.astec.model import _build_index, _final_index
+    from engine.astec.network import Encoder, dense_bag
+
+    n, vocab = 400, 50
+    X = sp.random(n, vocab, density=0.3, format="csr", random_state=8, dtype=np.float32)
+    Y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), np.arange(n) % 20)))
+    torch.manual_seed(0)
+    enc = Encoder(vocab, 16)
+    valid = np.arange(5, n, 10)
+    fit = np.setdiff1d(np.arange(n), valid)
+    order = np.concatenate([fit, valid])
+    for m, grown in ((16, True), (24, False)):
+        cfg = AstecConfig(exact_knn_max_points=0, predict_graph_m=16, num_threads=1)
+        cfg.shortlist.hnsw_x = (m, 50, 60)
+        fit_index = _build_index(enc, X[fit], Y[fit], cfg, 0)
+        graph = fit_index.points.hnsw
+        final = _final_index(enc, X, Y, fit, valid, cfg, 0, fit_index)
+        assert final.points.count == n and (final.points.hnsw is graph) == grown, m
+        assert final.points.hnsw.M == 16 and final.points.ef_search == 1
+        assert (final.point_labels != Y[order]).nnz == 0
+        ids, _ = final.points.query(dense_bag(enc, X[order]), 10, 1)
+        assert (ids[:, 0] == np.arange(n)).mean() >= 0.98  # each point finds itself
+        if grown:  # the fit index gave its graph away
+            with pytest.raises(ValueError, match="no hnswlib graph"):
+                fit_index.points.query(dense_bag(enc, X[:3]), 1, 1)
+
+
 def test_small_nodes_split_on_their_gram_matrix_as_on_their_rows(monkeypatch):
     # the Gram-matrix split is the same 2-means (same steps, same random draws): on rows
     # without ties it gives the same clusters as the row-wise split

@@ -270,7 +270,7 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
     )
     X, Xr = model.transform(texts), model.ranker_features(texts)
     lr, cfg = model.learners[0], model.config
-    V = dense_bag(lr.encoder, X)  # the final index holds every training point, in order
+    V = dense_bag(lr.encoder, X)  # searched in the final index (its ids: fit points first)
 
     def same(a, b):
         return a.shape == b.shape and a.nnz > 0 and (a != b).nnz == 0
@@ -330,7 +330,10 @@ def test_refit_keeps_the_first_fits_candidates_and_adds_labels_first_seen_in_val
     )
     first = astec_model._after_iv_shortlists(first_learner, X[fit], Y[fit], cfg, False, True)
     Cf, kth = first.candidates.copy(), first.kth_centre
-    final = replace(lr, index=astec_model._build_index(lr.encoder, X, Y, cfg, 0), search=None)
+    final_index = astec_model._final_index(
+        lr.encoder, X, Y, fit, valid, cfg, 0, first_learner.index
+    )
+    final = replace(lr, index=final_index, search=None)
     C, order = astec_model._refit_candidates(final, X, Y, fit, valid, first, cfg)
 
     np.testing.assert_array_equal(order, np.concatenate([fit, valid]))
@@ -354,5 +357,7 @@ def test_refit_keeps_the_first_fits_candidates_and_adds_labels_first_seen_in_val
     assert cleared[r, c].all()
     assert cleared.sum() == added.nnz
     # the validation points: fresh shortlists from the final indexes, themselves excluded
-    fresh = astec_model._ranker_shortlists(final, X, valid, cfg)
+    fresh = astec_model._ranker_shortlists(
+        final, X, valid, cfg, ids=len(fit) + np.arange(len(valid))
+    )
     assert (C[len(fit) :] != fresh).nnz == 0 and fresh.nnz > 0

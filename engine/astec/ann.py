@@ -58,6 +58,18 @@ class AnnIndex:
         index.set_ef(ef_search)
         return cls("hnsw", d, n, hnsw=index, ef_search=ef_search)
 
+    def grown(self, vectors: np.ndarray, num_threads: int = 2) -> AnnIndex:
+        """This hnswlib graph with `vectors` added as ids count, count + 1, ...: inserting a few
+        thousand points into a graph costs a fraction of building it again over all of them.
+        Takes the graph over: this index must not be searched afterwards."""
+        graph = self._graph()
+        V = normalize_rows(np.ascontiguousarray(vectors, dtype=np.float32))
+        n = self.count + V.shape[0]
+        graph.resize_index(n)
+        graph.add_items(V, np.arange(self.count, n), num_threads=num_threads)
+        self.hnsw = None
+        return AnnIndex("hnsw", self.dim, n, hnsw=graph, ef_search=self.ef_search)
+
     def as_exact(self) -> AnnIndex:
         """The same vectors searched exactly (blocked matmul + top-k): for bulk searches at a
         large k over a few ten thousand vectors, cheaper than the graph at ef >= k."""
