@@ -1,6 +1,6 @@
 """Astec (DeepXML, WSDM'21) on CPU: four modules, re-ranker, ensembles. See docs/model-format.md.
 
-Both names import on first use, after OMP_WAIT_POLICY is set: `AstecConfig` without torch
+Both names import on first use, after the OpenMP wait policy is chosen: `AstecConfig` without torch
 (the CLI reads its defaults at start-up), `Astec` with it.
 """
 
@@ -9,12 +9,25 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-# torch's OpenMP threads spin while they wait for each other; on a machine whose cores other
-# processes share, that spinning stole the cores the other thread needed (one 8,000-point
-# epoch under load 13: Module I 20.9 -> 1.7 s, Module IV 14.6 -> 3.0 s with passive waiting;
-# docs/engine-training.md). Read when the OpenMP runtime starts, i.e. only if torch is not
+
+def _oversubscribed() -> bool:
+    """The 1-minute load average already exceeds the cores this process may run on."""
+    try:
+        return os.getloadavg()[0] > len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return False
+
+
+# torch's OpenMP threads spin a while before they sleep when waiting for each other. On a
+# machine whose cores other processes share, that spinning stole the cores the other thread
+# needed (one 8,000-point epoch under load 13: Module I 20.9 -> 1.7 s, Module IV 14.6 -> 3.0 s
+# with passive waiting); on a machine of its own, passive waiting makes every small op wake a
+# sleeping thread (Module I's epoch on the simulated click log, 2 cores, load < 2: 3.5-4.3 s
+# spinning, 5.5-7.3 s passive; docs/engine-training.md). So passive only when the machine is
+# already oversubscribed. Read when the OpenMP runtime starts, i.e. only if torch is not
 # imported yet; a user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if _oversubscribed():
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if TYPE_CHECKING:
     from .config import AstecConfig

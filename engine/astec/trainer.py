@@ -283,6 +283,7 @@ def train_shortlisted(
         clf.to(dev)
     opt_r = torch.optim.Adam(list(encoder.residual.parameters()), lr=lr, fused=True)
     opt_e = RowAdam(encoder.embed.weight, lr=finetune_lr)
+    threads = torch.get_num_threads()
     if fused:
         from .fused import FusedClassifierAdam
 
@@ -290,81 +291,93 @@ def train_shortlisted(
             clf.weight.weight.detach().numpy(),
             clf.bias.weight.detach().numpy().reshape(-1),
             lr=lr,
-            threads=torch.get_num_threads(),
+            threads=threads,
         )
+        # the kernels' threads do the bulk of a batch; torch's part (the encoder on 255 rows)
+        # gains little from a second thread, whose OpenMP spinning slowed the kernels' threads:
+        # Module IV epoch on the simulated click log 9.7 s -> 8.2 s with torch on one thread
+        torch.set_num_threads(1)
     else:
         opt_w = RowAdam(clf.weight.weight, lr=lr)
         opt_b = RowAdam(clf.bias.weight, lr=lr)
     logs = []
     nb = -(-n // max(batch_size, 1))
     bar = tqdm(total=epochs * nb, desc=name, disable=not progress, leave=False, unit="batch")
-    for ep in range(epochs):
-        encoder.train()
-        t0 = time.time()
-        tot = 0.0
-        for idx in _batches(n, batch_size, rng):
-            bar.update(1)
-            Cb = cand[idx]
-            if Cb.nnz == 0:
-                continue
-            v, rows, Eu = gathered_v(opt_e, X[idx], dev)
-            if not finetune_embeddings:
-                v = v.detach()
-            z = encoder.z_from_v(encoder.drop(v))
-            if fused:
-                loss, dz = fc.step(
-                    z.detach().numpy(),
-                    Cb.indptr.astype(np.int64),
-                    Cb.indices.astype(np.int64),
-                    (Cb.data >= 2).astype(np.float32),
-                )
-                opt_r.zero_grad()
-                z.backward(torch.from_numpy(dz))
-            else:
-                counts = np.diff(Cb.indptr)
-                B, K = len(idx), int(counts.max())
-                U, inv = np.unique(Cb.indices, return_inverse=True)
-                r = np.repeat(np.arange(B), counts)
-                p = np.arange(Cb.nnz) - Cb.indptr[r]
-                slot = np.zeros((B, K), np.int64)
-                slot[r, p] = inv.ravel()
-                target = np.zeros((B, K), np.float32)
-                target[r, p] = Cb.data >= 2
-                mask = np.zeros((B, K), np.float32)
-                mask[r, p] = 1.0
-                Ut = torch.from_numpy(U.astype(np.int64)).to(dev)
-                Wu, bu = opt_w.gather(Ut), opt_b.gather(Ut)
-                st = torch.from_numpy(slot).to(dev)
-                # each point is scored only on its own positives + shortlist: [B, K] gathered rows
-                logits = torch.bmm(Wu[st], z.unsqueeze(2)).squeeze(2) + bu[st].squeeze(2)
-                m = torch.from_numpy(mask).to(dev)
-                lossT = (
-                    F.binary_cross_entropy_with_logits(
-                        logits, torch.from_numpy(target).to(dev), reduction="none"
+    try:
+        for ep in range(epochs):
+            encoder.train()
+            t0 = time.time()
+            tot = 0.0
+            for idx in _batches(n, batch_size, rng):
+                bar.update(1)
+                Cb = cand[idx]
+                if Cb.nnz == 0:
+                    continue
+                v, rows, Eu = gathered_v(opt_e, X[idx], dev)
+                if not finetune_embeddings:
+                    v = v.detach()
+                z = encoder.z_from_v(encoder.drop(v))
+                if fused:
+                    loss, dz = fc.step(
+                        z.detach().numpy(),
+                        Cb.indptr.astype(np.int64),
+                        Cb.indices.astype(np.int64),
+                        (Cb.data >= 2).astype(np.float32),
                     )
-                    * m
-                ).sum() / m.sum()
-                opt_r.zero_grad()
-                lossT.backward()
-                opt_w.step(Ut, Wu.grad)
-                opt_b.step(Ut, bu.grad)
-                loss = float(lossT.item())
-            opt_r.step()
-            if finetune_embeddings:
-                opt_e.step(rows, Eu.grad)
-            tot += loss * len(idx)
-        entry = {"epoch": ep + 1, "loss": tot / max(n, 1), "seconds": round(time.time() - t0, 2)}
-        if valid is not None:
-            entry["valid_objective"] = round(valid(), 3)
-        logs.append(entry)
-        if progress:
-            obj = f", valid {entry['valid_objective']}" if "valid_objective" in entry else ""
-            tqdm.write(
-                f"  {name} epoch {ep + 1}: loss={entry['loss']:.4g}{obj} ({entry['seconds']} s)"
-            )
-    bar.close()
-    if fused:
-        fc.close()
+                    opt_r.zero_grad()
+                    z.backward(torch.from_numpy(dz))
+                else:
+                    counts = np.diff(Cb.indptr)
+                    B, K = len(idx), int(counts.max())
+                    U, inv = np.unique(Cb.indices, return_inverse=True)
+                    r = np.repeat(np.arange(B), counts)
+                    p = np.arange(Cb.nnz) - Cb.indptr[r]
+                    slot = np.zeros((B, K), np.int64)
+                    slot[r, p] = inv.ravel()
+                    target = np.zeros((B, K), np.float32)
+                    target[r, p] = Cb.data >= 2
+                    mask = np.zeros((B, K), np.float32)
+                    mask[r, p] = 1.0
+                    Ut = torch.from_numpy(U.astype(np.int64)).to(dev)
+                    Wu, bu = opt_w.gather(Ut), opt_b.gather(Ut)
+                    st = torch.from_numpy(slot).to(dev)
+                    # each point is scored only on its own positives + shortlist:
+                    # [B, K] gathered rows
+                    logits = torch.bmm(Wu[st], z.unsqueeze(2)).squeeze(2) + bu[st].squeeze(2)
+                    m = torch.from_numpy(mask).to(dev)
+                    lossT = (
+                        F.binary_cross_entropy_with_logits(
+                            logits, torch.from_numpy(target).to(dev), reduction="none"
+                        )
+                        * m
+                    ).sum() / m.sum()
+                    opt_r.zero_grad()
+                    lossT.backward()
+                    opt_w.step(Ut, Wu.grad)
+                    opt_b.step(Ut, bu.grad)
+                    loss = float(lossT.item())
+                opt_r.step()
+                if finetune_embeddings:
+                    opt_e.step(rows, Eu.grad)
+                tot += loss * len(idx)
+            entry = {
+                "epoch": ep + 1,
+                "loss": tot / max(n, 1),
+                "seconds": round(time.time() - t0, 2),
+            }
+            if valid is not None:
+                entry["valid_objective"] = round(valid(), 3)
+            logs.append(entry)
+            if progress:
+                obj = f", valid {entry['valid_objective']}" if "valid_objective" in entry else ""
+                tqdm.write(
+                    f"  {name} epoch {ep + 1}: loss={entry['loss']:.4g}{obj} ({entry['seconds']} s)"
+                )
+    finally:
+        bar.close()
+        if fused:
+            fc.close()
+            torch.set_num_threads(threads)
     if dev.type != "cpu":
         encoder.to("cpu")
         clf.to("cpu")
