@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 def _oversubscribed() -> bool:
     """The 1-minute load average already exceeds the cores this process may run on."""
+    from .config import available_cores  # torch-free
+
     try:
-        return os.getloadavg()[0] > len(os.sched_getaffinity(0))
+        return os.getloadavg()[0] > available_cores()
     except (AttributeError, OSError):
         return False
 

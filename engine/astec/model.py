@@ -218,8 +218,7 @@ def _build_index(
         V = dense_bag(encoder, X)
     Mx, cx, ex = cfg.shortlist.hnsw_x
     Mm, cm, em = cfg.shortlist.hnsw_mu
-    # both settings build ANNS^x at efC cx: the graphs are the same when the degrees are
-    same_graph = cfg.search.graph_m in (0, Mx)
+    same_graph = _serving_graph_is_training_graph(cfg)
     if serving and cfg.search.graph_m > 0:
         Mx, Mm, ex, em = cfg.search.graph_m, cfg.search.graph_m, 1, 1
     if points is not None:
@@ -251,6 +250,12 @@ def _build_index(
     )
 
 
+def _serving_graph_is_training_graph(cfg: AstecConfig) -> bool:
+    """Both settings build ANNS^x at efC `hnsw_x[1]`: the graphs are the same when the degrees
+    are."""
+    return cfg.search.graph_m in (0, cfg.shortlist.hnsw_x[0])
+
+
 def _final_index(
     encoder: Encoder,
     X: sp.csr_matrix,
@@ -272,7 +277,7 @@ def _final_index(
     grow = (
         old.kind == "hnsw"
         and old.count == len(fit)
-        and cfg.search.graph_m in (0, cfg.shortlist.hnsw_x[0])
+        and _serving_graph_is_training_graph(cfg)
         and len(valid) > 0
     )
     points = old.grown(V[len(fit) :], cfg.training.threads) if grow else None
