@@ -331,22 +331,22 @@ def _combination_weight(
 
 def select_search(
     learner: Learner, Xv, Yv, cfg: AstecConfig, inv_prop, log: dict, Xrv=None
-) -> tuple | None:
+) -> tuple[tuple | None, sp.csr_matrix]:
     """The cheapest prediction search (knn, kmu) = the configured one scaled by each of
     `search_fractions`, whose validation objective (mean of `select_metrics`) is within
     `search_tolerance` points of the full search's. Searching fewer neighbours is the bulk of a
     single prediction's cost; whether it costs accuracy depends on the data, hence validation.
-    Returns None when the full search is needed (or the cheaper ones do not differ from it)."""
+    Returns (the choice, None when the full search is needed or the cheaper ones do not differ
+    from it; the validation scores with that choice, `learner.scores(Xv, cfg, Xrv)`)."""
     full = (cfg.shortlist.knn_neighbours, cfg.shortlist.centroid_neighbours)
-    table, objective = [], {}
+    table, objective, scores = [], {}, {}
     for f in sorted(set(cfg.search.fractions) | {1.0}):
         cand = (max(1, math.ceil(full[0] * f)), max(1, math.ceil(full[1] * f)))
         if cand in objective:
             continue
         learner.search = cand
-        objective[cand], m = _valid_metrics(
-            learner.scores(Xv, cfg, Xrv), Yv, inv_prop, cfg.validation.metrics
-        )
+        scores[cand] = learner.scores(Xv, cfg, Xrv)
+        objective[cand], m = _valid_metrics(scores[cand], Yv, inv_prop, cfg.validation.metrics)
         table.append(
             {
                 "knn": cand[0],
@@ -359,7 +359,7 @@ def select_search(
     ok = [c for c in objective if objective[c] >= objective[full] - cfg.search.tolerance]
     best = min(ok, key=lambda c: (c[0] + c[1], c))
     log["search_selection"] = {"table": table, "chosen": list(best)}
-    return None if best == full else best
+    return (None if best == full else best), scores[best]
 
 
 def name_candidates(
@@ -904,6 +904,7 @@ def train_learner(
 
     # prediction: serving graphs; the search size is chosen on validation with graphs like the
     # final ones (over the fit points only, so validation points do not find themselves)
+    chosen_scores: sp.csr_matrix | None = None  # the validation scores with that choice
     if Xv.shape[0] and cfg.search.fractions:
         learner.index = _build_index(
             encoder,
@@ -916,13 +917,13 @@ def train_learner(
             centres_owner=fit_centres,
             same_points=index,
         )
-        learner.search = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
+        learner.search, chosen_scores = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
     del Vf, fit_centres
 
     Sv = None
     if valid_scores and Xv.shape[0]:
         Sv = (
-            learner.scores(Xv, cfg, Xrv),
+            chosen_scores if chosen_scores is not None else learner.scores(Xv, cfg, Xrv),
             learner.scores(Xv, cfg, Xrv, extra=valid_extra) if valid_extra is not None else None,
         )
     # final indexes over all training points (the validation points' labels help prediction)
