@@ -162,6 +162,37 @@ def test_exact_search_orders_by_similarity_then_lower_id_with_duplicates():
             assert np.allclose(sims[r], Vn[ref] @ Qn[r], atol=1e-5)
 
 
+def test_exact_top_k_is_exact_when_its_sampled_threshold_misleads_and_across_blocks(monkeypatch):
+    # the kernel keeps the columns above a threshold taken from a strided sample of the row;
+    # a row whose largest values sit exactly on the sampled columns leaves fewer than k above
+    # it, and the answer must still be the row's true top k (ties: lower column first)
+    import engine.astec.ann as ann
+
+    rng = np.random.default_rng(11)
+    m, k = 5000, 50
+    S = rng.random((6, m)).astype(np.float32)
+    S[:3, :: max(1, m // 1024)] += 10.0  # the sampled columns hold the row's largest values
+    S[3:, 100:400] = 0.5  # and long runs of ties
+    S[3:, 4000:] = 0.5
+    ids = np.empty((6, k), np.int64)
+    vals = np.empty((6, k), np.float32)
+    ann._top_rows(S, k, ids, vals, 0, 6)
+    for r in range(6):
+        ref = sorted(range(m), key=lambda c: (-S[r, c], c))[:k]
+        assert ids[r].tolist() == ref
+        assert np.array_equal(vals[r], S[r, ref])
+    # many blocks, rows split over threads: the same answer as one block (the matmul of
+    # another shape may round the similarities differently in the last bit)
+    V = rng.standard_normal((500, 8)).astype(np.float32)
+    Q = rng.standard_normal((70, 8)).astype(np.float32)
+    index = ann.AnnIndex.build(V, exact_max=10_000)
+    whole = index.query(Q, 30, num_threads=2)
+    monkeypatch.setattr(ann, "_BLOCK_FLOATS", 0)
+    blocked = index.query(Q, 30, num_threads=2, block=8)
+    assert np.array_equal(whole[0], blocked[0])
+    assert np.allclose(whole[1], blocked[1], atol=1e-6)
+
+
 def test_serving_index_shares_the_training_graph_only_when_it_is_the_same_graph():
     # the search's choice runs on serving graphs over the fit points: when the training graph
     # has the serving degree (and efC) it is that graph, searched at the serving ef
