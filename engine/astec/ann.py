@@ -7,8 +7,6 @@ has perfect recall; hnswlib (inner product on L2-normalised vectors = cosine) ta
 
 from __future__ import annotations
 
-import itertools
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from .sparse import normalize_rows
+from .sparse import normalize_rows, row_parts
 
 _BLOCK_FLOATS = 1 << 24  # similarities per block of an exact search at most (64 MB)
 
@@ -106,23 +104,20 @@ class AnnIndex:
         ids = np.empty((n, k), np.int64)
         sims = np.empty((n, k), np.float32)
         B = torch.from_numpy(self._table())
-        parts = max(1, min(int(num_threads), n // 16 or 1))  # the block's rows, split
         # blocks of up to 16M similarities (64 MB): torch's OpenMP threads spin for a while after
         # each matmul, beside the top-k threads; fewer, larger blocks waste less of it (k = 600
         # over 21k centres: 256 rows a block 1.5 s of top-k per 16k queries, 1024 rows 1.0 s)
         block = max(block, min(1024, _BLOCK_FLOATS // max(self.count, 1)))
         out = torch.empty((min(block, n), self.count))  # one buffer: no 64 MB mmap per block
-        with ThreadPoolExecutor(parts) as pool:
-            for s in range(0, n, block):
-                q = torch.from_numpy(Q[s : s + block])
-                S = torch.matmul(q, B.T, out=out[: q.shape[0]]).numpy()
-                cuts = np.linspace(s, s + S.shape[0], parts + 1).astype(np.int64)
-                done = [
-                    pool.submit(_top_rows, S[a - s : b - s], k, ids[a:b], sims[a:b], 0, b - a)
-                    for a, b in itertools.pairwise(cuts)
-                ]
-                for f in done:
-                    f.result()
+        for s in range(0, n, block):
+            q = torch.from_numpy(Q[s : s + block])
+            S = torch.matmul(q, B.T, out=out[: q.shape[0]]).numpy()
+            e = s + S.shape[0]
+
+            def top(a: int, b: int, S=S, i=ids[s:e], v=sims[s:e]) -> None:
+                _top_rows(S, k, i, v, a, b)
+
+            row_parts(S.shape[0], num_threads, top, min_rows=16)
         return ids, sims
 
     def save(self, path: Path) -> str:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numba import njit
 
-from .prefetch import prefetch
+from .prefetch import prefetch_row
 
 # reassociation lets the dot products and row updates use SIMD; no nnan/ninf (the BCE needs them)
 _FM = {"reassoc", "contract", "nsz", "arcp"}
@@ -40,8 +40,7 @@ def _scores_and_dz(lo, hi, z, ptr, lab, y, W, b, scale, g, dz, loss_rows):
             dz[i, d] = 0.0
         for e in range(ptr[i], ptr[i + 1]):
             if e + _AHEAD < end:
-                for d in range(0, D, 16):  # one cache line of float32s
-                    prefetch(W, lab[e + _AHEAD], d)
+                prefetch_row(W, lab[e + _AHEAD])
             row = W[lab[e]]
             s = np.float32(0.0)
             for d in range(D):
@@ -71,10 +70,9 @@ def _adam_rows(
         l = labels[j]
         if j + _AHEAD < hi:
             nxt = labels[j + _AHEAD]
-            for d in range(0, D, 16):
-                prefetch(W, nxt, d)
-                prefetch(mW, nxt, d)
-                prefetch(vW, nxt, d)
+            prefetch_row(W, nxt)
+            prefetch_row(mW, nxt)
+            prefetch_row(vW, nxt)
         gw[:] = 0.0
         gb = np.float32(0.0)
         for q in range(seg[j], seg[j + 1]):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from llvmlite import ir  # type: ignore[import-untyped]
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -51,4 +51,12 @@ def _prefetch(typingctx, arr, i, j):
     return sig, codegen
 
 
-prefetch: Any = _prefetch  # kernels call prefetch(arr, i, j); numba supplies typingctx
+_prefetch_at: Any = _prefetch  # called as _prefetch_at(arr, i, j); numba supplies typingctx
+
+
+@njit(cache=True, nogil=True, inline="always")
+def prefetch_row(arr, i):
+    """Hint that row i of a 2-D C-contiguous array will be read soon: one prefetch per 64-byte
+    cache line of it."""
+    for j in range(0, arr.shape[1], max(1, 64 // arr.itemsize)):
+        _prefetch_at(arr, i, j)

@@ -41,10 +41,11 @@ def topk_rows(M: sp.csr_matrix, k: int, threads: int = 1) -> sp.csr_matrix:
     return sp.csr_matrix((M.data[keep], M.indices[keep], out_ptr), shape=M.shape)
 
 
-def row_parts(n: int, threads: int, run) -> None:
-    """run(a, b) over `threads` contiguous row ranges (the kernels release the GIL; rows are
-    independent, so the result does not depend on the split)."""
-    parts = max(1, min(int(threads), n // 1024 or 1))
+def row_parts(n: int, threads: int, run, min_rows: int = 1024) -> None:
+    """run(a, b) over `threads` contiguous row ranges of at least `min_rows` rows (the kernels
+    release the GIL; rows are independent, so the result does not depend on the split). The
+    ranges depend only on (n, threads, min_rows)."""
+    parts = max(1, min(int(threads), n // min_rows or 1))
     cuts = np.linspace(0, n, parts + 1).astype(np.int64)
     if parts == 1:
         run(0, n)
