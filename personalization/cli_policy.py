@@ -321,7 +321,7 @@ def personalize() -> None:
 @click.option(
     "--init",
     type=click.Choice(["auto", "sim_rank", "fitted", "intent", "random"]),
-    default="sim_rank",
+    default="auto",
     show_default=True,
     help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
     "residual; fitted: start as a logistic fit of the logged clicks on the hand features; the "
@@ -332,7 +332,7 @@ def personalize() -> None:
 @click.option(
     "--objective",
     type=click.Choice(["auto", "losses", "dr"]),
-    default="losses",
+    default="auto",
     show_default=True,
     help="dr: reward model on every logged impression, then the policy trained listwise for "
     "doubly-robust CTR, kept by validation DR value and promoted only when its DR lower bound "

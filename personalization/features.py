@@ -43,8 +43,11 @@ N_INTENT = 2  # the intent_* / page_cluster_* features are the last two columns
 # (a gap >= BLOCK_GAP_S: a new session) the belief keeps INTENT_KEEP_BLOCK of itself (the rest
 # uniform), between views of one block INTENT_KEEP. Chosen on worlds 21/22 (docs/
 # personalization.md): the rule "intent_mass + 0.05 score_current" earns 0.130 there against
-# the window's Bayes-optimal 0.1365 and most frequent's 0.114.
+# the window's Bayes-optimal 0.1365 and most frequent's 0.114. INTENT_KAPPA is the factor of a
+# cluster with the uniform share of the traffic; cluster_kappa scales it per cluster, inverse to
+# the share, floored at KAPPA_FLOOR x uniform (0.25 and 0.5 gave the same on worlds 22-26).
 INTENT_KAPPA = 20.0
+KAPPA_FLOOR = 0.5
 INTENT_KEEP_BLOCK = 0.7
 INTENT_KEEP = 0.95
 # (weight column, score/presence) of the first 8 features in the batched window averages
@@ -161,7 +164,7 @@ def build_batch(
     ts: np.ndarray | None = None,
     sim_table: np.ndarray | None = None,
     sim_norm: np.ndarray | None = None,
-    clusters: np.ndarray | None = None,
+    clusters: Clusters | None = None,
 ) -> EventBatch:
     """Candidates (union of the window's top-k ids) and their features for a padded batch.
 
@@ -169,8 +172,8 @@ def build_batch(
     state_mask [B,K] right-aligned, log_pop [L] = normalised log popularity per query id,
     ts [B,K] visit times in seconds (None = all one block), sim_table [L+1,d] unit query vectors
     (`sim_table_from_rows`) and sim_norm [2] the (mean, sd) of their raw cosines (None = the
-    sim_* features stay 0), clusters [L+1] int64 the query cluster of every id, -1 last
-    (`cluster_lookup`; None = the intent features stay 0).
+    sim_* features stay 0), clusters the policy's `cluster_lookup` (None = the intent
+    features stay 0).
     """
     B, K, k = ids.shape
     flat = np.where(state_mask[:, :, None], ids, -1).reshape(B, K * k)
@@ -247,15 +250,54 @@ def build_batch(
     )
 
 
-def cluster_lookup(weights: dict) -> np.ndarray | None:
-    """int64 [L+1] cluster of every query id with -1 last (the padding id -1 gathers it), from
-    a policy's float32 `query_cluster` [L] weight; cached in `weights` (None: no clusters)."""
+@dataclass(frozen=True)
+class Clusters:
+    """A policy's query clusters as the intent filter reads them."""
+
+    lookup: np.ndarray  # int64 [L+1] cluster of every query id, -1 last (padding id -1 gathers it)
+    kappa: np.ndarray  # float64 [n] odds factor per unit of a page's evidence for each cluster
+
+
+def cluster_lookup(weights: dict) -> Clusters | None:
+    """The Clusters of a policy's float32 `query_cluster` [L] and `cluster_kappa` [n] weights
+    (a policy without `cluster_kappa` filters with INTENT_KAPPA for every cluster); cached in
+    `weights` (None: no clusters). ValueError if the two disagree on the number of clusters."""
     if "_cl" not in weights:
         qc = weights.get("query_cluster")
-        weights["_cl"] = (
-            None if qc is None else np.append(np.asarray(qc).astype(np.int64), np.int64(-1))
-        )
+        if qc is None:
+            weights["_cl"] = None
+        else:
+            lookup = np.append(np.asarray(qc).astype(np.int64), np.int64(-1))
+            n = max(int(lookup.max()) + 1, 1)
+            kap = weights.get("cluster_kappa")
+            kappa = np.full(n, INTENT_KAPPA) if kap is None else np.asarray(kap, np.float64)
+            if kappa.shape != (n,):
+                raise ValueError(f"cluster_kappa has shape {kappa.shape}, {n} clusters need ({n},)")
+            weights["_cl"] = Clusters(lookup, kappa)
     return weights["_cl"]
+
+
+def cluster_kappa(ids: np.ndarray, scores: np.ndarray, lookup: np.ndarray) -> np.ndarray:
+    """float32 [n] the intent filter's odds factor of each cluster: INTENT_KAPPA x the uniform
+    share 1/n over the cluster's share of the evidence of the page views ids / scores [V,k]
+    (one row per view, so pages count by traffic), that share floored at KAPPA_FLOOR / n.
+
+    A page's likelihood ratio for an interest is inverse to how often such pages are seen
+    anyway: in the simulator 1 + a / (1 - a) / pop(s), off-interest views being popular pages;
+    in real traffic a page of a cluster everyone reads says less about this reader than one of
+    a niche. A flat factor let the busiest clusters win on off-interest pages; scaled this way
+    the fixed ranking fitted on the logs closed 0.36-0.87 -> 0.74-0.88 of the gap to
+    bayes_window on worlds 22-26 (docs/personalization.md)."""
+    n = max(int(lookup.max()) + 1, 1)
+    ids = np.asarray(ids, np.int64)
+    sc = np.where(ids >= 0, np.asarray(scores, np.float64), 0.0)
+    cid = lookup[ids]
+    sc = np.where(cid >= 0, sc, 0.0)
+    share = sc / np.maximum(sc.sum(1, keepdims=True), 1e-12)  # each view's evidence sums to 1
+    used = sc.sum(1) > 0
+    ok = (cid >= 0) & used[:, None]
+    pop = np.bincount(cid[ok], weights=share[ok], minlength=n)[:n] / max(int(used.sum()), 1)
+    return (INTENT_KAPPA / n / np.maximum(pop, KAPPA_FLOOR / n)).astype(np.float32)
 
 
 def intent_features(
@@ -264,25 +306,26 @@ def intent_features(
     state_mask: np.ndarray,
     starts: np.ndarray,
     cand_ids: np.ndarray,
-    clusters: np.ndarray,
+    clusters: Clusters,
 ) -> np.ndarray:
     """[B,C,2] (intent_mass, page_cluster_share) of every candidate.
 
     Each state's predicted queries spread their scores over query clusters (share e_t); a
     forward filter over the window (oldest first) multiplies the belief in cluster c by
-    1 + INTENT_KAPPA e_t(c) and, between states, keeps INTENT_KEEP (INTENT_KEEP_BLOCK across a
-    block start) of itself, the rest uniform. A candidate's intent_mass is its cluster's final
-    belief: what the window says about the user's current interest, with off-interest pages
-    weighed against the earlier ones, which the score averages cannot do. K steps on [B, n]
-    arrays; the evidence is one bincount."""
+    1 + kappa(c) e_t(c) (cluster_kappa) and, between states, keeps INTENT_KEEP
+    (INTENT_KEEP_BLOCK across a block start) of itself, the rest uniform. A candidate's
+    intent_mass is its cluster's final belief: what the window says about the user's current
+    interest, with off-interest pages weighed against the earlier ones, which the score
+    averages cannot do. K steps on [B, n] arrays; the evidence is one bincount."""
     B, K, _ = ids.shape
-    n = max(int(clusters.max()) + 1, 1)
-    cid = clusters[ids]  # [B,K,k]; padding id -1 gathers -1
+    lookup = clusters.lookup
+    n = len(clusters.kappa)
+    cid = lookup[ids]  # [B,K,k]; padding id -1 gathers -1
     ok = (cid >= 0) & state_mask[:, :, None]
     flat = (np.arange(B * K).reshape(B, K, 1) * n + cid)[ok]
     E = np.bincount(flat, weights=scores[ok], minlength=B * K * n).reshape(B, K, n)
     E = E / np.maximum(E.sum(2, keepdims=True), 1e-9)
-    lik = 1.0 + INTENT_KAPPA * E
+    lik = 1.0 + clusters.kappa * E
     keep = np.where(starts, INTENT_KEEP_BLOCK, INTENT_KEEP)[:, :, None]
     # states are right-aligned: a padding state (E = 0) and the first real one meet a uniform
     # belief, which mixing leaves uniform, so no mask is needed; the belief is normalised once
@@ -293,7 +336,7 @@ def intent_features(
         belief = keep[:, t] * belief + (1.0 - keep[:, t]) * (total / n)
         belief *= lik[:, t]
     belief /= belief.sum(1, keepdims=True)
-    cc = clusters[cand_ids]  # [B,C]
+    cc = lookup[cand_ids]  # [B,C]
     has = cc >= 0
     safe = np.maximum(cc, 0)
     out = np.empty((*cand_ids.shape, 2), np.float32)

@@ -36,8 +36,10 @@ from tqdm import tqdm
 from personalization.artifact import save_policy
 from personalization.features import (
     SIM_DIM,
+    Clusters,
     EventBatch,
     build_batch,
+    cluster_kappa,
     cluster_lookup,
     log_popularity,
     sim_rank_weights,
@@ -83,9 +85,9 @@ class TrainConfig:
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
     # "fitted": start as a logistic fit of the logged clicks on the hand features (fit_start);
     # "intent": the fixed ranking INTENT_RANK (click-calibrated); the start is also a candidate
-    # of the best-epoch selection. "random": torch's init. "auto": see resolve_auto.
-    init: str = "sim_rank"
-    # "losses" (default): the weighted losses above, epochs chosen by their validation sum.
+    # of the best-epoch selection. "random": torch's init. "auto" (default): see resolve_auto.
+    init: str = "auto"
+    # "losses": the weighted losses above, epochs chosen by their validation sum.
     # "dr": a reward model P(click | window, candidate) fitted on every logged impression, then
     # the policy trained listwise to maximise the doubly-robust value of the window's
     # candidates, kept by validation DR value (see _train_dr). On `astec simulate logs` (a
@@ -93,9 +95,11 @@ class TrainConfig:
     # choices outside its support) "dr" exploits its reward model where no logged click
     # corrects it: validation DR 0.1415 for an actual CTR of 0.1182, below "losses"' 0.1237
     # (docs/personalization.md). It is meant for logs of the exploring served policy.
-    # "auto": "dr" when the logger explored the policy's own candidates, else "losses"
-    # (resolve_auto; train_policy resolves it).
-    objective: str = "losses"
+    # "auto" (default): "dr" when the logger explored the policy's own candidates, else
+    # "losses" (resolve_auto; train_policy resolves it). On such logs dr / fitted closed >= half
+    # the gap to bayes_window in 13 of 15 runs on worlds 22-26, losses / sim_rank in 7
+    # (docs/personalization.md).
+    objective: str = "auto"
     reward_epochs: int = 2
     dr_temperature: float = 0.5  # softmax temperature of the listwise DR objective
     threads: int = 2
@@ -115,7 +119,7 @@ def make_batch(
     log_pop: np.ndarray,
     sim_table: np.ndarray | None = None,
     sim_norm: np.ndarray | None = None,
-    clusters: np.ndarray | None = None,
+    clusters: Clusters | None = None,
 ) -> EventBatch:
     """The serving-identical EventBatch of visits `rows` (their windows of the last K states);
     clusters: features.cluster_lookup of the policy (None: intent features 0)."""
@@ -243,15 +247,29 @@ def start_weights(
     raise ValueError(f"init must be 'fitted', 'sim_rank', 'intent' or 'random', got {cfg.init!r}")
 
 
-def clusters_of_training_pages(
+def intent_clusters(
     v: VisitLog, train_rows: np.ndarray, val_rows: np.ndarray, cfg: TrainConfig, n_labels: int
-) -> np.ndarray:
-    """float32 [L] query cluster of every label (personalization.query_clusters) from the
-    engine's predictions on the pages of the visits this training reads."""
+) -> dict[str, np.ndarray]:
+    """The policy's `query_cluster` [L] (personalization.query_clusters, from the engine's
+    predictions on the pages of the visits this training reads and their sessions; all -1 with
+    cfg.clusters < 0) and `cluster_kappa` [n] (features.cluster_kappa over those visits)."""
+    import scipy.sparse as sp
+
     from personalization.query_clusters import query_clusters
 
-    pages = np.unique(v.page[np.concatenate([train_rows, val_rows])])
-    return query_clusters(v.IDS[pages], v.SC[pages], n_labels, cfg.clusters, cfg.seed)
+    rows = np.concatenate([train_rows, val_rows])
+    if cfg.clusters < 0:
+        qc = np.full(n_labels, -1.0, np.float32)
+    else:
+        pages, col = np.unique(v.page[rows], return_inverse=True)
+        sess, grp = np.unique(v.session[rows], return_inverse=True)
+        groups = sp.csr_matrix((np.ones(len(rows)), (grp, col)), shape=(len(sess), len(pages)))
+        qc = query_clusters(
+            v.IDS[pages], v.SC[pages], n_labels, cfg.clusters, cfg.seed, groups=groups
+        )
+    lookup = np.append(qc.astype(np.int64), np.int64(-1))
+    kappa = cluster_kappa(v.IDS[v.page[rows]], v.SC[v.page[rows]], lookup)
+    return {"query_cluster": qc, "cluster_kappa": kappa}
 
 
 AUTO_SUPPORT = 0.9  # objective "auto": dr when the logger explored this share of candidates
@@ -457,12 +475,8 @@ def train_policy(
     else:  # features off: zero vectors give zero cosines
         sim_table = np.zeros((classifier_rows.shape[0] + 1, 1), np.float32)
         sim_norm = np.array([0.0, 1.0], np.float32)
-    query_cluster = (
-        clusters_of_training_pages(v, train_rows, val_rows, cfg, classifier_rows.shape[0])
-        if cfg.clusters >= 0
-        else np.full(classifier_rows.shape[0], -1.0, np.float32)
-    )
-    sim = (sim_table, sim_norm, cluster_lookup({"query_cluster": query_cluster}))
+    clusters = intent_clusters(v, train_rows, val_rows, cfg, classifier_rows.shape[0])
+    sim = (sim_table, sim_norm, cluster_lookup(dict(clusters)))
     if cfg.objective == "dr":
         weights, rep = _train_dr(
             v,
@@ -487,7 +501,7 @@ def train_policy(
             "val_visits": len(val_rows),
         }
         weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
-        weights["query_cluster"] = query_cluster
+        weights.update(clusters)
         return weights, report
     if cfg.objective != "losses":
         raise ValueError(f"objective must be 'dr' or 'losses', got {cfg.objective!r}")
@@ -581,7 +595,7 @@ def train_policy(
     }
     weights = net.export_weights()
     weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
-    weights["query_cluster"] = query_cluster
+    weights.update(clusters)
     return weights, report
 
 

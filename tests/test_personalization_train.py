@@ -300,7 +300,7 @@ def test_dr_training_earns_more_clicks_than_every_baseline():
     fixed ranking it starts from (the synthetic click model: 0.45 on the session's intent
     topic, else 0.04)."""
     v, rows_w, q_topic, intent = synthetic_visits(seed=1)
-    cfg = dataclasses.replace(HELD, objective="dr", epochs=2, reward_epochs=2)
+    cfg = dataclasses.replace(HELD, objective="dr", init="sim_rank", epochs=2, reward_epochs=2)
     w, rep = train_policy(v, rows_w, cfg, progress=False)
     assert rep["chosen"] == max(rep["val_dr"], key=rep["val_dr"].get)
     _, path = publish(tempfile.mkdtemp(), w, cfg, {"train": rep})
