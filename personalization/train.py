@@ -916,12 +916,21 @@ def _train_dr(
             }
         )
         log.info("policy epoch %d: val DR %.5f", epoch + 1, t.mean())
+    from personalization.value import paired_bootstrap
+
+    # the start is kept unless a trained candidate beats it on validation with a paired 95% lower
+    # bound above zero: at the ESS these logs give, the highest mean alone picked epochs that
+    # earned less than the start on held-out sessions (docs/personalization.md)
     best = max(cands, key=lambda k: cands[k][0])
+    vs_start = None
+    if best != "start":
+        vs_start = paired_bootstrap(term_of[best], term_of["start"], users, 500, cfg.seed)
+        if vs_start["diff_ci95"][0] <= 0:
+            best = "start"
     if cands[best][1] is None:
         net = fresh()
     else:
         net.load_state_dict(cands[best][1])
-    from personalization.value import paired_bootstrap
 
     bb = max(base_keys, key=lambda k: float(val_terms[k].mean()))
     vs = paired_bootstrap(term_of[best], val_terms[bb], users, 500, cfg.seed)
@@ -937,6 +946,7 @@ def _train_dr(
         **start,
         "epochs": history,
         "chosen": best,
+        "val_best_vs_start": vs_start,
         "val_dr": {k: float(x.mean()) for k, x in term_of.items()},
         "val_best_baseline": bb,
         "val_vs_best_baseline": vs,
