@@ -364,7 +364,10 @@ def peers(
         for j, mods in (r.get("modules_s") or {}).items():
             click.echo(
                 f"{r['method']} learner {j} seconds per module: "
-                + ", ".join(f"{k} {v}" for k, v in mods.items())
+                + ", ".join(
+                    f"{k} {v:.1f}" if isinstance(v, int | float) else f"{k} {v}"
+                    for k, v in mods.items()
+                )
             )
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))

@@ -65,7 +65,7 @@ def _worker(job: ScaleJob) -> None:
                 # the sparse ranker's time includes its refit on all points (after its peak_rss_mb)
                 "modules": {
                     k: {
-                        "seconds": round(v["seconds"] + v.get("refit_seconds", 0.0), 1),
+                        "seconds": round(v["seconds"] + v.get("refit_seconds", 0.0), 2),
                         "peak_rss_mb": v["peak_rss_mb"],
                     }
                     for k, v in lg.items()

@@ -712,8 +712,8 @@ def train_learner(
         device=device,
     )
     log["modules"]["I"] = {
-        "seconds": round(time.time() - t0, 1),
-        "cpu_seconds": round(_cpu_s() - c0, 1),
+        "seconds": round(time.time() - t0, 3),
+        "cpu_seconds": round(_cpu_s() - c0, 3),
         "peak_rss_mb": _peak_rss_mb(),
         "clusters": int(cfg.surrogate.num_clusters),
         "epochs": epochs_log,
@@ -750,8 +750,8 @@ def train_learner(
         # Module II's validation shortlists: fixed candidates for the per-epoch objective
         Cv_ii = topk_rows(Sv, cfg.search.candidates, cfg.training.threads)
         del Sv
-    m2["seconds"] = round(time.time() - t0, 1)
-    m2["cpu_seconds"] = round(_cpu_s() - c0, 1)
+    m2["seconds"] = round(time.time() - t0, 3)
+    m2["cpu_seconds"] = round(_cpu_s() - c0, 3)
     m2["peak_rss_mb"] = _peak_rss_mb()
     log["modules"]["II"] = m2
     if progress:
@@ -806,8 +806,8 @@ def train_learner(
         m4,
         learner.alpha,
     )
-    m4["seconds"] = round(time.time() - t0, 1)
-    m4["cpu_seconds"] = round(_cpu_s() - c0, 1)
+    m4["seconds"] = round(time.time() - t0, 3)
+    m4["cpu_seconds"] = round(_cpu_s() - c0, 3)
     m4["peak_rss_mb"] = _peak_rss_mb()
     log["modules"]["IV"] = m4
     if progress and "valid" in m4:
@@ -861,8 +861,8 @@ def train_learner(
             mr,
             learner.beta,
         )
-        mr["seconds"] = round(time.time() - t0, 1)
-        mr["cpu_seconds"] = round(_cpu_s() - c0, 1)
+        mr["seconds"] = round(time.time() - t0, 3)
+        mr["cpu_seconds"] = round(_cpu_s() - c0, 3)
         mr["peak_rss_mb"] = _peak_rss_mb()
         log["modules"]["reranker"] = mr
         if progress and "valid" in mr:
@@ -895,8 +895,8 @@ def train_learner(
             ms,
             0.5,
         )
-        ms["seconds"] = round(time.time() - t0, 1)
-        ms["cpu_seconds"] = round(_cpu_s() - c0, 1)
+        ms["seconds"] = round(time.time() - t0, 3)
+        ms["cpu_seconds"] = round(_cpu_s() - c0, 3)
         ms["peak_rss_mb"] = _peak_rss_mb()
         log["modules"]["sparse"] = ms
         if progress and "valid" in ms:
@@ -942,8 +942,8 @@ def train_learner(
             Xr[rows], Y[rows], C, cfg, seed, rows=rows, warm=learner.sparse
         )
         del C
-        log["modules"]["sparse"]["refit_seconds"] = round(time.time() - t0, 1)
-        log["modules"]["sparse"]["refit_cpu_seconds"] = round(_cpu_s() - c0, 1)
+        log["modules"]["sparse"]["refit_seconds"] = round(time.time() - t0, 3)
+        log["modules"]["sparse"]["refit_cpu_seconds"] = round(_cpu_s() - c0, 3)
         log["modules"]["sparse"]["weights"] = int(learner.sparse.W.nnz)
     if learner.sparse is not None:
         learner.sparse.dual = None  # only a refit needs it: free it before the next learner
