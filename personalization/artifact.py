@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from personalization.features import FEATURE_NAMES
+from personalization.features import FEATURE_NAMES, cluster_lookup
 from personalization.scoring import WEIGHT_SHAPES
 
 FORMAT = "astec-gru-policy/1"
@@ -124,13 +124,9 @@ def load_policy(model_dir: str | Path) -> tuple[dict[str, np.ndarray], dict, byt
             f"{list(FEATURE_NAMES)}; retrain the policy"
         )
     weights = {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}
-    if "cluster_kappa" in weights:  # the intent filter's per-cluster factor (features.Clusters)
-        qc = weights.get("query_cluster", np.full(1, -1.0, np.float32))
-        n = max(int(qc.max()) + 1 if qc.size else 0, 1)
-        if weights["cluster_kappa"].shape != (n,):
-            raise PolicyFileError(
-                f"{wpath}: tensor cluster_kappa has shape {weights['cluster_kappa'].shape}, "
-                f"query_cluster names {n} clusters"
-            )
+    try:  # the intent filter's clusters and per-cluster factors must agree
+        cluster_lookup(weights)
+    except ValueError as e:
+        raise PolicyFileError(f"{wpath}: {e}") from e
     onnx_bytes = (d / ONNX).read_bytes() if ONNX in files else None
     return weights, manifest, onnx_bytes

@@ -251,7 +251,15 @@ def _state_from_weights(net, w):
 
 
 @pytest.mark.parametrize(
-    "damage", ["flip_weights", "flip_onnx", "truncate_manifest", "missing_weights", "wrong_format"]
+    "damage",
+    [
+        "flip_weights",
+        "flip_onnx",
+        "truncate_manifest",
+        "missing_weights",
+        "wrong_format",
+        "cluster_factors_disagree",
+    ],
 )
 def test_corrupt_model_is_refused_with_the_file_named(registry, damage):
     vdir = registry[2]
@@ -268,6 +276,21 @@ def test_corrupt_model_is_refused_with_the_file_named(registry, damage):
     elif damage == "missing_weights":
         (vdir / WEIGHTS).unlink()
         match = f"{WEIGHTS}: missing"
+    elif damage == "cluster_factors_disagree":  # intact file, factors for one cluster too many
+        from safetensors.numpy import load_file, save_file
+
+        from personalization.artifact import sha256_file
+
+        p = vdir / WEIGHTS
+        w = load_file(str(p))
+        n = int(w["query_cluster"].max()) + 1
+        w["cluster_kappa"] = np.ones(n + 1, np.float32)
+        save_file(w, str(p))
+        mp = vdir / "manifest.json"
+        m = json.loads(mp.read_text())
+        m["files"][WEIGHTS] = sha256_file(p)
+        mp.write_text(json.dumps(m))
+        match = f"{WEIGHTS}: cluster_kappa has shape"
     else:
         p = vdir / "manifest.json"
         m = json.loads(p.read_text())
