@@ -258,6 +258,12 @@ class Clusters:
     kappa: np.ndarray  # float64 [n] odds factor per unit of a page's evidence for each cluster
 
 
+def query_lookup(query_cluster: np.ndarray) -> np.ndarray:
+    """int64 [L+1] cluster of every query id with -1 last (the padding id -1 gathers it) from a
+    float32 `query_cluster` [L]."""
+    return np.append(np.asarray(query_cluster).astype(np.int64), np.int64(-1))
+
+
 def cluster_lookup(weights: dict) -> Clusters | None:
     """The Clusters of a policy's float32 `query_cluster` [L] and `cluster_kappa` [n] weights
     (a policy without `cluster_kappa` filters with INTENT_KAPPA for every cluster); cached in
@@ -267,7 +273,7 @@ def cluster_lookup(weights: dict) -> Clusters | None:
         if qc is None:
             weights["_cl"] = None
         else:
-            lookup = np.append(np.asarray(qc).astype(np.int64), np.int64(-1))
+            lookup = query_lookup(qc)
             n = max(int(lookup.max()) + 1, 1)
             kap = weights.get("cluster_kappa")
             kappa = np.full(n, INTENT_KAPPA) if kap is None else np.asarray(kap, np.float64)

@@ -48,14 +48,12 @@ def query_clusters(
     ok = (ids >= 0) & (ids < n_labels) & (scores > 0)
     P = ids.shape[0]
     rows = np.broadcast_to(np.arange(P)[:, None], ids.shape)[ok]
-    A = sp.csr_matrix((scores[ok], (rows, ids[ok])), shape=(P, n_labels))
-    A = sp.diags(1.0 / np.maximum(np.asarray(A.sum(1)).ravel(), 1e-12)) @ A
+    A = _rows_sum_to_one(sp.csr_matrix((scores[ok], (rows, ids[ok])), shape=(P, n_labels)))
     X, seen = _unit_rows(A.T @ A)
     if groups is not None:
         if groups.shape[1] != P:
             raise ValueError(f"groups has {groups.shape[1]} page columns, predictions {P} pages")
-        M = sp.csr_matrix(groups, dtype=np.float64) @ A
-        M = sp.diags(1.0 / np.maximum(np.asarray(M.sum(1)).ravel(), 1e-12)) @ M
+        M = _rows_sum_to_one(sp.csr_matrix(groups, dtype=np.float64) @ A)
         X, _ = _unit_rows(sp.hstack([X, _unit_rows(M.T @ M)[0]]))
     out = np.full(n_labels, -1.0, np.float32)
     if len(seen) == 0:
@@ -70,6 +68,11 @@ def query_clusters(
             best_fit, assign = fit, a
     out[seen] = assign
     return out
+
+
+def _rows_sum_to_one(M) -> sp.csr_matrix:
+    """M with each non-empty row divided by its sum (a page's or a session's scores as shares)."""
+    return (sp.diags(1.0 / np.maximum(np.asarray(M.sum(1)).ravel(), 1e-12)) @ M).tocsr()
 
 
 def _unit_rows(C) -> tuple[sp.csr_matrix, np.ndarray]:

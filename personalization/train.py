@@ -42,6 +42,7 @@ from personalization.features import (
     cluster_kappa,
     cluster_lookup,
     log_popularity,
+    query_lookup,
     sim_rank_weights,
     sim_table_from_rows,
 )
@@ -267,8 +268,8 @@ def intent_clusters(
         qc = query_clusters(
             v.IDS[pages], v.SC[pages], n_labels, cfg.clusters, cfg.seed, groups=groups
         )
-    lookup = np.append(qc.astype(np.int64), np.int64(-1))
-    kappa = cluster_kappa(v.IDS[v.page[rows]], v.SC[v.page[rows]], lookup)
+    viewed = v.page[rows]
+    kappa = cluster_kappa(v.IDS[viewed], v.SC[viewed], query_lookup(qc))
     return {"query_cluster": qc, "cluster_kappa": kappa}
 
 
