@@ -202,14 +202,18 @@ def _run(job: PeerJob) -> dict:
         return r
 
 
+# absolute paths: each method runs in a worker started from the repository's root
+_IN_FILE = click.Path(exists=True, dir_okay=False, resolve_path=True)
+
+
 @click.command("peers")
-@click.option("--train", "train_path", required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--test", "test_path", required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--labels", "labels_path", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--train", "train_path", required=True, type=_IN_FILE)
+@click.option("--test", "test_path", required=True, type=_IN_FILE)
+@click.option("--labels", "labels_path", type=_IN_FILE, default=None)
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(exists=True, dir_okay=False),
+    type=_IN_FILE,
     default=None,
     help="AstecConfig JSON for Astec (its n-gram settings also shape the peers' features).",
 )
@@ -249,7 +253,7 @@ def _run(job: PeerJob) -> dict:
 )
 @click.option(
     "--save-models",
-    type=click.Path(file_okay=False),
+    type=click.Path(file_okay=False, resolve_path=True),
     default=None,
     help="Save the trained Astec models as DIR/astec, DIR/astec-3 (saving is not timed), "
     "e.g. to export and `astec bench predict` the very model measured here.",

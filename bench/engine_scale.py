@@ -104,7 +104,7 @@ def _stderr_fd():
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(exists=True, dir_okay=False),
+    type=click.Path(exists=True, dir_okay=False, resolve_path=True),
     default=None,
     help="AstecConfig JSON (e.g. fewer epochs for a quick look).",
 )

@@ -25,6 +25,7 @@ from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B
 
 TOP_K = 10  # labels a prediction returns unless asked for another number
 DEVICES = ("cpu", "cuda", "auto")  # where training runs; "cuda:N" names one of several GPUs
+SEARCH_PRECISIONS = ("auto", "bfloat16", "float32")  # products of exact training-time searches
 
 
 class ConfigError(ValueError):
@@ -140,12 +141,24 @@ class ShortlistParams:
     # docs/engine-training.md) and the training-time graph need not be built. Prediction keeps
     # its HNSW graphs (one title at a time).
     exact_max_centres: int = 65536
+    # those searches' products: "auto" = bfloat16 where the CPU multiplies it natively
+    # (AVX512-BF16, AMX), else float32. Similarities off by <= 0.003 (seen) move only the k-th
+    # neighbour's boundary: 99% of the top 300 / 600 centres the same on the simulated click
+    # log, the search 2x faster (docs/engine-training.md). Prediction stays float32.
+    training_precision: str = "auto"
     # M, efC, efS for ANNS^x (instances). Degree 16, as the serving graphs (`search.graph_m`):
     # the graph over the fit points serves the search's choice too, and each training search
     # reads a third of the links. Simulated click log (68,772 pages), k = 41 from every point:
     # recall 0.991 at M = 50, 0.985 at 16; build 7.4 -> 5.6 s, searches 7.4 -> 4.6 s
     hnsw_x: tuple[int, ...] = (16, 100, 100)
     hnsw_mu: tuple[int, ...] = (100, 300, 300)  # M, efC, efS for ANNS^mu (label centres)
+
+    def __post_init__(self) -> None:
+        if self.training_precision not in SEARCH_PRECISIONS:
+            raise ConfigError(
+                f"shortlist.training_precision must be one of {SEARCH_PRECISIONS}, "
+                f"got {self.training_precision!r}"
+            )
 
 
 @dataclass

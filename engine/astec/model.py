@@ -241,7 +241,16 @@ def _build_index(
     exact_centres = cfg.shortlist.exact_max_points
     if not serving:
         exact_centres = max(exact_centres, cfg.shortlist.exact_max_centres)
-    centres = AnnIndex.build(cents, exact_centres, Mm, cm, em, cfg.training.threads, seed)
+    centres = AnnIndex.build(
+        cents,
+        exact_centres,
+        Mm,
+        cm,
+        em,
+        cfg.training.threads,
+        seed,
+        precision="float32" if serving else cfg.shortlist.training_precision,
+    )
     counts = np.diff(sp.csc_matrix(Y).indptr)
     prior = np.argsort(-counts, kind="stable")[: cfg.shortlist.prior_labels]
     prior = prior[counts[prior] > 0].astype(np.int64)
@@ -567,7 +576,8 @@ def _ranker_shortlists(
     search, learner.search = learner.search, None
     index = learner.index
     if index.centres.count <= cfg.shortlist.exact_max_centres:  # see ShortlistParams
-        learner.index = replace(index, centres=index.centres.as_exact())
+        centres = index.centres.as_exact(cfg.shortlist.training_precision)
+        learner.index = replace(index, centres=centres)
     try:
         return _by_rows(
             len(rows),

@@ -1,0 +1,59 @@
+"""`astec bench peers` run the way its docs show it, from the data's own folder with relative
+paths: every method runs in a worker started from the repository's root, and must still find
+the files (it failed with FileNotFoundError for each method before)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bench_peers_takes_paths_relative_to_the_callers_folder(tmp_path):
+    words = [f"w{i}" for i in range(40)]
+    lines = []
+    for i in range(240):  # label = the text's first word's group: learnable by any method
+        w = words[i % 40]
+        lines.append(f"{w} {words[(i * 7) % 40]} item\t{i % 40 // 4}")
+    data = tmp_path / "DATA"
+    data.mkdir()
+    (data / "train.tsv").write_text("\n".join(lines[:200]) + "\n")
+    (data / "test.tsv").write_text("\n".join(lines[200:]) + "\n")
+    (data / "labels.txt").write_text("\n".join(f"label{j}" for j in range(10)) + "\n")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infra.cli",
+            "bench",
+            "peers",
+            "--train",
+            "DATA/train.tsv",
+            "--test",
+            "DATA/test.tsv",
+            "--labels",
+            "DATA/labels.txt",
+            "--methods",
+            "parabel",
+            "--json-out",
+            "peers.json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "peers.json").read_text())
+    assert "error" not in row, row
+    assert row["method"] == "parabel" and row["P@1"] > 50.0
