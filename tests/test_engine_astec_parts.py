@@ -218,18 +218,20 @@ def test_bfloat16_search_finds_nearly_the_float32_neighbours_and_serving_stays_f
         assert same > 0.95, (k, same)
         assert np.all(np.diff(lsims, axis=1) <= 0)  # best first
     # "auto" follows the CPU; a bad value is refused with its field's name
-    monkeypatch.setattr(ann, "native_bf16", lambda: False)
-    assert ann.resolve_precision("auto") == "float32"
-    monkeypatch.setattr(ann, "native_bf16", lambda: True)
-    assert ann.resolve_precision("auto") == "bfloat16"
-    with pytest.raises(ConfigError, match="training_precision"):
-        AstecConfig.from_dict({"shortlist": {"training_precision": "half"}})
+    import engine.astec.config as config
+
+    monkeypatch.setattr(config, "native_bf16", lambda: False)
+    assert config.resolve_precision("auto") == "float32"
+    monkeypatch.setattr(config, "native_bf16", lambda: True)
+    assert config.resolve_precision("auto") == "bfloat16"
+    with pytest.raises(ConfigError, match=r"training\.precision"):
+        AstecConfig.from_dict({"training": {"precision": "half"}})
     # training indexes take the setting, serving indexes stay float32 (the exported predictor's)
     Y = sp.csr_matrix(
         (np.ones(3000, np.float32), (np.arange(3000), rng.integers(0, 50, 3000))), shape=(3000, 50)
     )
     cfg = AstecConfig()  # 3,000 points: both indexes exact
-    cfg.shortlist.training_precision = "bfloat16"
+    cfg.training.precision = "bfloat16"
     X = sp.csr_matrix(V)
     train_index = _build_index(None, X, Y, cfg, 0, V)
     serve_index = _build_index(None, X, Y, cfg, 0, V, serving=True)

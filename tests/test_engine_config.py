@@ -42,7 +42,7 @@ def test_every_field_has_one_flat_name():
         "surrogate_large_fraction",
         "surrogate_large_from",
         "sparse_refit_iters",
-        "training_precision",
+        "precision",
     }
     assert set(json.loads(FLAT_FILE.read_text())) == (set(FLAT_NAMES) - added_since) | {"seed"}
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+import torch.nn.functional as F
 
 from bench.engine_peers import train_ratios
 from engine.astec import Astec, AstecConfig
@@ -61,6 +62,39 @@ def test_surrogate_device_argument_runs_on_cpu():
     )
     assert len(logs) == 2 and logs[1]["loss"] < logs[0]["loss"] and "valid_meta_P@1" in logs[1]
     assert enc.embed.weight.device.type == "cpu"
+
+
+def test_sparse_target_bce_is_torchs_loss_and_gradient():
+    """Module I's loss against its sparse meta-label rows: the value and gradient of
+    F.binary_cross_entropy_with_logits on the dense target."""
+    from engine.astec.trainer import sparse_target_bce
+
+    rng = np.random.default_rng(0)
+    Y = sp.random(40, 70, density=0.05, format="csr", random_state=1, dtype=np.float32)
+    Y.data[:] = 1.0
+    x = torch.from_numpy(rng.normal(0, 3, (40, 70)).astype(np.float32)).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    ours = sparse_target_bce(x, Y)
+    ref = F.binary_cross_entropy_with_logits(x2, torch.from_numpy(Y.toarray()))
+    ours.backward()
+    ref.backward()
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert torch.allclose(x.grad, x2.grad, atol=1e-7)
+
+
+def test_surrogate_learns_with_a_bfloat16_head():
+    """training.precision = bfloat16 (Module I's head products under autocast): the weights stay
+    float32 and the surrogate task is learnt as in float32 (losses within a few percent)."""
+    X, Y, _ = _toy()
+    losses = {}
+    for precision in ("float32", "bfloat16"):
+        torch.manual_seed(0)
+        enc = Encoder(X.shape[1], 16, 1.0, 0.5)
+        logs = train_surrogate(enc, X, Y, 3, 0.02, 64, 0, False, precision=precision)
+        assert logs[-1]["loss"] < logs[0]["loss"]
+        assert enc.embed.weight.dtype == torch.float32
+        losses[precision] = logs[-1]["loss"]
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=0.05)
 
 
 def test_surrogate_schedule_follows_validation_when_given_patience():

@@ -7,7 +7,6 @@ has perfect recall; hnswlib (inner product on L2-normalised vectors = cosine) ta
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,32 +15,10 @@ import numpy as np
 import torch
 from numba import njit
 
-from .config import SEARCH_PRECISIONS
+from .config import resolve_precision
 from .sparse import normalize_rows, row_parts
 
 _BLOCK_FLOATS = 1 << 24  # similarities per block of an exact search at most (64 MB)
-
-
-@functools.cache
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX; Linux's cpuinfo):
-    there torch's bfloat16 matmul runs ~3.5x float32's (2-core AMD EPYC: 240 against 60-110
-    GFLOP/s); elsewhere it is emulated and no faster."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_precision(precision: str) -> str:
-    """ "auto" -> "bfloat16" on a CPU with native bfloat16 products, else "float32"."""
-    if precision not in SEARCH_PRECISIONS:
-        raise ValueError(f"search precision must be one of {SEARCH_PRECISIONS}, got {precision!r}")
-    if precision == "auto":
-        return "bfloat16" if native_bf16() else "float32"
-    return precision
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B
 
 TOP_K = 10  # labels a prediction returns unless asked for another number
 DEVICES = ("cpu", "cuda", "auto")  # where training runs; "cuda:N" names one of several GPUs
-SEARCH_PRECISIONS = ("auto", "bfloat16", "float32")  # products of exact training-time searches
+PRECISIONS = ("auto", "bfloat16", "float32")  # of training-time products (TrainingParams)
 
 
 class ConfigError(ValueError):
@@ -54,6 +55,28 @@ def resolve_device(device: str) -> str:
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU")
     return device
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX; Linux's cpuinfo):
+    there torch's bfloat16 matmul runs ~3.5x float32's (2-core AMD EPYC: 240 against 60-110
+    GFLOP/s); elsewhere it is emulated and no faster."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(precision: str) -> str:
+    """ "auto" -> "bfloat16" on a CPU with native bfloat16 products, else "float32"."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "auto":
+        return "bfloat16" if native_bf16() else "float32"
+    return precision
 
 
 def _help(text: str) -> dict[str, str]:
@@ -141,24 +164,12 @@ class ShortlistParams:
     # docs/engine-training.md) and the training-time graph need not be built. Prediction keeps
     # its HNSW graphs (one title at a time).
     exact_max_centres: int = 65536
-    # those searches' products: "auto" = bfloat16 where the CPU multiplies it natively
-    # (AVX512-BF16, AMX), else float32. Similarities off by <= 0.003 (seen) move only the k-th
-    # neighbour's boundary: 99% of the top 300 / 600 centres the same on the simulated click
-    # log, the search 2x faster (docs/engine-training.md). Prediction stays float32.
-    training_precision: str = "auto"
     # M, efC, efS for ANNS^x (instances). Degree 16, as the serving graphs (`search.graph_m`):
     # the graph over the fit points serves the search's choice too, and each training search
     # reads a third of the links. Simulated click log (68,772 pages), k = 41 from every point:
     # recall 0.991 at M = 50, 0.985 at 16; build 7.4 -> 5.6 s, searches 7.4 -> 4.6 s
     hnsw_x: tuple[int, ...] = (16, 100, 100)
     hnsw_mu: tuple[int, ...] = (100, 300, 300)  # M, efC, efS for ANNS^mu (label centres)
-
-    def __post_init__(self) -> None:
-        if self.training_precision not in SEARCH_PRECISIONS:
-            raise ConfigError(
-                f"shortlist.training_precision must be one of {SEARCH_PRECISIONS}, "
-                f"got {self.training_precision!r}"
-            )
 
 
 @dataclass
@@ -301,11 +312,27 @@ class TrainingParams:
     # on the CPU, the classifier of Modules III/IV and the re-ranker is scored and updated by
     # compiled kernels (fused.py); false runs the torch path a GPU runs (same loss and optimiser)
     fused_kernels: bool = True
+    # the products of the training work that tolerates bfloat16 on the CPU: the exact searches
+    # of the label centres (hard negatives, candidate pools: 99% of the top 300 / 600 the same,
+    # 2x faster) and Module I's dense surrogate head (weights, Adam and the loss stay float32).
+    # "auto": bfloat16 where the CPU multiplies it natively (AVX512-BF16, AMX), else float32.
+    # Prediction, the exported predictor and a GPU's batches always compute in float32.
+    precision: str = field(
+        default="auto",
+        metadata=_help(
+            "auto, bfloat16 or float32: products of the label-centre searches and Module I's "
+            "head while training on the CPU (auto: bfloat16 where the CPU has it natively)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
             raise ConfigError(
                 f"training.device must be 'cpu', 'cuda[:N]' or 'auto', got {self.device!r}"
+            )
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"training.precision must be one of {PRECISIONS}, got {self.precision!r}"
             )
 
 

@@ -31,7 +31,7 @@ from engine.text import TfidfVectorizer
 from . import io as mio
 from .ann import AnnIndex
 from .clustering import balanced_clusters, label_centroids, meta_labels
-from .config import TOP_K, AstecConfig, resolve_device, resolve_threads
+from .config import TOP_K, AstecConfig, resolve_device, resolve_precision, resolve_threads
 from .network import (
     Classifier,
     Encoder,
@@ -249,7 +249,7 @@ def _build_index(
         em,
         cfg.training.threads,
         seed,
-        precision="float32" if serving else cfg.shortlist.training_precision,
+        precision="float32" if serving else cfg.training.precision,
     )
     counts = np.diff(sp.csc_matrix(Y).indptr)
     prior = np.argsort(-counts, kind="stable")[: cfg.shortlist.prior_labels]
@@ -576,7 +576,7 @@ def _ranker_shortlists(
     search, learner.search = learner.search, None
     index = learner.index
     if index.centres.count <= cfg.shortlist.exact_max_centres:  # see ShortlistParams
-        centres = index.centres.as_exact(cfg.shortlist.training_precision)
+        centres = index.centres.as_exact(cfg.training.precision)
         learner.index = replace(index, centres=centres)
     try:
         return _by_rows(
@@ -726,6 +726,7 @@ def train_learner(
         decay_epoch=round(cfg.surrogate.decay * cfg.surrogate.epochs),
         patience=cfg.surrogate.patience,
         device=device,
+        precision=resolve_precision(cfg.training.precision),
     )
     log["modules"]["I"] = {
         **_spent(t0, c0),

@@ -91,6 +91,34 @@ def gathered_v(opt: RowAdam, X: sp.csr_matrix, device: torch.device | None = Non
     return v, rows, Eu
 
 
+class SparseTargetBCE(torch.autograd.Function):
+    """The mean BCE-with-logits of x [B, M] against a sparse target (its nonzeros at (rows,
+    cols) with values vals): F.binary_cross_entropy_with_logits' value and gradient without a
+    dense [B, M] target. At Module I's 32,768 meta-labels (L = 500k) the dense target and the
+    loss's temporaries were ~20 ms of a ~100 ms step."""
+
+    @staticmethod
+    def forward(ctx, x, rows, cols, vals):
+        ctx.save_for_backward(x, rows, cols, vals)
+        return (F.softplus(x).sum() - (x[rows, cols] * vals).sum()) / x.numel()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, rows, cols, vals = ctx.saved_tensors
+        gx = torch.sigmoid(x)
+        gx[rows, cols] -= vals  # (rows, cols) distinct: a canonical csr's entries
+        return gx.mul_(g / x.numel()), None, None, None
+
+
+def sparse_target_bce(x: torch.Tensor, Y: sp.csr_matrix) -> torch.Tensor:
+    """SparseTargetBCE of logits x against the rows of a canonical csr Y (same shape)."""
+    dev = x.device
+    rows = torch.from_numpy(np.repeat(np.arange(Y.shape[0]), np.diff(Y.indptr))).to(dev)
+    cols = torch.from_numpy(Y.indices.astype(np.int64)).to(dev)
+    vals = torch.from_numpy(Y.data.astype(np.float32)).to(dev)
+    return SparseTargetBCE.apply(x, rows, cols, vals)
+
+
 def _batches(n: int, size: int, rng) -> list[np.ndarray]:
     perm = rng.permutation(n)
     return [perm[s : s + size] for s in range(0, n, size)]
@@ -110,6 +138,7 @@ def train_surrogate(
     decay_factor: float = 0.5,
     device: str = "cpu",
     patience: int = 0,
+    precision: str = "float32",
 ) -> list[dict]:
     """Module I: train E, R0 and a dense meta-label classifier with BCE; returns per-epoch logs.
 
@@ -119,7 +148,10 @@ def train_surrogate(
     learning rates decay after `patience` epochs without a new best (or at decay_epoch, whichever
     comes first), training stops after `patience` more without one (`epochs` is the cap), and
     the weights of the best epoch are the ones kept (its log entry is marked "kept").
-    device: where the batches run (the encoder comes back to the CPU).
+    device: where the batches run (the encoder comes back to the CPU). precision "bfloat16"
+    (on the CPU): the dense head's products in bfloat16 (torch.autocast; the weights, Adam and
+    the loss stay float32), ~1.7x faster per step at 32,768 meta-labels where the CPU has
+    native bfloat16.
     """
     dev = torch.device(device)
     torch.manual_seed(seed)
@@ -137,6 +169,8 @@ def train_surrogate(
         list(residual.parameters()) + list(head.parameters()), lr=lr, fused=True
     )
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
+    Ymeta.sum_duplicates()  # canonical: SparseTargetBCE's entries are distinct
+    low = precision == "bfloat16" and dev.type == "cpu"
     logs = []
     nb = -(-X.shape[0] // max(batch_size, 1))
     bar = tqdm(total=epochs * nb, desc="Module I", disable=not progress, leave=False, unit="batch")
@@ -160,9 +194,10 @@ def train_surrogate(
         for idx in _batches(X.shape[0], batch_size, rng):
             bar.update(1)
             v, rows, Eu = gathered_v(opt_s, X[idx], dev)
-            logits = head(encoder.z_from_v(encoder.drop(v)))
-            target = torch.from_numpy(Ymeta[idx].toarray()).to(dev)
-            loss = F.binary_cross_entropy_with_logits(logits, target)
+            z = encoder.z_from_v(encoder.drop(v))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+                logits = head(z)
+            loss = sparse_target_bce(logits.float(), Ymeta[idx])
             opt_d.zero_grad()
             loss.backward()
             opt_s.step(rows, Eu.grad)
