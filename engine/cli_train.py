@@ -8,7 +8,14 @@ from typing import Any
 
 import click
 
-from engine.astec.config import DEVICES, TOP_K, AstecConfig, EnsembleParams, TrainingParams
+from engine.astec.config import (
+    DEVICES,
+    PRECISIONS,
+    TOP_K,
+    AstecConfig,
+    EnsembleParams,
+    TrainingParams,
+)
 from engine.cli_options import config_option, default_of
 from engine.clicks_dataset import build_training_set
 
@@ -69,6 +76,7 @@ from engine.clicks_dataset import build_training_set
 @config_option(AstecConfig, "seed", "--seed", type=int)
 @config_option(TrainingParams, "threads", "--threads", type=click.IntRange(0, 256))
 @config_option(TrainingParams, "device", "--device", type=click.Choice(DEVICES))
+@config_option(TrainingParams, "precision", "--precision", type=click.Choice(PRECISIONS))
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def train(
     train_path,
@@ -82,6 +90,7 @@ def train(
     seed,
     threads,
     device,
+    precision,
     quiet,
 ):
     """Train Astec (Modules I-IV, re-ranker, optional ensemble) and save MODEL_DIR.
@@ -118,6 +127,8 @@ def train(
         cfg.training.threads = threads
     if device is not None:
         cfg.training.device = device
+    if precision is not None:
+        cfg.training.precision = precision
     inputs = ds.texts if ds.texts is not None else ds.X
     t0 = time.time()
     try:

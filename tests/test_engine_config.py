@@ -199,12 +199,15 @@ def test_train_threads_is_a_config_field_not_an_environment_change(tmp_path):
             str(tmp_path / "cfg.json"),
             "--threads",
             "1",
+            "--precision",
+            "float32",
             "--quiet",
         ],
     )
     assert r.exit_code == 0, r.output
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
     assert saved["training"]["threads"] == 1 and saved["network"]["embedding_dim"] == 16
+    assert saved["training"]["precision"] == "float32"
     assert dict(os.environ) == env_before
 
 

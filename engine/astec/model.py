@@ -31,7 +31,7 @@ from engine.text import TfidfVectorizer
 from . import io as mio
 from .ann import AnnIndex
 from .clustering import balanced_clusters, label_centroids, meta_labels
-from .config import TOP_K, AstecConfig, resolve_device, resolve_precision, resolve_threads
+from .config import TOP_K, AstecConfig, resolve_device, resolve_threads
 from .network import (
     Classifier,
     Encoder,
@@ -726,7 +726,7 @@ def train_learner(
         decay_epoch=round(cfg.surrogate.decay * cfg.surrogate.epochs),
         patience=cfg.surrogate.patience,
         device=device,
-        precision=resolve_precision(cfg.training.precision),
+        precision=cfg.training.precision,
     )
     log["modules"]["I"] = {
         **_spent(t0, c0),

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from .config import resolve_precision
 from .network import Classifier, Encoder, bag_inputs
 
 
@@ -149,9 +150,9 @@ def train_surrogate(
     comes first), training stops after `patience` more without one (`epochs` is the cap), and
     the weights of the best epoch are the ones kept (its log entry is marked "kept").
     device: where the batches run (the encoder comes back to the CPU). precision "bfloat16"
-    (on the CPU): the dense head's products in bfloat16 (torch.autocast; the weights, Adam and
-    the loss stay float32), ~1.7x faster per step at 32,768 meta-labels where the CPU has
-    native bfloat16.
+    (on the CPU; "auto": where the CPU has it natively): the dense head's products in bfloat16
+    (torch.autocast; the weights, Adam and the loss stay float32), ~1.7x faster per step at
+    32,768 meta-labels.
     """
     dev = torch.device(device)
     torch.manual_seed(seed)
@@ -170,7 +171,7 @@ def train_surrogate(
     )
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
     Ymeta.sum_duplicates()  # canonical: SparseTargetBCE's entries are distinct
-    low = precision == "bfloat16" and dev.type == "cpu"
+    low = resolve_precision(precision) == "bfloat16" and dev.type == "cpu"
     logs = []
     nb = -(-X.shape[0] // max(batch_size, 1))
     bar = tqdm(total=epochs * nb, desc="Module I", disable=not progress, leave=False, unit="batch")
