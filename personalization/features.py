@@ -1,9 +1,9 @@
-"""Candidate queries and their hand features for a batch of events, in numpy only.
+"""Candidate queries and their hand features for a batch of events, without torch.
 
-Training (torch) and serving (numpy) both call `build_batch`, so the features a model was
-trained on are bit-for-bit the ones it is served with. Everything is vectorised over the batch:
-events are left-padded to K states (the current page is always the last slot), and the union of
-the states' top-k query ids is found with one sort per row instead of per-event Python sets.
+Training (torch) and serving (numpy / ONNX Runtime) both call `build_batch`, so the features a
+model was trained on are bit-for-bit the ones it is served with. Events are left-padded to K
+states (the current page is always the last slot); compiled kernels (`feature_kernels`) find
+the union of the states' top-k query ids and compute every feature in one pass per event.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ FEATURE_NAMES = (
     "page_cluster_share",  # the current page's share of predicted-query score in that cluster
 )
 F = {name: i for i, name in enumerate(FEATURE_NAMES)}
+if F["sim_window"] != 13 or FEATURE_NAMES[-2:] != ("intent_mass", "page_cluster_share"):
+    raise ImportError("feature_kernels.features writes the columns in FEATURE_NAMES' order")
 N_FEATURES = len(FEATURE_NAMES)
 RECENCY_GAMMA = 0.7
 BLOCK_GAP_S = 30 * 60  # a gap this long between two visits starts a new block ("session")
 SIM_DIM = 32  # size of the query vectors behind the sim_* features
-N_SIM = 3  # the sim_* features are columns n_sel + 3 .. n_sel + 5
+N_SIM = 3  # the sim_* features are columns 11 .. 13
 N_INTENT = 2  # the intent_* / page_cluster_* features are the last two columns
 # The filter behind intent_mass: a page whose predicted queries put share e(c) of their score in
 # query cluster c multiplies the odds of intent c by 1 + INTENT_KAPPA e(c); across a block start
@@ -50,10 +52,6 @@ INTENT_KAPPA = 20.0
 KAPPA_FLOOR = 0.5
 INTENT_KEEP_BLOCK = 0.7
 INTENT_KEEP = 0.95
-# (weight column, score/presence) of the first 8 features in the batched window averages
-_SEL_W = np.array([0, 0, 1, 2, 2, 3, 4, 4])
-_SEL_S = np.array([0, 1, 0, 0, 1, 0, 0, 1])
-_SIM_W = np.array([0, 4, 2])  # weight columns of sim_current, sim_block, sim_window
 
 
 class _Recency(dict):
@@ -109,18 +107,6 @@ def normalise_rows(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(n, 1e-6)
 
 
-def block_starts(ts: np.ndarray, state_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(starts [B,K] bool: state follows a gap >= BLOCK_GAP_S or is the first,
-    in_block [B,K] bool: state is in the current page's block)."""
-    _B, K = state_mask.shape
-    starts = state_mask.copy()
-    if K > 1:
-        starts[:, 1:] &= ~state_mask[:, :-1] | (ts[:, 1:] - ts[:, :-1] >= BLOCK_GAP_S)
-    # a state is in the current block if no block starts after it
-    later = np.flip(np.cumsum(np.flip(starts, 1), axis=1), 1) - starts
-    return starts, state_mask & (later == 0)
-
-
 def sim_table_from_rows(rows: np.ndarray, dim: int = SIM_DIM) -> np.ndarray:
     """Unit query vectors [L+1, dim] for the sim_* features: the L2-normalised Astec classifier
     rows projected on their top `dim` (uncentred) singular directions; row L is zeros, so the
@@ -135,24 +121,6 @@ def sim_table_from_rows(rows: np.ndarray, dim: int = SIM_DIM) -> np.ndarray:
     _, V = np.linalg.eigh(R.T.astype(np.float64) @ R)
     E = normalise_rows(R @ V[:, ::-1][:, :dim].astype(np.float32))
     return np.concatenate([E, np.zeros((1, dim), np.float32)])
-
-
-def _sim_features(
-    sim_table: np.ndarray,
-    sim_norm: np.ndarray,
-    ids: np.ndarray,
-    cand_ids: np.ndarray,
-    Wt: np.ndarray,
-) -> np.ndarray:
-    """[B,C,3] standardised cosines of each candidate's vector with the current page's, the
-    block's and the window's mean query vectors: two gathers and two small batched matmuls
-    (padding ids are -1 and gather the table's zero last row)."""
-    m = normalise_rows(sim_table[ids].sum(2))  # [B,K,d] page vectors
-    S = np.matmul(sim_table[cand_ids], m.transpose(0, 2, 1))  # [B,C,K]
-    out = np.matmul(S, Wt[:, :, _SIM_W])  # [B,C,3]
-    out -= sim_norm[0]
-    out *= 1.0 / sim_norm[1]
-    return out
 
 
 def build_batch(
@@ -174,80 +142,59 @@ def build_batch(
     (`sim_table_from_rows`) and sim_norm [2] the (mean, sd) of their raw cosines (None = the
     sim_* features stay 0), clusters the policy's `cluster_lookup` (None = the intent
     features stay 0).
+
+    The features (FEATURE_NAMES): the Astec score / presence of each candidate averaged over
+    the states with weights for the current page, the previous one, the window (uniform), by
+    recency (RECENCY_GAMMA^age) and over the current block (the states since the last gap of
+    BLOCK_GAP_S); its inverse rank on the current page, popularity and the window's fill; the
+    sim_* cosines of its query vector with each page's unit summed query vector, over the
+    current page, the block and the window, standardised by sim_norm; and the intent filter:
+    each state's predicted queries spread their scores over query clusters (share e_t); a
+    forward filter over the window (oldest first) multiplies the belief in cluster c by
+    1 + kappa(c) e_t(c) (cluster_kappa) and, between states, keeps INTENT_KEEP
+    (INTENT_KEEP_BLOCK across a block start) of itself, the rest uniform; `intent_mass` is the
+    candidate's cluster's final belief (off-interest pages weighed against the earlier ones,
+    which the score averages cannot do), `page_cluster_share` the current page's share in it.
+    Padding candidates are all zeros. Compiled kernels (`feature_kernels`) do the arithmetic.
     """
-    B, K, k = ids.shape
-    flat = np.where(state_mask[:, :, None], ids, -1).reshape(B, K * k)
-    order = np.argsort(flat, axis=1, kind="stable")
-    rows = np.arange(B)[:, None]
-    srt = flat[rows, order]
-    first = np.empty(srt.shape, bool)
-    first[:, 0] = True
-    np.not_equal(srt[:, 1:], srt[:, :-1], out=first[:, 1:])
-    first &= srt >= 0
-    cidx_sorted = np.cumsum(first, axis=1) - 1  # candidate index of each sorted entry
-    C = max(int(cidx_sorted[:, -1].max()) + 1 if B else 0, 1)
-    cand_ids = np.full((B, C), -1, np.int64)
-    bf, jf = np.nonzero(first)
-    cand_ids[bf, cidx_sorted[bf, jf]] = srt[bf, jf]
-    cand_mask = cand_ids >= 0
-    # scatter every valid (event, state, slot) entry into its candidate column
-    bv, jv = np.nonzero(srt >= 0)
-    pos = order[bv, jv]  # flat position = state * k + slot
-    tt, jj = np.divmod(pos, k)
-    cc = cidx_sorted[bv, jv]
-    bb = bv
-    # score / presence of every candidate in every state: SP [B, K, 2, C]
-    SP = np.zeros((B, K, 2, C), np.float32)
-    SP[bb, tt, 0, cc] = scores[bb, tt, jj]
-    SP[bb, tt, 1, cc] = 1.0
-    Rk = np.zeros((B, C), np.float32)
-    cur = tt == K - 1
-    Rk[bb[cur], cc[cur]] = 1.0 / (1.0 + jj[cur])
-    if ts is None:
-        starts = np.zeros_like(state_mask)
-        starts[np.arange(B), np.argmax(state_mask, 1)] = True
-        in_block = state_mask
-    else:
-        starts, in_block = block_starts(ts, state_mask)
-    # per-state weights [B, K, 5]: current, previous, uniform, recency, current block; one
-    # batched matmul then gives every window average of scores and presences at once
-    Wt = np.zeros((B, K, 5), np.float32)
-    Wt[:, K - 1, 0] = 1.0
-    if K > 1:
-        Wt[:, K - 2, 1] = state_mask[:, K - 2]
-    n_states = np.maximum(state_mask.sum(1, keepdims=True), 1).astype(np.float32)
-    Wt[:, :, 2] = state_mask / n_states
-    rec = _RECENCY[K][None, :] * state_mask
-    Wt[:, :, 3] = rec / np.maximum(rec.sum(1, keepdims=True), 1e-9)
-    Wt[:, :, 4] = in_block / np.maximum(in_block.sum(1, keepdims=True), 1)
-    G = np.matmul(Wt.transpose(0, 2, 1), SP.reshape(B, K, 2 * C)).reshape(B, 5, 2, C)
-    feats = np.empty((B, C, N_FEATURES), np.float32)
-    n_sel = len(_SEL_W)
-    feats[..., :n_sel] = G[:, _SEL_W, _SEL_S, :].transpose(0, 2, 1)
-    feats[..., n_sel] = Rk
-    feats[..., n_sel + 1] = log_pop[np.where(cand_mask, cand_ids, 0)]
-    feats[..., n_sel + 2] = n_states / K
-    if sim_table is not None:
-        if sim_norm is None:
-            raise ValueError("sim_table needs sim_norm, the (mean, sd) of its raw cosines")
-        feats[..., n_sel + 3 : n_sel + 3 + N_SIM] = _sim_features(
-            sim_table, sim_norm, flat.reshape(B, K, k), cand_ids, Wt
-        )
-    else:
-        feats[..., n_sel + 3 : n_sel + 3 + N_SIM] = 0.0
-    if clusters is not None:
-        feats[..., -N_INTENT:] = intent_features(
-            flat.reshape(B, K, k), scores, state_mask, starts, cand_ids, clusters
-        )
-    else:
-        feats[..., -N_INTENT:] = 0.0
-    feats *= cand_mask[..., None]
-    zz = np.empty((*z.shape[:2], z.shape[2] + 1), np.float32)
-    zz[..., :-1] = normalise_rows(z) * state_mask[..., None]
-    zz[..., -1] = starts
-    return EventBatch(
-        z=zz, state_mask=state_mask, cand_ids=cand_ids, cand_mask=cand_mask, feats=feats
+    from personalization import feature_kernels as fk
+
+    B, K = ids.shape[:2]
+    ids = np.ascontiguousarray(ids, np.int64)
+    state_mask = np.ascontiguousarray(state_mask, np.bool_)
+    if sim_table is not None and sim_norm is None:
+        raise ValueError("sim_table needs sim_norm, the (mean, sd) of its raw cosines")
+    cand_ids = fk.candidates(ids, state_mask)
+    has_sim = sim_table is not None
+    has_cl = clusters is not None
+    feats, zz = fk.features(
+        np.ascontiguousarray(z, np.float32),
+        ids,
+        np.ascontiguousarray(scores, np.float32),
+        state_mask,
+        np.zeros((B, K)) if ts is None else np.ascontiguousarray(ts, np.float64),
+        float(BLOCK_GAP_S),
+        _RECENCY[K],
+        np.ascontiguousarray(log_pop, np.float32),
+        cand_ids,
+        np.ascontiguousarray(sim_table, np.float32) if has_sim else _NO_SIM,
+        np.asarray(sim_norm if has_sim else (0.0, 1.0), np.float32),
+        has_sim,
+        clusters.lookup if clusters is not None else _NO_LOOKUP,
+        clusters.kappa if clusters is not None else _NO_KAPPA,
+        has_cl,
+        INTENT_KEEP,
+        INTENT_KEEP_BLOCK,
+        N_FEATURES,
     )
+    return EventBatch(
+        z=zz, state_mask=state_mask, cand_ids=cand_ids, cand_mask=cand_ids >= 0, feats=feats
+    )
+
+
+_NO_SIM = np.zeros((1, SIM_DIM), np.float32)
+_NO_LOOKUP = np.full(1, -1, np.int64)
+_NO_KAPPA = np.ones(1, np.float64)
 
 
 @dataclass(frozen=True)
@@ -304,51 +251,6 @@ def cluster_kappa(ids: np.ndarray, scores: np.ndarray, lookup: np.ndarray) -> np
     ok = (cid >= 0) & used[:, None]
     pop = np.bincount(cid[ok], weights=share[ok], minlength=n)[:n] / max(int(used.sum()), 1)
     return (INTENT_KAPPA / n / np.maximum(pop, KAPPA_FLOOR / n)).astype(np.float32)
-
-
-def intent_features(
-    ids: np.ndarray,
-    scores: np.ndarray,
-    state_mask: np.ndarray,
-    starts: np.ndarray,
-    cand_ids: np.ndarray,
-    clusters: Clusters,
-) -> np.ndarray:
-    """[B,C,2] (intent_mass, page_cluster_share) of every candidate.
-
-    Each state's predicted queries spread their scores over query clusters (share e_t); a
-    forward filter over the window (oldest first) multiplies the belief in cluster c by
-    1 + kappa(c) e_t(c) (cluster_kappa) and, between states, keeps INTENT_KEEP
-    (INTENT_KEEP_BLOCK across a block start) of itself, the rest uniform. A candidate's
-    intent_mass is its cluster's final belief: what the window says about the user's current
-    interest, with off-interest pages weighed against the earlier ones, which the score
-    averages cannot do. K steps on [B, n] arrays; the evidence is one bincount."""
-    B, K, _ = ids.shape
-    lookup = clusters.lookup
-    n = len(clusters.kappa)
-    cid = lookup[ids]  # [B,K,k]; padding id -1 gathers -1
-    ok = (cid >= 0) & state_mask[:, :, None]
-    flat = (np.arange(B * K).reshape(B, K, 1) * n + cid)[ok]
-    E = np.bincount(flat, weights=scores[ok], minlength=B * K * n).reshape(B, K, n)
-    E = E / np.maximum(E.sum(2, keepdims=True), 1e-9)
-    lik = 1.0 + clusters.kappa * E
-    keep = np.where(starts, INTENT_KEEP_BLOCK, INTENT_KEEP)[:, :, None]
-    # states are right-aligned: a padding state (E = 0) and the first real one meet a uniform
-    # belief, which mixing leaves uniform, so no mask is needed; the belief is normalised once
-    # at the end (mixing toward uniform uses its current total)
-    belief = np.ones((B, n))
-    for t in range(K):  # K sequential steps on [B,n] blocks
-        total = belief.sum(1, keepdims=True)
-        belief = keep[:, t] * belief + (1.0 - keep[:, t]) * (total / n)
-        belief *= lik[:, t]
-    belief /= belief.sum(1, keepdims=True)
-    cc = lookup[cand_ids]  # [B,C]
-    has = cc >= 0
-    safe = np.maximum(cc, 0)
-    out = np.empty((*cand_ids.shape, 2), np.float32)
-    out[..., 0] = np.take_along_axis(belief, safe, 1) * has
-    out[..., 1] = np.take_along_axis(E[:, K - 1], safe, 1) * has
-    return out
 
 
 # The fixed `sim_rank` ranking (evaluate's reference row, and the policy's starting point):

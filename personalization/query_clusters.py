@@ -6,7 +6,7 @@ of the co-occurrence matrix A^T A, L2-normalised, are clustered by spherical k-m
 start, deterministic in the seed). On the simulator's worlds these clusters recover the latent
 sub-topics far better than the Astec classifier rows do (purity 0.76 against 0.19 for k-means
 of the 32-d `sim_table` vectors with 32 clusters on world 22), and the filter over them
-(features.intent_features) carries most of what the window's true page sub-topics tell.
+(features.build_batch's intent filter) carries most of what the window's true page sub-topics tell.
 Sparse throughout: A has k entries per page, A^T A about k^2 per page.
 
 Sessions add what titles cannot: pages a user views in one session mostly serve the session's

@@ -1,10 +1,75 @@
-"""The sim_* candidate features: the batched computation equals the definition written as a
-plain loop, padding never leaks into them, and the query vectors come out unit-length."""
+"""The candidate features: the compiled batch computation equals each feature's definition
+written as a plain loop over one window, padding never leaks into them, and the query vectors
+come out unit-length."""
 
 import numpy as np
 import pytest
 
-from personalization.features import F, build_batch, pad_states, sim_table_from_rows
+from personalization.features import (
+    FEATURE_NAMES,
+    RECENCY_GAMMA,
+    F,
+    build_batch,
+    pad_states,
+    sim_table_from_rows,
+)
+
+
+def _loop_scores(ids, sc, mask, in_block, log_pop, cand):
+    """Definition of the score features of one candidate of one window (K states, current
+    last): its score where a state's top-k holds it (else 0), averaged with each weighting."""
+    K = ids.shape[0]
+    s = np.array([sc[t][list(ids[t]).index(cand)] if cand in ids[t] else 0.0 for t in range(K)])
+    p = np.array([1.0 if cand in ids[t] else 0.0 for t in range(K)])
+    real = np.flatnonzero(mask)
+    rec = np.array([RECENCY_GAMMA ** (K - 1 - t) for t in real])
+    blk = np.flatnonzero(in_block)
+    cur = list(ids[K - 1])
+    return {
+        "score_current": s[K - 1],
+        "in_current": p[K - 1],
+        "score_previous": s[K - 2] if K > 1 and mask[K - 2] else 0.0,
+        "mean_score_window": s[real].mean(),
+        "frac_states": p[real].mean(),
+        "recency_score": (rec * s[real]).sum() / rec.sum(),
+        "mean_score_block": s[blk].mean(),
+        "frac_block": p[blk].mean(),
+        "inv_rank_current": 1.0 / (1 + cur.index(cand)) if cand in cur else 0.0,
+        "log_popularity": log_pop[cand],
+        "window_fill": len(real) / K,
+    }
+
+
+def test_score_features_match_their_definition():
+    rng = np.random.default_rng(2)
+    L, K, k, D = 25, 6, 4, 3
+    log_pop = rng.random(L).astype(np.float32)
+    seqs = []
+    for n in (6, 4, 1):  # full window, partial window, current page only
+        ids = np.stack([rng.choice(L, k, replace=False) for _ in range(n)])
+        ids[0, -1] = -1  # a state with fewer queries
+        ts = 1.7e9 + np.array([0, 40, 4000, 4040, 4080, 4120][:n], float)  # a block starts at 2
+        seqs.append((rng.random((n, D)).astype(np.float32), ids, rng.random((n, k)), ts))
+    z, ids, sc, mask, ts = pad_states(seqs, K)
+    b = build_batch(z, ids, sc, mask, log_pop, ts)
+    names = FEATURE_NAMES[: F["window_fill"] + 1]
+    for r, seq in enumerate(seqs):
+        n = len(seq[0])
+        want_cands = np.unique(seq[1][seq[1] >= 0])
+        np.testing.assert_array_equal(b.cand_ids[r, b.cand_mask[r]], want_cands)
+        starts = np.r_[True, np.diff(seq[3]) >= 1800]
+        in_block = np.zeros(K, bool)
+        in_block[K - n + np.flatnonzero(starts).max() :] = True  # since the last block start
+        for c in np.flatnonzero(b.cand_mask[r]):
+            want = _loop_scores(ids[r], sc[r], mask[r], in_block, log_pop, b.cand_ids[r, c])
+            got = {name: b.feats[r, c, F[name]] for name in names}
+            assert got == pytest.approx(want, abs=1e-5)
+        assert not b.feats[r, ~b.cand_mask[r]].any()
+        # the GRU's inputs: unit page features of the real states, the block-start flag last
+        zr = b.z[r, K - n :]
+        np.testing.assert_allclose(np.linalg.norm(zr[:, :-1], axis=1), 1.0, rtol=1e-5)
+        assert not b.z[r, : K - n].any()
+        np.testing.assert_array_equal(zr[:, -1], starts)
 
 
 def _loop_sims(T, norm, ids, mask, in_block, cand):
