@@ -343,13 +343,28 @@ def off_policy(
     r = clicked.astype(np.float64)
     dr_terms = r_choice + w * (r - r_shown)
     snips = mean_ci(w * r, users, n_boot, seed, den=w) if w.sum() > 0 else (np.nan,) * 3
-    dr = mean_ci(dr_terms, users, n_boot, seed)
+    dr, lo, hi = mean_ci(dr_terms, users, n_boot, seed)
+    # The resampled terms know the click noise only at the large weights the sample happened to
+    # draw: with an ESS of tens to hundreds, most samples hold few clicks at large weights and
+    # the interval is too narrow (on simulated worlds 27-35 the percentile interval covered the
+    # actual CTR for 145 of 189 policies). The noise's variance given the weights, sum w^2
+    # p (1 - p) / n^2 with the reward model's p, beside the resampled variance of the reward
+    # model's own terms, does not depend on that luck (171 of 189); the interval takes the
+    # larger of that standard error and the resampled one, around the same estimate
+    # (`tests/test_sim_value.py`: 96.7% coverage of 300 synthetic data sets, resampling alone
+    # 91.3%).
+    n = max(len(w), 1)
+    se_boot = (hi - lo) / (2 * 1.96)
+    _, dm_lo, dm_hi = mean_ci(r_choice, users, n_boot, seed)
+    p = np.clip(r_shown, 0.0, 1.0)
+    se_model = np.hypot((dm_hi - dm_lo) / (2 * 1.96), np.sqrt((w * w * p * (1 - p)).sum()) / n)
+    se = max(se_boot, float(se_model))
     ess = float(w.sum() ** 2 / max((w * w).sum(), 1e-12))
     return {
         "snips": snips[0],
         "snips_ci95": [snips[1], snips[2]],
-        "dr": dr[0],
-        "dr_ci95": [dr[1], dr[2]],
+        "dr": dr,
+        "dr_ci95": [max(dr - 1.96 * se, 0.0), min(dr + 1.96 * se, 1.0)],  # a CTR's range
         "in_support": float(in_support.mean()),
         "ess": ess,
         "matches": int((w > 0).sum()),
