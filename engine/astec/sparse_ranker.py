@@ -57,20 +57,23 @@ def _train_labels(
     local = np.full(num_features, -1, np.int64)  # feature -> its id within the current label
     touched = np.empty(num_features, np.int64)  # local id -> feature
     w = np.zeros(num_features, np.float64)  # the current label's weights, by local id
-    rptr = np.empty(1, np.int64)
-    ridx = np.empty(1, np.int32)
-    rval = np.empty(1, xval.dtype)  # float32 features: the copy's values stay exact
-    # room for every kept weight, sized once: a label keeps at most one per feature of its rows
-    # (one, the bias, without any). Growing the output inside the loop made numba reload every
-    # array's pointers in the loops below: the click log's fit (37M pairs, one thread) spent 6.6-
-    # 6.9 s copying the labels' rows against 2.4-2.6 s now, 20.8-22.1 against 16.1-17.1 s in all
-    bound = 0
+    # every buffer sized once from each label's row sizes (the output: a label keeps at most one
+    # weight per feature of its rows, one, the bias, without any). Arrays reassigned inside the
+    # label loop made numba reload every array's pointers in the loops below: the click log's
+    # fit (37M pairs, one thread) spent 6.6-6.9 s copying the labels' rows against 2.4-2.6 s
+    # with the output sized once, 20.8-22.1 against 16.1-17.1 s in all
+    bound, n_max, size_max = 0, 0, 1
     for lab in range(L):
-        m = 0
+        size = 0  # feature entries of the label's rows
         for j in range(pptr[lab], pptr[lab + 1]):
             i = pidx[j]
-            m += xptr[i + 1] - xptr[i]
-        bound += min(m, num_features) if m > 0 else 1
+            size += xptr[i + 1] - xptr[i]
+        bound += min(size, num_features) if size > 0 else 1
+        n_max = max(n_max, pptr[lab + 1] - pptr[lab])
+        size_max = max(size_max, size)
+    rptr = np.empty(n_max + 1, np.int64)
+    ridx = np.empty(size_max, np.int32)
+    rval = np.empty(size_max, xval.dtype)  # float32 features: the copy's values stay exact
     out_idx = np.empty(bound, np.int32)
     out_val = np.empty(bound, np.float32)
     out_ptr = np.zeros(L + 1, np.int64)
@@ -81,15 +84,6 @@ def _train_labels(
         s, e = pptr[lab], pptr[lab + 1]
         n = e - s
         if n > 0:
-            size = 0
-            for j in range(n):
-                i = pidx[s + j]
-                size += xptr[i + 1] - xptr[i]
-            if rptr.size < n + 1:
-                rptr = np.empty(2 * (n + 1), np.int64)
-            if ridx.size < size:
-                ridx = np.empty(2 * size, np.int32)
-                rval = np.empty(2 * size, xval.dtype)
             nt = 0
             q = 0
             qd = np.empty(n)
