@@ -51,19 +51,6 @@ def candidates(ids, mask):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _find(row, n, q):
-    """Position of q in the ascending row[:n] (it is there)."""
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if row[mid] < q:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
 def features(
     z,
     ids,
@@ -140,6 +127,7 @@ def features(
                 Pr[t, c] = _F0
         for c in range(nc):
             Rk[c] = _F0
+        mine = cand[b, :nc]
         for t in range(K):
             if not mask[b, t]:
                 continue
@@ -147,7 +135,7 @@ def features(
                 q = ids[b, t, j]
                 if q < 0:
                     continue
-                c = _find(cand[b], nc, q)
+                c = np.searchsorted(mine, q)  # q is among the event's candidates
                 Sc[t, c] = scores[b, t, j]
                 Pr[t, c] = _F1
                 if t == K - 1:
