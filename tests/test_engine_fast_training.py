@@ -335,3 +335,104 @@ def test_dropout_masks_are_inverted_dropout_and_follow_torchs_seed():
     assert d(x) is x
     with pytest.raises(ValueError, match="dropout"):
         MaskDropout(1.0)
+
+
+@pytest.mark.parametrize("lam", [1.0, 0.2])
+def test_encoder_step_by_hand_is_autograds_step(lam):
+    """The CPU's encoder step (forward and the backward written out, dropout on, the spectral
+    norm's scale binding at lam = 0.2 and not at 1.0): the same z, the same power-iteration
+    buffer, and after Adam the same E and R as autograd with RowAdam and torch's Adam."""
+    from engine.astec.encoder_step import EncoderStep, csr_arrays
+    from engine.astec.trainer import RowAdam, gathered_v
+
+    X, _, _ = _toy(n=64, V=200)
+    torch.manual_seed(0)
+    enc = Encoder(X.shape[1], 24, lam, 0.5)
+    with torch.no_grad():
+        enc.residual.weight.mul_(0.5).add_(0.02 * torch.randn(24, 24))  # sigma ~0.6
+    enc2 = copy.deepcopy(enc)
+    dz = np.random.default_rng(1).standard_normal((X.shape[0], 24)).astype(np.float32)
+    opt_r = torch.optim.Adam([enc.residual.weight], lr=0.01)
+    opt_e = RowAdam(enc.embed.weight, 0.01)
+    step = EncoderStep(enc2, RowAdam(enc2.embed.weight, 0.01), RowAdam(enc2.residual.weight, 0.01))
+    enc.train()
+    enc2.train()
+    for it in range(3):
+        torch.manual_seed(10 + it)
+        v, rows, Eu = gathered_v(opt_e, X)
+        z = enc.z_from_v(enc.drop(v))
+        opt_r.zero_grad()
+        z.backward(torch.from_numpy(dz))
+        opt_r.step()
+        opt_e.step(rows, Eu.grad)
+        torch.manual_seed(10 + it)
+        z2 = step.forward(*csr_arrays(X))
+        step.backward(dz)
+        np.testing.assert_allclose(z2, z.detach().numpy(), atol=1e-5)
+    sigma = float(torch.linalg.matrix_norm(enc.residual.weight.detach(), ord=2))
+    assert (lam < sigma) == (lam < 1.0)  # the scale's own gradient was exercised at 0.2
+    for p, q in [
+        (enc.embed.weight, enc2.embed.weight),
+        (enc.residual.weight, enc2.residual.weight),
+    ]:
+        assert torch.allclose(p.detach(), q.detach(), atol=1e-5), float((p - q).abs().max())
+    assert torch.allclose(enc.residual.u, enc2.residual.u, atol=1e-5)
+
+
+def test_surrogate_by_hand_is_the_torch_path():
+    """Module I on the CPU (the encoder's backward by hand) and through autograd (a GPU's path),
+    dropout on: the same losses and weights after two epochs."""
+    X, Y, _ = _toy()
+    torch.manual_seed(0)
+    enc = Encoder(X.shape[1], 16, 1.0, 0.5)
+    enc2 = copy.deepcopy(enc)
+    a = train_surrogate(enc, X, Y, 2, 0.02, 64, 0, progress=False, fused=True)
+    b = train_surrogate(enc2, X, Y, 2, 0.02, 64, 0, progress=False, fused=False)
+    for ea, eb in zip(a, b, strict=True):
+        assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-4)
+    for p, q in zip(enc.parameters(), enc2.parameters(), strict=True):
+        assert torch.allclose(p.detach(), q.detach(), atol=1e-4), float((p - q).abs().max())
+
+
+def test_deferred_classifier_update_is_the_same_update():
+    """FusedClassifierAdam.step(defer=True) finishes its row update before the next step reads
+    W: three batches give the same W, b and losses as undeferred steps."""
+    from engine.astec.fused import FusedClassifierAdam
+
+    rng = np.random.default_rng(0)
+    W0 = rng.standard_normal((300, 16)).astype(np.float32)
+    results = []
+    for defer in (False, True):
+        W, b = W0.copy(), np.zeros(300, np.float32)
+        fc = FusedClassifierAdam(W, b, lr=0.01, threads=2)
+        losses = []
+        for it in range(3):
+            r = np.random.default_rng(it)
+            z = r.standard_normal((100, 16)).astype(np.float32)
+            ptr = np.arange(0, 100 * 40 + 1, 40, dtype=np.int64)
+            lab = np.concatenate([np.sort(r.choice(300, 40, replace=False)) for _ in range(100)])
+            y = (r.random(lab.size) < 0.1).astype(np.float32)
+            losses.append(fc.step(z, ptr, lab.astype(np.int64), y, defer=defer)[0])
+        fc.close()
+        results.append((W, b, losses))
+    (Wa, ba, la), (Wb, bb, lb) = results
+    assert la == lb and np.array_equal(Wa, Wb) and np.array_equal(ba, bb)
+    assert not np.array_equal(Wa, W0)
+
+
+@pytest.mark.parametrize("L", [50, 100_000])
+def test_grouping_by_label_is_a_stable_sort(L):
+    """The classifier's entries grouped by label (a scan of the counts when labels are few,
+    a sort of the seen ones when many): the order of a stable argsort, each entry's point."""
+    from engine.astec.fused import _group_by_label
+
+    rng = np.random.default_rng(L)
+    ptr = np.cumsum(np.r_[0, rng.integers(0, 30, 40)]).astype(np.int64)
+    lab = rng.integers(0, L, ptr[-1]).astype(np.int64)
+    count = np.zeros(L, np.int64)
+    order, seg, labels, owner = _group_by_label(lab, ptr, count)
+    assert np.array_equal(order, np.argsort(lab, kind="stable"))
+    assert np.array_equal(labels, np.unique(lab))
+    assert np.array_equal(np.diff(seg), np.bincount(lab)[labels])
+    assert np.array_equal(owner, np.repeat(np.arange(40), np.diff(ptr)))
+    assert not count.any()

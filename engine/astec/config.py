@@ -310,7 +310,8 @@ class TrainingParams:
         ),
     )
     # on the CPU, the classifier of Modules III/IV and the re-ranker is scored and updated by
-    # compiled kernels (fused.py); false runs the torch path a GPU runs (same loss and optimiser)
+    # the CPU's compiled classifier kernels (fused.py) and hand-written encoder backward
+    # (encoder_step.py); false runs the torch path a GPU runs (same loss and optimiser)
     fused_kernels: bool = True
     # the products of the training work that tolerates bfloat16 on the CPU: the exact searches
     # of the label centres (hard negatives, candidate pools: 99% of the top 300 / 600 the same,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 from numba import njit
@@ -26,6 +26,20 @@ _FM = {"reassoc", "contract", "nsz", "arcp"}
 # kept the Adam row loops scalar (their denominators are >= eps > 0); vectorised, a Module IV
 # step's row updates on the simulated click log took 5-6 ms instead of 11-12 (2 threads)
 _AHEAD = 2  # entries (rows) ahead whose classifier rows are prefetched (prefetch.py); 4: slower
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy", inline="always")
+def adam_row(g, mr, vr, wr, step, b1, b2, eps, rc2):
+    """Adam on one row wr with gradient g and moments mr, vr, in place (step = lr / (1 - b1^t),
+    rc2 = 1 / sqrt(1 - b2^t)): the one update every row kernel here applies."""
+    one = np.float32(1.0)
+    a1, a2 = one - b1, one - b2
+    for d in range(g.size):
+        m = b1 * mr[d] + a1 * g[d]
+        v = b2 * vr[d] + a2 * g[d] * g[d]
+        mr[d] = m
+        vr[d] = v
+        wr[d] -= step * m / (np.sqrt(v) * rc2 + eps)
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
@@ -61,7 +75,8 @@ def _adam_rows(
     lo, hi, z, order, seg, labels, owner, g, W, b, mW, vW, mb, vb, step, b1, b2, eps, rc2
 ):
     """Touched labels [lo, hi) once each: gradient sum_e g_e z_owner(e), then Adam on the row
-    and the bias (float32 throughout; step = lr / (1 - b1^t), rc2 = 1 / sqrt(1 - b2^t))."""
+    and the bias (float32 throughout; step = lr / (1 - b1^t), rc2 = 1 / sqrt(1 - b2^t)).
+    Empty b, mb, vb: rows without a bias (`encoder_step`'s token rows of E)."""
     D = z.shape[1]
     gw = np.zeros(D, np.float32)
     one = np.float32(1.0)
@@ -82,13 +97,9 @@ def _adam_rows(
             zi = z[owner[e]]
             for d in range(D):
                 gw[d] += ge * zi[d]
-        mr, vr, wr = mW[l], vW[l], W[l]
-        for d in range(D):
-            m = b1 * mr[d] + a1 * gw[d]
-            v = b2 * vr[d] + a2 * gw[d] * gw[d]
-            mr[d] = m
-            vr[d] = v
-            wr[d] -= step * m / (np.sqrt(v) * rc2 + eps)
+        adam_row(gw, mW[l], vW[l], W[l], step, b1, b2, eps, rc2)
+        if b.size == 0:
+            continue
         m = b1 * mb[l] + a1 * gb
         v = b2 * vb[l] + a2 * gb * gb
         mb[l] = m
@@ -111,7 +122,15 @@ def _group_by_label(lab, ptr, count):
             seen[nu] = lb
             nu += 1
         count[lb] += 1
-    labels = np.sort(seen[:nu])
+    if count.size <= 16 * nu:  # a scan of the counts in label order beats sorting the seen
+        labels = np.empty(nu, np.int64)
+        j = 0
+        for lb in range(count.size):
+            if count[lb] != 0:
+                labels[j] = lb
+                j += 1
+    else:
+        labels = np.sort(seen[:nu])
     seg = np.empty(nu + 1, np.int64)
     s = 0
     for j in range(nu):
@@ -167,10 +186,17 @@ class FusedClassifierAdam:
         self.vb = np.zeros_like(b)
         self._count = np.zeros(W.shape[0], np.int64)  # scratch of _group_by_label
         self.t = 0
+        self._pending: Future | None = None  # a deferred row update (step(defer=True))
 
-    def step(self, z: np.ndarray, ptr: np.ndarray, lab: np.ndarray, y: np.ndarray):
+    def step(
+        self, z: np.ndarray, ptr: np.ndarray, lab: np.ndarray, y: np.ndarray, defer: bool = False
+    ):
         """One batch: z [B, D] float32, point i's candidates lab[ptr[i]:ptr[i+1]] with 0/1
-        targets y. Returns (mean BCE over the candidates, dL/dz [B, D]); W, b are updated."""
+        targets y. Returns (mean BCE over the candidates, dL/dz [B, D]); W, b are updated.
+        defer: the rows' update runs on one of the kernels' threads while the caller goes on
+        (the encoder's backward and the next batch's forward touch no classifier row; z must
+        stay as it is); the next step, `wait` or `close` finishes it first."""
+        self.wait()
         n = lab.size
         B, D = z.shape
         g = np.empty(n, np.float32)
@@ -181,9 +207,7 @@ class FusedClassifierAdam:
         order, seg, labels, owner = _group_by_label(lab, ptr, self._count)
         self.t += 1
         b1, b2 = self.betas
-        self._run(
-            _adam_rows,
-            labels.size,
+        args = (
             z,
             order,
             seg,
@@ -202,7 +226,17 @@ class FusedClassifierAdam:
             np.float32(self.eps),
             np.float32(1 / math.sqrt(1 - b2**self.t)),
         )
+        if defer and self.pool is not None:
+            self._pending = self.pool.submit(_adam_rows, 0, labels.size, *args)
+        else:
+            self._run(_adam_rows, labels.size, *args)
         return float(loss_rows.sum()) / max(n, 1), dz
+
+    def wait(self) -> None:
+        """Finish a deferred update (W, b and the moments are current after it)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
 
     def _run(self, kernel, n, *args):
         """kernel(lo, hi, *args) over [0, n), split between the threads (disjoint outputs)."""
@@ -213,6 +247,7 @@ class FusedClassifierAdam:
             f.result()
 
     def close(self):
+        self.wait()
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
@@ -222,14 +257,6 @@ class FusedClassifierAdam:
 def adam_on_rows(rows, grad, W, mW, vW, step, b1, b2, eps, rc2):
     """Lazy Adam on W[rows] (distinct rows) with their gradient rows grad [len(rows), D], in
     place: what `trainer.RowAdam` does with six gathers and copies, in one pass."""
-    one = np.float32(1.0)
-    a1, a2 = one - b1, one - b2
     for j in range(rows.size):
         l = rows[j]
-        gr, mr, vr, wr = grad[j], mW[l], vW[l], W[l]
-        for d in range(gr.size):
-            m = b1 * mr[d] + a1 * gr[d]
-            v = b2 * vr[d] + a2 * gr[d] * gr[d]
-            mr[d] = m
-            vr[d] = v
-            wr[d] -= step * m / (np.sqrt(v) * rc2 + eps)
+        adam_row(grad[j], mW[l], vW[l], W[l], step, b1, b2, eps, rc2)

@@ -727,6 +727,7 @@ def train_learner(
         patience=cfg.surrogate.patience,
         device=device,
         precision=cfg.training.precision,
+        fused=cfg.training.fused_kernels,
     )
     log["modules"]["I"] = {
         **_spent(t0, c0),

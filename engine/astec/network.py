@@ -42,10 +42,19 @@ class MaskDropout(nn.Module):
             return x
         if x.device.type != "cpu":
             return F.dropout(x, self.p, True)
+        mask = self.mask(tuple(x.shape))
+        assert mask is not None
+        return x * torch.from_numpy(mask)
+
+    def mask(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        """The next CPU draw's multiplier (0 or 1 / (1 - p), float32); None when no dropout
+        applies (eval mode or p = 0)."""
+        if not self.training or self.p == 0.0:
+            return None
         if self._rng is None:
             self._rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
-        keep = self._rng.random(tuple(x.shape), dtype=np.float32) >= self.p
-        return x * torch.from_numpy(keep.astype(np.float32) / np.float32(1.0 - self.p))
+        keep = self._rng.random(shape, dtype=np.float32) >= self.p
+        return keep.astype(np.float32) / np.float32(1.0 - self.p)
 
 
 class SpectralResidual(nn.Module):
@@ -72,14 +81,25 @@ class SpectralResidual(nn.Module):
         """R * min(1, lambda / sigma): one power-iteration step per training step (Miyato et al.),
         the exact largest singular value in eval mode so the deployed R never exceeds lambda."""
         if self.training:
-            with torch.no_grad():
-                self._power_step()
-            u = self.u
-            v = F.normalize(self.weight.t() @ u, dim=0).detach()
-            sigma = u @ self.weight @ v
+            sigma, _, _ = self.training_sigma()
         else:
             sigma = torch.linalg.matrix_norm(self.weight.detach(), ord=2)
-        return self.weight * torch.clamp(self.lam / sigma.clamp_min(1e-12), max=1.0)
+        return self.weight * torch.clamp(self.ratio(sigma), max=1.0)
+
+    def training_sigma(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One power-iteration step, then (sigma = u^T W v, u, v), sigma differentiable in W.
+        The encoder's hand-written step (`encoder_step`) computes it here too: R starts as the
+        identity, where lambda / sigma sits at the clamp's edge, so the two must agree bit for
+        bit on which side of it they are."""
+        with torch.no_grad():
+            self._power_step()
+        u = self.u
+        v = F.normalize(self.weight.t() @ u, dim=0).detach()
+        return u @ self.weight @ v, u, v
+
+    def ratio(self, sigma: torch.Tensor) -> torch.Tensor:
+        """lambda / sigma, the scale R gets where it is below 1."""
+        return self.lam / sigma.clamp_min(1e-12)
 
     def forward(self, x: torch.Tensor, dropout: nn.Module | None = None) -> torch.Tensor:
         h = F.relu(F.linear(x, self.effective_weight()))

@@ -20,6 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .config import resolve_precision
+from .encoder_step import EncoderStep, csr_arrays
 from .network import Classifier, Encoder, bag_inputs
 
 
@@ -40,31 +41,49 @@ class RowAdam:
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         return self.table.detach().index_select(0, rows).requires_grad_()
 
+    def _state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.m is None or self.v is None:
+            self.m, self.v = torch.zeros_like(self.table), torch.zeros_like(self.table)
+        return self.m, self.v
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Adam's m and v tables as numpy views (CPU tables)."""
+        m, v = self._state()
+        return m.numpy(), v.numpy()
+
+    def adam_terms(self):
+        """Counts one step and gives the compiled kernels' float32 terms of it: (lr / (1 -
+        b1^t), b1, b2, eps, 1 / sqrt(1 - b2^t))."""
+        self.t += 1
+        b1, b2 = self.betas
+        return (
+            np.float32(self.lr / (1 - b1**self.t)),
+            np.float32(b1),
+            np.float32(b2),
+            np.float32(self.eps),
+            np.float32((1 - b2**self.t) ** -0.5),
+        )
+
     @torch.no_grad()
     def step(self, rows: torch.Tensor, grad: torch.Tensor | None) -> None:
         if grad is None:
             return
-        if self.m is None or self.v is None:
-            self.m, self.v = torch.zeros_like(self.table), torch.zeros_like(self.table)
-        m_all, v_all = self.m, self.v
-        self.t += 1
-        b1, b2 = self.betas
         if self.table.device.type == "cpu" and self.table.dtype == torch.float32:
             from .fused import adam_on_rows
 
+            m_np, v_np = self.moments()
             adam_on_rows(
                 rows.numpy(),
                 grad.contiguous().numpy(),
                 self.table.detach().numpy(),
-                m_all.numpy(),
-                v_all.numpy(),
-                np.float32(self.lr / (1 - b1**self.t)),
-                np.float32(b1),
-                np.float32(b2),
-                np.float32(self.eps),
-                np.float32((1 - b2**self.t) ** -0.5),
+                m_np,
+                v_np,
+                *self.adam_terms(),
             )
             return
+        m_all, v_all = self._state()
+        self.t += 1
+        b1, b2 = self.betas
         m = m_all.index_select(0, rows).mul_(b1).add_(grad, alpha=1 - b1)
         v = v_all.index_select(0, rows).mul_(b2).addcmul_(grad, grad, value=1 - b2)
         m_all.index_copy_(0, rows, m)
@@ -125,6 +144,18 @@ def _batches(n: int, size: int, rng) -> list[np.ndarray]:
     return [perm[s : s + size] for s in range(0, n, size)]
 
 
+def _row_batches(M: sp.csr_matrix, perm: np.ndarray, size: int):
+    """(indptr from 0, indices, data) of M[perm[s : s + size]] for s = 0, size, ...: one row
+    gather per epoch instead of a scipy fancy index (~0.2 ms) per batch; int64 indptr and
+    indices, float32 data."""
+    Mp = sp.csr_matrix(M[perm], dtype=np.float32)
+    ptr = Mp.indptr.astype(np.int64)
+    for s in range(0, len(perm), size):
+        e = min(len(perm), s + size)
+        a, b = ptr[s], ptr[e]
+        yield ptr[s : e + 1] - a, Mp.indices[a:b].astype(np.int64), Mp.data[a:b]
+
+
 def train_surrogate(
     encoder: Encoder,
     X: sp.csr_matrix,
@@ -140,6 +171,7 @@ def train_surrogate(
     device: str = "cpu",
     patience: int = 0,
     precision: str = "float32",
+    fused: bool = True,
 ) -> list[dict]:
     """Module I: train E, R0 and a dense meta-label classifier with BCE; returns per-epoch logs.
 
@@ -152,7 +184,8 @@ def train_surrogate(
     device: where the batches run (the encoder comes back to the CPU). precision "bfloat16"
     (on the CPU; "auto": where the CPU has it natively): the dense head's products in bfloat16
     (torch.autocast; the weights, Adam and the loss stay float32), ~1.7x faster per step at
-    32,768 meta-labels.
+    32,768 meta-labels. fused (on the CPU): the encoder's backward written out
+    (`encoder_step`); else autograd, as a GPU runs it.
     """
     dev = torch.device(device)
     torch.manual_seed(seed)
@@ -172,6 +205,7 @@ def train_surrogate(
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
     Ymeta.sum_duplicates()  # canonical: SparseTargetBCE's entries are distinct
     low = resolve_precision(precision) == "bfloat16" and dev.type == "cpu"
+    by_hand = EncoderStep(encoder, opt_s) if fused and dev.type == "cpu" else None
     logs = []
     nb = -(-X.shape[0] // max(batch_size, 1))
     bar = tqdm(total=epochs * nb, desc="Module I", disable=not progress, leave=False, unit="batch")
@@ -194,14 +228,21 @@ def train_surrogate(
         tot = 0.0
         for idx in _batches(X.shape[0], batch_size, rng):
             bar.update(1)
-            v, rows, Eu = gathered_v(opt_s, X[idx], dev)
-            z = encoder.z_from_v(encoder.drop(v))
+            if by_hand is not None:  # the CPU: the encoder's backward written out
+                z = torch.from_numpy(by_hand.forward(*csr_arrays(X[idx]))).requires_grad_()
+            else:
+                v, rows, Eu = gathered_v(opt_s, X[idx], dev)
+                z = encoder.z_from_v(encoder.drop(v))
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
                 logits = head(z)
             loss = sparse_target_bce(logits.float(), Ymeta[idx])
             opt_d.zero_grad()
             loss.backward()
-            opt_s.step(rows, Eu.grad)
+            if by_hand is not None:
+                assert z.grad is not None
+                by_hand.backward(z.grad.numpy())  # R's gradient, E's rows updated
+            else:
+                opt_s.step(rows, Eu.grad)
             opt_d.step()
             tot += loss.item() * len(idx)
         entry = {
@@ -269,6 +310,24 @@ def train_surrogate(
     return logs
 
 
+def _fused_epoch(fc, by_hand: EncoderStep, X, cand, perm, batch_size: int, bar) -> float:
+    """One epoch of the CPU path over the points in `perm` order; returns the summed loss."""
+    tot = 0.0
+    for (xp, xt, xd), (cp, cl, cd) in zip(
+        _row_batches(X, perm, batch_size), _row_batches(cand, perm, batch_size), strict=True
+    ):
+        bar.update(1)
+        if cl.size == 0:
+            continue
+        z = by_hand.forward(xp, xt, xd)
+        # the classifier rows' update overlaps the encoder's backward and the next forward
+        loss, dz = fc.step(z, cp, cl, (cd >= 2).astype(np.float32), defer=True)
+        by_hand.backward(dz)  # R's and (fine-tuned) E's rows updated
+        tot += loss * (xp.size - 1)
+    fc.wait()
+    return tot
+
+
 def _candidates(Y: sp.csr_matrix, negatives: sp.csr_matrix) -> sp.csr_matrix:
     """Each point's positives (data 2) and shortlisted negatives (data 1), positives winning."""
     Y = sp.csr_matrix(Y, dtype=np.float32)
@@ -317,7 +376,6 @@ def train_shortlisted(
     if dev.type != "cpu":
         encoder.to(dev)
         clf.to(dev)
-    opt_r = torch.optim.Adam(list(encoder.residual.parameters()), lr=lr, fused=True)
     opt_e = RowAdam(encoder.embed.weight, lr=finetune_lr)
     threads = torch.get_num_threads()
     if fused:
@@ -329,11 +387,17 @@ def train_shortlisted(
             lr=lr,
             threads=threads,
         )
+        by_hand = EncoderStep(
+            encoder,
+            opt_e if finetune_embeddings else None,
+            RowAdam(encoder.residual.weight, lr=lr),
+        )
         # the kernels' threads do the bulk of a batch; torch's part (the encoder on 255 rows)
         # gains little from a second thread, whose OpenMP spinning slowed the kernels' threads:
         # Module IV epoch on the simulated click log 9.7 s -> 8.2 s with torch on one thread
         torch.set_num_threads(1)
     else:
+        opt_r = torch.optim.Adam(list(encoder.residual.parameters()), lr=lr, fused=True)
         opt_w = RowAdam(clf.weight.weight, lr=lr)
         opt_b = RowAdam(clf.bias.weight, lr=lr)
     logs = []
@@ -343,26 +407,19 @@ def train_shortlisted(
         for ep in range(epochs):
             encoder.train()
             t0 = time.time()
-            tot = 0.0
-            for idx in _batches(n, batch_size, rng):
-                bar.update(1)
-                Cb = cand[idx]
-                if Cb.nnz == 0:
-                    continue
-                v, rows, Eu = gathered_v(opt_e, X[idx], dev)
-                if not finetune_embeddings:
-                    v = v.detach()
-                z = encoder.z_from_v(encoder.drop(v))
-                if fused:
-                    loss, dz = fc.step(
-                        z.detach().numpy(),
-                        Cb.indptr.astype(np.int64),
-                        Cb.indices.astype(np.int64),
-                        (Cb.data >= 2).astype(np.float32),
-                    )
-                    opt_r.zero_grad()
-                    z.backward(torch.from_numpy(dz))
-                else:
+            if fused:  # the CPU: classifier kernels and the encoder's backward by hand
+                tot = _fused_epoch(fc, by_hand, X, cand, rng.permutation(n), batch_size, bar)
+            else:
+                tot = 0.0
+                for idx in _batches(n, batch_size, rng):
+                    bar.update(1)
+                    Cb = cand[idx]
+                    if Cb.nnz == 0:
+                        continue
+                    v, rows, Eu = gathered_v(opt_e, X[idx], dev)
+                    if not finetune_embeddings:
+                        v = v.detach()
+                    z = encoder.z_from_v(encoder.drop(v))
                     counts = np.diff(Cb.indptr)
                     B, K = len(idx), int(counts.max())
                     U, inv = np.unique(Cb.indices, return_inverse=True)
@@ -391,11 +448,10 @@ def train_shortlisted(
                     lossT.backward()
                     opt_w.step(Ut, Wu.grad)
                     opt_b.step(Ut, bu.grad)
-                    loss = float(lossT.item())
-                opt_r.step()
-                if finetune_embeddings:
-                    opt_e.step(rows, Eu.grad)
-                tot += loss * len(idx)
+                    if finetune_embeddings:
+                        opt_e.step(rows, Eu.grad)
+                    opt_r.step()
+                    tot += float(lossT.item()) * len(idx)
             entry = {
                 "epoch": ep + 1,
                 "loss": tot / max(n, 1),

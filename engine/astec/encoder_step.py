@@ -1,0 +1,170 @@
+"""The encoder's training step on the CPU with its backward pass written out: v = ReLU(E^T x),
+z = d1(v) + d2(ReLU(c R d1(v))), c = min(1, lambda / sigma(R)) (one power-iteration step per
+batch, as `network.SpectralResidual`), and lazy Adam on the touched rows of E.
+
+Why: through autograd a Module IV batch (255 titles, D = 300) spent ~6 ms of its ~9 ms in ~60
+small torch ops (the gather of E's rows, the power iteration, two dropouts, their backward
+nodes, the row optimiser) around three 255 x 300 x 300 products; here the same arithmetic is
+those products plus two compiled passes over the batch's tokens (the bag reads E's rows in
+place; the update sums each token's gradient and applies Adam to its row in one pass, the
+classifier's row kernel). The
+same function, gradient (test against autograd), dropout draws and Adam. A GPU keeps autograd
+(`trainer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from numba import njit
+
+from .fused import _AHEAD, _FM, _adam_rows, _group_by_label, adam_on_rows
+from .network import Encoder
+from .prefetch import prefetch_row
+
+
+@njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")
+def _bag(indptr, tok, x, E, v):
+    """v[i] = ReLU(sum_e x_e E[tok_e]) over row i's entries, reading E's rows in place."""
+    D = v.shape[1]
+    end = indptr[-1]
+    for i in range(v.shape[0]):
+        for d in range(D):
+            v[i, d] = 0.0
+        for e in range(indptr[i], indptr[i + 1]):
+            if e + _AHEAD < end:
+                prefetch_row(E, tok[e + _AHEAD])
+            row = E[tok[e]]
+            w = x[e]
+            for d in range(D):
+                v[i, d] += w * row[d]
+        for d in range(D):
+            if v[i, d] < 0.0:
+                v[i, d] = 0.0
+
+
+@dataclass
+class _Saved:
+    """What the backward pass needs from the forward."""
+
+    ptr: np.ndarray  # the batch's rows (csr: int64 indptr and token ids, float32 weights)
+    tok: np.ndarray
+    x: np.ndarray
+    v: np.ndarray  # ReLU(E^T x)
+    m1: np.ndarray | None  # scaled dropout masks (None: no dropout)
+    vd: np.ndarray
+    pre: np.ndarray  # c R vd, before its ReLU
+    m2: np.ndarray | None
+    c: float
+    ratio: float  # lambda / sigma: R's scale is min(1, ratio)
+    sigma: float
+    u: np.ndarray
+    right: np.ndarray  # the power iteration's right singular vector estimate
+
+
+def csr_arrays(X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indptr, indices) as int64 and data as float32: what `EncoderStep.forward` takes."""
+    X = sp.csr_matrix(X)
+    return X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float32)
+
+
+class EncoderStep:
+    """Forward (`forward(ptr, tok, x) -> z`, a batch's csr rows) and backward (`backward(dz)`)
+    of one batch through an Encoder in training mode on the CPU in float32. backward applies
+    lazy Adam to the batch's token rows of E when `rows` (a `trainer.RowAdam` over E) is given
+    (else E stays frozen), and Adam to R when `residual` (a RowAdam over R) is, else it leaves
+    R's gradient in `residual.weight.grad` for the caller's torch optimiser."""
+
+    def __init__(self, encoder: Encoder, rows=None, residual=None):
+        self.encoder, self.rows, self.residual = encoder, rows, residual
+        self.E = encoder.embed.weight.detach().numpy()
+        self.R = encoder.residual.weight.detach().numpy()
+        self._all = np.arange(self.R.shape[0], dtype=np.int64)  # R's rows, for its Adam
+        self._count = np.zeros(self.E.shape[0], np.int64)  # _group_by_label's scratch
+        self._saved: _Saved | None = None
+
+    def forward(self, ptr: np.ndarray, tok: np.ndarray, x: np.ndarray) -> np.ndarray:
+        v = np.empty((ptr.size - 1, self.E.shape[1]), np.float32)
+        _bag(ptr, tok, x, self.E, v)
+        res, drop = self.encoder.residual, self.encoder.drop
+        m1 = drop.mask(v.shape)
+        vd = v * m1 if m1 is not None else v
+        with torch.no_grad():
+            sigma_t, u_t, right_t = res.training_sigma()
+            ratio = float(res.ratio(sigma_t))
+        c = min(1.0, ratio)
+        pre = torch.mm(torch.from_numpy(vd), torch.from_numpy(self.R).t()).numpy()
+        if c != 1.0:
+            pre *= np.float32(c)
+        h = np.maximum(pre, 0.0)
+        m2 = drop.mask(h.shape)
+        z = vd + (h * m2 if m2 is not None else h)
+        self._saved = _Saved(
+            ptr,
+            tok,
+            x,
+            v,
+            m1,
+            vd,
+            pre,
+            m2,
+            c,
+            ratio,
+            float(sigma_t),
+            u_t.numpy().copy(),
+            right_t.numpy(),
+        )
+        return z
+
+    def backward(self, dz: np.ndarray) -> None:
+        s, self._saved = self._saved, None
+        if s is None:
+            raise RuntimeError("EncoderStep.backward without a forward")
+        dz = np.ascontiguousarray(dz, dtype=np.float32)
+        dpre = dz * s.m2 if s.m2 is not None else dz.copy()
+        dpre *= s.pre > 0
+        dzt, dpt = torch.from_numpy(dz), torch.from_numpy(dpre)
+        # pre = vd (c R)^T: d(cR) = dpre^T vd, dvd = dz + dpre (c R)
+        dRe = torch.mm(dpt.t(), torch.from_numpy(s.vd)).numpy()
+        res = self.encoder.residual
+        if s.ratio <= 1.0:
+            # c = lambda / sigma(R) passes a gradient to R too (sigma = u^T R right; torch's
+            # clamp passes it where lambda / sigma <= 1)
+            k = float(np.vdot(dRe, self.R)) * res.lam / s.sigma**2
+            dR = s.c * dRe - np.float32(k) * np.outer(s.u, s.right).astype(np.float32)
+        else:
+            dR = dRe
+        dR = np.ascontiguousarray(dR, dtype=np.float32)
+        if self.rows is not None:  # dv with R as the forward saw it, before R's update
+            dv = torch.addmm(dzt, dpt, torch.from_numpy(self.R), alpha=s.c).numpy()
+            if s.m1 is not None:
+                dv *= s.m1
+            dv *= s.v > 0
+            order, seg, toks, owner = _group_by_label(s.tok, s.ptr, self._count)
+            mE, vE = self.rows.moments()
+            none = np.empty(0, np.float32)  # token rows have no bias
+            _adam_rows(
+                0,
+                toks.size,
+                dv,
+                order,
+                seg,
+                toks,
+                owner,
+                s.x,
+                self.E,
+                none,
+                mE,
+                vE,
+                none,
+                none,
+                *self.rows.adam_terms(),
+            )
+        if self.residual is not None:
+            mR, vR = self.residual.moments()
+            adam_on_rows(self._all, dR, self.R, mR, vR, *self.residual.adam_terms())
+        else:
+            res.weight.grad = torch.from_numpy(dR)
