@@ -35,6 +35,31 @@ def ranker_features(X: sp.csr_matrix) -> sp.csr_matrix:
 
 
 @njit(cache=True, nogil=True)
+def _seeded(seed):
+    """A nonzero xorshift64* state from an integer seed (splitmix64's finaliser)."""
+    z = np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z if z != np.uint64(0) else np.uint64(1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _shuffle(order, n, state):
+    """Fisher-Yates over order[:n] drawing from xorshift64* (state in, state out). Why not
+    np.random.shuffle: numba's Mersenne twister and bounded draws made the shuffles ~a fifth of
+    the fit (the click log's fit on one thread 21.8 -> 17.7 s, the same number of updates)."""
+    for i in range(n - 1, 0, -1):
+        state ^= state >> np.uint64(12)
+        state ^= state << np.uint64(25)
+        state ^= state >> np.uint64(27)
+        r = (state * np.uint64(2685821657736338717)) >> np.uint64(32)
+        j = np.int64((r * np.uint64(i + 1)) >> np.uint64(32))
+        order[i], order[j] = order[j], order[i]
+    return state
+
+
+@njit(cache=True, nogil=True)
 def _train_labels(
     pptr, pidx, py, alpha, xptr, xidx, xval, num_features, cost, max_iters, eps, threshold, seed
 ):
@@ -50,9 +75,7 @@ def _train_labels(
     0..nt-1, so that the sweeps stream through memory and w is a small dense vector: reading
     the rows of scattered points and a vocabulary-sized w in every sweep was cache misses
     (the same arithmetic in the same order: the same weights)."""
-    # numba's legacy per-thread generator, seeded here; a Generator would draw other orders
-    # and change every trained ranker
-    np.random.seed(seed)  # noqa: NPY002
+    rng = _seeded(seed)
     L = pptr.size - 1
     local = np.full(num_features, -1, np.int64)  # feature -> its id within the current label
     touched = np.empty(num_features, np.int64)  # local id -> feature
@@ -115,7 +138,7 @@ def _train_labels(
             it = 0
             while it < max_iters:
                 pg_max, pg_min = -np.inf, np.inf
-                np.random.shuffle(order[:active])  # noqa: NPY002 (see the seed above)
+                rng = _shuffle(order, active, rng)
                 jj = 0
                 while jj < active:
                     j = order[jj]
