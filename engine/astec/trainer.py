@@ -1,10 +1,11 @@
 """Training loops: Module I (surrogate meta-labels) and Modules III/IV + re-ranker (shortlisted
 1-vs-all).
 
-Batches are vectorised: a batch's candidate labels are the union of its points' positives and
-shortlists, scored as one [B, U] matrix against gathered classifier rows; the embedding table
-and classifier rows are gathered for the batch and updated by a row-wise (lazy) Adam, so only
-the rows a batch touched cost anything.
+Only the rows a batch touched cost anything: the embedding table and classifier rows are
+updated by a row-wise (lazy) Adam. On the CPU the classifier runs as compiled kernels
+(`fused`) and the encoder's backward is written out (`encoder_step`); elsewhere (a GPU, or
+`fused=False`) the batch gathers its rows as tensors and autograd differentiates it: the same
+loss and optimiser either way (tests).
 """
 
 from __future__ import annotations
