@@ -7,9 +7,8 @@ small torch ops (the gather of E's rows, the power iteration, two dropouts, thei
 nodes, the row optimiser) around three 255 x 300 x 300 products; here the same arithmetic is
 those products plus two compiled passes over the batch's tokens (the bag reads E's rows in
 place; the update sums each token's gradient and applies Adam to its row in one pass, the
-classifier's row kernel). The
-same function, gradient (test against autograd), dropout draws and Adam. A GPU keeps autograd
-(`trainer`).
+classifier's row kernel). The same function, gradient (test against autograd), dropout draws
+and Adam. A GPU keeps autograd (`trainer`).
 """
 
 from __future__ import annotations
@@ -58,8 +57,7 @@ class _Saved:
     vd: np.ndarray
     pre: np.ndarray  # c R vd, before its ReLU
     m2: np.ndarray | None
-    c: float
-    ratio: float  # lambda / sigma: R's scale is min(1, ratio)
+    ratio: float  # lambda / sigma: R's scale is c = min(1, ratio)
     sigma: float
     u: np.ndarray
     right: np.ndarray  # the power iteration's right singular vector estimate
@@ -111,7 +109,6 @@ class EncoderStep:
             vd,
             pre,
             m2,
-            c,
             ratio,
             float(sigma_t),
             u_t.numpy().copy(),
@@ -130,16 +127,17 @@ class EncoderStep:
         # pre = vd (c R)^T: d(cR) = dpre^T vd, dvd = dz + dpre (c R)
         dRe = torch.mm(dpt.t(), torch.from_numpy(s.vd)).numpy()
         res = self.encoder.residual
+        c = min(1.0, s.ratio)
         if s.ratio <= 1.0:
             # c = lambda / sigma(R) passes a gradient to R too (sigma = u^T R right; torch's
             # clamp passes it where lambda / sigma <= 1)
             k = float(np.vdot(dRe, self.R)) * res.lam / s.sigma**2
-            dR = s.c * dRe - np.float32(k) * np.outer(s.u, s.right).astype(np.float32)
+            dR = c * dRe - np.float32(k) * np.outer(s.u, s.right).astype(np.float32)
         else:
             dR = dRe
         dR = np.ascontiguousarray(dR, dtype=np.float32)
         if self.rows is not None:  # dv with R as the forward saw it, before R's update
-            dv = torch.addmm(dzt, dpt, torch.from_numpy(self.R), alpha=s.c).numpy()
+            dv = torch.addmm(dzt, dpt, torch.from_numpy(self.R), alpha=c).numpy()
             if s.m1 is not None:
                 dv *= s.m1
             dv *= s.v > 0
