@@ -10,6 +10,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from bench.engine_peers import train_ratios
 from engine.astec import Astec, AstecConfig
@@ -436,3 +437,36 @@ def test_grouping_by_label_is_a_stable_sort(L):
     assert np.array_equal(np.diff(seg), np.bincount(lab)[labels])
     assert np.array_equal(owner, np.repeat(np.arange(40), np.diff(ptr)))
     assert not count.any()
+
+
+@pytest.mark.parametrize("low", [False, True])
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+def test_surrogate_head_by_hand_is_autocasts_step(low, scale):
+    """Module I's head without autograd (the CPU path): the loss, dL/dz and the head's gradients
+    of autocast's bfloat16 step (or float32's), for a batch smaller than the buffers and with
+    logits large enough (scale 40) for the loss's products to fall back to softplus."""
+    from engine.astec.surrogate_head import SurrogateHead
+    from engine.astec.trainer import sparse_target_bce
+
+    torch.manual_seed(0)
+    B, D, L = 37, 24, 1000  # L not a multiple of the loss's 32-factor products
+    head = nn.Linear(D, L)
+    Y = sp.random(B, L, density=0.003, format="csr", random_state=3, dtype=np.float32)
+    Y.data[:] = 1.0
+    Y.sum_duplicates()
+    z = torch.randn(B, D) * scale
+    step = SurrogateHead(head, 64, low)
+    for _ in range(2):  # the buffers are reused
+        loss, dz = step.step(z, (Y.indptr.astype(np.int64), Y.indices.astype(np.int64), Y.data))
+    dW, db = head.weight.grad.clone(), head.bias.grad.clone()
+    head.weight.grad = head.bias.grad = None
+    zr = z.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+        logits = head(zr)
+    ref = sparse_target_bce(logits.float(), Y)
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), rel=1e-5)
+    tol = 1e-2 if low else 1e-5  # bfloat16: the bias gradient is summed before its rounding
+    assert torch.allclose(dz, zr.grad, rtol=tol, atol=1e-6 * scale)
+    assert torch.allclose(dW, head.weight.grad, rtol=tol, atol=1e-6 * scale)
+    assert torch.allclose(db, head.bias.grad, rtol=tol, atol=1e-5)

@@ -21,8 +21,9 @@ from torch import nn
 from tqdm import tqdm
 
 from .config import resolve_precision
-from .encoder_step import EncoderStep, csr_arrays
+from .encoder_step import EncoderStep
 from .network import Classifier, Encoder, bag_inputs
+from .surrogate_head import SurrogateHead
 
 
 class RowAdam:
@@ -207,6 +208,7 @@ def train_surrogate(
     Ymeta.sum_duplicates()  # canonical: SparseTargetBCE's entries are distinct
     low = resolve_precision(precision) == "bfloat16" and dev.type == "cpu"
     by_hand = EncoderStep(encoder, opt_s) if fused and dev.type == "cpu" else None
+    by_hand_head = SurrogateHead(head, batch_size, low) if by_hand is not None else None
     logs = []
     nb = -(-X.shape[0] // max(batch_size, 1))
     bar = tqdm(total=epochs * nb, desc="Module I", disable=not progress, leave=False, unit="batch")
@@ -227,25 +229,32 @@ def train_surrogate(
         encoder.train()
         t0 = time.time()
         tot = 0.0
-        for idx in _batches(X.shape[0], batch_size, rng):
-            bar.update(1)
-            if by_hand is not None:  # the CPU: the encoder's backward written out
-                z = torch.from_numpy(by_hand.forward(*csr_arrays(X[idx]))).requires_grad_()
-            else:
+        if by_hand is not None:  # the CPU: the encoder's and the head's backward written out
+            perm = rng.permutation(X.shape[0])
+            for xb, yb in zip(
+                _row_batches(X, perm, batch_size),
+                _row_batches(Ymeta, perm, batch_size),
+                strict=True,
+            ):
+                bar.update(1)
+                z = by_hand.forward(*xb)
+                loss_b, dz = by_hand_head.step(torch.from_numpy(z), yb)
+                by_hand.backward(dz.numpy())  # R's gradient, E's rows updated
+                opt_d.step()
+                tot += loss_b * (xb[0].size - 1)
+        else:
+            for idx in _batches(X.shape[0], batch_size, rng):
+                bar.update(1)
                 v, rows, Eu = gathered_v(opt_s, X[idx], dev)
                 z = encoder.z_from_v(encoder.drop(v))
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
-                logits = head(z)
-            loss = sparse_target_bce(logits.float(), Ymeta[idx])
-            opt_d.zero_grad()
-            loss.backward()
-            if by_hand is not None:
-                assert z.grad is not None
-                by_hand.backward(z.grad.numpy())  # R's gradient, E's rows updated
-            else:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+                    logits = head(z)
+                loss = sparse_target_bce(logits.float(), Ymeta[idx])
+                opt_d.zero_grad()
+                loss.backward()
                 opt_s.step(rows, Eu.grad)
-            opt_d.step()
-            tot += loss.item() * len(idx)
+                opt_d.step()
+                tot += loss.item() * len(idx)
         entry = {
             "epoch": ep + 1,
             "loss": tot / max(X.shape[0], 1),

@@ -1,0 +1,95 @@
+"""Module I's dense head on the CPU without autograd: logits x = z W^T + b over every meta-label,
+the SparseTargetBCE loss and its gradient written out as whole-tensor torch ops into buffers
+allocated once.
+
+Why: at L = 500k the head has 32,768 meta-labels; its three products are most of a batch, but
+autograd's path around them (autocast's casts of W, x, the gradient and dW, softplus for the
+loss, zeroing the gradients) cost nearly as much again, and each of its [B, L_hat] temporaries
+was a fresh mapping whose pages the kernel faulted in and zeroed (large arrays are mapped and
+unmapped on every allocation: `model.fixed_mmap_threshold`). In bfloat16 the products and
+their roundings are autocast's (z, W, b and the gradient of x rounded to bfloat16, float32
+outputs); the bias gradient is summed in float32 before rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_CHUNK = 32  # factors per product of the loss's sum of logs
+_TINY = 1e-30  # a product below it may have lost precision: the loss falls back to softplus
+_ONE = torch.ones(())
+
+
+class SurrogateHead:
+    """`step(z, y) -> (loss, dz)` for batches of at most `batch` rows through `head`: sets
+    head.weight.grad and head.bias.grad (the same tensors every step, for the caller's
+    optimiser) and returns the mean BCE-with-logits over the batch's [B, L_hat] logits and
+    dL/dz (float32). low: bfloat16 products."""
+
+    def __init__(self, head: nn.Linear, batch: int, low: bool):
+        self.head, self.low = head, low
+        W = head.weight.detach()
+        L, D = W.shape
+        f32, lo = torch.float32, torch.bfloat16 if low else torch.float32
+        self.Wc = torch.empty((L, D), dtype=lo) if low else W
+        self.bc = torch.empty(L, dtype=lo) if low else head.bias.detach()
+        self.x = torch.empty((batch, L), dtype=lo)
+        self.xf = torch.empty((batch, L), dtype=f32) if low else self.x
+        self.g = torch.empty((batch, L), dtype=f32)
+        self.t = torch.empty((batch, L), dtype=f32)
+        self.gc = torch.empty((batch, L), dtype=lo) if low else self.g
+        self.dWc = torch.empty((L, D), dtype=lo)
+        head.weight.grad = self.dW = torch.empty((L, D), dtype=f32) if low else self.dWc
+        head.bias.grad = self.db = torch.empty(L, dtype=f32)
+
+    def step(
+        self, z: torch.Tensor, y: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ) -> tuple[float, torch.Tensor]:
+        """y: the batch's meta-label rows as csr (indptr from 0, indices, values)."""
+        B = z.shape[0]
+        W, b = self.head.weight.detach(), self.head.bias.detach()
+        if self.low:
+            self.Wc.copy_(W)
+            self.bc.copy_(b)
+            zc = z.to(torch.bfloat16)
+        else:
+            zc = z
+        x, xf, g, t, gc = (a[:B] for a in (self.x, self.xf, self.g, self.t, self.gc))
+        torch.addmm(self.bc, zc, self.Wc.t(), out=x)
+        if self.low:
+            xf.copy_(x)
+        ptr, idx, val = y
+        rows = torch.from_numpy(np.repeat(np.arange(B), np.diff(ptr)))
+        cols = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+        vals = torch.from_numpy(np.asarray(val, dtype=np.float32))
+        n = xf.numel()
+        torch.sigmoid(xf, out=g)
+        loss = (self._softplus_sum(xf, g, t) - float((xf[rows, cols] * vals).sum())) / n
+        g[rows, cols] -= vals  # (rows, cols) distinct: a canonical csr's entries
+        g.mul_(1.0 / n)
+        torch.sum(g, 0, out=self.db)
+        if self.low:
+            gc.copy_(g)
+        torch.mm(gc.t(), zc, out=self.dWc)
+        if self.low:
+            self.dW.copy_(self.dWc)
+        self.head.weight.grad, self.head.bias.grad = self.dW, self.db
+        return loss, torch.mm(gc, self.Wc).float()
+
+    @staticmethod
+    def _softplus_sum(x: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> float:
+        """sum log(1 + e^x) = -sum log(1 - sigmoid(x)) from s = sigmoid(x), as the logs of
+        products of 32 factors (torch's softplus: ~12 ms of a 32,768-meta-label batch). 1 - s
+        is exact to float32's spacing near 1 (a relative error below 1e-3 where s > 6e-5,
+        where nearly all of a sum lies); a product below 1e-30 (some s near 1) falls back to
+        softplus. t: scratch like x."""
+        torch.sub(_ONE, s, out=t)
+        f = t.view(-1)
+        m = f.numel() // _CHUNK * _CHUNK
+        p = f[:m].view(-1, _CHUNK).prod(1)
+        if p.numel() and float(p.min()) < _TINY or m < f.numel() and float(f[m:].min()) < _TINY:
+            return float(F.softplus(x).sum(dtype=torch.float64))
+        return -float(p.log().sum(dtype=torch.float64) + f[m:].log().sum(dtype=torch.float64))
