@@ -444,7 +444,7 @@ def test_grouping_by_label_is_a_stable_sort(L):
 def test_surrogate_head_by_hand_is_autocasts_step(low, scale):
     """Module I's head without autograd (the CPU path): the loss, dL/dz and the head's gradients
     of autocast's bfloat16 step (or float32's), for a batch smaller than the buffers and with
-    logits large enough (scale 40) for the loss's products to fall back to softplus."""
+    logits large enough (scale 40) that sigmoid rounds to 1."""
     from engine.astec.surrogate_head import SurrogateHead
     from engine.astec.trainer import sparse_target_bce
 

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 _CHUNK = 32  # factors per product of the loss's sum of logs
-_TINY = 1e-30  # a product below it may have lost precision: the loss falls back to softplus
 _ONE = torch.ones(())
 
 
@@ -81,15 +79,16 @@ class SurrogateHead:
 
     @staticmethod
     def _softplus_sum(x: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> float:
-        """sum log(1 + e^x) = -sum log(1 - sigmoid(x)) from s = sigmoid(x), as the logs of
-        products of 32 factors (torch's softplus: ~12 ms of a 32,768-meta-label batch). 1 - s
-        is exact to float32's spacing near 1 (a relative error below 1e-3 where s > 6e-5,
-        where nearly all of a sum lies); a product below 1e-30 (some s near 1) falls back to
-        softplus. t: scratch like x."""
+        """sum log(1 + e^x) = sum max(x, 0) - log(max(s, 1 - s)) from s = sigmoid(x), the logs
+        taken of products of 32 factors (torch's softplus: ~12 ms of a 32,768-meta-label
+        batch): every factor is in [0.5, 1], so no product underflows. 1 - s is exact to
+        float32's spacing near 1 (relative error below 1e-3 where s > 6e-5, where nearly all
+        of a sum lies). t: scratch like x."""
         torch.sub(_ONE, s, out=t)
+        torch.maximum(s, t, out=t)
         f = t.view(-1)
         m = f.numel() // _CHUNK * _CHUNK
-        p = f[:m].view(-1, _CHUNK).prod(1)
-        if p.numel() and float(p.min()) < _TINY or m < f.numel() and float(f[m:].min()) < _TINY:
-            return float(F.softplus(x).sum(dtype=torch.float64))
-        return -float(p.log().sum(dtype=torch.float64) + f[m:].log().sum(dtype=torch.float64))
+        logs = f[:m].view(-1, _CHUNK).prod(1).log().sum(dtype=torch.float64)
+        logs += f[m:].log().sum(dtype=torch.float64)
+        torch.clamp(x, min=0.0, out=t)
+        return float(t.sum(dtype=torch.float64) - logs)
