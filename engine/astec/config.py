@@ -159,11 +159,14 @@ class ShortlistParams:
     # the exported predictor copies the same graphs, so it gives the model's answers exactly
     exact_max_points: int = 5000
     # training-time searches of the label centres (hard negatives, shortlists of every training
-    # point at k = 300-600) are exact up to this many centres: a blocked matmul + top-k beats an
-    # HNSW search at ef >= k there (debian-related, 25k centres, k = 600: 16.3 s -> see
-    # docs/engine-training.md) and the training-time graph need not be built. Prediction keeps
-    # its HNSW graphs (one title at a time).
-    exact_max_centres: int = 65536
+    # point at k = 300-600) are exact up to this many centres: a blocked bfloat16 matmul + top-k
+    # beats an HNSW search at ef >= k there (debian-related, 25k centres, k = 600: 16.3 s -> see
+    # docs/engine-training.md) and no training-time graph (M = 100, efC = 300) is built. At L =
+    # 500k (248,800 centres, `bench scale`) exact took ~0.4 ms per point and the graph's build +
+    # search ~0.86 (Module II 428 -> 262 s, validation recall@300 44.5 -> 49.1): exact grows
+    # with the centres, the graph about with their log, so they meet near 2^19 centres.
+    # Prediction keeps its HNSW graphs (one title at a time).
+    exact_max_centres: int = 524288
     # M, efC, efS for ANNS^x (instances). Degree 16, as the serving graphs (`search.graph_m`):
     # the graph over the fit points serves the search's choice too, and each training search
     # reads a third of the links. Simulated click log (68,772 pages), k = 41 from every point:

@@ -941,6 +941,7 @@ def train_learner(
         )
     # final indexes over all training points (the validation points' labels help prediction)
     learner.index = _final_index(encoder, X, Y, fit, valid, cfg, seed, index)
+    del index  # the training indexes (its points graph grew into the final one)
     if learner.sparse is not None and Xv.shape[0]:
         # the ranker, too, learns from every training point once gamma is chosen (else labels
         # seen only in the validation split would have no model), starting from the first
