@@ -633,6 +633,7 @@ def _refit_candidates(
             return M
 
         Cf = sp.csr_matrix(Cf.maximum(_by_rows(len(fit), L, near)))
+        del near, Vn, Cn  # v of every fit point: not held through the shortlists below
     Cv = _ranker_shortlists(learner, X, valid, cfg, ids=len(fit) + np.arange(len(valid)))
     return sp.csr_matrix(sp.vstack([Cf, Cv]), dtype=np.float32), np.concatenate([fit, valid])
 
