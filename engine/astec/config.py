@@ -172,11 +172,13 @@ class ShortlistParams:
     # reads a third of the links. Simulated click log (68,772 pages), k = 41 from every point:
     # recall 0.991 at M = 50, 0.985 at 16; build 7.4 -> 5.6 s, searches 7.4 -> 4.6 s. Training
     # searches at ef = 60 and centre graphs at efC 150 saved ~4 s on the click log with its
-    # test metrics unchanged, but at L = 500k (`bench scale`, HNSW training searches of 248,800
-    # centres) validation P@1 of Module IV / re-ranker / sparse ranker 87.34 / 88.88 / 93.58
-    # -> 86.38 / 87.90 / 93.08 and test P@5 32.61 -> 32.03: kept at 100 and 300
+    # test metrics unchanged, but at L = 500k (`bench scale`, then with HNSW training searches
+    # of its 248,800 centres) validation P@1 of Module IV / re-ranker / sparse ranker 87.34 /
+    # 88.88 / 93.58 -> 86.38 / 87.90 / 93.08 and test P@5 32.61 -> 32.03: kept at 100 and 300
     hnsw_x: tuple[int, ...] = (16, 100, 100)
-    hnsw_mu: tuple[int, ...] = (100, 300, 300)  # M, efC, efS for ANNS^mu (label centres)
+    # M, efC, efS for ANNS^mu (label centres): the serving graphs (M: `search.graph_m`), and the
+    # training-time graphs above `exact_max_centres`
+    hnsw_mu: tuple[int, ...] = (100, 300, 300)
 
 
 @dataclass
