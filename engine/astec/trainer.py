@@ -229,7 +229,7 @@ def train_surrogate(
         encoder.train()
         t0 = time.time()
         tot = 0.0
-        if by_hand is not None:  # the CPU: the encoder's and the head's backward written out
+        if by_hand is not None and by_hand_head is not None:  # the CPU: backward written out
             perm = rng.permutation(X.shape[0])
             for xb, yb in zip(
                 _row_batches(X, perm, batch_size),
@@ -237,8 +237,8 @@ def train_surrogate(
                 strict=True,
             ):
                 bar.update(1)
-                z = by_hand.forward(*xb)
-                loss_b, dz = by_hand_head.step(torch.from_numpy(z), yb)
+                zb = torch.from_numpy(by_hand.forward(*xb))
+                loss_b, dz = by_hand_head.step(zb, yb)
                 by_hand.backward(dz.numpy())  # R's gradient, E's rows updated
                 opt_d.step()
                 tot += loss_b * (xb[0].size - 1)
