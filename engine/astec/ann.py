@@ -112,7 +112,7 @@ class AnnIndex:
             return np.zeros((0, self.dim), np.float32)
         return np.asarray(self._graph().get_items(ids), np.float32).reshape(ids.size, self.dim)
 
-    def query(self, Q: np.ndarray, k: int, num_threads: int = 2, block: int = 256):
+    def query(self, Q: np.ndarray, k: int, num_threads: int = 2, block: int = 128):
         """(ids int64 [n, k'], sims float32 [n, k']) with k' = min(k, count), best first."""
         Q = normalize_rows(np.ascontiguousarray(Q, dtype=np.float32))
         k = int(min(k, self.count))
@@ -133,9 +133,9 @@ class AnnIndex:
         # blocks of up to 16M similarities (64 MB): torch's OpenMP threads spin for a while after
         # each matmul, beside the top-k threads; fewer, larger blocks waste less of it (k = 600
         # over 21k centres: 256 rows a block 1.5 s of top-k per 16k queries, 1024 rows 1.0 s).
-        # At 248,800 centres 128 rows a block: 190 MB of blocks (256 rows held 380 MB for ~5%
-        # less time; the 64 MB cap's 67 rows took 28% more)
-        block = max(128, min(max(block, 1024), _BLOCK_FLOATS // max(self.count, 1)))
+        # `block` rows at least: at 248,800 centres the default 128 holds 190 MB of blocks (256
+        # held 380 MB for ~5% less time; the 64 MB cap's 67 rows took 28% more)
+        block = max(block, min(1024, _BLOCK_FLOATS // max(self.count, 1)))
         out = torch.empty((min(block, n), self.count))  # one buffer: no 64 MB mmap per block
         out16 = torch.empty((min(block, n), self.count), dtype=torch.bfloat16) if low else None
         for s in range(0, n, block):
