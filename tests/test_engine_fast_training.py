@@ -343,8 +343,8 @@ def test_encoder_step_by_hand_is_autograds_step(lam):
     """The CPU's encoder step (forward and the backward written out, dropout on, the spectral
     norm's scale binding at lam = 0.2 and not at 1.0): the same z, the same power-iteration
     buffer, and after Adam the same E and R as autograd with RowAdam and torch's Adam."""
-    from engine.astec.encoder_step import EncoderStep, csr_arrays
-    from engine.astec.trainer import RowAdam, gathered_v
+    from engine.astec.encoder_step import EncoderStep
+    from engine.astec.trainer import RowAdam, _row_batches, gathered_v
 
     X, _, _ = _toy(n=64, V=200)
     torch.manual_seed(0)
@@ -367,7 +367,7 @@ def test_encoder_step_by_hand_is_autograds_step(lam):
         opt_r.step()
         opt_e.step(rows, Eu.grad)
         torch.manual_seed(10 + it)
-        z2 = step.forward(*csr_arrays(X))
+        z2 = step.forward(*next(_row_batches(X, np.arange(X.shape[0]), X.shape[0])))
         step.backward(dz)
         np.testing.assert_allclose(z2, z.detach().numpy(), atol=1e-5)
     sigma = float(torch.linalg.matrix_norm(enc.residual.weight.detach(), ord=2))
@@ -448,10 +448,10 @@ def test_surrogate_head_by_hand_is_autocasts_step(low, scale):
     of autocast's bfloat16 step (or float32's), for a batch smaller than the buffers and with
     logits large enough (scale 40) that sigmoid rounds to 1."""
     from engine.astec.surrogate_head import SurrogateHead
-    from engine.astec.trainer import sparse_target_bce
+    from engine.astec.trainer import csr_coo, sparse_target_bce
 
     torch.manual_seed(0)
-    B, D, L = 37, 24, 1000  # L not a multiple of the loss's 32-factor products
+    B, D, L = 37, 24, 1000  # L not a multiple of the loss's 512-factor products
     head = nn.Linear(D, L)
     Y = sp.random(B, L, density=0.003, format="csr", random_state=3, dtype=np.float32)
     Y.data[:] = 1.0
@@ -459,7 +459,7 @@ def test_surrogate_head_by_hand_is_autocasts_step(low, scale):
     z = torch.randn(B, D) * scale
     step = SurrogateHead(head, 64, low)
     for _ in range(2):  # the buffers are reused
-        loss, dz = step.step(z, (Y.indptr.astype(np.int64), Y.indices.astype(np.int64), Y.data))
+        loss, dz = step.step(z, csr_coo((Y.indptr, Y.indices, Y.data)))
     dW, db = head.weight.grad.clone(), head.bias.grad.clone()
     head.weight.grad = head.bias.grad = None
     zr = z.clone().requires_grad_()

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from numba import njit
 
@@ -61,12 +60,6 @@ class _Saved:
     sigma: float
     u: np.ndarray
     right: np.ndarray  # the power iteration's right singular vector estimate
-
-
-def csr_arrays(X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(indptr, indices) as int64 and data as float32: what `EncoderStep.forward` takes."""
-    X = sp.csr_matrix(X)
-    return X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float32)
 
 
 class EncoderStep:

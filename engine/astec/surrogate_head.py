@@ -46,9 +46,10 @@ class SurrogateHead:
         head.bias.grad = self.db = torch.empty(L, dtype=f32)
 
     def step(
-        self, z: torch.Tensor, y: tuple[np.ndarray, np.ndarray, np.ndarray]
+        self, z: torch.Tensor, target: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     ) -> tuple[float, torch.Tensor]:
-        """y: the batch's meta-label rows as csr (indptr from 0, indices, values)."""
+        """target: the batch's meta-labels as (rows, cols, values), distinct entries
+        (`trainer.csr_coo`)."""
         B = z.shape[0]
         W, b = self.head.weight.detach(), self.head.bias.detach()
         if self.low:
@@ -61,14 +62,11 @@ class SurrogateHead:
         torch.addmm(self.bc, zc, self.Wc.t(), out=x)
         if self.low:
             xf.copy_(x)
-        ptr, idx, val = y
-        rows = torch.from_numpy(np.repeat(np.arange(B), np.diff(ptr)))
-        cols = torch.from_numpy(np.asarray(idx, dtype=np.int64))
-        vals = torch.from_numpy(np.asarray(val, dtype=np.float32))
+        rows, cols, vals = target
         n = xf.numel()
         torch.sigmoid(xf, out=g)
         loss = (softplus_sum(xf.numpy(), g.numpy()) - float((xf[rows, cols] * vals).sum())) / n
-        g[rows, cols] -= vals  # (rows, cols) distinct: a canonical csr's entries
+        g[rows, cols] -= vals  # (rows, cols) distinct
         g.mul_(1.0 / n)
         torch.sum(g, 0, out=self.db)
         if self.low:

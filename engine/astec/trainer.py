@@ -134,18 +134,17 @@ class SparseTargetBCE(torch.autograd.Function):
 
 def sparse_target_bce(x: torch.Tensor, Y: sp.csr_matrix) -> torch.Tensor:
     """SparseTargetBCE of logits x against the rows of a canonical csr Y (same shape)."""
-    dev = x.device
-    rows = torch.from_numpy(np.repeat(np.arange(Y.shape[0]), np.diff(Y.indptr))).to(dev)
-    cols = torch.from_numpy(Y.indices.astype(np.int64)).to(dev)
-    vals = torch.from_numpy(Y.data.astype(np.float32)).to(dev)
-    return SparseTargetBCE.apply(x, rows, cols, vals)
+    return SparseTargetBCE.apply(x, *csr_coo((Y.indptr, Y.indices, Y.data), x.device))
 
 
-def _coo(y: tuple[np.ndarray, np.ndarray, np.ndarray]):
-    """(rows, cols, values) tensors of a batch's csr rows (indptr from 0, indices, values)."""
+def csr_coo(y: tuple[np.ndarray, np.ndarray, np.ndarray], device=None):
+    """(rows int64, cols int64, values float32) tensors of csr rows (indptr from 0, indices,
+    values): SparseTargetBCE's target."""
     ptr, idx, val = y
     rows = torch.from_numpy(np.repeat(np.arange(ptr.size - 1), np.diff(ptr)))
-    return rows, torch.from_numpy(idx.astype(np.int64)), torch.from_numpy(val.astype(np.float32))
+    cols = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+    vals = torch.from_numpy(np.asarray(val, dtype=np.float32))
+    return rows.to(device), cols.to(device), vals.to(device)
 
 
 def _batches(n: int, size: int, rng) -> list[np.ndarray]:
@@ -228,6 +227,16 @@ def train_surrogate(
     best_entry: dict = {}
     params = [encoder.embed.weight, *residual.parameters(), *head.parameters()]
 
+    def head_loss(z: torch.Tensor, target) -> float:
+        """Autograd through the head (a GPU's path, and a small head's on the CPU): leaves the
+        gradients of the head and of z; the batch's loss."""
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+            logits = head(z)
+        loss = SparseTargetBCE.apply(logits.float(), *target)
+        opt_d.zero_grad()
+        loss.backward()
+        return loss.item()
+
     def decay() -> None:
         opt_s.lr *= decay_factor
         for g in opt_d.param_groups:
@@ -249,17 +258,13 @@ def train_surrogate(
             ):
                 bar.update(1)
                 zb = torch.from_numpy(by_hand.forward(*xb))
+                target = csr_coo(yb)
                 if by_hand_head is not None:
-                    loss_b, dz = by_hand_head.step(zb, yb)
+                    loss_b, dz = by_hand_head.step(zb, target)
                 else:  # a small head: autograd's few ops cost less than the written-out ones
-                    zb.requires_grad_()
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
-                        logits = head(zb)
-                    loss = SparseTargetBCE.apply(logits.float(), *_coo(yb))
-                    opt_d.zero_grad()
-                    loss.backward()
+                    loss_b = head_loss(zb.requires_grad_(), target)
                     assert zb.grad is not None
-                    loss_b, dz = loss.item(), zb.grad
+                    dz = zb.grad
                 by_hand.backward(dz.numpy())  # R's gradient, E's rows updated
                 opt_d.step()
                 tot += loss_b * (xb[0].size - 1)
@@ -267,15 +272,14 @@ def train_surrogate(
             for idx in _batches(X.shape[0], batch_size, rng):
                 bar.update(1)
                 v, rows, Eu = gathered_v(opt_s, X[idx], dev)
-                z = encoder.z_from_v(encoder.drop(v))
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
-                    logits = head(z)
-                loss = sparse_target_bce(logits.float(), Ymeta[idx])
-                opt_d.zero_grad()
-                loss.backward()
+                Yb = Ymeta[idx]
+                loss_b = head_loss(
+                    encoder.z_from_v(encoder.drop(v)),
+                    csr_coo((Yb.indptr, Yb.indices, Yb.data), dev),
+                )
                 opt_s.step(rows, Eu.grad)
                 opt_d.step()
-                tot += loss.item() * len(idx)
+                tot += loss_b * len(idx)
         entry = {
             "epoch": ep + 1,
             "loss": tot / max(X.shape[0], 1),
