@@ -6,7 +6,7 @@ import scipy.sparse as sp
 
 from engine.astec.clustering import balanced_clusters, meta_labels
 from engine.astec.shortlist import add_random_negatives, hard_negatives, recall_at
-from engine.astec.sparse import from_owned, normalize_rows, topk_dense_from_csr, topk_rows
+from engine.astec.sparse import label_scores, normalize_rows, topk_dense_from_csr, topk_rows
 
 
 def test_balanced_clusters_sizes_differ_by_at_most_one_level():
@@ -118,26 +118,89 @@ def test_topk_rows_matches_a_row_by_row_reference_with_ties_and_threads():
             assert np.array_equal(T.toarray(), ref)
 
 
-def test_centre_scores_take_each_labels_best_centre():
-    rng = np.random.default_rng(5)
-    n, k, count, L = 2500, 12, 300, 90
-    ids = rng.integers(0, count, (n, k))
-    ids[::7, -1] = -1  # a search that found fewer neighbours
-    sims = rng.normal(0, 0.5, (n, k)).astype(np.float32)
-    owner = rng.integers(0, L, count)
-    ref = np.full((n, L), -np.inf, np.float32)
+def _scores_by_sparse_algebra(pids, pw, Y, cids, csims, owner, prior, prior_score, w, L):
+    """The shortlist scores written as scipy algebra (how ShortlistIndex.scores computed them)."""
+    n, k = pids.shape
+    S = sp.csr_matrix((pw.ravel(), pids.ravel(), np.arange(0, n * k + 1, k)), shape=(n, Y.shape[0]))
+    denom = np.asarray(S.sum(axis=1)).ravel()
+    denom[denom == 0] = 1.0
+    K = (1.0 - w) * sp.csr_matrix(sp.diags((1.0 / denom).astype(np.float32)) @ (S @ Y))
+    best = np.full((n, L), -np.inf, np.float32)
     for r in range(n):
-        for j in range(k):
-            if ids[r, j] >= 0:
-                lab = owner[ids[r, j]]
-                ref[r, lab] = max(ref[r, lab], sims[r, j], 0.0)
-    for threads in (1, 2):
-        M = from_owned(ids, sims, owner, L, threads)
-        assert M.has_sorted_indices
-        stored = np.full((n, L), -np.inf, np.float32)
-        rows = np.repeat(np.arange(n), np.diff(M.indptr))
-        stored[rows, M.indices] = M.data
-        assert np.array_equal(stored, ref)
+        for j in range(cids.shape[1]):
+            if cids[r, j] >= 0:
+                lab = owner[cids[r, j]]
+                best[r, lab] = max(best[r, lab], csims[r, j], 0.0)
+    rr, cc = np.nonzero(best > -np.inf)
+    M = w * sp.csr_matrix((best[rr, cc], (rr, cc)), shape=(n, L), dtype=np.float32)
+    m = prior.size
+    P = sp.csr_matrix(
+        (np.tile(prior_score, n), np.tile(prior, n), np.arange(n + 1) * m), shape=(n, L)
+    )
+    out = sp.csr_matrix(K + M + P, dtype=np.float32)
+    out.eliminate_zeros()
+    out.sort_indices()
+    return out
+
+
+def test_label_scores_equal_the_sparse_algebra_bit_for_bit():
+    # the shortlist's scores: neighbours' label shares + best centre per label + prior, the same
+    # floats as the sparse-matrix formula, whatever the row split
+    rng = np.random.default_rng(5)
+    n, kp, kc, N, count, L = 1500, 9, 12, 400, 300, 90
+    Y = sp.random(N, L, density=0.03, format="csr", random_state=1, dtype=np.float32)
+    Y.data[:] = 1.0
+    pids = rng.integers(0, N, (n, kp))
+    pw = np.clip(rng.normal(0.3, 0.4, (n, kp)), 0, None).astype(np.float32)
+    pw[::11] = 0.0  # rows whose neighbours all weigh 0
+    cids = rng.integers(0, count, (n, kc))
+    cids[::7, -1] = -1  # a search that found fewer centres
+    csims = rng.normal(0, 0.5, (n, kc)).astype(np.float32)
+    owner = rng.integers(0, L, count)
+    prior = np.array([3, 40, 7])
+    prior_score = np.array([3e-6, 2e-6, 1e-6], np.float32)
+    for w in (0.5, 0.3, 0.0, 1.0):
+        ref = _scores_by_sparse_algebra(pids, pw, Y, cids, csims, owner, prior, prior_score, w, L)
+        for threads in (1, 2):
+            M = label_scores(pids, pw, Y, cids, csims, owner, prior, prior_score, w, L, threads)
+            assert M.has_sorted_indices and M.shape == (n, L)
+            assert np.array_equal(M.indptr, ref.indptr)
+            assert np.array_equal(M.indices, ref.indices)
+            assert np.array_equal(M.data, ref.data)
+    # no neighbours or no centres searched: the other part alone
+    none = np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32)
+    M = label_scores(*none, Y, cids, csims, owner, prior[:0], prior_score[:0], 0.5, L, 2)
+    ref = _scores_by_sparse_algebra(
+        np.zeros((n, 1), np.int64), np.zeros((n, 1), np.float32), Y, cids, csims, owner,
+        prior[:0], prior_score[:0], 0.5, L,
+    )  # fmt: skip
+    assert np.array_equal(M.toarray(), ref.toarray())
+    M = label_scores(pids, pw, Y, *none, owner, prior, prior_score, 0.5, L, 2)
+    assert np.array_equal(M.toarray(), _scores_by_sparse_algebra(
+        pids, pw, Y, np.full((n, 1), -1), np.zeros((n, 1), np.float32), owner, prior,
+        prior_score, 0.5, L,
+    ).toarray())  # fmt: skip
+
+
+def test_hard_negatives_are_the_best_non_positives_whatever_the_threads():
+    n, L = 3000, 200
+    S = sp.random(n, L, density=0.2, format="csr", random_state=2, dtype=np.float32)
+    S.data = np.round(S.data * 20).astype(np.float32)  # ties (broken by the lower column) and 0s
+    Y = sp.random(n, L, density=0.05, format="csr", random_state=3, dtype=np.float32)
+    Y.data[:] = 1.0
+    for size in (5, 30, 60):
+        ref = np.zeros((n, L), np.float32)
+        for r in range(n):
+            row = S[r].toarray().ravel()
+            row[Y[r].toarray().ravel() != 0] = 0
+            cols = np.flatnonzero(row)
+            top = cols[np.argsort(-row[cols], kind="stable")[:size]]
+            ref[r, top] = 1.0
+        for threads in (1, 2):
+            H = hard_negatives(S, Y, size, threads)
+            assert H.has_sorted_indices
+            assert np.array_equal(H.toarray(), ref)
+            assert (H.multiply(Y)).nnz == 0
 
 
 def test_exact_search_orders_by_similarity_then_lower_id_with_duplicates():
@@ -191,6 +254,36 @@ def test_exact_top_k_is_exact_when_its_sampled_threshold_misleads_and_across_blo
     blocked = index.query(Q, 30, num_threads=2, block=8)
     assert np.array_equal(whole[0], blocked[0])
     assert np.allclose(whole[1], blocked[1], atol=1e-6)
+
+
+def test_bfloat16_top_k_by_counting_is_the_float_top_k():
+    # the bfloat16 search orders its candidates by counting their 16-bit keys: the answer must
+    # be the float top k (value, then lower column) with bfloat16's many ties, negative values,
+    # -0 equal to +0, rows whose sampled bar misleads, and k near the row's length
+    import torch
+
+    import engine.astec.ann as ann
+
+    rng = np.random.default_rng(12)
+    m = 3000
+    S = rng.normal(0, 0.3, (9, m)).astype(np.float32)
+    S[:3, :: max(1, m // 1024)] += 5.0  # the sampled columns hold the row's largest values
+    S[3, 200:900] = 0.5  # long runs of ties
+    S[4] = -np.abs(S[4])  # only negatives
+    S[5, ::2] = 0.0
+    S[5, 1::2] = -0.0
+    H16 = torch.from_numpy(S).to(torch.bfloat16)
+    F = H16.float().numpy()  # the values the bits stand for
+    H = H16.view(torch.int16).numpy()
+    for k in (1, 40, 700, m):
+        ids = np.empty((9, k), np.int64)
+        vals = np.empty((9, k), np.float32)
+        ref_ids, ref_vals = ids.copy(), vals.copy()
+        ann._top_rows_bf16(H, k, ids, vals, 0, 9)
+        ann._top_rows(F, k, ref_ids, ref_vals, 0, 9)
+        assert np.array_equal(ids, ref_ids), k
+        assert np.array_equal(vals, ref_vals), k
+    assert ids[5, :3].tolist() == [0, 1, 2]  # -0 and +0 tie: lower column first
 
 
 def test_bfloat16_search_finds_nearly_the_float32_neighbours_and_serving_stays_float32(

@@ -262,6 +262,35 @@ def test_row_adam_kernel_matches_torch_ops():
     assert not torch.equal(T32, torch.zeros_like(T32))
 
 
+def test_dense_adam_is_torchs_fused_adam():
+    # R and Module I's head take Adam's fused kernel called directly (no torch.optim): the same
+    # weights as torch.optim.Adam(fused=True), a parameter without a gradient skipped, and the
+    # learning rate decayed mid-way as Module I's schedule does
+    from engine.astec.trainer import DenseAdam
+
+    torch.manual_seed(0)
+    a = [torch.randn(30, 20, requires_grad=True), torch.randn(20, requires_grad=True)]
+    b = [p.detach().clone().requires_grad_() for p in a]
+    ours = DenseAdam(a, lr=0.02)
+    ref = torch.optim.Adam(b, lr=0.02, fused=True)
+    for step in range(6):
+        g = [torch.randn_like(p) for p in a]
+        for p, q, gi in zip(a, b, g, strict=True):
+            p.grad, q.grad = gi.clone(), gi.clone()
+        if step == 2:  # the bias has no gradient in this step
+            a[1].grad = b[1].grad = None
+        if step == 4:
+            ours.lr *= 0.5
+            for grp in ref.param_groups:
+                grp["lr"] *= 0.5
+        ours.step()
+        ref.step()
+        for p, q in zip(a, b, strict=True):
+            assert torch.equal(p, q)
+    ours.zero_grad()
+    assert all(p.grad is None for p in a)
+
+
 def test_openmp_waits_passively_only_on_an_oversubscribed_machine():
     """engine.astec asks OpenMP for passive waits before torch starts it when the load average
     already exceeds the cores (spinning threads then steal each other's cores); on a machine of

@@ -478,7 +478,7 @@ def _module2_negatives(
             exclude_self=np.arange(a, b),
             knn_power=cfg.shortlist.knn_power,
         )
-        return hard_negatives(S, Y[a:b], cfg.shortlist.negatives)
+        return hard_negatives(S, Y[a:b], cfg.shortlist.negatives, cfg.training.threads)
 
     return add_random_negatives(
         _by_rows(V.shape[0], Y.shape[1], hard), Y, cfg.shortlist.random_negatives, seed
@@ -542,7 +542,7 @@ def _after_iv_shortlists(
             )
             base, _ = learner.logits(X[a:b], C, Z, threads)
             scores = combine(C, base, learner.alpha)
-            hard = hard_negatives(scores, Y[a:b], cfg.rerank.negatives)
+            hard = hard_negatives(scores, Y[a:b], cfg.rerank.negatives, threads)
         if pool is not None:
             cand = learner.shortlist(
                 X[a:b], pool, exclude_self=own, centre_hits=hits, point_hits=points, V=V

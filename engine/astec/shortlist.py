@@ -3,8 +3,8 @@ centres).
 
 The base similarity s of a candidate label l for a point with features v is
     s = w * max_c cos(v, mu_lc) + (1 - w) * sum_j c_j y_jl / sum_j c_j,   c_j = cos(v, v_j)^p
-over the label's centres c and the k nearest training points j. Everything is sparse-matrix
-algebra on whole batches; no per-point Python loops.
+over the label's centres c and the k nearest training points j, for whole batches: the searches,
+then one compiled pass per row range (`sparse.label_scores`); no per-point Python loops.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .ann import AnnIndex
-from .sparse import from_owned, normalize_rows, remove_entries, topk_rows
+from .sparse import label_scores, normalize_rows, remove_entries, topk_rows, topk_rows_outside
 
 
 def spherical_kmeans(V: np.ndarray, k: int, rng, iters: int = 10) -> np.ndarray:
@@ -97,56 +97,43 @@ class ShortlistIndex:
         V's search of the points at k = knn (+ 1 with exclude_self), done once likewise.
         """
         n = V.shape[0]
-        L = self.num_labels
-        parts = []
+        no_hits = (np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
+        pids, pw = no_hits
         if knn > 0 and self.points.count > 0:
             extra = 1 if exclude_self is not None else 0
             if point_hits is not None:
-                ids, sims = point_hits[0][:, : knn + extra], point_hits[1][:, : knn + extra]
+                pids, sims = point_hits[0][:, : knn + extra], point_hits[1][:, : knn + extra]
             else:
-                ids, sims = self.points.query(V, knn + extra, num_threads)
+                pids, sims = self.points.query(V, knn + extra, num_threads)
             if exclude_self is not None:
-                keep = ids != exclude_self[:, None]
+                keep = pids != exclude_self[:, None]
                 # drop self (or the last column when self was not found) to keep knn columns
                 drop_last = keep.all(axis=1)
                 keep[drop_last, -1] = False
-                ids = ids[keep].reshape(n, -1)
+                pids = pids[keep].reshape(n, -1)
                 sims = sims[keep].reshape(n, -1)
-            sims = np.clip(sims, 0, None) ** knn_power  # > 1 sharpens towards the closest points
-            k = ids.shape[1]
-            S = sp.csr_matrix(
-                (sims.ravel(), ids.ravel(), np.arange(0, n * k + 1, k)),
-                shape=(n, self.points.count),
-            )
-            denom = np.asarray(S.sum(axis=1)).ravel()
-            denom[denom == 0] = 1.0
-            K = sp.diags((1.0 / denom).astype(np.float32)) @ (S @ self.point_labels)
-            parts.append((1.0 - centroid_weight) * sp.csr_matrix(K, dtype=np.float32))
+            pw = np.clip(sims, 0, None) ** knn_power  # > 1 sharpens towards the closest points
+        cids, csims = no_hits
         if kmu > 0 and self.centres.count > 0:
             if centre_hits is not None:
-                ids, sims = centre_hits[0][:, :kmu], centre_hits[1][:, :kmu]
+                cids, csims = centre_hits[0][:, :kmu], centre_hits[1][:, :kmu]
             else:
-                ids, sims = self.centres.query(V, kmu, num_threads)
-            M = from_owned(ids, sims, self.centre_owner, L, num_threads)
-            parts.append(centroid_weight * M)
-        if self.prior.size:
-            # tiny positive score so that prior labels are stored entries (the classifier scores
-            # them)
-            P = sp.csr_matrix(
-                (
-                    np.tile(self.prior_score, n).astype(np.float32),
-                    np.tile(self.prior, n),
-                    np.arange(0, n * self.prior.size + 1, self.prior.size),
-                ),
-                shape=(n, L),
-            )
-            parts.append(P)
-        out = parts[0] if parts else sp.csr_matrix((n, L), dtype=np.float32)
-        for p in parts[1:]:
-            out = out + p
-        out = sp.csr_matrix(out, dtype=np.float32)
-        out.eliminate_zeros()
-        return out
+                cids, csims = self.centres.query(V, kmu, num_threads)
+        # the prior's tiny positive score makes its labels stored entries (the classifier
+        # scores them)
+        return label_scores(
+            pids,
+            pw,
+            self.point_labels,
+            cids,
+            csims,
+            self.centre_owner,
+            self.prior,
+            self.prior_score,
+            centroid_weight,
+            self.num_labels,
+            num_threads,
+        )
 
 
 def candidates(S: sp.csr_matrix, size: int, extra: sp.csr_matrix | None = None) -> sp.csr_matrix:
@@ -155,9 +142,11 @@ def candidates(S: sp.csr_matrix, size: int, extra: sp.csr_matrix | None = None) 
     return sp.csr_matrix(T)
 
 
-def hard_negatives(S: sp.csr_matrix, Y: sp.csr_matrix, size: int) -> sp.csr_matrix:
+def hard_negatives(
+    S: sp.csr_matrix, Y: sp.csr_matrix, size: int, threads: int = 1
+) -> sp.csr_matrix:
     """The top `size` labels of S that are not positives, as a 0/1 csr."""
-    H = topk_rows(remove_entries(S, Y), size)  # a new matrix: remove_entries copies S
+    H = topk_rows_outside(S, Y, size, threads)
     H.data[:] = 1.0
     return sp.csr_matrix(H, dtype=np.float32)
 

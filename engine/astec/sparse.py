@@ -41,6 +41,70 @@ def topk_rows(M: sp.csr_matrix, k: int, threads: int = 1) -> sp.csr_matrix:
     return sp.csr_matrix((M.data[keep], M.indices[keep], out_ptr), shape=M.shape)
 
 
+def topk_rows_outside(M: sp.csr_matrix, mask: sp.csr_matrix, k: int, threads: int = 1):
+    """topk_rows of M without its entries at mask's positions (and without stored zeros), in
+    one compiled pass: hard negatives are a shortlist's best labels that are not positives,
+    and the sparse algebra that removed the positives first ran on one core."""
+    M = sp.csr_matrix(M, dtype=np.float32)
+    M.sum_duplicates()
+    mask = sp.csr_matrix(mask)
+    mask.sum_duplicates()
+    n = M.shape[0]
+    if mask.shape[0] != n:
+        raise ValueError(f"topk_rows_outside: {n} rows but a mask of {mask.shape[0]}")
+    indptr = M.indptr.astype(np.int64)
+    indices = M.indices.astype(np.int64)
+    mptr = mask.indptr.astype(np.int64)
+    midx = mask.indices.astype(np.int64)
+    mdat = mask.data
+    counts = np.zeros(n, np.int64)
+    keep = np.empty(M.nnz, np.int64)
+    row_parts(
+        n,
+        threads,
+        lambda a, b: _topk_outside_positions(
+            indptr, indices, M.data, mptr, midx, mdat != 0, k, counts, keep, a, b
+        ),
+    )
+    out_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=out_ptr[1:])
+    pos = np.empty(int(out_ptr[-1]), np.int64)
+    row_parts(n, threads, lambda a, b: _pack_positions(indptr, out_ptr, keep, pos, a, b))
+    return sp.csr_matrix((M.data[pos], M.indices[pos], out_ptr), shape=M.shape)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _topk_outside_positions(indptr, indices, data, mptr, midx, mset, k, counts, keep, a, b):
+    """Row r's top k entries outside the mask, in column order, at keep[indptr[r]:...]; both
+    matrices' columns ascending (a merge walk finds the masked ones)."""
+    for r in range(a, b):
+        s, e = indptr[r], indptr[r + 1]
+        q, qe = mptr[r], mptr[r + 1]
+        m = 0
+        for p in range(s, e):
+            c = indices[p]
+            while q < qe and midx[q] < c:
+                q += 1
+            if (q < qe and midx[q] == c and mset[q]) or data[p] == 0:
+                continue
+            keep[s + m] = p
+            m += 1
+        if m > k:
+            cand = keep[s : s + m].copy()
+            order = np.argsort(-data[cand], kind="mergesort")[:k]  # ties to the lower column
+            keep[s : s + k] = np.sort(cand[order])
+            m = k
+        counts[r] = m
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _pack_positions(indptr, out_ptr, keep, pos, a, b):
+    for r in range(a, b):
+        s, o = indptr[r], out_ptr[r]
+        for t in range(out_ptr[r + 1] - o):
+            pos[o + t] = keep[s + t]
+
+
 def row_parts(n: int, threads: int, run, min_rows: int = 1024) -> None:
     """run(a, b) over `threads` contiguous row ranges of at least `min_rows` rows (the kernels
     release the GIL; rows are independent, so the result does not depend on the split). The
@@ -69,54 +133,140 @@ def _topk_positions(indptr, data, out_ptr, keep, k, a, b):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _max_by_owner(ids, sims, owner, L, counts, out_idx, out_val, a, b):
-    """Rows a..b of from_owned, row r written at r * k: its owners ascending, each with its
-    max similarity (clipped at 0); counts[r] = how many."""
-    k = ids.shape[1]
-    best = np.full(L, -np.inf, np.float32)
-    seen = np.empty(k, np.int64)
+def _label_score_rows(
+    pids, pw, inv, Yptr, Yidx, Ydat, cids, csims, owner, prior, prior_score, wk, wc, L,
+    bound, counts, out_idx, out_val, a, b,
+):  # fmt: skip
+    """Rows a..b of label_scores, row r written from bound[r]: its labels ascending with their
+    scores, zeros dropped; counts[r] = how many."""
+    acc = np.zeros(L, np.float32)  # the neighbours' summed weights per label
+    best = np.zeros(L, np.float32)  # the best centre's similarity (clipped at 0) per label
+    pri = np.zeros(L, np.float32)  # the prior's tiny scores
+    seen = np.zeros(L, np.bool_)
+    for t in range(prior.size):
+        pri[prior[t]] = prior_score[t]
+    kp, kc = pids.shape[1], cids.shape[1]
     for r in range(a, b):
+        o = bound[r]
         ns = 0
-        for j in range(k):
-            i = ids[r, j]
+        for j in range(kp):
+            i = pids[r, j]
+            w = pw[r, j]
+            for q in range(Yptr[i], Yptr[i + 1]):
+                lab = Yidx[q]
+                if not seen[lab]:
+                    seen[lab] = True
+                    out_idx[o + ns] = lab
+                    ns += 1
+                acc[lab] += w * Ydat[q]
+        for j in range(kc):
+            i = cids[r, j]
             if i < 0:
                 continue
             lab = owner[i]
-            v = max(sims[r, j], np.float32(0.0))
-            if best[lab] == -np.inf:
-                seen[ns] = lab
+            if not seen[lab]:
+                seen[lab] = True
+                out_idx[o + ns] = lab
                 ns += 1
+            v = max(csims[r, j], np.float32(0.0))
             if v > best[lab]:
                 best[lab] = v
-        labs = np.sort(seen[:ns])
-        o = r * k
+        for t in range(prior.size):
+            lab = prior[t]
+            if not seen[lab]:
+                seen[lab] = True
+                out_idx[o + ns] = lab
+                ns += 1
+        labs = np.sort(out_idx[o : o + ns])
+        m = 0
         for t in range(ns):
-            out_idx[o + t] = labs[t]
-            out_val[o + t] = best[labs[t]]
-            best[labs[t]] = -np.inf
-        counts[r] = ns
+            lab = labs[t]
+            # the sums' order of the sparse algebra this replaced: (knn + centres) + prior
+            v = ((acc[lab] * inv[r]) * wk + wc * best[lab]) + pri[lab]
+            acc[lab] = 0.0
+            best[lab] = 0.0
+            seen[lab] = False
+            if v != 0:
+                out_idx[o + m] = lab
+                out_val[o + m] = v
+                m += 1
+        counts[r] = m
 
 
-def from_owned(ids: np.ndarray, sims: np.ndarray, owner: np.ndarray, L: int, threads: int = 1):
-    """csr [n, L]: for each row, the max of max(sim, 0) over its neighbours (ids [n, k], -1 =
-    none) per owning label: the label-centre index's scores, by a compiled pass (a lexsort of
-    every (row, label) pair cost as much as the index search itself)."""
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
-    sims = np.ascontiguousarray(sims, dtype=np.float32)
-    owner = np.ascontiguousarray(owner, dtype=np.int64)
-    n, k = ids.shape
-    idx = np.empty(n * k, np.int64)
-    val = np.empty(n * k, np.float32)
+@njit(cache=True, nogil=True, boundscheck=False)
+def _gather_rows(bound, counts, out_ptr, idx, val, to_idx, to_val, a, b):
+    """Rows a..b's entries from their slots (bound[r]...) to csr positions (out_ptr[r]...)."""
+    for r in range(a, b):
+        s, o = bound[r], out_ptr[r]
+        for t in range(counts[r]):
+            to_idx[o + t] = idx[s + t]
+            to_val[o + t] = val[s + t]
+
+
+def label_scores(
+    point_ids: np.ndarray,
+    point_w: np.ndarray,
+    point_labels: sp.csr_matrix,
+    centre_ids: np.ndarray,
+    centre_sims: np.ndarray,
+    owner: np.ndarray,
+    prior: np.ndarray,
+    prior_score: np.ndarray,
+    centroid_weight: float,
+    L: int,
+    threads: int = 1,
+) -> sp.csr_matrix:
+    """csr [n, L] of shortlist scores, columns ascending, zeros dropped:
+        (1 - w) * sum_j c_j y_jl / sum_j c_j + w * max(0, best centre of l) + prior_l
+    over each row's neighbour points (point_ids [n, kp], weights c = point_w) and label centres
+    (centre_ids [n, kc], -1 = none, owned by `owner`), prior labels always in. One compiled pass
+    per row range: the sparse algebra it replaces (S @ Y, scalings, three csr sums) ran on one
+    core and built [n, ~700] temporaries for every training point; the values are the same
+    floats (the same products and sums in the same order)."""
+    pids = np.ascontiguousarray(point_ids, dtype=np.int64)
+    pw = np.ascontiguousarray(point_w, dtype=np.float32)
+    cids = np.ascontiguousarray(centre_ids, dtype=np.int64)
+    csims = np.ascontiguousarray(centre_sims, dtype=np.float32)
+    n = max(pids.shape[0], cids.shape[0])
+    if pids.shape[0] != n:
+        pids, pw = np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32)
+    if cids.shape[0] != n:
+        cids, csims = np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32)
+    Y = sp.csr_matrix(point_labels)
+    Yptr = Y.indptr.astype(np.int64)
+    Yidx = Y.indices.astype(np.int64)
+    Ydat = np.ascontiguousarray(Y.data, dtype=np.float32)
+    kp = pids.shape[1]
+    if kp:  # the denominators as scipy's row sums computed them (np.add.reduceat)
+        denom = np.add.reduceat(pw.ravel(), np.arange(0, n * kp, kp)) if n else np.zeros(0)
+        denom = np.asarray(denom, np.float32)
+        denom[denom == 0] = 1.0
+        inv = (1.0 / denom).astype(np.float32)
+        sizes = np.diff(Yptr)[pids].sum(axis=1)
+    else:
+        inv = np.ones(n, np.float32)
+        sizes = np.zeros(n, np.int64)
+    prior = np.ascontiguousarray(prior, dtype=np.int64)
+    bound = np.zeros(n + 1, np.int64)
+    np.cumsum(sizes + cids.shape[1] + prior.size, out=bound[1:])
+    idx = np.empty(int(bound[-1]), np.int64)
+    val = np.empty(int(bound[-1]), np.float32)
     counts = np.zeros(n, np.int64)
-    row_parts(n, threads, lambda a, b: _max_by_owner(ids, sims, owner, L, counts, idx, val, a, b))
-    out_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    # row r's entries sit at r * k ... r * k + counts[r]: gather them contiguously
-    keep = np.repeat(np.arange(n, dtype=np.int64) * k - out_ptr[:-1], counts) + np.arange(
-        int(out_ptr[-1])
-    )
-    return sp.csr_matrix(
-        (val[keep], idx[keep].astype(np.int32), out_ptr), shape=(n, L), dtype=np.float32
-    )
+    args = (
+        pids, pw, inv, Yptr, Yidx, Ydat, cids, csims,
+        np.ascontiguousarray(owner, dtype=np.int64), prior,
+        np.ascontiguousarray(prior_score, dtype=np.float32),
+        np.float32(1.0 - centroid_weight), np.float32(centroid_weight), int(L),
+        bound, counts, idx, val,
+    )  # fmt: skip
+    row_parts(n, threads, lambda a, b: _label_score_rows(*args, a, b))
+    out_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=out_ptr[1:])
+    to_idx = np.empty(int(out_ptr[-1]), np.int32)
+    to_val = np.empty(int(out_ptr[-1]), np.float32)
+    gather = (bound, counts, out_ptr, idx, val, to_idx, to_val)
+    row_parts(n, threads, lambda a, b: _gather_rows(*gather, a, b))
+    return sp.csr_matrix((to_val, to_idx, out_ptr), shape=(n, L))
 
 
 def topk_dense_from_csr(M: sp.csr_matrix, k: int):
