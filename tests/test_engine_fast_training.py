@@ -169,6 +169,10 @@ def test_sparse_ranker_fit_does_not_depend_on_threads():
     b = SparseRanker.fit(Xr, Y, negs, threads=2).W
     assert a.shape == b.shape == (L, Xr.shape[1]) and L > 2048  # several label chunks
     assert (a != b).nnz == 0
+    # its scores too: rows split over threads give the same values
+    ranker = SparseRanker(a)
+    pairs = sp.csr_matrix(negs + Y)
+    assert np.array_equal(ranker.scores(Xr, pairs, 2), ranker.scores(Xr, pairs, 1))
 
 
 def test_sparse_ranker_refit_starts_from_the_first_fits_duals():

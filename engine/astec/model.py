@@ -179,7 +179,9 @@ class Learner:
             )
         return base, rr
 
-    def sparse_scores(self, Xr: sp.csr_matrix | None, C: sp.csr_matrix) -> np.ndarray | None:
+    def sparse_scores(
+        self, Xr: sp.csr_matrix | None, C: sp.csr_matrix, threads: int = 1
+    ) -> np.ndarray | None:
         """The sparse ranker's u_l . x on C's entries (None without a ranker)."""
         if self.sparse is None:
             return None
@@ -187,7 +189,7 @@ class Learner:
             raise ValueError(
                 "this learner has a sparse ranker: pass its features (Astec.ranker_features)"
             )
-        return self.sparse.scores(Xr, C)
+        return self.sparse.scores(Xr, C, threads)
 
     def scores(
         self,
@@ -197,8 +199,10 @@ class Learner:
         extra: sp.csr_matrix | None = None,
     ) -> sp.csr_matrix:
         C, Z = self.shortlist(X, cfg, extra=extra)
-        base, rr = self.logits(X, C, Z, resolve_threads(cfg.training.threads))
-        return combine(C, base, self.alpha, rr, self.beta, self.sparse_scores(Xr, C), self.gamma)
+        threads = resolve_threads(cfg.training.threads)
+        base, rr = self.logits(X, C, Z, threads)
+        us = self.sparse_scores(Xr, C, threads)
+        return combine(C, base, self.alpha, rr, self.beta, us, self.gamma)
 
 
 def _build_index(
@@ -897,7 +901,7 @@ def train_learner(
         ms: dict[str, Any] = {"weights": int(learner.sparse.W.nnz)}
         if Xv.shape[0]:
             base, rrl = learner.logits(Xv, C, Z, threads)
-            us = learner.sparse_scores(Xrv, C)
+            us = learner.sparse_scores(Xrv, C, threads)
         # without a validation split (tiny data): an even mix
         learner.gamma = _combination_weight(
             "gamma",
