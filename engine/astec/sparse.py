@@ -227,11 +227,12 @@ def label_scores(
     pw = np.ascontiguousarray(point_w, dtype=np.float32)
     cids = np.ascontiguousarray(centre_ids, dtype=np.int64)
     csims = np.ascontiguousarray(centre_sims, dtype=np.float32)
-    n = max(pids.shape[0], cids.shape[0])
-    if pids.shape[0] != n:
-        pids, pw = np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32)
-    if cids.shape[0] != n:
-        cids, csims = np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32)
+    n = pids.shape[0]
+    if not (pw.shape == pids.shape and csims.shape == cids.shape and cids.shape[0] == n):
+        raise ValueError(
+            f"label_scores: point hits {pids.shape} / {pw.shape}, centre hits {cids.shape} / "
+            f"{csims.shape}: one row per text in each"
+        )
     Y = sp.csr_matrix(point_labels)
     Yptr = Y.indptr.astype(np.int64)
     Yidx = Y.indices.astype(np.int64)
