@@ -93,6 +93,8 @@ def test_sparse_ranker_learns_word_cues_from_shortlisted_negatives():
     assert np.all(np.abs(r.W.data[r.W.indices != F]) >= 0.1)
     with pytest.raises(ValueError, match="columns"):
         r.scores(Xr[:, :F], C)
+    with pytest.raises(ValueError, match="feature rows"):
+        SparseRanker.fit(Xr[:-1], Y, neg)
 
 
 def _topk_reference(M: sp.csr_matrix, k: int) -> np.ndarray:

@@ -9,6 +9,7 @@ import scipy.sparse as sp
 
 from engine.astec import Astec, AstecConfig
 from engine.astec.io import ModelDirError
+from engine.astec.sparse_ranker import label_pairs
 from engine.ranking_metrics import evaluate
 from engine.synthetic import zipf_dataset
 
@@ -285,7 +286,7 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
         np.testing.assert_array_equal(both.kth_centre, alone.kth_centre)
         # the same candidates as the ranker's own shortlist of those rows
         assert same(cand, astec_model._ranker_shortlists(lr, X, np.arange(X.shape[0]), cfg))
-        W = astec_model._fit_ranker(Xr[:480], Y[:480], cand[:480], cfg, 0).W
+        W = astec_model._fit_ranker(Xr[:480], label_pairs(Y[:480], cand[:480]), cfg, 0).W
         return astec_model._module2_negatives(lr.index, V, Y, cfg, 0), hard, W
 
     whole = three()

@@ -190,6 +190,7 @@ def test_sparse_ranker_refit_starts_from_the_first_fits_duals():
     first = SparseRanker.fit(Xr[part], Y[part], negs[part], max_iters=200, row_ids=part)
     assert first.dual is not None and first.dual[0].size > 0
     warm = SparseRanker.fit(Xr, Y, negs, max_iters=200, warm=first)
+    assert first.dual is None  # taken over by the refit (not held beside its own)
     again = SparseRanker.fit(Xr, Y, negs, max_iters=1, warm=cold)
     pairs = sp.csr_matrix(negs + Y)
     ref = cold.scores(Xr, pairs)

@@ -48,7 +48,7 @@ from .shortlist import (
     recall_at,
 )
 from .sparse import normalize_rows, topk_dense_from_csr, topk_rows
-from .sparse_ranker import SparseRanker, ranker_features
+from .sparse_ranker import LabelPairs, SparseRanker, label_pairs, ranker_features
 from .trainer import train_shortlisted, train_surrogate
 
 
@@ -643,15 +643,15 @@ def _refit_candidates(
 
 
 def _fit_ranker(
-    Xr, Y, C: sp.csr_matrix, cfg: AstecConfig, seed: int, rows=None, warm=None
+    Xr, pairs: LabelPairs, cfg: AstecConfig, seed: int, rows=None, warm=None
 ) -> SparseRanker:
-    """The sparse ranker on (Xr, Y) with candidates C (see SparseRanker.fit); rows: the points'
-    ids among all training points; warm: an earlier fit on some of them whose dual variables
-    start this one (`sparse.refit_iters` sweeps instead of `sparse.iters`)."""
-    return SparseRanker.fit(
+    """The sparse ranker on Xr and its (point, label) pairs (`label_pairs` of the labels and
+    candidates; see SparseRanker.fit); rows: the points' ids among all training points; warm:
+    an earlier fit on some of them whose dual variables start this one (`sparse.refit_iters`
+    sweeps instead of `sparse.iters`) and are taken over."""
+    return SparseRanker.fit_pairs(
         Xr,
-        Y,
-        C,
+        pairs,
         cfg.sparse.cost,
         cfg.sparse.threshold,
         cfg.sparse.iters if warm is None else cfg.sparse.refit_iters,
@@ -897,7 +897,9 @@ def train_learner(
         if after is None or after.candidates is None:
             after = _after_iv_shortlists(learner, Xf, Yf, cfg, rerank=False, sparse=True)
         assert after.candidates is not None
-        learner.sparse = _fit_ranker(Xr[fit], Yf, after.candidates, cfg, seed, rows=fit)
+        pairs = label_pairs(Yf, after.candidates, threads)  # the candidates stay for the refit
+        learner.sparse = _fit_ranker(Xr[fit], pairs, cfg, seed, rows=fit)
+        del pairs
         ms: dict[str, Any] = {"weights": int(learner.sparse.W.nnz)}
         if Xv.shape[0]:
             base, rrl = learner.logits(Xv, C, Z, threads)
@@ -957,10 +959,11 @@ def train_learner(
         assert after is not None
         C, rows = _refit_candidates(learner, X, Y, fit, valid, after, cfg)
         del after
-        learner.sparse = _fit_ranker(
-            Xr[rows], Y[rows], C, cfg, seed, rows=rows, warm=learner.sparse
-        )
+        # the candidates go once grouped into pairs: the two are the refit's largest arrays
+        pairs = label_pairs(Y[rows], C, threads)
         del C
+        learner.sparse = _fit_ranker(Xr[rows], pairs, cfg, seed, rows=rows, warm=learner.sparse)
+        del pairs
         spent = _spent(t0, c0)
         log["modules"]["sparse"]["refit_seconds"] = spent["seconds"]
         log["modules"]["sparse"]["refit_cpu_seconds"] = spent["cpu_seconds"]

@@ -300,6 +300,38 @@ def label_chunks(pptr: np.ndarray, max_labels: int = _LABEL_CHUNK, max_pairs: in
 
 
 @dataclass
+class LabelPairs:
+    """A fit's (point, label) pairs grouped by label: label l's pairs at ptr[l]:ptr[l + 1], their
+    points (rows, ascending) and targets (+1 positive, -1 shortlisted negative)."""
+
+    ptr: np.ndarray
+    rows: np.ndarray
+    targets: np.ndarray
+    num_points: int
+
+
+def label_pairs(Y: sp.csr_matrix, negatives: sp.csr_matrix, threads: int = 1) -> LabelPairs:
+    """The pairs of a fit on labels Y and candidates `negatives` (positives among them are
+    ignored), see `_pairs_by_label`."""
+    Y = sp.csr_matrix(Y)
+    C = sp.csr_matrix(negatives)
+    if C.shape != Y.shape:
+        raise ValueError(f"sparse ranker: candidates {C.shape} but labels {Y.shape}")
+    for M in (Y, C):
+        if not M.has_sorted_indices:
+            M.sort_indices()  # in place: the same matrix
+    ptr, rows, targets = _pairs_by_label(
+        Y.indptr.astype(np.int64),
+        Y.indices.astype(np.int64),
+        C.indptr.astype(np.int64),
+        C.indices.astype(np.int64),
+        Y.shape[1],
+        threads,
+    )
+    return LabelPairs(ptr, rows, targets, Y.shape[0])
+
+
+@dataclass
 class SparseRanker:
     """W [L, F+1]: per-label weights over the ranker features (last column: bias). `dual`: the
     fit's nonzero dual variables as (pair keys label << 32 | row id, alpha), kept in memory
@@ -333,32 +365,44 @@ class SparseRanker:
         row would score 0, above most of them). row_ids: the points' ids in a numbering shared
         with `warm` (default 0..n-1); warm: a ranker fitted on some of the same (point, label)
         pairs, whose dual variables start this fit (a refit after a validation split joins
-        converges in a sweep or two instead of starting from zero)."""
-        Y = sp.csr_matrix(Y)
-        C = sp.csr_matrix(negatives)
-        if C.shape != Y.shape:
-            raise ValueError(f"sparse ranker: candidates {C.shape} but labels {Y.shape}")
-        for M in (Y, C):
-            if not M.has_sorted_indices:
-                M.sort_indices()  # in place: the same matrix
-        L = Y.shape[1]
-        pp, prow, py = _pairs_by_label(
-            Y.indptr.astype(np.int64),
-            Y.indices.astype(np.int64),
-            C.indptr.astype(np.int64),
-            C.indices.astype(np.int64),
-            L,
-            threads,
-        )
+        converges in a sweep or two instead of starting from zero) and are taken over (warm's
+        `dual` is None afterwards; its weights stay)."""
+        pairs = label_pairs(Y, negatives, threads)
+        return cls.fit_pairs(Xr, pairs, cost, threshold, max_iters, seed, threads, row_ids, warm)
+
+    @classmethod
+    def fit_pairs(
+        cls,
+        Xr: sp.csr_matrix,
+        pairs: LabelPairs,
+        cost: float = 1.0,
+        threshold: float = 0.1,
+        max_iters: int = 10,
+        seed: int = 0,
+        threads: int = 1,
+        row_ids: np.ndarray | None = None,
+        warm: SparseRanker | None = None,
+    ) -> SparseRanker:
+        """`fit` on pairs already grouped by label (`label_pairs`): a caller that drops its
+        candidate matrix once they are built keeps the two out of memory at the same time (at
+        L = 500k ~1.7 GB each in the refit)."""
+        if Xr.shape[0] != pairs.num_points:
+            raise ValueError(
+                f"sparse ranker: {Xr.shape[0]} feature rows but pairs of {pairs.num_points} points"
+            )
+        pp, prow, py = pairs.ptr, pairs.rows, pairs.targets
+        L = pp.size - 1
         F = Xr.shape[1]
         xptr, xidx, xval = (
             Xr.indptr.astype(np.int64),
             Xr.indices.astype(np.int64),
             Xr.data if Xr.dtype in (np.float32, np.float64) else Xr.data.astype(np.float64),
         )
-        ids = np.arange(Y.shape[0], dtype=np.int64) if row_ids is None else np.asarray(row_ids)
+        ids = np.arange(Xr.shape[0], dtype=np.int64) if row_ids is None else np.asarray(row_ids)
         ids = ids.astype(np.int64)
         wk, wa = warm.dual if warm is not None and warm.dual is not None else (None, None)
+        if warm is not None:
+            warm.dual = None  # taken over: freed with this fit's locals, not kept beside its own
         starts = label_chunks(pp)
         ends = dict(zip(starts, [*starts[1:], L], strict=True))
 
@@ -399,6 +443,7 @@ class SparseRanker:
                 parts = list(ex.map(chunk, starts))
         else:
             parts = [chunk(a) for a in starts]
+        wk = wa = None  # the warm start's duals freed before this fit's are joined
         ptr = np.zeros(L + 1, np.int64)
         off = 0
         for a, q in zip(starts, parts, strict=True):
@@ -411,7 +456,7 @@ class SparseRanker:
         if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):  # row ids given out of order
             order = np.argsort(keys, kind="stable")
             keys, dual = keys[order], dual[order]
-        return cls(sp.csr_matrix((val, idx, ptr), shape=(Y.shape[1], F)), (keys, dual))
+        return cls(sp.csr_matrix((val, idx, ptr), shape=(L, F)), (keys, dual))
 
     def scores(self, Xr: sp.csr_matrix, C: sp.csr_matrix, threads: int = 1) -> np.ndarray:
         """w_l . x_i on every stored entry (i, l) of C, in C's entry order (float32 [nnz]); rows
