@@ -193,6 +193,15 @@ class AnnIndex:
         return cls("hnsw", dim, count, hnsw=index, ef_search=ef_search)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sample_plan(m, k):
+    """The top-k kernels' bar: (stride, samples, q) of a strided sample of ~1,024 of a row's m
+    columns whose q-th largest keeps ~1.25 k columns above it."""
+    stride = max(1, m // 1024)
+    ns = (m + stride - 1) // stride
+    return stride, ns, min(ns, int(k * ns / m * 1.25) + 8)
+
+
 @njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _bf16_key(h):
     """An int in [0, 65535] ordered as the bfloat16 value of bits h (-0 as +0)."""
@@ -209,9 +218,7 @@ def _top_rows_bf16(H, k, ids, vals, a, b):
     sampled bar are ordered by counting their keys, and the bar is read off a histogram of the
     sample: 71 -> 20 us a row at k = 600 over 21k label centres, 51 -> 18 at k = 300."""
     m = H.shape[1]
-    stride = max(1, m // 1024)
-    ns = (m + stride - 1) // stride
-    q = min(ns, int(k * ns / m * 1.25) + 8)
+    stride, ns, q = _sample_plan(m, k)
     key = np.empty(m, np.int32)
     cj = np.empty(m, np.int64)
     cnt = np.zeros(65537, np.int32)
@@ -274,9 +281,7 @@ def _top_rows(S, k, ids, vals, a, b):
     reordering of tied runs cost ~140 us a row at k = 600 over 21k label centres, this ~110,
     and half that at k = 300."""
     m = S.shape[1]
-    stride = max(1, m // 1024)
-    ns = (m + stride - 1) // stride
-    q = min(ns, int(k * ns / m * 1.25) + 8)
+    stride, ns, q = _sample_plan(m, k)
     smp = np.empty(ns, np.float32)
     cj = np.empty(m, np.int64)
     cv = np.empty(m, np.float32)

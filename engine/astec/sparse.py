@@ -66,10 +66,7 @@ def topk_rows_outside(M: sp.csr_matrix, mask: sp.csr_matrix, k: int, threads: in
             indptr, indices, M.data, mptr, midx, mdat != 0, k, counts, keep, a, b
         ),
     )
-    out_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=out_ptr[1:])
-    pos = np.empty(int(out_ptr[-1]), np.int64)
-    row_parts(n, threads, lambda a, b: _pack_positions(indptr, out_ptr, keep, pos, a, b))
+    out_ptr, (pos,) = _pack_rows(indptr, counts, [keep], [np.int64], threads)
     return sp.csr_matrix((M.data[pos], M.indices[pos], out_ptr), shape=M.shape)
 
 
@@ -98,11 +95,29 @@ def _topk_outside_positions(indptr, indices, data, mptr, midx, mset, k, counts, 
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _pack_positions(indptr, out_ptr, keep, pos, a, b):
+def _pack_slots(bound, counts, out_ptr, src, dst, a, b):
+    """Rows a..b: row r's counts[r] entries from src[bound[r]:] to dst[out_ptr[r]:]."""
     for r in range(a, b):
-        s, o = indptr[r], out_ptr[r]
-        for t in range(out_ptr[r + 1] - o):
-            pos[o + t] = keep[s + t]
+        s, o = bound[r], out_ptr[r]
+        for t in range(counts[r]):
+            dst[o + t] = src[s + t]
+
+
+def _pack_rows(bound, counts, sources, dtypes, threads: int):
+    """(indptr, arrays) of rows written into slots (row r's counts[r] entries from bound[r] of
+    each source array) packed back to back, as a csr's arrays of the given dtypes: the
+    compiled passes that fill rows of unknown length write them into slots first."""
+    n = counts.size
+    out_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=out_ptr[1:])
+    outs = [np.empty(int(out_ptr[-1]), dt) for dt in dtypes]
+
+    def run(a: int, b: int) -> None:
+        for src, dst in zip(sources, outs, strict=True):
+            _pack_slots(bound, counts, out_ptr, src, dst, a, b)
+
+    row_parts(n, threads, run)
+    return out_ptr, outs
 
 
 def row_parts(n: int, threads: int, run, min_rows: int = 1024) -> None:
@@ -193,16 +208,6 @@ def _label_score_rows(
         counts[r] = m
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def _gather_rows(bound, counts, out_ptr, idx, val, to_idx, to_val, a, b):
-    """Rows a..b's entries from their slots (bound[r]...) to csr positions (out_ptr[r]...)."""
-    for r in range(a, b):
-        s, o = bound[r], out_ptr[r]
-        for t in range(counts[r]):
-            to_idx[o + t] = idx[s + t]
-            to_val[o + t] = val[s + t]
-
-
 def label_scores(
     point_ids: np.ndarray,
     point_w: np.ndarray,
@@ -261,12 +266,9 @@ def label_scores(
         bound, counts, idx, val,
     )  # fmt: skip
     row_parts(n, threads, lambda a, b: _label_score_rows(*args, a, b))
-    out_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=out_ptr[1:])
-    to_idx = np.empty(int(out_ptr[-1]), np.int32)
-    to_val = np.empty(int(out_ptr[-1]), np.float32)
-    gather = (bound, counts, out_ptr, idx, val, to_idx, to_val)
-    row_parts(n, threads, lambda a, b: _gather_rows(*gather, a, b))
+    out_ptr, (to_idx, to_val) = _pack_rows(
+        bound, counts, [idx, val], [np.int32, np.float32], threads
+    )
     return sp.csr_matrix((to_val, to_idx, out_ptr), shape=(n, L))
 
 
