@@ -100,6 +100,28 @@ def test_transform_one_matches_batch_transform(params):
     assert (v.transform(texts) != X).nnz == 0
 
 
+@pytest.mark.parametrize(
+    "params", [*SETTINGS, {"max_features": 5}, {"min_df": 0.3, "word_ngrams": 2}, {"max_df": 2}]
+)
+def test_fit_transform_is_fit_then_transform(params):
+    # one analysis per text (ids by first sight, renumbered) must give the very same model and
+    # matrix as fitting and then transforming; with empty texts first, inside and last
+    texts = ["", *CORPUS[:3], "!!!", *CORPUS[3:], "zzqx unique words here", ""]
+    a = TfidfVectorizer(**params)
+    Xa = a.fit_transform(texts)
+    b = TfidfVectorizer(**params).fit(texts)
+    Xb = b.transform(texts)
+    assert a.vocabulary_ == b.vocabulary_ and list(a.vocabulary_) == list(b.vocabulary_)
+    assert np.array_equal(a.idf_, b.idf_) and a.n_docs_ == b.n_docs_ == len(texts)
+    assert Xa.shape == Xb.shape and Xa.dtype == Xb.dtype == np.float32
+    assert np.array_equal(Xa.indptr, Xb.indptr) and np.array_equal(Xa.indices, Xb.indices)
+    assert np.array_equal(Xa.data, Xb.data)
+    with pytest.raises(ValueError, match="no texts given"):
+        TfidfVectorizer(**params).fit_transform([])
+    with pytest.raises(ValueError, match="no token left"):
+        TfidfVectorizer(**params).fit_transform(["", "!!!"])
+
+
 @pytest.mark.parametrize("params", SETTINGS)
 def test_save_load_roundtrip_gives_identical_transforms(tmp_path, params):
     v = TfidfVectorizer(**params).fit(CORPUS)

@@ -39,7 +39,7 @@ from .network import (
     dense_bag,
     svd_embedding_init,
 )
-from .predict import classifier_logits, combine, ensemble_scores
+from .predict import Sigmoids, classifier_logits, combine, ensemble_scores, mix
 from .shortlist import (
     ShortlistIndex,
     add_random_negatives,
@@ -816,11 +816,12 @@ def train_learner(
     if Xv.shape[0]:
         C, Z = learner.shortlist(Xv, cfg)
         base, _ = learner.logits(Xv, C, Z, threads)
+        sig = Sigmoids.of(C, base)
     learner.alpha = _combination_weight(
         "alpha",
         cfg.combination.alpha,
         cfg.combination.alpha_grid,
-        lambda a: combine(C, base, a),
+        lambda a: mix(C, sig, a),
         Yv,
         inv_prop,
         cfg,
@@ -870,11 +871,12 @@ def train_learner(
         mr: dict[str, Any] = {"epochs": ep}
         if Xv.shape[0]:  # C, Z: the validation shortlists of Module IV's indexes, as above
             base, rrl = learner.logits(Xv, C, Z, threads)
+            sig = Sigmoids.of(C, base, rrl)
         learner.beta = _combination_weight(
             "beta",
             cfg.combination.beta,
             cfg.combination.beta_grid,
-            lambda b: combine(C, base, learner.alpha, rrl, b),
+            lambda b: mix(C, sig, learner.alpha, b),
             Yv,
             inv_prop,
             cfg,
@@ -904,12 +906,13 @@ def train_learner(
         if Xv.shape[0]:
             base, rrl = learner.logits(Xv, C, Z, threads)
             us = learner.sparse_scores(Xrv, C, threads)
+            sig = Sigmoids.of(C, base, rrl, us)
         # without a validation split (tiny data): an even mix
         learner.gamma = _combination_weight(
             "gamma",
             cfg.combination.gamma,
             cfg.combination.gamma_grid,
-            lambda g: combine(C, base, learner.alpha, rrl, learner.beta, us, g),
+            lambda g: mix(C, sig, learner.alpha, learner.beta, g),
             Yv,
             inv_prop,
             cfg,

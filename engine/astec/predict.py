@@ -12,6 +12,8 @@ not shortlist counts 0 there).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 from numba import njit
@@ -57,6 +59,38 @@ def _entry_dots(Z, W, b, ptr, lab, out, lo, hi):
             out[e] = s + b[lab[e]]
 
 
+@dataclass
+class Sigmoids:
+    """The sigmoids `combine` mixes, on C's entries: computed once, mixed at every value of a
+    weight grid (the validation choices of alpha, beta and gamma)."""
+
+    base: np.ndarray  # sigmoid(w_l^T z + b_l)
+    shortlist: np.ndarray  # sigmoid(s)
+    rerank: np.ndarray | None = None
+    sparse: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, C: sp.csr_matrix, logits, rerank_logits=None, sparse_scores=None) -> Sigmoids:
+        return cls(
+            sigmoid(logits),
+            sigmoid(C.data),
+            None if rerank_logits is None else sigmoid(rerank_logits),
+            None if sparse_scores is None else sigmoid(sparse_scores),
+        )
+
+
+def mix(
+    C: sp.csr_matrix, sig: Sigmoids, alpha: float, beta: float = 1.0, gamma: float = 1.0
+) -> sp.csr_matrix:
+    """Final scores on C's pattern from its sigmoids (see `combine`)."""
+    y = alpha * sig.base + (1.0 - alpha) * sig.shortlist
+    if sig.rerank is not None:
+        y = beta * y + (1.0 - beta) * sig.rerank
+    if sig.sparse is not None:
+        y = gamma * y + (1.0 - gamma) * sig.sparse
+    return sp.csr_matrix((y.astype(np.float32), C.indices, C.indptr), shape=C.shape)
+
+
 def combine(
     C: sp.csr_matrix,
     logits: np.ndarray,
@@ -68,13 +102,7 @@ def combine(
 ) -> sp.csr_matrix:
     """Final scores on C's pattern: the paper's alpha/beta combination (C.data holds s), then
     the sparse ranker's gamma."""
-    y = alpha * sigmoid(logits) + (1.0 - alpha) * sigmoid(C.data)
-    if rerank_logits is not None:
-        y = beta * y + (1.0 - beta) * sigmoid(rerank_logits)
-    if sparse_scores is not None:
-        y = gamma * y + (1.0 - gamma) * sigmoid(sparse_scores)
-    out = sp.csr_matrix((y.astype(np.float32), C.indices, C.indptr), shape=C.shape)
-    return out
+    return mix(C, Sigmoids.of(C, logits, rerank_logits, sparse_scores), alpha, beta, gamma)
 
 
 def ensemble_scores(mats: list[sp.csr_matrix], how: str = "mean") -> sp.csr_matrix:
