@@ -17,7 +17,7 @@ from engine.astec import Astec, AstecConfig
 from engine.astec.config import available_cores, resolve_device, resolve_threads
 from engine.astec.network import Classifier, Encoder
 from engine.astec.sparse_ranker import SparseRanker, ranker_features
-from engine.astec.trainer import train_shortlisted, train_surrogate
+from engine.astec.trainer import _candidates, train_shortlisted, train_surrogate
 from engine.synthetic import zipf_dataset
 
 
@@ -506,3 +506,14 @@ def test_surrogate_head_by_hand_is_autocasts_step(low, scale):
     assert torch.allclose(dz, zr.grad, rtol=tol, atol=1e-6 * scale)
     assert torch.allclose(dW, head.weight.grad, rtol=tol, atol=1e-6 * scale)
     assert torch.allclose(db, head.bias.grad, rtol=tol, atol=1e-5)
+
+
+def test_a_shortlisted_positive_is_trained_as_a_positive():
+    # Modules IV / the re-ranker read target 1 where a candidate's data is 2: a positive that a
+    # shortlist also holds (and a weighted label) must stay 2, a negative 1, nothing else stored
+    Y = sp.csr_matrix(np.array([[1, 0, 0.5, 0], [0, 0, 0, 0], [0, 3, 0, 0]], np.float32))
+    N = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0]], np.float32))
+    C = _candidates(Y, N)
+    assert C.dtype == np.float32 and C.has_sorted_indices
+    np.testing.assert_array_equal(C.toarray(), [[2, 1, 2, 0], [0, 0, 0, 1], [0, 2, 0, 0]])
+    assert C.nnz == 5

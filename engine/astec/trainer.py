@@ -404,13 +404,12 @@ def _fused_epoch(fc, by_hand: EncoderStep, X, cand, perm, batch_size: int, bar) 
 
 def _candidates(Y: sp.csr_matrix, negatives: sp.csr_matrix) -> sp.csr_matrix:
     """Each point's positives (data 2) and shortlisted negatives (data 1), positives winning."""
-    Y = sp.csr_matrix(Y, dtype=np.float32)
-    cand = sp.csr_matrix(
-        2.0 * Y + sp.csr_matrix(negatives, dtype=np.float32) - 2.0 * Y.multiply(negatives != 0),
-        dtype=np.float32,
-    )
-    cand.eliminate_zeros()
-    return cand
+    pos = sp.csr_matrix(Y, dtype=np.float32, copy=True)
+    pos.eliminate_zeros()
+    pos.data[:] = 2.0
+    cand = sp.csr_matrix(pos.maximum(sp.csr_matrix(negatives != 0, dtype=np.float32)))
+    cand.sort_indices()
+    return sp.csr_matrix(cand, dtype=np.float32)
 
 
 def train_shortlisted(
