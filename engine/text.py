@@ -212,22 +212,7 @@ class TfidfVectorizer:
     def transform(self, texts, progress: bool = False) -> sp.csr_matrix:
         """CSR float32 [n, V] with L2-normalised rows (all-zero rows for unknown-only texts)."""
         self._check_fitted()
-        ids_of = self._ids
-        cols: list[int] = []
-        lengths: list[int] = []
-        for text in tqdm(texts, desc="tfidf", unit="doc", disable=not progress):
-            ids = ids_of(text)
-            cols.extend(ids)
-            lengths.append(len(ids))
-        n = len(lengths)
-        indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=indptr[1:])
-        X = sp.csr_matrix(
-            (np.ones(len(cols), dtype=np.float32), np.asarray(cols, dtype=np.int32), indptr),
-            shape=(n, len(self.vocabulary_)),
-        )
-        X.sum_duplicates()  # counts repeated tokens, sorts indices
-        return self._weigh(X)
+        return self._weigh(_counts(texts, self._ids, lambda: len(self.vocabulary_), progress))
 
     def _weigh(self, X: sp.csr_matrix) -> sp.csr_matrix:
         """Term counts (csr float32, sorted indices) -> tf-idf rows, L2-normalised in place."""
@@ -250,21 +235,11 @@ class TfidfVectorizer:
         spent two thirds of its time analysing the texts a second time)."""
         first: dict[str, int] = {}
         get = first.setdefault
-        cols: list[int] = []
-        lengths: list[int] = []
         an = self.analyze
-        for text in tqdm(texts, desc="tfidf", unit="doc", disable=not progress):
-            ids = [get(f, len(first)) for f in an(text)]
-            cols.extend(ids)
-            lengths.append(len(ids))
-        n = len(lengths)
-        indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=indptr[1:])
-        X = sp.csr_matrix(
-            (np.ones(len(cols), dtype=np.float32), np.asarray(cols, dtype=np.int64), indptr),
-            shape=(n, max(len(first), 1)),
+        X = _counts(
+            texts, lambda t: [get(f, len(first)) for f in an(t)], lambda: len(first), progress
         )
-        X.sum_duplicates()  # one entry per (text, feature): the counts; df is their column count
+        n = X.shape[0]
         kept = self._choose(list(first), np.bincount(X.indices, minlength=len(first)), n)
         new = np.full(max(len(first), 1), -1, np.int64)
         new[kept] = np.arange(kept.size)
@@ -386,3 +361,24 @@ class TfidfVectorizer:
         v.idf_ = idf
         v._compile()
         return v
+
+
+def _counts(texts, ids_of, width, progress: bool) -> sp.csr_matrix:
+    """Feature counts of each text (csr float32, ascending columns, one entry per feature):
+    ids_of(text) its feature ids with repeats, width() the number of columns once all are read
+    (at least 1)."""
+    cols: list[int] = []
+    lengths: list[int] = []
+    for text in tqdm(texts, desc="tfidf", unit="doc", disable=not progress):
+        ids = ids_of(text)
+        cols.extend(ids)
+        lengths.append(len(ids))
+    n = len(lengths)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    X = sp.csr_matrix(
+        (np.ones(len(cols), dtype=np.float32), np.asarray(cols, dtype=np.int32), indptr),
+        shape=(n, max(width(), 1)),
+    )
+    X.sum_duplicates()  # counts repeated features, sorts indices
+    return X
