@@ -287,7 +287,15 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
         # the same candidates as the ranker's own shortlist of those rows
         assert same(cand, astec_model._ranker_shortlists(lr, X, np.arange(X.shape[0]), cfg))
         W = astec_model._fit_ranker(Xr[:480], label_pairs(Y[:480], cand[:480]), cfg, 0).W
-        return astec_model._module2_negatives(lr.index, V, Y, cfg, 0), hard, W
+        depth = astec_model._after_iv_depth(cfg, True, True)
+        m2, hits = astec_model._module2_negatives(lr.index, V, Y, cfg, 0, keep=depth)
+        assert same(m2, astec_model._module2_negatives(lr.index, V, Y, cfg, 0)[0])
+        # Module II's searches, kept while E stays fixed, give the shortlists after Module IV
+        # that searching again gives
+        again = astec_model._after_iv_shortlists(lr, X, Y, cfg, True, True, kept=hits)
+        assert same(hard, again.hard) and same(cand, again.candidates)
+        np.testing.assert_array_equal(both.kth_centre, again.kth_centre)
+        return m2, hard, W
 
     whole = three()
     monkeypatch.setattr(astec_model, "_ROW_CHUNK", 37)

@@ -54,6 +54,24 @@ def test_fused_classifier_matches_torch_path():
         assert torch.allclose(p.detach(), q.detach(), atol=1e-4), float((p - q).abs().max())
 
 
+def test_module_iv_without_finetuning_keeps_e_and_learns_r_and_w():
+    """finetune_embeddings=False (the paper's Module IV): E stays exactly as Module I left it
+    on both paths, which is what lets training keep Module II's indexes after Module IV; R and
+    W still learn."""
+    X, Y, N = _toy()
+    for fused in (True, False):
+        torch.manual_seed(0)
+        enc, clf = Encoder(X.shape[1], 16, 1.0, 0.5), Classifier(Y.shape[1], 16)
+        E0, R0 = enc.embed.weight.detach().clone(), enc.residual.weight.detach().clone()
+        W0 = clf.weight.weight.detach().clone()
+        logs = train_shortlisted(
+            enc, clf, X, Y, N, 2, 0.01, 64, 0, False, 0.005, progress=False, fused=fused
+        )
+        assert torch.equal(enc.embed.weight, E0), fused
+        assert not torch.equal(enc.residual.weight, R0) and not torch.equal(clf.weight.weight, W0)
+        assert logs[1]["loss"] < logs[0]["loss"]
+
+
 def test_surrogate_device_argument_runs_on_cpu():
     """The device path of Module I (what a GPU runs), on the CPU."""
     X, Y, _ = _toy()

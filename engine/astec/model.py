@@ -466,27 +466,90 @@ def _by_rows(n: int, L: int, part) -> sp.csr_matrix:
 _ROW_CHUNK = 8192
 
 
+Hits = tuple[np.ndarray, np.ndarray]  # an index's answers: ids [n, k], similarities [n, k]
+
+
+@dataclass
+class FitSearches:
+    """Module II's searches of the fit points, read by the shortlists after Module IV (the
+    re-ranker's negatives, the sparse ranker's candidates) instead of searching again: the
+    paper's premise, that Modules III/IV keep the features near Module I's so Module II's
+    shortlists stay relevant; with E fixed they are the same searches. The click log: ~5 s of
+    ~75 (at L = 500k the exact label-centre search is ~0.4 ms a point); final validation
+    objective and test P@1 / P@5 / PSP@5 unchanged there and on debian-related (2 runs: P@5
+    36.86-36.93 -> 37.03-37.05). Ids held as int32 (half the memory)."""
+
+    points: Hits | None = None  # ANNS^x at k = knn + 1 (each point among its own hits)
+    centres: Hits | None = None  # ANNS^mu at the after-IV depth (`_after_iv_depth`)
+
+    def rows(self, a: int, b: int) -> tuple[Hits | None, Hits | None]:
+        def cut(h: Hits | None) -> Hits | None:
+            return None if h is None else (h[0][a:b].astype(np.int64), h[1][a:b])
+
+        return cut(self.points), cut(self.centres)
+
+
+def _after_iv_depth(cfg: AstecConfig, rerank: bool, sparse: bool) -> int:
+    """How many label centres the shortlists after Module IV read per point: the deeper of the
+    re-ranker's (`centroid_neighbours`) and the sparse ranker's pool."""
+    return max(
+        cfg.shortlist.centroid_neighbours if rerank else 0,
+        _ranker_pool(cfg).shortlist.centroid_neighbours if sparse else 0,
+    )
+
+
 def _module2_negatives(
-    index: ShortlistIndex, V: np.ndarray, Y: sp.csr_matrix, cfg: AstecConfig, seed: int
-) -> sp.csr_matrix:
+    index: ShortlistIndex,
+    V: np.ndarray,
+    Y: sp.csr_matrix,
+    cfg: AstecConfig,
+    seed: int,
+    keep: int = 0,
+) -> tuple[sp.csr_matrix, FitSearches | None]:
     """Module II's shortlist for each indexed point (V: the index's own points, in order): its
-    hard negatives from both indexes, itself excluded, plus random negatives."""
+    hard negatives from both indexes, itself excluded, plus random negatives. keep > 0: also
+    the searches (FitSearches), the label centres' at depth max(centroid_neighbours, keep) (an
+    exact search's first columns are its top ones; an HNSW search at a larger ef is as good or
+    better)."""
+    knn, kmu = cfg.shortlist.knn_neighbours, cfg.shortlist.centroid_neighbours
+    threads = resolve_threads(cfg.training.threads)
+    points: list[Hits] = []
+    centres: list[Hits] = []
 
     def hard(a, b):
+        point_hits = centre_hits = None
+        if keep > 0:
+            if index.points.count > 0 and knn > 0:
+                point_hits = index.points.query(V[a:b], knn + 1, threads)
+                points.append((point_hits[0].astype(np.int32), point_hits[1]))
+            if index.centres.count > 0:
+                centre_hits = index.centres.query(V[a:b], max(kmu, keep), threads)
+                centres.append((centre_hits[0].astype(np.int32), centre_hits[1]))
         S = index.scores(
             V[a:b],
-            cfg.shortlist.knn_neighbours,
-            cfg.shortlist.centroid_neighbours,
+            knn,
+            kmu,
             cfg.shortlist.centroid_weight,
             cfg.training.threads,
             exclude_self=np.arange(a, b),
             knn_power=cfg.shortlist.knn_power,
+            point_hits=point_hits,
+            centre_hits=centre_hits,
         )
         return hard_negatives(S, Y[a:b], cfg.shortlist.negatives, cfg.training.threads)
 
-    return add_random_negatives(
+    negatives = add_random_negatives(
         _by_rows(V.shape[0], Y.shape[1], hard), Y, cfg.shortlist.random_negatives, seed
     )
+    if keep <= 0:
+        return negatives, None
+
+    def joined(parts: list[Hits]) -> Hits | None:
+        if not parts:
+            return None
+        return np.concatenate([i for i, _ in parts]), np.concatenate([s for _, s in parts])
+
+    return negatives, FitSearches(joined(points), joined(centres))
 
 
 def _ranker_pool(cfg: AstecConfig) -> AstecConfig:
@@ -513,31 +576,40 @@ class AfterIv:
 
 
 def _after_iv_shortlists(
-    learner: Learner, X, Y, cfg: AstecConfig, rerank: bool, sparse: bool
+    learner: Learner,
+    X,
+    Y,
+    cfg: AstecConfig,
+    rerank: bool,
+    sparse: bool,
+    kept: FitSearches | None = None,
 ) -> AfterIv:
     """One pass over the indexed points (X: the index's own points, in order; each excludes
     itself) after Module IV: the re-ranker's negatives (the base model's top mispredictions,
     `rerank.negatives` deep, 0/1) and the sparse ranker's candidates, whichever are asked. The
     label-centre search runs once, at the deeper of the two k (an exact search's first kmu
-    columns are its top kmu; an HNSW search's nearly): it is most of a shortlist's cost."""
+    columns are its top kmu; an HNSW search's nearly): it is most of a shortlist's cost.
+    kept: Module II's searches of these points (`_module2_negatives`), read instead of
+    searching (ids: the same points and the same centres' owners as the learner's indexes)."""
     pool = _ranker_pool(cfg) if sparse else None
     threads = resolve_threads(cfg.training.threads)
-    k_centres = max(
-        cfg.shortlist.centroid_neighbours if rerank else 0,
-        pool.shortlist.centroid_neighbours if pool is not None else 0,
-    )
+    k_centres = _after_iv_depth(cfg, rerank, sparse)
 
     def chunk(a: int, b: int):
         hits = points = None
         kth = np.full(b - a, -np.inf, np.float32)
         V = dense_bag(learner.encoder, X[a:b])
-        if learner.index.points.count > 0 and cfg.shortlist.knn_neighbours > 0:
-            # both shortlists search the same knn points (+ 1: each point finds itself)
-            points = learner.index.points.query(V, cfg.shortlist.knn_neighbours + 1, threads)
-        if learner.index.centres.count > 0 and k_centres > 0:
-            hits = learner.index.centres.query(V, k_centres, threads)
-            if pool is not None and hits[1].shape[1] >= pool.shortlist.centroid_neighbours:
-                kth = hits[1][:, pool.shortlist.centroid_neighbours - 1].copy()
+        if kept is not None:
+            points, hits = kept.rows(a, b)
+        else:
+            if learner.index.points.count > 0 and cfg.shortlist.knn_neighbours > 0:
+                # both shortlists search the same knn points (+ 1: each point finds itself)
+                points = learner.index.points.query(V, cfg.shortlist.knn_neighbours + 1, threads)
+            if learner.index.centres.count > 0 and k_centres > 0:
+                hits = learner.index.centres.query(V, k_centres, threads)
+        k_pool = pool.shortlist.centroid_neighbours if pool is not None else 0
+        if hits is not None and k_pool > 0 and hits[1].shape[1] >= k_pool:
+            kth = hits[1][:, k_pool - 1].copy()
         own = np.arange(a, b)
         hard = cand = None
         if rerank:
@@ -746,8 +818,15 @@ def train_learner(
     if progress:  # no bar inside the index builds and searches: say what runs (minutes at L=500k)
         tqdm.write(f"  Module II: indexes and hard negatives for {Xf.shape[0]} points ...")
     Vf = dense_bag(encoder, Xf)
-    index = _build_index(encoder, Xf, Yf, cfg, seed, Vf)
-    negatives = _module2_negatives(index, Vf, Yf, cfg, seed)
+    fit_centres = label_centres(
+        Vf, Yf, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
+    )
+    index = _build_index(encoder, Xf, Yf, cfg, seed, Vf, centres_owner=fit_centres)
+    # the searches of the fit points are kept for the shortlists after Module IV (FitSearches)
+    rerank_on = cfg.rerank.enabled and cfg.rerank.epochs > 0
+    sparse_on = Xr is not None and cfg.sparse.enabled
+    depth = _after_iv_depth(cfg, rerank_on, sparse_on)
+    negatives, kept = _module2_negatives(index, Vf, Yf, cfg, seed, keep=depth)
     m2: dict[str, Any] = {
         "seconds": None,
         "index_kind": index.points.kind,
@@ -804,13 +883,14 @@ def train_learner(
         valid=_epoch_objective(encoder, clf, Xv, Cv_ii, Yv, inv_prop, cfg) if Xv.shape[0] else None,
     )
     del negatives
-    # E may have been fine-tuned: rebuild the indexes on the final v (the serving graphs over
-    # the fit points, for the search's choice below, share v and the label centres)
-    Vf = dense_bag(encoder, Xf)
-    fit_centres = label_centres(
-        Vf, Yf, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
-    )
-    index = _build_index(encoder, Xf, Yf, cfg, seed, Vf, centres_owner=fit_centres)
+    if cfg.extreme.finetune_embeddings:  # v moved: the indexes again, on the final v (the
+        # serving graphs over the fit points, for the search's choice below, share v and the
+        # label centres); E fixed (the paper's Module IV): Module II's indexes still hold
+        Vf = dense_bag(encoder, Xf)
+        fit_centres = label_centres(
+            Vf, Yf, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
+        )
+        index = _build_index(encoder, Xf, Yf, cfg, seed, Vf, centres_owner=fit_centres)
     learner = Learner(encoder, clf, index)
     m4: dict[str, Any] = {"epochs": ep}
     if Xv.shape[0]:
@@ -835,11 +915,11 @@ def train_learner(
         tqdm.write(f"  Module IV: alpha={learner.alpha} valid={m4['valid']}")
 
     # Re-ranker: independent Z~, W~ on positives + the base model's top mispredictions
-    sparse_on = Xr is not None and cfg.sparse.enabled
     after: AfterIv | None = None  # the sparse ranker's candidates come from the same pass
-    if cfg.rerank.enabled and cfg.rerank.epochs > 0:
+    if rerank_on:
         t0, c0 = time.time(), _cpu_s()
-        after = _after_iv_shortlists(learner, Xf, Yf, cfg, rerank=True, sparse=sparse_on)
+        after = _after_iv_shortlists(learner, Xf, Yf, cfg, rerank=True, sparse=sparse_on, kept=kept)
+        kept = None
         hard, after.hard = after.hard, None
         rr = Encoder(X.shape[1], D, cfg.network.spectral_lambda, cfg.network.dropout)
         with torch.no_grad():
@@ -891,13 +971,14 @@ def train_learner(
 
     # sparse ranker on the fit points; gamma on the validation points
     Xrv = None
-    if Xr is not None and cfg.sparse.enabled:
+    if sparse_on:
         t0, c0 = time.time(), _cpu_s()
         if progress:
             tqdm.write(f"  Sparse ranker: shortlists and fit on {Xf.shape[0]} points ...")
         Xrv = Xr[valid]
         if after is None or after.candidates is None:
-            after = _after_iv_shortlists(learner, Xf, Yf, cfg, rerank=False, sparse=True)
+            after = _after_iv_shortlists(learner, Xf, Yf, cfg, rerank=False, sparse=True, kept=kept)
+            kept = None
         assert after.candidates is not None
         pairs = label_pairs(Yf, after.candidates, threads)  # the candidates stay for the refit
         learner.sparse = _fit_ranker(Xr[fit], pairs, cfg, seed, rows=fit)
