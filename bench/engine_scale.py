@@ -99,7 +99,7 @@ def _stderr_fd():
     show_default=True,
     type=float,
     help="N = points_per_label * L training points (AmazonTitles-670K has 0.72: fewer points "
-    "than labels; memory grows with N, ~11 GB at L=500000 with 0.72).",
+    "than labels; memory grows with N, ~12 GB peak at L=500000 with 0.72).",
 )
 @click.option(
     "--config",
@@ -114,7 +114,7 @@ def _stderr_fd():
     "--progress/--no-progress",
     default=None,
     help="Per-module progress bars of each size's training on stderr (default: when "
-    "stderr is a terminal; L=500000 trains for over an hour on 2 cores).",
+    "stderr is a terminal; L=500000 trains for ~20 minutes on 2 cores with few epochs).",
 )
 def scale(sizes, points_per_label, config_path, seed, json_out, progress):
     """Train on synthetic data at growing L; print time and peak memory per module."""
