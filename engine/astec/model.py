@@ -475,9 +475,9 @@ class FitSearches:
     re-ranker's negatives, the sparse ranker's candidates) instead of searching again: the
     paper's premise, that Modules III/IV keep the features near Module I's so Module II's
     shortlists stay relevant; with E fixed they are the same searches. The click log: ~5 s of
-    ~75 (at L = 500k the exact label-centre search is ~0.4 ms a point); final validation
-    objective and test P@1 / P@5 / PSP@5 unchanged there and on debian-related (2 runs: P@5
-    36.86-36.93 -> 37.03-37.05). Ids held as int32 (half the memory)."""
+    ~75, L = 500k: ~175 s (an exact label-centre search is ~0.4 ms a point there); test figures
+    at a given search size as before (docs/engine-training.md). Ids held as int32 (half the
+    memory)."""
 
     points: Hits | None = None  # ANNS^x at k = knn + 1 (each point among its own hits)
     centres: Hits | None = None  # ANNS^mu at the after-IV depth (`_after_iv_depth`)
