@@ -41,6 +41,7 @@ from .network import (
 )
 from .predict import Sigmoids, classifier_logits, combine, ensemble_scores, mix
 from .shortlist import (
+    Hits,
     ShortlistIndex,
     add_random_negatives,
     hard_negatives,
@@ -466,9 +467,6 @@ def _by_rows(n: int, L: int, part) -> sp.csr_matrix:
 _ROW_CHUNK = 8192
 
 
-Hits = tuple[np.ndarray, np.ndarray]  # an index's answers: ids [n, k], similarities [n, k]
-
-
 @dataclass
 class FitSearches:
     """Module II's searches of the fit points, read by the shortlists after Module IV (the
@@ -517,14 +515,11 @@ def _module2_negatives(
     centres: list[Hits] = []
 
     def hard(a, b):
-        point_hits = centre_hits = None
+        point_hits, centre_hits = index.searches(V[a:b], knn, max(kmu, keep), threads, True)
         if keep > 0:
-            if index.points.count > 0 and knn > 0:
-                point_hits = index.points.query(V[a:b], knn + 1, threads)
-                points.append((point_hits[0].astype(np.int32), point_hits[1]))
-            if index.centres.count > 0:
-                centre_hits = index.centres.query(V[a:b], max(kmu, keep), threads)
-                centres.append((centre_hits[0].astype(np.int32), centre_hits[1]))
+            for hits, parts in ((point_hits, points), (centre_hits, centres)):
+                if hits is not None:
+                    parts.append((hits[0].astype(np.int32), hits[1]))
         S = index.scores(
             V[a:b],
             knn,
@@ -596,17 +591,15 @@ def _after_iv_shortlists(
     k_centres = _after_iv_depth(cfg, rerank, sparse)
 
     def chunk(a: int, b: int):
-        hits = points = None
         kth = np.full(b - a, -np.inf, np.float32)
         V = dense_bag(learner.encoder, X[a:b])
+        # both shortlists read the same searches (+ 1 point: each point finds itself)
         if kept is not None:
             points, hits = kept.rows(a, b)
         else:
-            if learner.index.points.count > 0 and cfg.shortlist.knn_neighbours > 0:
-                # both shortlists search the same knn points (+ 1: each point finds itself)
-                points = learner.index.points.query(V, cfg.shortlist.knn_neighbours + 1, threads)
-            if learner.index.centres.count > 0 and k_centres > 0:
-                hits = learner.index.centres.query(V, k_centres, threads)
+            points, hits = learner.index.searches(
+                V, cfg.shortlist.knn_neighbours, k_centres, threads, with_self=True
+            )
         k_pool = pool.shortlist.centroid_neighbours if pool is not None else 0
         if hits is not None and k_pool > 0 and hits[1].shape[1] >= k_pool:
             kth = hits[1][:, k_pool - 1].copy()

@@ -65,6 +65,9 @@ def label_centres(
     return np.concatenate(centres).astype(np.float32), np.concatenate(owner).astype(np.int64)
 
 
+Hits = tuple[np.ndarray, np.ndarray]  # an index's answers: ids [n, k], similarities [n, k]
+
+
 @dataclass
 class ShortlistIndex:
     """The two ANNS structures plus what is needed to turn neighbours into label scores."""
@@ -77,6 +80,19 @@ class ShortlistIndex:
     prior: np.ndarray  # most frequent labels, always candidates
     prior_score: np.ndarray  # their tiny base score (ordered by frequency, < any real similarity)
 
+    def searches(
+        self, V: np.ndarray, knn: int, kmu: int, num_threads: int = 2, with_self: bool = False
+    ) -> tuple[Hits | None, Hits | None]:
+        """The two searches a shortlist reads, (point hits, centre hits), each None where not
+        asked (k = 0) or the index is empty: ANNS^x at k = knn (+ 1 with_self: rows that are
+        indexed points find themselves) and ANNS^mu at k = kmu."""
+        points = centres = None
+        if knn > 0 and self.points.count > 0:
+            points = self.points.query(V, knn + (1 if with_self else 0), num_threads)
+        if kmu > 0 and self.centres.count > 0:
+            centres = self.centres.query(V, kmu, num_threads)
+        return points, centres
+
     def scores(
         self,
         V: np.ndarray,
@@ -86,8 +102,8 @@ class ShortlistIndex:
         num_threads: int = 2,
         exclude_self: np.ndarray | None = None,
         knn_power: float = 1.0,
-        centre_hits: tuple[np.ndarray, np.ndarray] | None = None,
-        point_hits: tuple[np.ndarray, np.ndarray] | None = None,
+        centre_hits: Hits | None = None,
+        point_hits: Hits | None = None,
     ) -> sp.csr_matrix:
         """Base similarity s for every candidate label of every row of V (sparse [n, L]).
 
@@ -97,14 +113,20 @@ class ShortlistIndex:
         V's search of the points at k = knn (+ 1 with exclude_self), done once likewise.
         """
         n = V.shape[0]
-        no_hits = (np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
+        no_hits: Hits = (np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
         pids, pw = no_hits
-        if knn > 0 and self.points.count > 0:
+        searched = self.searches(
+            V,
+            knn if point_hits is None else 0,
+            kmu if centre_hits is None else 0,
+            num_threads,
+            with_self=exclude_self is not None,
+        )
+        point_hits = point_hits if point_hits is not None else searched[0]
+        centre_hits = centre_hits if centre_hits is not None else searched[1]
+        if knn > 0 and self.points.count > 0 and point_hits is not None:
             extra = 1 if exclude_self is not None else 0
-            if point_hits is not None:
-                pids, sims = point_hits[0][:, : knn + extra], point_hits[1][:, : knn + extra]
-            else:
-                pids, sims = self.points.query(V, knn + extra, num_threads)
+            pids, sims = point_hits[0][:, : knn + extra], point_hits[1][:, : knn + extra]
             if exclude_self is not None:
                 keep = pids != exclude_self[:, None]
                 # drop self (or the last column when self was not found) to keep knn columns
@@ -114,11 +136,8 @@ class ShortlistIndex:
                 sims = sims[keep].reshape(n, -1)
             pw = np.clip(sims, 0, None) ** knn_power  # > 1 sharpens towards the closest points
         cids, csims = no_hits
-        if kmu > 0 and self.centres.count > 0:
-            if centre_hits is not None:
-                cids, csims = centre_hits[0][:, :kmu], centre_hits[1][:, :kmu]
-            else:
-                cids, csims = self.centres.query(V, kmu, num_threads)
+        if kmu > 0 and self.centres.count > 0 and centre_hits is not None:
+            cids, csims = centre_hits[0][:, :kmu], centre_hits[1][:, :kmu]
         # the prior's tiny positive score makes its labels stored entries (the classifier
         # scores them)
         return label_scores(
