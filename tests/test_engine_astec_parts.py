@@ -390,6 +390,32 @@ def test_final_index_grows_the_fit_graph_by_the_validation_points():
                 fit_index.points.query(dense_bag(enc, X[:3]), 1, 1)
 
 
+def test_graph_with_new_vectors_keeps_its_links_and_finds_the_new_neighbours():
+    # after Module IV the fit points' graph keeps Module II's links over the fine-tuned v: the
+    # stored vectors are the new ones (what prediction's graph, grown from it, exports), the
+    # searches rank by them, and the graph it came from is left as it was
+    from engine.astec.ann import AnnIndex
+
+    rng = np.random.default_rng(3)
+    V = rng.standard_normal((2000, 24)).astype(np.float32)
+    moved = V + 0.3 * rng.standard_normal(V.shape).astype(np.float32)  # v moved by ~0.3 |v|
+    old = AnnIndex.build(V, 0, 16, 100, 50, 1, 0)
+    new = old.with_vectors(moved, 1)
+    exact_new = AnnIndex.build(moved, 10**9)
+    ids = np.arange(2000)
+    assert np.array_equal(new.vectors_of(ids), exact_new.vectors_of(ids))
+    assert np.array_equal(old.vectors_of(ids), AnnIndex.build(V, 10**9).vectors_of(ids))
+    assert new.hnsw is not old.hnsw and new.hnsw.M == 16 and new.count == 2000
+    got, sims = new.query(moved[:300], 10, 1)
+    want, _ = exact_new.query(moved[:300], 10, 1)
+    assert (got[:, 0] == np.arange(300)).all()  # each point finds itself (new vector)
+    recall = np.mean([len(set(got[i]) & set(want[i])) / 10 for i in range(300)])
+    assert recall >= 0.95, recall
+    np.testing.assert_allclose(sims[:, 0], 1.0, atol=1e-5)
+    with pytest.raises(ValueError, match="vectors for a graph"):
+        old.with_vectors(moved[:10], 1)
+
+
 def test_small_nodes_split_on_their_gram_matrix_as_on_their_rows(monkeypatch):
     # the Gram-matrix split is the same 2-means (same steps, same random draws): on rows
     # without ties it gives the same clusters as the row-wise split
