@@ -414,6 +414,17 @@ def test_graph_with_new_vectors_keeps_its_links_and_finds_the_new_neighbours():
     np.testing.assert_allclose(sims[:, 0], 1.0, atol=1e-5)
     with pytest.raises(ValueError, match="vectors for a graph"):
         old.with_vectors(moved[:10], 1)
+    # nodes in another order than the points' ids: each id still gets its own new vector
+    import hnswlib
+
+    perm = rng.permutation(2000)
+    graph = hnswlib.Index(space="ip", dim=24)
+    graph.init_index(max_elements=2000, M=16, ef_construction=100, random_seed=0)
+    graph.add_items(normalize_rows(V[perm]), perm, num_threads=1)
+    shuffled = AnnIndex("hnsw", 24, 2000, hnsw=graph, ef_search=50).with_vectors(moved, 1)
+    assert np.array_equal(shuffled.vectors_of(ids), exact_new.vectors_of(ids))
+    got, _ = shuffled.query(moved[:300], 1, 1)
+    assert (got[:, 0] == np.arange(300)).all()
 
 
 def test_small_nodes_split_on_their_gram_matrix_as_on_their_rows(monkeypatch):

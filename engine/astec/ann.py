@@ -126,7 +126,9 @@ class AnnIndex:
                 num_threads,
                 int(state["seed"]),
             )
-        data = data.copy()
+        # `data` is the state's own copy (hnswlib copies its records out; the test checks that
+        # the graph it came from keeps its vectors): written in place, no second copy (at L =
+        # 500k, ~480 MB each)
         # node k (hnswlib's internal order) holds the point of label external[k]
         node_of = np.asarray(state["label_lookup_internal"], np.int64)
         point = np.empty(n, np.int64)
