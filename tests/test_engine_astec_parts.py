@@ -425,6 +425,14 @@ def test_graph_with_new_vectors_keeps_its_links_and_finds_the_new_neighbours():
     assert np.array_equal(shuffled.vectors_of(ids), exact_new.vectors_of(ids))
     got, _ = shuffled.query(moved[:300], 1, 1)
     assert (got[:, 0] == np.arange(300)).all()
+    # an exact index: the same exact search over the new vectors, the old one untouched
+    small = AnnIndex.build(V[:100], 10**9)
+    moved_small = small.with_vectors(moved[:100], 1)
+    assert moved_small.kind == "exact" and moved_small.precision == small.precision
+    assert np.array_equal(moved_small.vectors_of(ids[:100]), exact_new.vectors_of(ids[:100]))
+    assert np.array_equal(
+        small.vectors_of(ids[:100]), AnnIndex.build(V, 10**9).vectors_of(ids[:100])
+    )
 
 
 def test_small_nodes_split_on_their_gram_matrix_as_on_their_rows(monkeypatch):

@@ -97,14 +97,23 @@ class AnnIndex:
         0.987; docs/engine-training.md).
         hnswlib has no call that replaces a vector in place; its in-memory state (the pickling
         protocol's arrays, never a file) holds each node's vector at `offset_data` of its
-        level-0 record. A state of another layout is built anew with the graph's parameters."""
-        graph = self._graph()
+        level-0 record. A state of another layout is built anew with the graph's parameters.
+        An exact index: the same exact search over the new vectors."""
         V = normalize_rows(np.ascontiguousarray(vectors, dtype=np.float32))
         if V.shape != (self.count, self.dim):
             raise ValueError(
                 f"with_vectors: {V.shape} vectors for a graph of {self.count} x {self.dim}"
             )
-        (state,) = graph.__getstate__()
+        if self.kind == "exact":
+            return AnnIndex(
+                "exact",
+                self.dim,
+                self.count,
+                vectors=V,
+                ef_search=self.ef_search,
+                precision=self.precision,
+            )
+        (state,) = self._graph().__getstate__()
         n, per, off = (
             state["cur_element_count"],
             state["size_data_per_element"],

@@ -195,9 +195,9 @@ class ExtremeParams:
     # True: E is fine-tuned at finetune_lr, then the label centres are computed again and the
     # points graph takes the final v over Module II's links (`AnnIndex.with_vectors`; it is the
     # serving graphs' too); False: E stays as Module I left it (the paper's Module IV trains R
-    # and W) and Module II's indexes are kept. Test P@1
-    # False against True: debian-related 67.45 (5 runs) against 67.72-67.98 (3), click log and a
-    # debtags set (580 labels) unchanged; the final validation objective did not tell them apart
+    # and W) and Module II's indexes are kept. Test P@1 False against True: debian-related 67.45
+    # (5 runs) against 67.72-67.98 (3), click log and a debtags set (580 labels) unchanged; the
+    # final validation objective did not tell them apart
     finetune_embeddings: bool = True
     finetune_lr: float = 0.001
 

@@ -883,9 +883,7 @@ def train_learner(
         fit_centres = label_centres(
             Vf, Yf, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
         )
-        moved = None  # ANNS^x: Module II's links over the new v (AnnIndex.with_vectors)
-        if index.points.kind == "hnsw":
-            moved = index.points.with_vectors(Vf, cfg.training.threads)
+        moved = index.points.with_vectors(Vf, cfg.training.threads)  # Module II's links
         index = _build_index(
             encoder, Xf, Yf, cfg, seed, Vf, centres_owner=fit_centres, points=moved
         )
