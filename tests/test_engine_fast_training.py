@@ -434,9 +434,9 @@ def test_encoder_step_by_hand_is_autograds_step(lam):
 
 @pytest.mark.parametrize("L", [150, 4096])
 def test_surrogate_by_hand_is_the_torch_path(L):
-    """Module I on the CPU (the encoder's backward by hand; at 4,096 meta-labels x 64 points the
-    head's too) and through autograd (a GPU's path), dropout on: the same losses and weights
-    after two epochs."""
+    """Module I on the CPU (the encoder's backward and the head's by hand) and through autograd
+    (a GPU's path), dropout on, a small and a large head: the same losses and weights after two
+    epochs."""
     X, Y, _ = _toy(L=L)
     torch.manual_seed(0)
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)

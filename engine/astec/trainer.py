@@ -254,11 +254,10 @@ def train_surrogate(
     Ymeta.sum_duplicates()  # canonical: SparseTargetBCE's entries are distinct
     low = resolve_precision(precision) == "bfloat16" and dev.type == "cpu"
     by_hand = EncoderStep(encoder, opt_s) if fused and dev.type == "cpu" else None
-    # the head by hand where its [B, L_hat] temporaries are mappings of their own (>= 1 MB,
-    # `model.fixed_mmap_threshold`): per batch at 4,096 meta-labels 25.5 -> 18.7 ms, at 32,768
-    # ~2x faster, but at 1,024 9.5 -> 10.9 ms (2 threads, `/tmp` script, alternated)
-    big = batch_size * Lm * 4 >= 1 << 20
-    by_hand_head = SurrogateHead(head, batch_size, low) if by_hand is not None and big else None
+    # the head by hand (buffers allocated once, no autograd): 255-row batches, 2 threads, medians
+    # of 5 x 50 steps, against autocast + autograd: 64 / 1,024 / 4,096 meta-labels in bfloat16
+    # 0.19 / 0.96 / 5.2 against 0.46 / 2.7 / 18.6 ms (docs/engine-training.md)
+    by_hand_head = SurrogateHead(head, batch_size, low) if by_hand is not None else None
     logs = []
     nb = -(-X.shape[0] // max(batch_size, 1))
     bar = tqdm(total=epochs * nb, desc="Module I", disable=not progress, leave=False, unit="batch")
@@ -268,7 +267,7 @@ def train_surrogate(
     params = [encoder.embed.weight, *residual.parameters(), *head.parameters()]
 
     def head_loss(z: torch.Tensor, target) -> float:
-        """Autograd through the head (a GPU's path, and a small head's on the CPU): leaves the
+        """Autograd through the head (a GPU's path, and the CPU's without fused kernels): leaves the
         gradients of the head and of z; the batch's loss."""
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
             logits = head(z)
@@ -298,12 +297,8 @@ def train_surrogate(
                 bar.update(1)
                 zb = torch.from_numpy(by_hand.forward(*xb))
                 target = csr_coo(yb)
-                if by_hand_head is not None:
-                    loss_b, dz = by_hand_head.step(zb, target)
-                else:  # a small head: autograd's few ops cost less than the written-out ones
-                    loss_b = head_loss(zb.requires_grad_(), target)
-                    assert zb.grad is not None
-                    dz = zb.grad
+                assert by_hand_head is not None
+                loss_b, dz = by_hand_head.step(zb, target)
                 by_hand.backward(dz.numpy())  # R's gradient, E's rows updated
                 opt_d.step()
                 tot += loss_b * (xb[0].size - 1)
