@@ -101,9 +101,43 @@ def test_sparse_target_bce_is_torchs_loss_and_gradient():
     assert torch.allclose(x.grad, x2.grad, atol=1e-7)
 
 
+def test_encoder_step_in_bfloat16_is_the_float32_step_rounded():
+    """precision bfloat16: the residual's three products read bfloat16 roundings of vd, R and
+    dL/dpre (as autocast's): z, R's gradient and E's first Adam step (lr x the sign of dL/dv)
+    within bfloat16's rounding of the float32 step's, the weights float32."""
+    from engine.astec.encoder_step import EncoderStep
+    from engine.astec.trainer import RowAdam, _row_batches
+
+    X, _, _ = _toy(n=64, V=200)
+    torch.manual_seed(0)
+    enc = Encoder(X.shape[1], 24, 0.2, 0.5)  # the scale binds: its gradient term is exercised
+    with torch.no_grad():
+        enc.residual.weight.copy_(0.3 * torch.randn(24, 24))  # not symmetric
+    enc.train()
+    dz = np.random.default_rng(1).standard_normal((X.shape[0], 24)).astype(np.float32)
+    out = {}
+    for low in (False, True):
+        e = copy.deepcopy(enc)
+        step = EncoderStep(e, RowAdam(e.embed.weight, 0.01), low=low)
+        torch.manual_seed(3)
+        z = step.forward(*next(_row_batches(X, np.arange(X.shape[0]), X.shape[0])))
+        step.backward(dz)
+        assert e.residual.weight.dtype == torch.float32 and z.dtype == np.float32
+        dE = (e.embed.weight - enc.embed.weight).detach().numpy()
+        out[low] = z, e.residual.weight.grad.numpy().copy(), dE
+    (z32, g32, dE32), (z16, g16, dE16) = out[False], out[True]
+    assert not np.array_equal(z16, z32)  # the products were rounded
+    np.testing.assert_allclose(z16, z32, rtol=0.02, atol=0.02 * np.abs(z32).mean())
+    assert np.linalg.norm(g16 - g32) < 0.02 * np.linalg.norm(g32)
+    moved = np.abs(dE32) > 0.005  # rows the batch touched, entries with a clear gradient
+    assert moved.sum() > 1000
+    assert np.mean(np.sign(dE16[moved]) == np.sign(dE32[moved])) > 0.97
+
+
 def test_surrogate_learns_with_a_bfloat16_head():
-    """training.precision = bfloat16 (Module I's head products under autocast): the weights stay
-    float32 and the surrogate task is learnt as in float32 (losses within a few percent)."""
+    """training.precision = bfloat16 (Module I's head and the encoder's residual products): the
+    weights stay float32 and the surrogate task is learnt as in float32 (losses within a few
+    percent)."""
     X, Y, _ = _toy()
     losses = {}
     for precision in ("float32", "bfloat16"):
@@ -364,23 +398,27 @@ def test_training_keeps_large_arrays_out_of_the_heap():
     assert fixed_mmap_threshold() is True
 
 
-def test_dropout_masks_are_inverted_dropout_and_follow_torchs_seed():
-    """The encoder's dropout (numpy masks on the CPU): in training each entry is zeroed with
-    probability p and the rest scaled by 1 / (1 - p), gradients flow through the same mask, the
-    same torch.manual_seed gives the same masks, and evaluation is the identity."""
+@pytest.mark.parametrize("p", [0.5, 0.3])
+def test_dropout_masks_are_inverted_dropout_and_follow_torchs_seed(p):
+    """The encoder's dropout (numpy masks on the CPU; 0.5 from random bits): in training each
+    entry is zeroed with probability p and the rest scaled by 1 / (1 - p), gradients flow through
+    the same mask, the same torch.manual_seed gives the same masks, and evaluation is the
+    identity."""
     from engine.astec.network import MaskDropout
 
-    x = torch.ones(400, 300, requires_grad=True)
+    x = torch.ones(401, 299, requires_grad=True)  # not a whole number of bytes of bits
 
     def masked(seed):
         torch.manual_seed(seed)
-        d = MaskDropout(0.5)
+        d = MaskDropout(p)
         return d, d(x)
 
     d, y = masked(3)
     kept = y.detach() != 0
-    assert abs(kept.float().mean().item() - 0.5) < 0.01
-    assert torch.all(y.detach()[kept] == 2.0)
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.01
+    assert torch.allclose(y.detach()[kept], torch.tensor(1 / (1 - p)))
+    assert abs(kept[:, 0].float().mean().item() - (1 - p)) < 0.1  # no column always kept
+    assert abs(kept[0].float().mean().item() - (1 - p)) < 0.1
     y.sum().backward()
     assert torch.equal(x.grad, y.detach())  # d(sum x * m) / dx = m
     assert torch.equal(masked(3)[1], y) and not torch.equal(masked(4)[1], y)

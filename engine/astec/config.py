@@ -334,14 +334,17 @@ class TrainingParams:
     fused_kernels: bool = True
     # the products of the training work that tolerates bfloat16 on the CPU: the exact searches
     # of the label centres (hard negatives, candidate pools: 99% of the top 300 / 600 the same,
-    # 2x faster) and Module I's dense surrogate head (weights, Adam and the loss stay float32).
+    # 2x faster), Module I's dense surrogate head and its encoder's residual products (3x faster;
+    # weights, Adam and the loss stay float32; Module IV and the re-ranker stay float32: there
+    # test PSP@5 fell, docs/engine-training.md).
     # "auto": bfloat16 where the CPU multiplies it natively (AVX512-BF16, AMX), else float32.
     # Prediction, the exported predictor and a GPU's batches always compute in float32.
     precision: str = field(
         default="auto",
         metadata=_help(
-            "auto, bfloat16 or float32: products of the label-centre searches and Module I's "
-            "head while training on the CPU (auto: bfloat16 where the CPU has it natively)."
+            "auto, bfloat16 or float32: products of the label-centre searches and of Module I's "
+            "head and residual while training on the CPU (auto: bfloat16 where the CPU has it "
+            "natively)."
         ),
     )
 

@@ -53,6 +53,12 @@ class MaskDropout(nn.Module):
             return None
         if self._rng is None:
             self._rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
+        if self.p == 0.5:  # the default: one random bit per entry, 22 against 118 us (255 x 300)
+            n = int(np.prod(shape))
+            bits = np.unpackbits(np.frombuffer(self._rng.bytes((n + 7) // 8), np.uint8), count=n)
+            half = bits.reshape(shape).astype(np.float32)
+            half *= np.float32(2.0)
+            return half
         keep = self._rng.random(shape, dtype=np.float32) >= self.p
         return keep.astype(np.float32) / np.float32(1.0 - self.p)
 
