@@ -435,6 +435,38 @@ def test_graph_with_new_vectors_keeps_its_links_and_finds_the_new_neighbours():
     )
 
 
+def test_graph_of_another_state_layout_is_built_anew_over_the_new_vectors(monkeypatch):
+    # a hnswlib whose pickled state is not the layout with_vectors writes into (another
+    # ser_version) gets a fresh graph with the old one's degree and construction ef over the new
+    # vectors, never records written at guessed offsets
+    import hnswlib
+
+    from engine.astec.ann import AnnIndex
+
+    rng = np.random.default_rng(4)
+    V = rng.standard_normal((1500, 24)).astype(np.float32)
+    moved = V + 0.3 * rng.standard_normal(V.shape).astype(np.float32)
+    old = AnnIndex.build(V, 0, 12, 80, 50, 1, 0)
+    real = hnswlib.Index.__getstate__
+
+    def other_layout(self):
+        (state,) = real(self)
+        return ({**state, "ser_version": 2},)
+
+    monkeypatch.setattr(hnswlib.Index, "__getstate__", other_layout)
+    built = []
+    monkeypatch.setattr(
+        AnnIndex, "build", staticmethod(lambda *a, _b=AnnIndex.build: built.append(a) or _b(*a))
+    )
+    new = old.with_vectors(moved, 1)
+    assert len(built) == 1 and built[0][2:4] == (12, 80)  # M, ef_construction
+    ids = np.arange(1500)
+    want = AnnIndex.build(moved, 10**9).vectors_of(ids)
+    np.testing.assert_allclose(new.vectors_of(ids), want, atol=1e-6)  # normalised twice
+    got, _ = new.query(moved[:200], 1, 1)
+    assert (got[:, 0] == np.arange(200)).all()
+
+
 def test_small_nodes_split_on_their_gram_matrix_as_on_their_rows(monkeypatch):
     # the Gram-matrix split is the same 2-means (same steps, same random draws): on rows
     # without ties it gives the same clusters as the row-wise split
