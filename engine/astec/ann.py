@@ -46,6 +46,19 @@ class AnnIndex:
         return self.vectors
 
     @classmethod
+    def exact(cls, V: np.ndarray, ef_search: int = 100, precision: str = "float32") -> AnnIndex:
+        """An exact index over V, rows already normalised float32 (one constructor for
+        `build`, `load`, `as_exact` and `with_vectors`)."""
+        return cls(
+            "exact",
+            V.shape[1],
+            V.shape[0],
+            vectors=V,
+            ef_search=ef_search,
+            precision=resolve_precision(precision),
+        )
+
+    @classmethod
     def build(
         cls,
         vectors: np.ndarray,
@@ -62,14 +75,7 @@ class AnnIndex:
         V = normalize_rows(np.ascontiguousarray(vectors, dtype=np.float32))
         n, d = V.shape
         if n <= exact_max:
-            return cls(
-                "exact",
-                d,
-                n,
-                vectors=V,
-                ef_search=ef_search,
-                precision=resolve_precision(precision),
-            )
+            return cls.exact(V, ef_search, precision)
         index = hnswlib.Index(space="ip", dim=d)
         index.init_index(max_elements=n, M=M, ef_construction=ef_construction, random_seed=seed)
         index.add_items(V, np.arange(n), num_threads=num_threads)
@@ -105,14 +111,7 @@ class AnnIndex:
                 f"with_vectors: {V.shape} vectors for a graph of {self.count} x {self.dim}"
             )
         if self.kind == "exact":
-            return AnnIndex(
-                "exact",
-                self.dim,
-                self.count,
-                vectors=V,
-                ef_search=self.ef_search,
-                precision=self.precision,
-            )
+            return AnnIndex.exact(V, self.ef_search, self.precision)
         (state,) = self._graph().__getstate__()
         n, per, off = (
             state["cur_element_count"],
@@ -155,14 +154,7 @@ class AnnIndex:
         if self.kind == "exact":
             return self
         V = np.ascontiguousarray(self.vectors_of(np.arange(self.count)))
-        return AnnIndex(
-            "exact",
-            self.dim,
-            self.count,
-            vectors=V,
-            ef_search=self.ef_search,
-            precision=resolve_precision(precision),
-        )
+        return AnnIndex.exact(V, self.ef_search, precision)
 
     def vectors_of(self, ids: np.ndarray) -> np.ndarray:
         """The stored (normalised) vectors of these ids, float32 [len(ids), dim]."""
@@ -237,13 +229,7 @@ class AnnIndex:
             V = np.load(path, allow_pickle=False)
             if V.shape != (count, dim):
                 raise ValueError(f"{path}: shape {V.shape}, expected {(count, dim)}")
-            return cls(
-                "exact",
-                dim,
-                count,
-                vectors=np.ascontiguousarray(V, np.float32),
-                ef_search=ef_search,
-            )
+            return cls.exact(np.ascontiguousarray(V, np.float32), ef_search)
         index = hnswlib.Index(space="ip", dim=dim)
         index.load_index(str(path), max_elements=count)
         if index.get_current_count() != count:
