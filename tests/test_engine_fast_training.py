@@ -227,6 +227,31 @@ def test_sparse_ranker_fit_does_not_depend_on_threads():
     assert np.array_equal(ranker.scores(Xr, pairs, 2), ranker.scores(Xr, pairs, 1))
 
 
+def test_sparse_ranker_weights_do_not_depend_on_feature_numbering():
+    """The fit renumbers features by frequency (cache locality of its per-label copies): the
+    weights must be those of the features as given, bit for bit, whatever their numbering."""
+    from engine.astec.sparse_ranker import frequency_order
+
+    texts, Y = zipf_dataset(
+        900, 400, labels_per_point=2, words_per_point=5, words_per_label=2, vocab_size=500, seed=5
+    )
+    Xr, Y, negs = _ranker_problem(texts, Y, 15, np.random.default_rng(2))
+    F = Xr.shape[1]
+    rank, feature = frequency_order(Xr.indices, F)
+    assert np.array_equal(feature[rank], np.arange(F)) and feature[F - 1] == F - 1  # bias last
+    counts = np.bincount(Xr.indices, minlength=F)[feature[: F - 1]]
+    assert np.all(counts[:-1] >= counts[1:])
+    # the same problem with its (non-bias) columns shuffled, entries in the same order per row
+    perm = np.concatenate([np.random.default_rng(3).permutation(F - 1), [F - 1]])
+    Xp = sp.csr_matrix((Xr.data, perm[Xr.indices], Xr.indptr), shape=Xr.shape)
+    a = SparseRanker.fit(Xr, Y, negs).W
+    b = SparseRanker.fit(Xp, Y, negs).W
+    back = sp.csr_matrix((b.data, np.argsort(perm)[b.indices], b.indptr), shape=b.shape)
+    back.sort_indices()
+    assert a.nnz > 0 and np.array_equal(a.indptr, back.indptr)
+    assert np.array_equal(a.indices, back.indices) and np.array_equal(a.data, back.data)
+
+
 def test_sparse_ranker_refit_starts_from_the_first_fits_duals():
     """The refit after the validation split joins: warm-started from a fit on part of the points
     (row ids shared), it lands where a fit from zero lands, and a warm start at the optimum
@@ -485,6 +510,41 @@ def test_surrogate_by_hand_is_the_torch_path(L):
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-4)
     for p, q in zip(enc.parameters(), enc2.parameters(), strict=True):
         assert torch.allclose(p.detach(), q.detach(), atol=1e-4), float((p - q).abs().max())
+
+
+def test_deferred_embedding_update_is_the_same_update():
+    """EncoderStep.backward(defer=True) (Module I: E's rows on a second thread beside the head's
+    Adam) finishes before the next forward reads E: four batches give the same z, E and R, bit
+    for bit, as undeferred steps."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.astec.encoder_step import EncoderStep
+    from engine.astec.trainer import RowAdam, _row_batches
+
+    X, _, _ = _toy(n=256, V=300)
+    torch.manual_seed(0)
+    enc = Encoder(X.shape[1], 24, 1.0, 0.5)
+    enc.train()
+    dz = np.random.default_rng(1).standard_normal((64, 24)).astype(np.float32)
+    perm = np.random.default_rng(2).permutation(X.shape[0])
+    out = {}
+    with ThreadPoolExecutor(1) as pool:
+        for defer in (False, True):
+            e = copy.deepcopy(enc)
+            step = EncoderStep(
+                e, RowAdam(e.embed.weight, 0.01), RowAdam(e.residual.weight, 0.01), pool=pool
+            )
+            torch.manual_seed(3)
+            zs = []
+            for xb in _row_batches(X, perm, 64):
+                zs.append(step.forward(*xb))
+                step.backward(dz, defer=defer)
+            step.wait()
+            out[defer] = zs, e.embed.weight.detach().numpy(), e.residual.weight.detach().numpy()
+    (za, Ea, Ra), (zb, Eb, Rb) = out[False], out[True]
+    assert len(za) == 4 and not np.array_equal(Ea, enc.embed.weight.detach().numpy())
+    assert all(np.array_equal(a, b) for a, b in zip(za, zb, strict=True))
+    assert np.array_equal(Ea, Eb) and np.array_equal(Ra, Rb)
 
 
 def test_deferred_classifier_update_is_the_same_update():

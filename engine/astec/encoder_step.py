@@ -13,10 +13,16 @@ and Adam. A GPU keeps autograd (`trainer`).
 low (`training.precision` bfloat16): the three residual products take bfloat16 inputs and give
 bfloat16 results, as torch.autocast rounds them (float32 E, R, Adam and the rest): 1.38 -> 0.40 ms
 per batch on one thread, 0.72 -> 0.25 on two (AVX512-BF16).
+
+pool + backward(defer=True) (Module I): the update of E's rows runs on a second thread while the
+caller steps the head's Adam; the next forward draws its dropout masks and R's power iteration
+first, then waits for it (the same arithmetic: the same weights; the click log's Module I epoch
+on an AVX2 CPU ~2.8 -> ~2.5 s).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +82,7 @@ class EncoderStep:
     R's gradient in `residual.weight.grad` for the caller's torch optimiser. low: the residual's
     products in bfloat16."""
 
-    def __init__(self, encoder: Encoder, rows=None, residual=None, low: bool = False):
+    def __init__(self, encoder: Encoder, rows=None, residual=None, low: bool = False, pool=None):
         self.encoder, self.rows, self.residual, self.low = encoder, rows, residual, low
         self.E = encoder.embed.weight.detach().numpy()
         self.R = encoder.residual.weight.detach().numpy()
@@ -85,16 +91,21 @@ class EncoderStep:
         self._all = np.arange(self.R.shape[0], dtype=np.int64)  # R's rows, for its Adam
         self._count = np.zeros(self.E.shape[0], np.int64)  # _group_by_label's scratch
         self._saved: _Saved | None = None
+        self.pool = pool  # a ThreadPoolExecutor for backward(defer=True), else None
+        self._pending: Future | None = None
 
     def forward(self, ptr: np.ndarray, tok: np.ndarray, x: np.ndarray) -> np.ndarray:
-        v = np.empty((ptr.size - 1, self.E.shape[1]), np.float32)
-        _bag(ptr, tok, x, self.E, v)
+        shape = (ptr.size - 1, self.E.shape[1])
         res, drop = self.encoder.residual, self.encoder.drop
-        m1 = drop.mask(v.shape)
-        vd = v * m1 if m1 is not None else v
+        # what needs no row of E first, while a deferred update of E's rows may still run
+        m1, m2 = drop.mask(shape), drop.mask(shape)  # the draws in the same order as ever
         with torch.no_grad():
             sigma_t, u_t, right_t = res.training_sigma()
             ratio = float(res.ratio(sigma_t))
+        self.wait()
+        v = np.empty(shape, np.float32)
+        _bag(ptr, tok, x, self.E, v)
+        vd = v * m1 if m1 is not None else v
         c = min(1.0, ratio)
         vd_t = torch.from_numpy(vd)
         R_t = torch.from_numpy(self.R)
@@ -108,7 +119,6 @@ class EncoderStep:
         if c != 1.0:
             pre *= np.float32(c)
         h = np.maximum(pre, 0.0)
-        m2 = drop.mask(h.shape)
         z = vd + (h * m2 if m2 is not None else h)
         self._saved = _Saved(
             ptr,
@@ -128,7 +138,9 @@ class EncoderStep:
         )
         return z
 
-    def backward(self, dz: np.ndarray) -> None:
+    def backward(self, dz: np.ndarray, defer: bool = False) -> None:
+        """defer (with a pool): E's rows are updated on the pool's thread while the caller goes
+        on (Module I: the head's Adam); the next forward, or `wait`, finishes it first."""
         s, self._saved = self._saved, None
         if s is None:
             raise RuntimeError("EncoderStep.backward without a forward")
@@ -158,28 +170,29 @@ class EncoderStep:
             if s.m1 is not None:
                 dv *= s.m1
             dv *= s.v > 0
-            order, seg, toks, owner = _group_by_label(s.tok, s.ptr, self._count)
             mE, vE = self.rows.moments()
-            none = np.empty(0, np.float32)  # token rows have no bias
-            _adam_rows(
-                0,
-                toks.size,
-                dv,
-                order,
-                seg,
-                toks,
-                owner,
-                s.x,
-                self.E,
-                none,
-                mE,
-                vE,
-                none,
-                none,
-                *self.rows.adam_terms(),
-            )
+            args = (s.tok, s.ptr, dv, s.x, mE, vE, self.rows.adam_terms())
+            if defer and self.pool is not None:
+                self._pending = self.pool.submit(self._update_rows, *args)
+            else:
+                self._update_rows(*args)
         if self.residual is not None:
             mR, vR = self.residual.moments()
             adam_on_rows(self._all, dR, self.R, mR, vR, *self.residual.adam_terms())
         else:
             res.weight.grad = torch.from_numpy(dR)
+
+    def _update_rows(self, tok, ptr, dv, x, mE, vE, terms) -> None:
+        """Lazy Adam on the batch's token rows of E with their gradient dv (one pass, grouped by
+        token)."""
+        order, seg, toks, owner = _group_by_label(tok, ptr, self._count)
+        none = np.empty(0, np.float32)  # token rows have no bias
+        _adam_rows(
+            0, toks.size, dv, order, seg, toks, owner, x, self.E, none, mE, vE, none, none, *terms
+        )
+
+    def wait(self) -> None:
+        """Finish a deferred update of E's rows (E and its moments are current after it)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()

@@ -280,6 +280,18 @@ def _warm_start(pptr, rows, ids, first_label, keys, values, alpha):
                 alpha[j] = values[lo + p]
 
 
+def frequency_order(indices: np.ndarray, F: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, feature): features renumbered by descending frequency (ties by id), the last
+    (the bias column) kept last; rank[f] = new id, feature[new id] = f."""
+    counts = np.bincount(indices, minlength=F)[: F - 1]
+    feature = np.empty(F, np.int64)
+    feature[: F - 1] = np.argsort(-counts, kind="stable")
+    feature[F - 1] = F - 1
+    rank = np.empty(F, np.int32)
+    rank[feature] = np.arange(F, dtype=np.int32)
+    return rank, feature
+
+
 _LABEL_CHUNK = 1024  # labels per task of the fit at most
 _CHUNK_PAIRS = 1 << 18  # (point, label) pairs per task at most, unless one label has more
 
@@ -393,11 +405,16 @@ class SparseRanker:
         pp, prow, py = pairs.ptr, pairs.rows, pairs.targets
         L = pp.size - 1
         F = Xr.shape[1]
-        xptr, xidx, xval = (
+        xptr, xval = (
             Xr.indptr.astype(np.int64),
-            Xr.indices.astype(np.int64),
             Xr.data if Xr.dtype in (np.float32, np.float64) else Xr.data.astype(np.float64),
         )
+        # features renumbered by frequency: each label's copy of its rows maps every feature
+        # to a local id through a vocabulary-sized table, whose frequent entries now share a
+        # few cache lines (the click log's 37.7M pairs on one thread, the copies alone: 14.5 ->
+        # 12.6 s, medians of 4 alternated). The arithmetic is the same: the same weights
+        rank, feature = frequency_order(Xr.indices, F)
+        xidx = rank[Xr.indices]
         ids = np.arange(Xr.shape[0], dtype=np.int64) if row_ids is None else np.asarray(row_ids)
         ids = ids.astype(np.int64)
         wk, wa = warm.dual if warm is not None and warm.dual is not None else (None, None)
@@ -456,7 +473,7 @@ class SparseRanker:
         if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):  # row ids given out of order
             order = np.argsort(keys, kind="stable")
             keys, dual = keys[order], dual[order]
-        return cls(sp.csr_matrix((val, idx, ptr), shape=(L, F)), (keys, dual))
+        return cls(sp.csr_matrix((val, feature[idx], ptr), shape=(L, F)), (keys, dual))
 
     def scores(self, Xr: sp.csr_matrix, C: sp.csr_matrix, threads: int = 1) -> np.ndarray:
         """w_l . x_i on every stored entry (i, l) of C, in C's entry order (float32 [nnz]); rows

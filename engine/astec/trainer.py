@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.sparse as sp
@@ -253,7 +254,11 @@ def train_surrogate(
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
     Ymeta.sum_duplicates()  # canonical: SparseTargetBCE's entries are distinct
     low = resolve_precision(precision) == "bfloat16" and dev.type == "cpu"
-    by_hand = EncoderStep(encoder, opt_s, low=low) if fused and dev.type == "cpu" else None
+    by_hand = None
+    if fused and dev.type == "cpu":
+        # E's row update on a second thread beside the head's Adam (`EncoderStep.backward`)
+        pool = ThreadPoolExecutor(1) if torch.get_num_threads() > 1 else None
+        by_hand = EncoderStep(encoder, opt_s, low=low, pool=pool)
     # the head by hand (buffers allocated once, no autograd): 255-row batches, 2 threads, medians
     # of 5 x 50 steps, against autocast + autograd: 64 / 1,024 / 4,096 meta-labels in bfloat16
     # 0.19 / 0.96 / 5.2 against 0.46 / 2.7 / 18.6 ms (docs/engine-training.md)
@@ -299,9 +304,10 @@ def train_surrogate(
                 target = csr_coo(yb)
                 assert by_hand_head is not None
                 loss_b, dz = by_hand_head.step(zb, target)
-                by_hand.backward(dz.numpy())  # R's gradient, E's rows updated
+                by_hand.backward(dz.numpy(), defer=True)  # R's gradient; E's rows deferred
                 opt_d.step()
                 tot += loss_b * (xb[0].size - 1)
+            by_hand.wait()  # E current before the validation and the best epoch's copy
         else:
             for idx in _batches(X.shape[0], batch_size, rng):
                 bar.update(1)
@@ -368,6 +374,8 @@ def train_surrogate(
         if stop:
             break
     bar.close()
+    if by_hand is not None and by_hand.pool is not None:
+        by_hand.pool.shutdown()
     if best_state is not None:
         with torch.no_grad():
             for b, p in zip(best_state, params, strict=True):
