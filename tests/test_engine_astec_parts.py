@@ -252,7 +252,7 @@ def test_exact_top_k_is_exact_when_its_sampled_threshold_misleads_and_across_blo
     Q = rng.standard_normal((70, 8)).astype(np.float32)
     index = ann.AnnIndex.build(V, exact_max=10_000)
     whole = index.query(Q, 30, num_threads=2)
-    monkeypatch.setattr(ann, "_BLOCK_FLOATS", 0)
+    monkeypatch.setattr(ann, "_BLOCK_FLOATS_F32", 0)  # this float32 index's cap
     blocked = index.query(Q, 30, num_threads=2, block=8)
     assert np.array_equal(whole[0], blocked[0])
     assert np.allclose(whole[1], blocked[1], atol=1e-6)

@@ -18,7 +18,12 @@ from numba import njit
 from .config import resolve_precision
 from .sparse import normalize_rows, row_parts
 
-_BLOCK_FLOATS = 1 << 24  # similarities per block of an exact search at most (64 MB)
+# similarities per block of an exact search at most: 32 MB of bfloat16, 512 MB of float32.
+# float32 products take 4x the bfloat16 ones' time, and their blocks must be larger for the
+# matmul to run at speed: 248,800 label centres, k = 600, 2 threads, AVX2 (no bfloat16): 128
+# rows a block (64 MB would have been 67) 2.17 ms a point, 256 rows 1.91, 512 1.76, 1,024 1.69
+_BLOCK_FLOATS = 1 << 24
+_BLOCK_FLOATS_F32 = 1 << 27
 
 
 @dataclass
@@ -183,12 +188,13 @@ class AnnIndex:
         low = self.precision == "bfloat16"
         if low and self._table16 is None:
             self._table16 = B.to(torch.bfloat16)
-        # blocks of up to 16M similarities (64 MB): torch's OpenMP threads spin for a while after
+        # blocks of up to `cap` similarities (above): torch's OpenMP threads spin for a while after
         # each matmul, beside the top-k threads; fewer, larger blocks waste less of it (k = 600
         # over 21k centres: 256 rows a block 1.5 s of top-k per 16k queries, 1024 rows 1.0 s).
         # `block` rows at least: at 248,800 centres the default 128 holds 64 MB of bfloat16
         # blocks (256 held twice that for ~5% less time; the 64 MB cap's 67 rows took 28% more)
-        block = max(block, min(1024, _BLOCK_FLOATS // max(self.count, 1)))
+        cap = _BLOCK_FLOATS if low else _BLOCK_FLOATS_F32
+        block = max(block, min(1024, cap // max(self.count, 1)))
         rows = min(block, n)
         out = torch.empty((rows, self.count), dtype=torch.bfloat16 if low else torch.float32)
         for s in range(0, n, block):

@@ -168,7 +168,9 @@ class ShortlistParams:
     # docs/engine-training.md) and no training-time graph (M = 100, efC = 300) is built. At L =
     # 500k (248,800 centres, `bench scale`) exact took ~0.4 ms per point and the graph's build +
     # search ~0.86 (Module II 428 -> 262 s, validation recall@300 44.5 -> 49.1): exact grows
-    # with the centres, the graph about with their log, so they meet near 2^19 centres.
+    # with the centres, the graph about with their log, so they meet near 2^19 centres. In
+    # float32 (a CPU without native bfloat16) at the same 248,800 centres: exact 1.8 ms a point
+    # at k = 600, the graph's build 321 s + 1.6 ms a point at recall 0.91 (docs/benchmarks.md)
     # Prediction keeps its HNSW graphs (one title at a time).
     exact_max_centres: int = 524288
     # M, efC, efS for ANNS^x (instances). Degree 16, as the serving graphs (`search.graph_m`):
