@@ -390,6 +390,60 @@ def test_final_index_grows_the_fit_graph_by_the_validation_points():
                 fit_index.points.query(dense_bag(enc, X[:3]), 1, 1)
 
 
+def test_final_index_keeps_the_fit_centre_graph_over_the_updated_centres():
+    # the final label-centre graph is the search choice's graph over the fit points' centres
+    # with each one-centre label's centre moved to its mean over every point, a head label's
+    # k-means centres kept, and the labels seen only in the validation split inserted
+    import torch
+
+    from engine.astec import AstecConfig
+    from engine.astec.model import _build_index, _final_index
+    from engine.astec.network import Encoder, dense_bag
+    from engine.astec.shortlist import label_centres
+
+    n, vocab = 600, 60
+    X = sp.random(n, vocab, density=0.3, format="csr", random_state=9, dtype=np.float32)
+    labels = np.arange(n) % 50
+    labels[:80] = 0  # a head label
+    valid = np.arange(3, n, 7)
+    labels[valid[:5]] = 50 + np.arange(5)  # five labels only in the validation split
+    Y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), labels)), shape=(n, 55))
+    fit = np.setdiff1d(np.arange(n), valid)
+    order = np.concatenate([fit, valid])
+    torch.manual_seed(0)
+    enc = Encoder(vocab, 16)
+    cfg = AstecConfig(exact_knn_max_points=0, predict_graph_m=16, num_threads=1)
+    cfg.shortlist.head_min_points, cfg.shortlist.head_centres = 60, 3
+    fit_index = _build_index(enc, X[fit], Y[fit], cfg, 0)
+    Vf = dense_bag(enc, X[fit])
+    fit_centres = label_centres(Vf, Y[fit], 3, 60, 0)
+    serving = _build_index(enc, X[fit], Y[fit], cfg, 0, Vf, serving=True, centres_owner=fit_centres)
+    assert serving.centres.kind == "hnsw"
+    final = _final_index(enc, X, Y, fit, valid, cfg, 0, fit_index, (serving, fit_centres))
+    owner = final.centre_owner
+    assert final.centres.kind == "hnsw" and final.centres.count == owner.size
+    assert final.centres.hnsw is not serving.centres.hnsw
+    assert owner.tolist() == [*fit_centres[1].tolist(), 50, 51, 52, 53, 54]
+    got = final.centres.vectors_of(np.arange(owner.size))
+    V = dense_bag(enc, X[order])
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    Yo = Y[order]
+    for j in np.unique(owner, return_index=True)[1]:  # each label's first centre: its mean
+        mean = V[Yo[:, owner[j]].nonzero()[0]].sum(0)
+        assert np.allclose(got[j], mean / np.linalg.norm(mean), atol=1e-5), j
+    head = np.flatnonzero(owner == 0)[1:]  # the head label's k-means centres
+    assert head.size == 3 and np.allclose(got[head], fit_centres[0][head], atol=1e-6)
+    from engine.astec.ann import AnnIndex
+
+    def recall(graph, vectors):  # of 10-NN searches against the exact ones
+        ids, _ = graph.query(vectors, 10, 1)
+        want, _ = AnnIndex.build(vectors, exact_max=10**6).query(vectors, 10, 1)
+        return np.mean([np.intersect1d(a, b).size / 10 for a, b in zip(ids, want, strict=True)])
+
+    assert recall(final.centres, got) >= 0.95
+    assert recall(serving.centres, fit_centres[0]) >= 0.95  # the fit graph is left as it was
+
+
 def test_graph_with_new_vectors_keeps_its_links_and_finds_the_new_neighbours():
     # after Module IV the fit points' graph keeps Module II's links over the fine-tuned v: the
     # stored vectors are the new ones (what prediction's graph, grown from it, exports), the

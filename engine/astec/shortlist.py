@@ -65,6 +65,29 @@ def label_centres(
     return np.concatenate(centres).astype(np.float32), np.concatenate(owner).astype(np.int64)
 
 
+def updated_centres(
+    V: np.ndarray, Y: sp.csr_matrix, centres: np.ndarray, owner: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`label_centres` of (V, Y) in the layout of centres / owner, its answer for some of these
+    points: each label's first centre (its mean there) becomes its normalised mean over V's
+    points, a head label's further centres (k-means of its points) are kept, and each label
+    with points but no centre gets one. Returns (vectors [len(owner), D], new centres [m, D],
+    their labels [m]): the final indexes keep the fit points' centre graph in this layout,
+    grown by the new centres, instead of building it again (L = 500k: 168.6 s a build on 2
+    AVX2 cores)."""
+    Vn = normalize_rows(V)
+    Yc = sp.csc_matrix(Y, dtype=np.float32)
+    counts = np.diff(Yc.indptr)
+    mu = normalize_rows(np.asarray(sp.csr_matrix(Yc.T) @ Vn))
+    labels, first = np.unique(owner, return_index=True)
+    vectors = np.array(centres, dtype=np.float32)
+    vectors[first] = mu[labels]
+    has = np.zeros(Y.shape[1], bool)
+    has[labels] = True
+    new = np.flatnonzero((counts > 0) & ~has).astype(np.int64)
+    return vectors, mu[new].astype(np.float32), new
+
+
 Hits = tuple[np.ndarray, np.ndarray]  # an index's answers: ids [n, k], similarities [n, k]
 
 
