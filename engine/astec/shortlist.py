@@ -42,17 +42,25 @@ def spherical_kmeans(V: np.ndarray, k: int, rng, iters: int = 10) -> np.ndarray:
     return C
 
 
+def _label_means(V: np.ndarray, Y: sp.csr_matrix):
+    """(unit rows of V, Y as csc, each label's point count, each label's normalised mean of
+    those rows [L, D]; zero rows for labels without points)."""
+    Vn = normalize_rows(V)
+    Yc = sp.csc_matrix(Y, dtype=np.float32)
+    mu = normalize_rows(np.asarray(sp.csr_matrix(Yc.T) @ Vn))
+    return Vn, Yc, np.diff(Yc.indptr), mu
+
+
 def label_centres(
     V: np.ndarray, Y: sp.csr_matrix, head_centres: int, head_min_points: int, seed: int = 0
 ):
     """Centres in v-space: one per label (normalised mean), several k-means centres per head label.
 
-    Returns (centres float32 [C, D], owner int64 [C]) for labels with at least one point.
+    Returns (centres float32 [C, D], owner int64 [C]) for labels with at least one point: the
+    labels' means first (ascending labels), then each head label's k-means centres (the layout
+    `updated_centres` reads).
     """
-    Vn = normalize_rows(V)
-    Yc = sp.csc_matrix(Y, dtype=np.float32)
-    counts = np.diff(Yc.indptr)
-    mu = normalize_rows(np.asarray(sp.csr_matrix(Yc.T) @ Vn))
+    Vn, Yc, counts, mu = _label_means(V, Y)
     has = np.flatnonzero(counts > 0)
     centres, owner = [mu[has]], [has]
     if head_centres > 1:
@@ -75,10 +83,7 @@ def updated_centres(
     their labels [m]): the final indexes keep the fit points' centre graph in this layout,
     grown by the new centres, instead of building it again (L = 500k: 168.6 s a build on 2
     AVX2 cores)."""
-    Vn = normalize_rows(V)
-    Yc = sp.csc_matrix(Y, dtype=np.float32)
-    counts = np.diff(Yc.indptr)
-    mu = normalize_rows(np.asarray(sp.csr_matrix(Yc.T) @ Vn))
+    _, _, counts, mu = _label_means(V, Y)
     labels, first = np.unique(owner, return_index=True)
     vectors = np.array(centres, dtype=np.float32)
     vectors[first] = mu[labels]
