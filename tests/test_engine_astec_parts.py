@@ -397,6 +397,7 @@ def test_final_index_keeps_the_fit_centre_graph_over_the_updated_centres():
     import torch
 
     from engine.astec import AstecConfig
+    from engine.astec.ann import AnnIndex
     from engine.astec.model import _build_index, _final_index
     from engine.astec.network import Encoder, dense_bag
     from engine.astec.shortlist import label_centres
@@ -419,7 +420,7 @@ def test_final_index_keeps_the_fit_centre_graph_over_the_updated_centres():
     fit_centres = label_centres(Vf, Y[fit], 3, 60, 0)
     serving = _build_index(enc, X[fit], Y[fit], cfg, 0, Vf, serving=True, centres_owner=fit_centres)
     assert serving.centres.kind == "hnsw"
-    final = _final_index(enc, X, Y, fit, valid, cfg, 0, fit_index, (serving, fit_centres))
+    final = _final_index(enc, X, Y, fit, valid, cfg, 0, fit_index, (serving, fit_centres[0]))
     owner = final.centre_owner
     assert final.centres.kind == "hnsw" and final.centres.count == owner.size
     assert final.centres.hnsw is not serving.centres.hnsw
@@ -433,7 +434,6 @@ def test_final_index_keeps_the_fit_centre_graph_over_the_updated_centres():
         assert np.allclose(got[j], mean / np.linalg.norm(mean), atol=1e-5), j
     head = np.flatnonzero(owner == 0)[1:]  # the head label's k-means centres
     assert head.size == 3 and np.allclose(got[head], fit_centres[0][head], atol=1e-6)
-    from engine.astec.ann import AnnIndex
 
     def recall(graph, vectors):  # of 10-NN searches against the exact ones
         ids, _ = graph.query(vectors, 10, 1)

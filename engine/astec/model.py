@@ -291,19 +291,20 @@ def _final_index(
     cfg: AstecConfig,
     seed: int,
     fit_index: ShortlistIndex,
-    fit_serving: tuple[ShortlistIndex, tuple[np.ndarray, np.ndarray]] | None = None,
+    fit_serving: tuple[ShortlistIndex, np.ndarray] | None = None,
 ) -> ShortlistIndex:
     """The serving indexes over every training point, the fit points first, then the validation
     points (index ids: positions in concat(fit, valid)). When fit_index's ANNS^x is a graph of
     the serving degree over the fit points, the validation points are inserted into it (takes it
     over) instead of a new graph being built over all points: the simulated click log's
     68,772-point build was ~7 s. fit_serving: the serving indexes over the fit points (the
-    search's choice) and their label centres (centres, owner); when its ANNS^mu is a graph, the
+    search's choice) and their label centres' vectors; when its ANNS^mu is a graph, the
     final one is that graph over `updated_centres` (links kept, vectors rewritten, the labels
     first seen in the validation split inserted) instead of a build: at L = 500k one build of
     the 248,800 centres' graph took 168.6 s on 2 AVX2 cores, 4.2 s on the click log."""
     order = np.concatenate([fit, valid])
-    V = dense_bag(encoder, X[order])
+    Xo, Yo = X[order], Y[order]
+    V = dense_bag(encoder, Xo)
     old = fit_index.points
     grow = (
         old.kind == "hnsw"
@@ -315,16 +316,17 @@ def _final_index(
     points = old.grown(V[len(fit) :], threads) if grow else None
     centres = centres_owner = None
     if fit_serving is not None and fit_serving[0].centres.kind == "hnsw":
-        (cents, owner), graph = fit_serving[1], fit_serving[0].centres
-        vectors, new, new_owner = updated_centres(V, Y[order], cents, owner)
+        served, cents = fit_serving
+        owner, graph = served.centre_owner, served.centres
+        vectors, new, new_owner = updated_centres(V, Yo, cents, owner)
         centres = graph.with_vectors(vectors, threads)
         if new.shape[0]:
             centres = centres.grown(new, threads)
         centres_owner = (np.concatenate([vectors, new]), np.concatenate([owner, new_owner]))
     return _build_index(
         encoder,
-        X[order],
-        Y[order],
+        Xo,
+        Yo,
         cfg,
         seed,
         V,
@@ -1036,7 +1038,7 @@ def train_learner(
     # prediction: serving graphs; the search size is chosen on validation with graphs like the
     # final ones (over the fit points only, so validation points do not find themselves)
     chosen_scores: sp.csr_matrix | None = None  # the validation scores with that choice
-    fit_serving = None  # the serving indexes over the fit points and their centres
+    fit_serving = None  # the serving indexes over the fit points and their centres' vectors
     if Xv.shape[0] and cfg.search.fractions:
         learner.index = _build_index(
             encoder,
@@ -1050,7 +1052,7 @@ def train_learner(
             same_points=index,
         )
         learner.search, chosen_scores = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
-        fit_serving = (learner.index, fit_centres)
+        fit_serving = (learner.index, fit_centres[0])
     del Vf, fit_centres
 
     Sv = None
