@@ -370,3 +370,24 @@ def test_refit_keeps_the_first_fits_candidates_and_adds_labels_first_seen_in_val
         final, X, valid, cfg, ids=len(fit) + np.arange(len(valid))
     )
     assert (C[len(fit) :] != fresh).nnz == 0 and fresh.nnz > 0
+
+
+def test_a_head_of_sampled_from_meta_labels_is_sampled_and_still_learns(model, data):
+    """surrogate.sampled_from <= the meta-labels: Module I scores a sample per batch (the log
+    says how wide) and the model still learns; by default (0) the full head."""
+    tr, Ytr, te, Yte = data
+    cfg = fast(
+        num_clusters=32,
+        surrogate_sampled_from=32,
+        surrogate_sampled_negatives=4,
+        surrogate_sampled_block=2,
+        batch_size=8,
+        reranker=False,
+        sparse_ranker=False,
+    )
+    m = Astec.train(tr, Ytr, cfg, progress=False)
+    epochs = m.train_log["learners"][0]["modules"]["I"]["epochs"]
+    assert all(0 < e["scored_meta_labels"] < 32 for e in epochs), epochs
+    assert evaluate(Yte, m.predict(te, k=5), ks=(1,))["P@1"] > 70.0
+    full = model.train_log["learners"][0]["modules"]["I"]["epochs"]
+    assert not any("scored_meta_labels" in e for e in full)

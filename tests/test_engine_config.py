@@ -43,6 +43,9 @@ def test_every_field_has_one_flat_name():
         "surrogate_large_from",
         "sparse_refit_iters",
         "precision",
+        "surrogate_sampled_from",
+        "surrogate_sampled_block",
+        "surrogate_sampled_negatives",
     }
     assert set(json.loads(FLAT_FILE.read_text())) == (set(FLAT_NAMES) - added_since) | {"seed"}
 

@@ -94,7 +94,8 @@ def balanced_clusters(
 
     Splits continue until there are num_clusters leaves (a power of two need not be asked for:
     the largest leaves are split first). Zero centroids (labels without training points) are
-    spread over the clusters by the balance constraint.
+    spread over the clusters by the balance constraint. Ids follow the tree: with a power of two
+    clusters, ids [k * 2^j, (k + 1) * 2^j) are one subtree.
     """
     L = centroids.shape[0]
     num_clusters = max(1, min(num_clusters, L))
@@ -112,19 +113,24 @@ def balanced_clusters(
         leave=False,
     )
     while len(leaves) < num_clusters:
-        # split the largest leaves of the current level (keeps sizes balanced)
-        leaves.sort(key=len, reverse=True)
+        # split the largest leaves of the current level (keeps sizes balanced), each in its place:
+        # the leaves stay in the tree's order, so a subtree is a range of cluster ids
+        # (`sampled_head` draws a positive's siblings as its hard negatives)
         n_split = min(len(leaves), num_clusters - len(leaves))
-        new = []
-        for idx in leaves[:n_split]:
-            if len(idx) < 2:
+        order = np.argsort([-len(x) for x in leaves], kind="stable")[:n_split]
+        chosen = np.zeros(len(leaves), dtype=bool)
+        chosen[order] = True
+        new, split = [], False
+        for idx, c in zip(leaves, chosen, strict=True):
+            if not c or len(idx) < 2:
                 new.append(idx)
                 continue
             left = _split(C[idx], rng)
             new.extend([idx[left], idx[~left]])
+            split = True
             bar.update(1)
-        leaves = new + leaves[n_split:]
-        if all(len(x) < 2 for x in leaves[:n_split]):
+        leaves = new
+        if not split:
             break
     bar.close()
     assign = np.empty(L, dtype=np.int64)

@@ -143,6 +143,18 @@ class SurrogateParams:
     # 27.37, 27.99 / 28.07 (before these early stops: 28.08 / 28.16). The simulated click log:
     # the same at 0 and 1 (validation 37.59 against 37.52-37.60), ~15 s more of Module I
     patience: int = 0
+    # heads of at least `sampled_from` meta-labels (0: none, the default) score a sample each
+    # batch (`sampled_head`): every meta-label in the label tree's subtrees of `sampled_block`
+    # leaves that hold the batch's meta-labels (their nearest clusters: the hardest negatives)
+    # and `sampled_negatives` others drawn uniformly, weighted by the inverse chance of being
+    # drawn (the expected gradient is the full head's). A trade of accuracy for Module I's time,
+    # off by default: `bench scale` (3 surrogate epochs, float32 CPU), 16 / 2,048 at L = 250k
+    # (6,780 of 16,384 meta-labels a batch): final validation P@1 / P@5 94.22 / 42.60 -> 93.66 /
+    # 41.72; at L = 500k (7,723 of 32,768): Module I 956 -> 428 s, test P@1 / P@5 91.95 / 33.14
+    # -> 90.45 / 31.22 (docs/benchmarks.md)
+    sampled_from: int = 0
+    sampled_block: int = 16
+    sampled_negatives: int = 2048
 
 
 @dataclass
@@ -384,6 +396,9 @@ _RENAMED: dict[tuple[str, str], str] = {
     ("surrogate", "lr"): "surrogate_lr",
     ("surrogate", "decay"): "surrogate_decay",
     ("surrogate", "patience"): "surrogate_patience",
+    ("surrogate", "sampled_from"): "surrogate_sampled_from",
+    ("surrogate", "sampled_block"): "surrogate_sampled_block",
+    ("surrogate", "sampled_negatives"): "surrogate_sampled_negatives",
     ("surrogate", "large_fraction"): "surrogate_large_fraction",
     ("surrogate", "large_from"): "surrogate_large_from",
     ("shortlist", "negatives"): "shortlist_size",

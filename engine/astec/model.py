@@ -809,6 +809,7 @@ def train_learner(
 
     # Module I: clusters -> surrogate task
     t0, c0 = time.time(), _cpu_s()
+    sur = cfg.surrogate
     cents = label_centroids(Xf, Yf)
     assign = balanced_clusters(cents, cfg.surrogate.num_clusters, seed, progress)
     Ym = meta_labels(Yf, assign, cfg.surrogate.num_clusters)
@@ -831,11 +832,13 @@ def train_learner(
         device=device,
         precision=cfg.training.precision,
         fused=cfg.training.fused_kernels,
+        sampled=sur.sampled_negatives if 0 < sur.sampled_from <= sur.num_clusters else 0,
+        sampled_block=sur.sampled_block,
     )
     log["modules"]["I"] = {
         **_spent(t0, c0),
         "peak_rss_mb": _peak_rss_mb(),
-        "clusters": int(cfg.surrogate.num_clusters),
+        "clusters": int(sur.num_clusters),
         "epochs": epochs_log,
     }
 

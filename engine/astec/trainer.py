@@ -24,6 +24,7 @@ from tqdm import tqdm
 from .config import resolve_precision
 from .encoder_step import EncoderStep
 from .network import Classifier, Encoder, bag_inputs
+from .sampled_head import SampledHead
 from .surrogate_head import SurrogateHead
 
 
@@ -224,6 +225,8 @@ def train_surrogate(
     patience: int = 0,
     precision: str = "float32",
     fused: bool = True,
+    sampled: int = 0,
+    sampled_block: int = 1,
 ) -> list[dict]:
     """Module I: train E, R0 and a dense meta-label classifier with BCE; returns per-epoch logs.
 
@@ -237,7 +240,9 @@ def train_surrogate(
     (on the CPU; "auto": where the CPU has it natively): the dense head's products and the
     encoder's residual products in bfloat16 (torch.autocast's roundings; the weights, Adam and
     the loss stay float32). fused (on the CPU): the encoder's backward and the head's written
-    out (`encoder_step`, `surrogate_head`); else autograd, as a GPU runs it.
+    out (`encoder_step`, `surrogate_head`); else autograd, as a GPU runs it. sampled > 0: each
+    batch scores the label tree's subtrees of sampled_block meta-labels that hold its positive
+    ones and this many drawn others (`sampled_head`), where that is fewer than all of them.
     """
     dev = torch.device(device)
     torch.manual_seed(seed)
@@ -250,6 +255,11 @@ def train_surrogate(
         head.to(dev)
     residual = encoder.residual
     opt_s = RowAdam(encoder.embed.weight, lr=lr)
+    sampled_head = (
+        SampledHead(head, sampled, sampled_block, np.random.default_rng([seed, 1]))
+        if 0 < sampled < Lm
+        else None
+    )
     opt_d = DenseAdam(list(residual.parameters()) + list(head.parameters()), lr=lr)
     Ymeta = sp.csr_matrix(Ymeta, dtype=np.float32)
     Ymeta.sum_duplicates()  # canonical: SparseTargetBCE's entries are distinct
@@ -262,7 +272,11 @@ def train_surrogate(
     # the head by hand (buffers allocated once, no autograd): 255-row batches, 2 threads, medians
     # of 5 x 50 steps, against autocast + autograd: 64 / 1,024 / 4,096 meta-labels in bfloat16
     # 0.19 / 0.96 / 5.2 against 0.46 / 2.7 / 18.6 ms (docs/engine-training.md)
-    by_hand_head = SurrogateHead(head, batch_size, low) if by_hand is not None else None
+    by_hand_head = (
+        SurrogateHead(head, batch_size, low)
+        if by_hand is not None and sampled_head is None
+        else None
+    )
     logs = []
     nb = -(-X.shape[0] // max(batch_size, 1))
     bar = tqdm(total=epochs * nb, desc="Module I", disable=not progress, leave=False, unit="batch")
@@ -274,10 +288,14 @@ def train_surrogate(
     def head_loss(z: torch.Tensor, target) -> float:
         """Autograd through the head (a GPU's path, and the CPU's without fused kernels): leaves the
         gradients of the head and of z; the batch's loss."""
+        opt_d.zero_grad()
+        if sampled_head is not None:
+            loss_s, dz = sampled_head.step(z.detach(), target)
+            z.backward(dz)
+            return loss_s
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
             logits = head(z)
         loss = SparseTargetBCE.apply(logits.float(), *target)
-        opt_d.zero_grad()
         loss.backward()
         return loss.item()
 
@@ -302,8 +320,9 @@ def train_surrogate(
                 bar.update(1)
                 zb = torch.from_numpy(by_hand.forward(*xb))
                 target = csr_coo(yb)
-                assert by_hand_head is not None
-                loss_b, dz = by_hand_head.step(zb, target)
+                head_step = by_hand_head or sampled_head
+                assert head_step is not None
+                loss_b, dz = head_step.step(zb, target)
                 by_hand.backward(dz.numpy(), defer=True)  # R's gradient; E's rows deferred
                 opt_d.step()
                 tot += loss_b * (xb[0].size - 1)
@@ -325,6 +344,9 @@ def train_surrogate(
             "loss": tot / max(X.shape[0], 1),
             "seconds": round(time.time() - t0, 2),
         }
+        if sampled_head is not None and sampled_head.steps:
+            entry["scored_meta_labels"] = round(sampled_head.scored / sampled_head.steps)
+            sampled_head.scored = sampled_head.steps = 0
         if valid is not None and valid[0].shape[0] > 0:
             Xv, Yv = valid
             encoder.eval()
