@@ -1,4 +1,4 @@
-"""Module I's sampled head (`surrogate.sampled`): with every meta-label drawn it is the full
+"""Module I's sampled head (`surrogate.sampled_from`): with every meta-label drawn it is the full
 head; with few, its gradient is the full head's on average and lies on the scored rows only;
 the positives' subtrees are always scored, cluster ids follow the label tree; Module I trains
 with it on the CPU's path and on a GPU's the same way."""

@@ -811,8 +811,8 @@ def train_learner(
     t0, c0 = time.time(), _cpu_s()
     sur = cfg.surrogate
     cents = label_centroids(Xf, Yf)
-    assign = balanced_clusters(cents, cfg.surrogate.num_clusters, seed, progress)
-    Ym = meta_labels(Yf, assign, cfg.surrogate.num_clusters)
+    assign = balanced_clusters(cents, sur.num_clusters, seed, progress)
+    Ym = meta_labels(Yf, assign, sur.num_clusters)
     encoder = Encoder(X.shape[1], D, cfg.network.spectral_lambda, cfg.network.dropout)
     if cfg.network.embedding_init == "svd":
         with torch.no_grad():
@@ -821,14 +821,14 @@ def train_learner(
         encoder,
         Xf,
         Ym,
-        cfg.surrogate.epochs,
-        cfg.surrogate.lr,
+        sur.epochs,
+        sur.lr,
         cfg.training.batch_size,
         seed,
         progress,
-        valid=(Xv, meta_labels(Yv, assign, cfg.surrogate.num_clusters)),
-        decay_epoch=round(cfg.surrogate.decay * cfg.surrogate.epochs),
-        patience=cfg.surrogate.patience,
+        valid=(Xv, meta_labels(Yv, assign, sur.num_clusters)),
+        decay_epoch=round(sur.decay * sur.epochs),
+        patience=sur.patience,
         device=device,
         precision=cfg.training.precision,
         fused=cfg.training.fused_kernels,
