@@ -633,3 +633,18 @@ def test_a_shortlisted_positive_is_trained_as_a_positive():
     assert C.dtype == np.float32 and C.has_sorted_indices
     np.testing.assert_array_equal(C.toarray(), [[2, 1, 2, 0], [0, 0, 0, 1], [0, 2, 0, 0]])
     assert C.nnz == 5
+
+
+def test_bfloat16_product_by_the_transposed_problem_is_the_product():
+    """`mm_low` (the bfloat16 a @ b as (b^T a^T)^T, faster in oneDNN): the float32 product of
+    the same bfloat16 operands within the rounding of its bfloat16 result, C-ordered float32."""
+    from engine.astec.encoder_step import mm_low
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(37, 300, generator=g).to(torch.bfloat16)
+    b = torch.randn(300, 24, generator=g).to(torch.bfloat16)
+    out = mm_low(a, b)
+    assert out.dtype == torch.float32 and out.is_contiguous() and out.shape == (37, 24)
+    ref = a.float() @ b.float()
+    assert torch.allclose(out, ref, rtol=1e-2, atol=1e-2)
+    assert not torch.allclose(out, a.float() @ b.float().flip(0), rtol=1e-2, atol=1e-2)

@@ -54,6 +54,13 @@ def _bag(indptr, tok, x, E, v):
                 v[i, d] = 0.0
 
 
+def mm_low(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of bfloat16 matrices, b row-major, as float32 (C order): computed as (b^T a^T)^T,
+    which oneDNN's bfloat16 kernels run faster. 255 x L by L x 300, 2 threads (AMX): L = 300
+    0.34 -> 0.21 ms, 1,024 1.34 -> 0.46, 32,768 23.5 -> 13.5 (float32 is no faster that way)."""
+    return torch.mm(b.t(), a.t()).t().float().contiguous()
+
+
 @dataclass
 class _Saved:
     """What the backward pass needs from the forward."""
@@ -164,7 +171,7 @@ class EncoderStep:
         dR = np.ascontiguousarray(dR, dtype=np.float32)
         if self.rows is not None:  # dv with R as the forward saw it, before R's update
             if self.low:
-                dv = torch.mm(dpt, s.R_t).float().mul_(c).add_(dzt).numpy()
+                dv = mm_low(dpt, s.R_t).mul_(c).add_(dzt).numpy()
             else:
                 dv = torch.addmm(dzt, dpt, s.R_t, alpha=c).numpy()
             if s.m1 is not None:

@@ -18,6 +18,7 @@ import torch
 from numba import njit
 from torch import nn
 
+from .encoder_step import mm_low
 from .sparse import row_parts
 
 _CHUNK = 512  # factors per product of the loss's sum of logs (each >= 0.5: >= 1e-154)
@@ -75,7 +76,7 @@ class SurrogateHead:
         if self.low:
             self.dW.copy_(self.dWc)
         self.head.weight.grad, self.head.bias.grad = self.dW, self.db
-        return loss, torch.mm(gc, self.Wc).float()
+        return loss, mm_low(gc, self.Wc) if self.low else torch.mm(gc, self.Wc)
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
