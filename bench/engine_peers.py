@@ -5,6 +5,7 @@ Every method runs in its own subprocess (a fresh interpreter), so its peak RSS i
 TF-IDF features from engine.text (words + word pairs by default, --peer-ngrams; Astec uses its
 config's n-grams). Metrics: engine.ranking_metrics with propensities from the training labels
 (engine.ranking_metrics' A, B unless --propensity A,B). A worker gets its job (PeerJob) as JSON.
+--rounds N runs the methods N times alternated and reports medians (`summarize_rounds`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,53 @@ def train_ratios(rows: list[dict]) -> dict:
         return {}
     base = max(min(peers), 1e-9)
     return {r["method"]: round(r["train_s"] / base, 1) for r in ok}
+
+
+_METRICS = ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")
+
+
+def summarize_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """One row per method over alternated rounds (each a list of rows as one round prints them,
+    with "train_ratio" set): metrics, seconds and the ratio are medians over the method's
+    rounds (the ratio each round's own: the machine's speed drifts less within a round than
+    across rounds), peak RSS the largest, each round's seconds and ratio kept beside them. A
+    method failing in every round keeps its first error; "failed_rounds" counts the others."""
+    import numpy as np
+
+    def med(xs):
+        return float(np.median(xs))
+
+    out = []
+    for m in dict.fromkeys(r["method"] for rs in rounds for r in rs):
+        mine = [r for rs in rounds for r in rs if r["method"] == m]
+        ok = [r for r in mine if "error" not in r]
+        if not ok:
+            out.append({"method": m, "error": mine[0]["error"], "failed_rounds": len(mine)})
+            continue
+        row = {"method": m, **{k: round(med([r[k] for r in ok]), 2) for k in _METRICS}}
+        row["train_s"] = round(med([r["train_s"] for r in ok]), 1)
+        row["predict_s"] = round(med([r["predict_s"] for r in ok]), 1)
+        row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
+        ratios = [r["train_ratio"] for r in ok if "train_ratio" in r]
+        if ratios:
+            row["train_ratio"] = round(med(ratios), 1)
+        row["rounds"] = len(ok)
+        row["train_s_rounds"] = [r["train_s"] for r in ok]
+        row["train_ratio_rounds"] = ratios
+        if len(ok) < len(mine):
+            row["failed_rounds"] = len(mine) - len(ok)
+        logs = [r["modules_s"] for r in ok if r.get("modules_s")]
+        if logs:
+            row["modules_s"] = {
+                j: {
+                    k: round(med([lg[j][k] for lg in logs if lg.get(j, {}).get(k) is not None]), 3)
+                    for k in logs[0][j]
+                    if any(lg.get(j, {}).get(k) is not None for lg in logs)
+                }
+                for j in logs[0]
+            }
+        out.append(row)
+    return out
 
 
 @dataclass
@@ -246,6 +294,15 @@ _IN_FILE = click.Path(exists=True, dir_okay=False, resolve_path=True)
     help="A,B of the propensity model.",
 )
 @click.option(
+    "--rounds",
+    type=click.IntRange(1, 20),
+    default=1,
+    show_default=True,
+    help="Run the methods this many times, alternated (A B A B ...), and report medians: the "
+    "training-time ratio as the median of each round's own ratio. Shared or throttled machines "
+    "drift in speed by tens of percent within minutes; one run each is one sample of that.",
+)
+@click.option(
     "--json-out",
     type=click.Path(dir_okay=False),
     default=None,
@@ -268,6 +325,7 @@ def peers(
     device,
     peer_ngrams,
     propensity,
+    rounds,
     json_out,
     save_models,
 ):
@@ -276,7 +334,7 @@ def peers(
     from engine.astec import AstecConfig
     from engine.astec.config import resolve_threads
     from engine.formats import load_dataset
-    from engine.ranking_metrics import evaluate, inv_propensity
+    from engine.ranking_metrics import inv_propensity
 
     wanted = [m.strip() for m in methods.split(",") if m.strip()]
     bad = [m for m in wanted if m not in METHODS]
@@ -295,21 +353,52 @@ def peers(
     cfg = AstecConfig.load(config_path) if config_path else AstecConfig()
     threads = resolve_threads(threads)
     astec_threads = cfg.training.threads if cfg.training.threads > 0 else threads
+    per_round: list[list[dict]] = []
+    for rnd in range(rounds):
+        rows = _run_round(
+            wanted,
+            rnd,
+            rounds,
+            PeerJob(
+                method="",
+                train=str(train_path),
+                test=str(test_path),
+                labels=labels_path,
+                config=config_path,
+                out_json="",  # _run chooses it
+                k=5,
+                threads=threads,
+                peer_ngrams=peer_ngrams,
+                device=device,
+                save_dir=save_models if rnd == 0 else None,
+            ),
+            astec_threads,
+            Yte,
+            ip,
+        )
+        ratios = train_ratios(rows)
+        for r in rows:
+            if r["method"] in ratios:
+                r["train_ratio"] = ratios[r["method"]]
+        per_round.append(rows)
+    rows = per_round[0] if rounds == 1 else summarize_rounds(per_round)
+    _print_table(rows, rounds)
+    if json_out:
+        Path(json_out).write_text(json.dumps(rows, indent=1))
+
+
+def _run_round(
+    wanted: list[str], rnd: int, rounds: int, base: PeerJob, astec_threads: int, Yte, ip
+) -> list[dict]:
+    """One run of each wanted method, in order: its metrics, seconds and peak RSS (or error)."""
+    from engine.ranking_metrics import evaluate
+
     rows = []
     for m in wanted:
-        click.echo(f"running {m} ...", err=True)
-        job = PeerJob(
-            method=m,
-            train=str(train_path),
-            test=str(test_path),
-            labels=labels_path,
-            config=config_path,
-            out_json="",  # _run chooses it
-            k=5,
-            threads=astec_threads if m.startswith("astec") else threads,
-            peer_ngrams=peer_ngrams,
-            device=device,
-            save_dir=save_models,
+        tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
+        click.echo(f"running {m}{tag} ...", err=True)
+        job = dataclasses.replace(
+            base, method=m, threads=astec_threads if m.startswith("astec") else base.threads
         )
         r = _run(job)
         if "error" in r:
@@ -319,10 +408,7 @@ def peers(
         met = evaluate(Yte, r["ids"], ip, ks=(1, 3, 5))
         row = {
             "method": m,
-            **{
-                key: round(met[key], 2)
-                for key in ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")
-            },
+            **{key: round(met[key], 2) for key in _METRICS},
             "train_s": round(r["train_s"], 1),
             "predict_s": round(r["predict_s"], 1),
             "peak_rss_mb": round(r["peak_rss_mb"]),
@@ -331,10 +417,14 @@ def peers(
             row["modules_s"] = r["train_log"]
         rows.append(row)
         click.echo(f"  {json.dumps(row)}", err=True)
-    ratios = train_ratios(rows)
-    for r in rows:
-        if r["method"] in ratios:
-            r["train_ratio"] = ratios[r["method"]]
+    return rows
+
+
+def _print_table(rows: list[dict], rounds: int) -> None:
+    """The markdown table (with each round's seconds and ratio where there are rounds) and
+    Astec's seconds per module."""
+    if rounds > 1:
+        click.echo(f"medians of {rounds} rounds, the methods alternated in each")
     cols = [
         "P@1",
         "P@3",
@@ -347,10 +437,17 @@ def peers(
         "train_ratio",
         "peak_rss_mb",
     ]
+    if rounds > 1:
+        cols[cols.index("peak_rss_mb") : cols.index("peak_rss_mb")] = [
+            "train_s_rounds",
+            "train_ratio_rounds",
+        ]
     head = (
         "| method | "
         + " | ".join(
             c.replace("peak_rss_mb", "peak RSS MB")
+            .replace("train_ratio_rounds", "ratio per round")
+            .replace("train_s_rounds", "train s per round")
             .replace("train_ratio", "train / fastest peer")
             .replace("train_s", "train s")
             for c in cols
@@ -363,18 +460,24 @@ def peers(
         if "error" in r:
             click.echo(f"| {r['method']} | failed: {r['error']} |")
         else:
-            click.echo(f"| {r['method']} | " + " | ".join(str(r.get(c, "-")) for c in cols) + " |")
+            click.echo(
+                f"| {r['method']} | " + " | ".join(_cell(r.get(c, "-")) for c in cols) + " |"
+            )
     for r in rows:
         for j, mods in (r.get("modules_s") or {}).items():
             click.echo(
-                f"{r['method']} learner {j} seconds per module: "
+                f"{r['method']} learner {j} seconds per module"
+                + (" (medians)" if rounds > 1 else "")
+                + ": "
                 + ", ".join(
                     f"{k} {v:.1f}" if isinstance(v, int | float) else f"{k} {v}"
                     for k, v in mods.items()
                 )
             )
-    if json_out:
-        Path(json_out).write_text(json.dumps(rows, indent=1))
+
+
+def _cell(v) -> str:
+    return " / ".join(str(x) for x in v) if isinstance(v, list) else str(v)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`astec bench peers` run the way its docs show it, from the data's own folder with relative
 paths: every method runs in a worker started from the repository's root, and must still find
-the files (it failed with FileNotFoundError for each method before)."""
+the files (it failed with FileNotFoundError for each method before); with --rounds, each method
+reports the medians of its alternated runs."""
 
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ def test_bench_peers_takes_paths_relative_to_the_callers_folder(tmp_path):
             "--labels",
             "DATA/labels.txt",
             "--methods",
-            "parabel",
+            "parabel,bonsai",
+            "--rounds",
+            "2",
             "--json-out",
             "peers.json",
         ],
@@ -54,6 +57,11 @@ def test_bench_peers_takes_paths_relative_to_the_callers_folder(tmp_path):
         check=False,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    (row,) = json.loads((tmp_path / "peers.json").read_text())
-    assert "error" not in row, row
-    assert row["method"] == "parabel" and row["P@1"] > 50.0
+    parabel, bonsai = json.loads((tmp_path / "peers.json").read_text())
+    for row in (parabel, bonsai):
+        assert "error" not in row, row
+        assert row["rounds"] == 2 and len(row["train_s_rounds"]) == 2, row
+        assert len(row["train_ratio_rounds"]) == 2, row  # (seconds this small round to 0.0)
+    assert parabel["method"] == "parabel" and parabel["P@1"] > 50.0
+    assert bonsai["method"] == "bonsai" and bonsai["P@1"] > 50.0
+    assert "medians of 2 rounds" in res.stdout and "train s per round" in res.stdout

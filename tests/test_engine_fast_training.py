@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.engine_peers import train_ratios
+from bench.engine_peers import summarize_rounds, train_ratios
 from engine.astec import Astec, AstecConfig
 from engine.astec.config import available_cores, resolve_device, resolve_threads
 from engine.astec.network import Classifier, Encoder
@@ -288,6 +288,46 @@ def test_train_ratios_to_fastest_peer():
     ]
     assert train_ratios(rows) == {"astec": 10.0, "bonsai": 2.0, "parabel": 1.0}
     assert train_ratios([{"method": "astec", "train_s": 5.0}]) == {"astec": 1.0}
+
+
+def _peer_row(method, train_s, ratio, p1=70.0, rss=900, modules=None):
+    row = {"method": method, "train_s": train_s, "predict_s": 1.0, "peak_rss_mb": rss}
+    row.update({k: p1 for k in ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")})
+    row["train_ratio"] = ratio
+    if modules is not None:
+        row["modules_s"] = {"0": modules}
+    return row
+
+
+def test_rounds_report_medians_and_each_rounds_own_ratio():
+    """`bench peers --rounds 3`: a machine twice as slow in round 2 moves both methods' seconds,
+    not the ratio, which is the median of the rounds' own ratios (not median over median)."""
+    rounds = [
+        [_peer_row("astec", 100.0, 4.0, 72.0, 2000, {"I": 30.0}), _peer_row("bonsai", 25.0, 1.0)],
+        [_peer_row("astec", 210.0, 4.2, 72.2, 2100, {"I": 70.0}), _peer_row("bonsai", 50.0, 1.0)],
+        [_peer_row("astec", 130.0, 5.2, 71.9, 1900, {"I": 40.0}), _peer_row("bonsai", 25.0, 1.0)],
+    ]
+    astec, bonsai = summarize_rounds(rounds)
+    assert astec["method"] == "astec" and bonsai["method"] == "bonsai"
+    assert astec["train_s"] == 130.0 and astec["train_s_rounds"] == [100.0, 210.0, 130.0]
+    assert astec["train_ratio"] == 4.2  # 130 / 25 would say 5.2
+    assert astec["train_ratio_rounds"] == [4.0, 4.2, 5.2]
+    assert astec["P@1"] == 72.0 and astec["peak_rss_mb"] == 2100 and astec["rounds"] == 3
+    assert astec["modules_s"] == {"0": {"I": 40.0}}
+    assert bonsai["train_s"] == 25.0 and bonsai["train_ratio"] == 1.0
+
+
+def test_rounds_keep_a_method_that_failed_in_some_of_them():
+    ok = _peer_row("astec", 100.0, 4.0)
+    rounds = [
+        [ok, {"method": "bonsai", "error": "exit status 1"}],
+        [ok, _peer_row("bonsai", 20.0, 1.0)],
+    ]
+    astec, bonsai = summarize_rounds(rounds)
+    assert bonsai["train_s"] == 20.0 and bonsai["failed_rounds"] == 1 and bonsai["rounds"] == 1
+    assert "failed_rounds" not in astec
+    (only,) = summarize_rounds([[{"method": "bonsai", "error": "boom"}]] * 2)
+    assert only == {"method": "bonsai", "error": "boom", "failed_rounds": 2}
 
 
 def test_model_trained_by_the_torch_path_predicts_like_a_cpu_model(tmp_path):
