@@ -292,7 +292,7 @@ def test_train_ratios_to_fastest_peer():
 
 def _peer_row(method, train_s, ratio, p1=70.0, rss=900, modules=None):
     row = {"method": method, "train_s": train_s, "predict_s": 1.0, "peak_rss_mb": rss}
-    row.update({k: p1 for k in ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")})
+    row.update(dict.fromkeys(("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5"), p1))
     row["train_ratio"] = ratio
     if modules is not None:
         row["modules_s"] = {"0": modules}
