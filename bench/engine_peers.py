@@ -313,7 +313,8 @@ _IN_FILE = click.Path(exists=True, dir_okay=False, resolve_path=True)
     type=click.Path(file_okay=False, resolve_path=True),
     default=None,
     help="Save the trained Astec models as DIR/astec, DIR/astec-3 (saving is not timed), "
-    "e.g. to export and `astec bench predict` the very model measured here.",
+    "e.g. to export and `astec bench predict` the very model measured here (with --rounds: "
+    "the first round's).",
 )
 def peers(
     train_path,
