@@ -117,15 +117,15 @@ def summarize_rounds(rounds: list[list[dict]]) -> list[dict]:
         if len(ok) < len(mine):
             row["failed_rounds"] = len(mine) - len(ok)
         logs = [r["modules_s"] for r in ok if r.get("modules_s")]
-        if logs:
-            row["modules_s"] = {
-                j: {
-                    k: round(med([lg[j][k] for lg in logs if lg.get(j, {}).get(k) is not None]), 3)
-                    for k in logs[0][j]
-                    if any(lg.get(j, {}).get(k) is not None for lg in logs)
-                }
-                for j in logs[0]
-            }
+        if logs:  # each learner's modules as the first log names them, over the logs that have them
+            row["modules_s"] = {}
+            for j in logs[0]:
+                per: dict = {}
+                for k in logs[0][j]:
+                    xs = [lg[j][k] for lg in logs if lg.get(j, {}).get(k) is not None]
+                    if xs:
+                        per[k] = round(med(xs), 3)
+                row["modules_s"][j] = per
         out.append(row)
     return out
 
@@ -427,13 +427,7 @@ def _print_table(rows: list[dict], rounds: int) -> None:
     if rounds > 1:
         click.echo(f"medians of {rounds} rounds, the methods alternated in each")
     cols = [
-        "P@1",
-        "P@3",
-        "P@5",
-        "nDCG@5",
-        "PSP@1",
-        "PSP@3",
-        "PSP@5",
+        *_METRICS,
         "train_s",
         "train_ratio",
         "peak_rss_mb",
