@@ -6,6 +6,8 @@ TF-IDF features from engine.text (words + word pairs by default, --peer-ngrams; 
 config's n-grams). Metrics: engine.ranking_metrics with propensities from the training labels
 (engine.ranking_metrics' A, B unless --propensity A,B). A worker gets its job (PeerJob) as JSON.
 --rounds N runs the methods N times alternated and reports medians (`summarize_rounds`).
+Training time is wall seconds and CPU seconds (every thread of the worker): a shared machine's
+stolen time slows the first, not the second.
 """
 
 from __future__ import annotations
@@ -70,17 +72,16 @@ def _module_seconds(learner_log: dict) -> dict:
     return out
 
 
-def train_ratios(rows: list[dict]) -> dict:
-    """Each method's training time over the fastest peer's (peers: the non-Astec methods; with
-    none of them in the run, the fastest method's). Failed rows are left out."""
-    ok = [r for r in rows if "error" not in r]
-    peers = [r["train_s"] for r in ok if not r["method"].startswith("astec")] or [
-        r["train_s"] for r in ok
-    ]
+def train_ratios(rows: list[dict], key: str = "train_s") -> dict:
+    """Each method's training time (`key`: wall or CPU seconds) over the fastest peer's (peers:
+    the non-Astec methods; with none of them in the run, the fastest method's). Failed rows and
+    rows without `key` are left out."""
+    ok = [r for r in rows if "error" not in r and r.get(key) is not None]
+    peers = [r[key] for r in ok if not r["method"].startswith("astec")] or [r[key] for r in ok]
     if not peers:
         return {}
     base = max(min(peers), 1e-9)
-    return {r["method"]: round(r["train_s"] / base, 1) for r in ok}
+    return {r["method"]: round(r[key] / base, 1) for r in ok}
 
 
 _METRICS = ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")
@@ -106,14 +107,23 @@ def summarize_rounds(rounds: list[list[dict]]) -> list[dict]:
             continue
         row = {"method": m, **{k: round(med([r[k] for r in ok]), 2) for k in _METRICS}}
         row["train_s"] = round(med([r["train_s"] for r in ok]), 1)
+        cpu = [r["train_cpu_s"] for r in ok if r.get("train_cpu_s") is not None]
+        if cpu:
+            row["train_cpu_s"] = round(med(cpu), 1)
         row["predict_s"] = round(med([r["predict_s"] for r in ok]), 1)
         row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
         ratios = [r["train_ratio"] for r in ok if "train_ratio" in r]
         if ratios:
             row["train_ratio"] = round(med(ratios), 1)
+        cpu_ratios = [r["cpu_ratio"] for r in ok if "cpu_ratio" in r]
+        if cpu_ratios:
+            row["cpu_ratio"] = round(med(cpu_ratios), 1)
         row["rounds"] = len(ok)
         row["train_s_rounds"] = [r["train_s"] for r in ok]
         row["train_ratio_rounds"] = ratios
+        if cpu:
+            row["train_cpu_s_rounds"] = cpu
+            row["cpu_ratio_rounds"] = cpu_ratios
         if len(ok) < len(mine):
             row["failed_rounds"] = len(mine) - len(ok)
         logs = [r["modules_s"] for r in ok if r.get("modules_s")]
@@ -162,11 +172,11 @@ def _worker(job: PeerJob) -> None:
     if not method.startswith("astec"):
         cfg.features.word_ngrams = job.peer_ngrams
     tr_in, te_in, Xtr, Xte, Ytr, _, names = _load(job.train, job.test, job.labels, cfg)
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()  # CPU seconds of every thread of this process
     if method.startswith("astec"):
         learners = 3 if method == "astec-3" else 1
         model = Astec.train(tr_in, Ytr, cfg, label_names=names, learners=learners, progress=False)
-        train_s = time.time() - t0
+        train_s, train_cpu_s = time.time() - t0, time.process_time() - c0
         if job.save_dir:  # --save-models: keep it for export / bench (not timed)
             model.save(Path(job.save_dir) / method)
         t1 = time.time()
@@ -189,9 +199,9 @@ def _worker(job: PeerJob) -> None:
             )  # defaults = Parabel (k=2, balanced, depth 20, 3 trees)
             if method == "bonsai":
                 hp.cluster_k, hp.cluster_balanced, hp.max_depth = 100, False, 3
-            t0 = time.time()  # writing the file is not training
+            t0, c0 = time.time(), time.process_time()  # writing the file is not training
             model = omikuji.Model.train_on_data(path, hp, n_threads=threads)
-        train_s = time.time() - t0
+        train_s, train_cpu_s = time.time() - t0, time.process_time() - c0
         t1 = time.time()
         Xte = sp.csr_matrix(Xte)
         ids = np.full((Xte.shape[0], k), -1, np.int64)
@@ -209,7 +219,7 @@ def _worker(job: PeerJob) -> None:
             Ylist = [row.indices.tolist() for row in sp.csr_matrix(Ytr)]
             model = PLT(os.path.join(tmp, "plt"), threads=threads, seed=0)
             model.fit(sp.csr_matrix(Xtr, dtype=np.float32), Ylist)
-            train_s = time.time() - t0
+            train_s, train_cpu_s = time.time() - t0, time.process_time() - c0
             t1 = time.time()
             preds = model.predict(sp.csr_matrix(Xte, dtype=np.float32), top_k=k)
         ids = np.full((Xte.shape[0], k), -1, np.int64)
@@ -220,7 +230,9 @@ def _worker(job: PeerJob) -> None:
         raise ValueError(method)
     pred_s = time.time() - t1
     np.save(job.out_json + ".ids.npy", ids)
-    Path(job.out_json).write_text(json.dumps({"train_s": train_s, "predict_s": pred_s, **extra}))
+    Path(job.out_json).write_text(
+        json.dumps({"train_s": train_s, "train_cpu_s": train_cpu_s, "predict_s": pred_s, **extra})
+    )
 
 
 def _run(job: PeerJob) -> dict:
@@ -331,7 +343,7 @@ def peers(
     save_models,
 ):
     """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k,
-    training time and peak RSS."""
+    training time (wall and CPU seconds, each over the fastest peer's) and peak RSS."""
     from engine.astec import AstecConfig
     from engine.astec.config import resolve_threads
     from engine.formats import load_dataset
@@ -377,10 +389,12 @@ def peers(
             Yte,
             ip,
         )
-        ratios = train_ratios(rows)
+        ratios, cpu_ratios = train_ratios(rows), train_ratios(rows, "train_cpu_s")
         for r in rows:
             if r["method"] in ratios:
                 r["train_ratio"] = ratios[r["method"]]
+            if r["method"] in cpu_ratios:
+                r["cpu_ratio"] = cpu_ratios[r["method"]]
         per_round.append(rows)
     rows = per_round[0] if rounds == 1 else summarize_rounds(per_round)
     _print_table(rows, rounds)
@@ -411,6 +425,7 @@ def _run_round(
             "method": m,
             **{key: round(met[key], 2) for key in _METRICS},
             "train_s": round(r["train_s"], 1),
+            "train_cpu_s": round(r["train_cpu_s"], 1),
             "predict_s": round(r["predict_s"], 1),
             "peak_rss_mb": round(r["peak_rss_mb"]),
         }
@@ -430,10 +445,12 @@ def _print_table(rows: list[dict], rounds: int) -> None:
         *_METRICS,
         "train_s",
         "train_ratio",
+        "train_cpu_s",
+        "cpu_ratio",
         "peak_rss_mb",
     ]
     if rounds > 1:
-        cols[cols.index("peak_rss_mb") : cols.index("peak_rss_mb")] = [
+        cols[cols.index("train_cpu_s") : cols.index("train_cpu_s")] = [
             "train_s_rounds",
             "train_ratio_rounds",
         ]
@@ -444,6 +461,8 @@ def _print_table(rows: list[dict], rounds: int) -> None:
             .replace("train_ratio_rounds", "ratio per round")
             .replace("train_s_rounds", "train s per round")
             .replace("train_ratio", "train / fastest peer")
+            .replace("train_cpu_s", "train CPU s")
+            .replace("cpu_ratio", "CPU / fastest peer")
             .replace("train_s", "train s")
             for c in cols
         )

@@ -62,6 +62,8 @@ def test_bench_peers_takes_paths_relative_to_the_callers_folder(tmp_path):
         assert "error" not in row, row
         assert row["rounds"] == 2 and len(row["train_s_rounds"]) == 2, row
         assert len(row["train_ratio_rounds"]) == 2, row  # (seconds this small round to 0.0)
+        assert len(row["train_cpu_s_rounds"]) == 2 and row["train_cpu_s"] >= 0.0, row
     assert parabel["method"] == "parabel" and parabel["P@1"] > 50.0
     assert bonsai["method"] == "bonsai" and bonsai["P@1"] > 50.0
     assert "medians of 2 rounds" in res.stdout and "train s per round" in res.stdout
+    assert "train CPU s" in res.stdout and "CPU / fastest peer" in res.stdout

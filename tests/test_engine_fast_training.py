@@ -290,10 +290,25 @@ def test_train_ratios_to_fastest_peer():
     assert train_ratios([{"method": "astec", "train_s": 5.0}]) == {"astec": 1.0}
 
 
-def _peer_row(method, train_s, ratio, p1=70.0, rss=900, modules=None):
+def test_cpu_ratios_to_the_peer_with_fewest_cpu_seconds():
+    """The CPU-seconds ratio has its own fastest peer: a peer fast by the clock because it runs
+    more threads is not the cheapest in CPU time."""
+    rows = [
+        {"method": "astec", "train_s": 80.0, "train_cpu_s": 120.0},
+        {"method": "bonsai", "train_s": 16.0, "train_cpu_s": 30.0},
+        {"method": "parabel", "train_s": 20.0, "train_cpu_s": 20.0},
+        {"method": "napkinxc-plt", "train_s": 9.0},  # no CPU seconds: left out of that ratio
+    ]
+    assert train_ratios(rows, "train_cpu_s") == {"astec": 6.0, "bonsai": 1.5, "parabel": 1.0}
+    assert train_ratios(rows)["astec"] == 8.9
+
+
+def _peer_row(method, train_s, ratio, p1=70.0, rss=900, modules=None, cpu=None):
     row = {"method": method, "train_s": train_s, "predict_s": 1.0, "peak_rss_mb": rss}
     row.update(dict.fromkeys(("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5"), p1))
     row["train_ratio"] = ratio
+    if cpu is not None:
+        row["train_cpu_s"], row["cpu_ratio"] = cpu
     if modules is not None:
         row["modules_s"] = {"0": modules}
     return row
@@ -315,6 +330,18 @@ def test_rounds_report_medians_and_each_rounds_own_ratio():
     assert astec["P@1"] == 72.0 and astec["peak_rss_mb"] == 2100 and astec["rounds"] == 3
     assert astec["modules_s"] == {"0": {"I": 40.0}}
     assert bonsai["train_s"] == 25.0 and bonsai["train_ratio"] == 1.0
+    assert "train_cpu_s" not in astec and "cpu_ratio" not in astec  # rows without CPU seconds
+
+
+def test_rounds_report_the_median_cpu_seconds_and_cpu_ratio():
+    rounds = [
+        [_peer_row("astec", 100.0, 4.0, cpu=(170.0, 3.6)), _peer_row("bonsai", 25.0, 1.0)],
+        [_peer_row("astec", 210.0, 4.2, cpu=(190.0, 3.9)), _peer_row("bonsai", 50.0, 1.0)],
+        [_peer_row("astec", 130.0, 5.2, cpu=(175.0, 3.7)), _peer_row("bonsai", 25.0, 1.0)],
+    ]
+    astec, _ = summarize_rounds(rounds)
+    assert astec["train_cpu_s"] == 175.0 and astec["train_cpu_s_rounds"] == [170.0, 190.0, 175.0]
+    assert astec["cpu_ratio"] == 3.7 and astec["cpu_ratio_rounds"] == [3.6, 3.9, 3.7]
 
 
 def test_rounds_keep_a_method_that_failed_in_some_of_them():
