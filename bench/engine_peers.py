@@ -389,12 +389,11 @@ def peers(
             Yte,
             ip,
         )
-        ratios, cpu_ratios = train_ratios(rows), train_ratios(rows, "train_cpu_s")
-        for r in rows:
-            if r["method"] in ratios:
-                r["train_ratio"] = ratios[r["method"]]
-            if r["method"] in cpu_ratios:
-                r["cpu_ratio"] = cpu_ratios[r["method"]]
+        for key, name in (("train_s", "train_ratio"), ("train_cpu_s", "cpu_ratio")):
+            ratios = train_ratios(rows, key)
+            for r in rows:
+                if r["method"] in ratios:
+                    r[name] = ratios[r["method"]]
         per_round.append(rows)
     rows = per_round[0] if rounds == 1 else summarize_rounds(per_round)
     _print_table(rows, rounds)
