@@ -69,3 +69,24 @@ def test_no_two_modules_share_a_name():
                     names.setdefault(f, []).append(os.path.relpath(os.path.join(d, f), ROOT))
     clash = {n: ps for n, ps in names.items() if len(ps) > 1}
     assert not clash, clash
+
+
+def test_tests_mirror_the_packages_and_import_no_test_module():
+    """Each test lives under tests/<package>/ (or tests/ for the whole repository); what tests
+    share lives in tests/testkit, so no test module imports another test module or a conftest."""
+    tests = os.path.join(ROOT, "tests")
+    allowed = {*RANK, "testkit", "data"}
+    bad = []
+    for d, dirs, files in os.walk(tests):
+        dirs[:] = [x for x in dirs if x != "__pycache__"]
+        rel = os.path.relpath(d, tests)
+        if rel != "." and rel.split(os.sep)[0] not in allowed:
+            bad.append(f"tests/{rel}: not a package of the repository")
+        for f in sorted(files):
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(d, f)
+            for line, dep in imports(path):
+                if dep.startswith("test_") or dep == "conftest":
+                    bad.append(f"{os.path.relpath(path, ROOT)}:{line}: imports {dep}")
+    assert not bad, "\n".join(bad)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import STREAM_DATA
+from testkit.paths import REPO, STREAM_DATA
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(240)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO)
 
 
 def test_bench_stream_answers_every_event_and_removes_its_services(astec_predictor, tmp_path):

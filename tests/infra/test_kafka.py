@@ -27,9 +27,10 @@ from infra.services import (
 )
 from stream.settings import load_settings
 from stream.topics import KafkaUnavailable, check_kafka, ensure_topics, make_consumer, make_producer
+from testkit.paths import REPO
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 def _produce(settings, topic, values):

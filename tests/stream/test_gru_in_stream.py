@@ -25,11 +25,11 @@ pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
 @pytest.fixture(scope="module")
 def gru_weights(astec_predictor, tmp_path_factory):
     """A GRU trained (2 epochs) on simulator logs over the stream test corpus."""
-    from conftest import STREAM_DATA
     from engine.predictor import Predictor
     from personalization.visits import load_visits
     from simulator.traffic import LogSettings, simulate_logs
     from simulator.world import world_from_dataset
+    from testkit.paths import STREAM_DATA
 
     d = tmp_path_factory.mktemp("gru-stream")
     world = world_from_dataset(STREAM_DATA, n_users=100, seed=5)

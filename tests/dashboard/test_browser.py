@@ -32,15 +32,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_dashboard_data import (
+from testkit.dashboard_data import (
     BENCH,
-    _store_visits,
     make_registry,
     publish_series,
+    store_visits,
     write_click_log,
 )
+from testkit.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
+REPO_PATH = Path(REPO)
 CHROMIUM = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else shutil.which("chromium")
 CHROME_FLAGS = [
     "--headless",
@@ -220,12 +221,12 @@ def not_blank(png: bytes, where: Path) -> None:
 def gru_root(astec_predictor, tmp_path_factory):
     """A GRU policy registry trained (1 epoch) on simulator logs over the stream corpus, as
     `astec personalize train` publishes it."""
-    from conftest import STREAM_DATA
     from engine.predictor import Predictor
     from personalization.train import TrainConfig, publish, train_policy
     from personalization.visits import load_visits
     from simulator.traffic import LogSettings, simulate_logs
     from simulator.world import world_from_dataset
+    from testkit.paths import STREAM_DATA
 
     d = tmp_path_factory.mktemp("gru-dash")
     world = world_from_dataset(STREAM_DATA, n_users=40, seed=5)
@@ -260,7 +261,7 @@ def demo_dashboard(astec_predictor, gru_root, evaluation_json, services, stream_
     titles = stream_corpus[0][100:106]
     s = services.replace(redis_key_prefix=f"astec-dash-{uuid.uuid4().hex[:8]}")
     pred = Predictor.load(astec_predictor)
-    _store_visits(s, pred, titles, "alice", k=16)
+    store_visits(s, pred, titles, "alice", k=16)
     write_click_log(demo / "live-logs", "alice", titles, 1.7e9, clicked=(3,))
     now = time.time()
     ms = {}
@@ -311,7 +312,7 @@ def demo_dashboard(astec_predictor, gru_root, evaluation_json, services, stream_
                 "--bench",
                 str(tmp_path / "peers.json"),
             ],
-            cwd=REPO,
+            cwd=REPO_PATH,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -5,46 +5,22 @@ consumer metrics published by stream.consumer_metrics."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
 
 from dashboard import health, models, offline, predictions, users
 from dashboard.sources import SourceError, find_logs, find_policy, mask_url, ping, redis_client
-
-HOLDOUT = {"P@1": 41.5, "P@3": 30.25, "P@5": 22.0, "nDCG@5": 44.0, "PSP@1": 20.0, "PSP@5": 25.5}
-
-
-def make_registry(root: Path, predictor_dir: str, n: int = 2) -> list[str]:
-    """An engine registry whose versions link the fixture's exported predictor; newest promoted.
-
-    version.json carries the fields `astec retrain` records (held-out metrics, decision)."""
-    from engine.registry import Registry
-
-    reg = Registry(root)
-    ids = []
-    for i in range(n):
-        st = reg.stage(f"2026010{i + 1}T000000.000000Z-000{i}")
-        os.symlink(predictor_dir, st.path / "predictor")
-        parent = {"parent": ids[-1], "metrics_current_on_holdout": {"P@1": 40.0}} if ids else {}
-        reg.commit(
-            st,
-            {
-                "kind": "astec",
-                "promoted": True,
-                "decision": f"decision {i}",
-                "metrics_holdout": HOLDOUT,
-                "holdout": {"points": 77},
-                **parent,
-            },
-        )
-        reg.promote(st.version)
-        ids.append(st.version)
-    return ids
+from testkit.dashboard_data import (
+    BENCH,
+    make_registry,
+    publish_metrics,
+    publish_series,
+    store_visits,
+    write_click_log,
+)
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -132,22 +108,6 @@ def test_offline_metrics_in_a_plain_run_directory(astec_predictor, evaluation_js
 
 
 # ---- users -------------------------------------------------------------------------------------
-def _store_visits(settings, predictor, titles, user, k=4):
-    from personalization.state import UserState
-    from stream.state_store import StateStore, connect
-
-    ids, scores, z = predictor.predict_with_features(titles, 5)
-    states = [
-        UserState.from_visit(
-            f"{user}-e{i}", 1.7e9 + i, f"https://x/{i}", t, z[i], ids[i], scores[i]
-        )
-        for i, t in enumerate(titles)
-    ]
-    store = StateStore(connect(settings.redis_url), settings.redis_key_prefix, k=k)
-    store.append_batch([user] * len(states), states)
-    return ids, scores
-
-
 def test_user_states_read_back_with_names_and_choice(
     redis_settings, astec_predictor, stream_corpus
 ):
@@ -156,7 +116,7 @@ def test_user_states_read_back_with_names_and_choice(
     s = redis_settings
     pred = Predictor.load(astec_predictor)
     titles = stream_corpus[0][:6]
-    ids, scores = _store_visits(s, pred, titles, "u1", k=4)
+    ids, scores = store_visits(s, pred, titles, "u1", k=4)
     client = redis_client(s.redis_url)
     states, bad = users.read_states(client, s.redis_key_prefix, "u1")
     assert bad == 0 and [st.event_id for st in states] == ["u1-e2", "u1-e3", "u1-e4", "u1-e5"]
@@ -178,24 +138,12 @@ def test_user_states_read_back_with_names_and_choice(
 
 
 # ---- stream health -----------------------------------------------------------------------------
-def _publish(settings, cid, version, events, dead):
-    from stream.consumer_metrics import ConsumerMetrics, publish
-    from stream.state_store import connect
-
-    m = ConsumerMetrics(cid, policy="top1", model_version=version)
-    m.no_query = 2
-    m.record_batch(
-        events, dead, 1, 0.02, np.linspace(5, 50, events), {"predict": 0.5, "redis": 0.25}
-    )
-    publish(connect(settings.redis_url), settings.redis_key_prefix, m)
-
-
 def test_consumer_health_totals_versions_and_staleness(redis_settings):
     s = redis_settings
     client = redis_client(s.redis_url)
     assert health.consumer_health(client, s.redis_key_prefix).rows == []
-    _publish(s, "w-a", "v1", 100, 3)
-    _publish(s, "w-b", "v2", 50, 2)
+    publish_metrics(s, "w-a", "v1", 100, 3)
+    publish_metrics(s, "w-b", "v2", 50, 2)
     h = health.consumer_health(client, s.redis_key_prefix)
     assert [r["consumer"] for r in h.rows] == ["w-a", "w-b"]
     assert (h.events, h.dead_letters, h.stale) == (150, 5, 0)
@@ -256,7 +204,7 @@ def test_users_chosen_query_by_a_trained_gru_policy(redis_settings, tmp_path):
     from personalization.policy import GruPolicy
     from personalization.train import publish, train_policy
     from stream.state_store import StateStore, connect
-    from test_personalization_policy import CFG, synthetic_visits, window_states
+    from testkit.policy_data import CFG, synthetic_visits, window_states
 
     v, rows_w, _, _ = synthetic_visits()
     weights, report = train_policy(v, rows_w, CFG, progress=False)
@@ -278,39 +226,6 @@ def test_users_chosen_query_by_a_trained_gru_policy(redis_settings, tmp_path):
 
 
 # ---- time series of the stream metrics ----------------------------------------------------------
-class FakeClock:
-    """Stands in for the `time` module inside stream.consumer_metrics: publishes at chosen
-    instants."""
-
-    def __init__(self, t0: float):
-        self.t = t0
-
-    def time(self):
-        return self.t
-
-    def monotonic(self):
-        return self.t
-
-
-def publish_series(settings, cid, points, t0, step=2.0, version="v1", series_len=None, m=None):
-    """Publish one snapshot per (events, dead, latencies) tuple, `step` seconds apart, through
-    stream.consumer_metrics.publish as a worker does (continuing `m` when given); returns the
-    ConsumerMetrics."""
-    from stream import consumer_metrics as sm
-    from stream.state_store import connect
-
-    clock = FakeClock(t0)
-    client = connect(settings.redis_url)
-    with mock.patch.object(sm, "time", clock):
-        m = m or sm.ConsumerMetrics(cid, policy="gru", model_version=version)
-        for events, dead, lat in points:
-            m.record_batch(events, dead, 0, 0.01, np.asarray(lat, float), {"predict": 0.01})
-            kw = {} if series_len is None else {"series_len": series_len}
-            sm.publish(client, settings.redis_key_prefix, m, **kw)
-            clock.t += step
-    return m
-
-
 def test_metrics_series_is_capped_expiring_and_per_interval(redis_settings):
     from stream.consumer_metrics import SERIES_TTL_S, read_all, read_series, series_key
 
@@ -416,41 +331,6 @@ def test_demo_layout_policy_and_logs_found_beside_the_models(tmp_path):
 
 
 # ---- users: titles and clicks from the click log ---------------------------------------------
-def write_click_log(log_dir, user, titles, t0, clicked=(0,)):
-    """Impressions (as `astec stream log-clicks` writes them) for events <user>-e<i>, and clicks."""
-    from engine.clicklog import ClickLogWriter
-
-    with ClickLogWriter(log_dir, "ad_impressions", writer_id="t") as w:
-        w.write_many(
-            [
-                {
-                    "event_id": f"{user}-e{i}",
-                    "user_id": user,
-                    "ts": t0 + i,
-                    "query": f"shown-{i}",
-                    "candidates": [f"shown-{i}", "other"],
-                    "url": f"https://x/{i}",
-                    "title": t,
-                    "policy": "gru",
-                }
-                for i, t in enumerate(titles)
-            ]
-        )
-    with ClickLogWriter(log_dir, "ad_clicks", writer_id="t") as w:
-        w.write_many(
-            [
-                {
-                    "event_id": f"{user}-e{i}",
-                    "user_id": user,
-                    "query": f"shown-{i}",
-                    "clicked": True,
-                    "ts": t0 + i + 0.5,
-                }
-                for i in clicked
-            ]
-        )
-
-
 def test_user_visits_show_titles_shown_query_and_clicks(
     redis_settings, astec_predictor, stream_corpus, tmp_path
 ):
@@ -459,7 +339,7 @@ def test_user_visits_show_titles_shown_query_and_clicks(
     s = redis_settings
     pred = Predictor.load(astec_predictor)
     titles = stream_corpus[0][20:24]
-    _store_visits(s, pred, titles, "carol", k=8)
+    store_visits(s, pred, titles, "carol", k=8)
     write_click_log(tmp_path / "logs", "carol", titles[:3], 1.7e9, clicked=(1,))
     write_click_log(tmp_path / "logs", "dave", titles[:1], 1.7e9)
     imps, clicks = users.read_user_log(tmp_path / "logs", "carol")
@@ -476,37 +356,6 @@ def test_user_visits_show_titles_shown_query_and_clicks(
 
 
 # ---- offline: peers, P@k against k, label-frequency bins ---------------------------------------
-BENCH = [
-    {
-        "method": "astec",
-        "P@1": 60.0,
-        "P@3": 40.0,
-        "P@5": 30.0,
-        "nDCG@5": 55.0,
-        "PSP@1": 30.0,
-        "PSP@3": 33.0,
-        "PSP@5": 36.0,
-        "train_s": 100.0,
-        "predict_s": 2.0,
-        "peak_rss_mb": 900,
-    },
-    {
-        "method": "parabel",
-        "P@1": 58.0,
-        "P@3": 38.0,
-        "P@5": 29.0,
-        "nDCG@5": 53.0,
-        "PSP@1": 25.0,
-        "PSP@3": 28.0,
-        "PSP@5": 31.0,
-        "train_s": 20.0,
-        "predict_s": 1.0,
-        "peak_rss_mb": 400,
-    },
-    {"method": "napkinxc-plt", "error": "exit status 1: boom"},
-]
-
-
 def test_bench_rows_and_pk_points(tmp_path):
     (tmp_path / "peers.json").write_text(json.dumps(BENCH))
     (tmp_path / "other.json").write_text(json.dumps({"metrics": {}}))

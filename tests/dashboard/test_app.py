@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from test_dashboard_data import (
+from testkit.dashboard_data import (
     BENCH,
-    _publish,
-    _store_visits,
     make_registry,
+    publish_metrics,
     publish_series,
+    store_visits,
     write_click_log,
 )
+from testkit.paths import REPO
 
-APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
+APP = str(Path(REPO) / "dashboard" / "app.py")
 DEAD_REDIS = "redis://:pw@127.0.0.1:1/0"
 
 
@@ -128,7 +129,7 @@ def test_users_page_lists_states_with_names(
     s = redis_settings
     make_registry(tmp_path / "models", astec_predictor)
     pred = Predictor.load(astec_predictor)
-    ids, scores = _store_visits(s, pred, stream_corpus[0][10:13], "alice", k=16)
+    ids, scores = store_visits(s, pred, stream_corpus[0][10:13], "alice", k=16)
     app_env(tmp_path / "models", s.redis_url, s.redis_key_prefix)
     at = run_page("Users")
     assert any("alice" in c for c in texts(at.caption))
@@ -210,8 +211,8 @@ def test_stream_health_page_totals(app_env, redis_settings, tmp_path):
     app_env(tmp_path, s.redis_url, s.redis_key_prefix)
     at = run_page("Stream health")
     assert any("No consumer has published metrics" in t for t in texts(at.info))
-    _publish(s, "w-1", "v7", 40, 4)
-    _publish(s, "w-2", "v8", 60, 1)
+    publish_metrics(s, "w-1", "v7", 40, 4)
+    publish_metrics(s, "w-2", "v8", 60, 1)
     at.run()
     assert not at.exception, at.exception
     m = {x.label: x.value for x in at.metric}
@@ -249,7 +250,7 @@ def test_users_page_titles_clicks_from_the_click_log(
     make_registry(tmp_path / "demo/models/engine", astec_predictor)
     pred = Predictor.load(astec_predictor)
     titles = stream_corpus[0][30:34]
-    _store_visits(s, pred, titles, "erin", k=16)
+    store_visits(s, pred, titles, "erin", k=16)
     write_click_log(tmp_path / "demo/live-logs", "erin", titles, 1.7e9, clicked=(2,))
     app_env(tmp_path / "demo/models/engine", s.redis_url, s.redis_key_prefix)
     at = run_page("Users")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from testkit.paths import REPO
 
 PARENT = """
 import sys

@@ -12,9 +12,11 @@ import sys
 
 import pytest
 
+from testkit.paths import REPO
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 def test_bench_peers_takes_paths_relative_to_the_callers_folder(tmp_path):

@@ -260,10 +260,10 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
 
     from engine.astec import model as astec_model
     from engine.astec.network import dense_bag
-    from test_engine_predictor import _corpus, _train
+    from testkit.engine_models import corpus, train_small
 
-    texts, labels, names = _corpus()
-    model = _train(tmp_path / "model")
+    texts, labels, names = corpus()
+    model = train_small(tmp_path / "model")
     rows = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
     Y = sp.csr_matrix(
         (np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
@@ -319,10 +319,10 @@ def test_refit_keeps_the_first_fits_candidates_and_adds_labels_first_seen_in_val
     from engine.astec import model as astec_model
     from engine.astec.network import dense_bag
     from engine.astec.sparse import normalize_rows
-    from test_engine_predictor import _corpus, _train
+    from testkit.engine_models import corpus, train_small
 
-    texts, labels, names = _corpus()
-    model = _train(tmp_path / "model")
+    texts, labels, names = corpus()
+    model = train_small(tmp_path / "model")
     n = 480
     rows = np.repeat(np.arange(n), [len(x) for x in labels[:n]])
     Y = sp.csr_matrix(

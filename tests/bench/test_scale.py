@@ -5,16 +5,17 @@ asked for (an hour-long size must not run silently), none in captured output by 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from testkit.paths import REPO
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 def _scale(tmp_path, *extra: str) -> subprocess.CompletedProcess:

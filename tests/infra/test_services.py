@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from infra.cli import cli
 from infra.services import pid_alive
 from stream.settings import ConfigError, Settings, load_settings
+from testkit.paths import REPO
 
 
 def test_infra_up_status_down(tmp_path):
@@ -108,7 +109,7 @@ def test_consumer_retry_backoff_reaches_every_consumer(tmp_path):
 def test_deploy_example_config_loads(tmp_path):
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "infra", "deploy", "astec.example.toml")
+    path = os.path.join(REPO, "infra", "deploy", "astec.example.toml")
     s = load_settings(
         path, env={"REDIS_URL": "redis://:pw@redis.internal:6379/0"}, services_dir=str(tmp_path)
     )

@@ -8,13 +8,13 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import KnnPredictor
 from engine.clicklog import ad_outcomes
 from stream.click_logger import run_click_logger
 from stream.live_sim import run_simulation
 from stream.model_handle import ModelHandle
 from stream.policy_handle import Top1Policy
 from stream.worker import StreamWorker
+from testkit.corpora import KnnPredictor
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
 

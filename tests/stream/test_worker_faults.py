@@ -24,10 +24,11 @@ from stream.schemas import decode, encode
 from stream.settings import settings_env
 from stream.state_store import StateStore, connect
 from stream.topics import make_consumer
+from testkit.paths import REPO
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 def start_stream(settings, predictor, workers=2):

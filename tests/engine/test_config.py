@@ -18,8 +18,9 @@ from engine.astec.config import (
     EnsembleParams,
     TrainingParams,
 )
+from testkit.paths import TESTS_DATA
 
-FLAT_FILE = Path(__file__).parent / "data" / "engine" / "model_config_flat.json"
+FLAT_FILE = Path(TESTS_DATA, "engine", "model_config_flat.json")
 
 
 def flat_dict(cfg: AstecConfig) -> dict:

@@ -16,82 +16,25 @@ from click.testing import CliRunner
 from engine.export import ExportOptions, export_model
 from engine.manifest import ManifestError
 from engine.predictor import Predictor
-
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "tests" / "data" / "stream"
-
-
-def _corpus():
-    texts, labels = [], []
-    for line in (DATA / "train.tsv").read_text(encoding="utf-8").splitlines():
-        t, ids = line.split("\t")
-        texts.append(t)
-        labels.append([int(x) for x in ids.split(",")])
-    names = (DATA / "labels.txt").read_text(encoding="utf-8").split("\n")[:-1]
-    return texts, labels, names
-
-
-def _train(out: Path, **over):
-    import scipy.sparse as sp
-
-    from engine.astec import Astec, AstecConfig
-
-    texts, labels, names = _corpus()
-    rows = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
-    Y = sp.csr_matrix(
-        (np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
-        shape=(len(texts), len(names)),
-    )
-    cfg = AstecConfig(
-        embedding_dim=32,
-        surrogate_epochs=2,
-        extreme_epochs=2,
-        reranker_epochs=1,
-        num_threads=1,
-        **over,
-    )
-    model = Astec.train(texts[:480], Y[:480], cfg, label_names=names, progress=False)
-    model.save(out)
-    return model
+from testkit.engine_models import (
+    assert_model_parity,
+    corpus,
+    model_like,
+    parity,
+    train_small,
+)
+from testkit.paths import REPO, STREAM_DATA
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A small real model (exact search, re-ranker) and its exported predictor."""
     d = tmp_path_factory.mktemp("pred")
-    model = _train(d / "model")
+    model = train_small(d / "model")
     export_model(d / "model", d / "predictor", progress=False)
-    texts, _, _ = _corpus()
+    texts, _, _ = corpus()
     test = [*texts[480:], "", "zzzz qqqq unknownword", texts[0]]  # held out + edge cases
     return model, d, test
-
-
-def _parity(ids_a, sc_a, ids_b, sc_b):
-    same5 = np.mean([set(a[:5]) == set(b[:5]) for a, b in zip(ids_a, ids_b, strict=True)])
-    close = np.mean([np.allclose(a, b, atol=1e-4) for a, b in zip(sc_a, sc_b, strict=True)])
-    return same5, close
-
-
-def _model_like(model, predictor_dir: Path):
-    """The torch model searching as much as the predictor does (the export's serving profile
-    searches fewer neighbours than the model's own defaults)."""
-    from bench.engine_predict import match_search
-
-    match_search(model, predictor_dir)
-    return model
-
-
-def assert_model_parity(model, p: Predictor, test: list[str]):
-    """The predictor's batch and single-text paths give the model's top-5 and scores; returns
-    the model's (ids, scores)."""
-    ids_t, sc_t = model.predict(test, k=10)
-    ids_p, sc_p = p.predict(test, k=10)
-    same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
-    assert same5 >= 0.99 and close >= 0.99, (same5, close)
-    one = [p.predict_one(t, 10) for t in test]
-    same5, close = _parity(ids_p, sc_p, [o[0] for o in one], [o[1] for o in one])
-    assert same5 >= 0.99 and close >= 0.99, (same5, close)
-    return ids_t, sc_t
 
 
 def test_parity_with_torch_model(built):
@@ -100,7 +43,7 @@ def test_parity_with_torch_model(built):
     # the default model has a sparse ranker: parity covers its scores too
     assert p.ranker_vectorizer is not None and p.learners[0].sparse is not None
     assert p.learners[0].gamma == model.learners[0].gamma < 1.0
-    assert_model_parity(_model_like(model, d / "predictor"), p, test)
+    assert_model_parity(model_like(model, d / "predictor"), p, test)
     np.testing.assert_allclose(p.features(test), model.features(test), atol=1e-5)
 
 
@@ -118,7 +61,7 @@ def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
     """A model whose indexes are HNSW is copied graph for graph (its lean serving graphs) and
     searched as much as the model chose on validation: same labels and scores as the model,
     whichever way the ensemble joins its learners (max here, then mean)."""
-    model = _train(tmp_path / "model", exact_knn_max_points=0, learners=2, ensemble="max")
+    model = train_small(tmp_path / "model", exact_knn_max_points=0, learners=2, ensemble="max")
     assert model.ensemble == "max"
     export_model(tmp_path / "model", tmp_path / "pred", progress=False)
     p = Predictor.load(tmp_path / "pred")
@@ -129,15 +72,15 @@ def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
     for lr, lc in zip(model.learners, cfg["learners"], strict=True):
         want = lr.search or (model.config.knn_neighbours, model.config.centroid_neighbours)
         assert (lc["shortlist"]["knn"], lc["shortlist"]["kmu"]) == tuple(want)
-    test = _corpus()[0][480:]
+    test = corpus()[0][480:]
     for how in ("max", "mean"):
         model.ensemble = p.ensemble = how
         ids_t, sc_t = model.predict(test, k=10)
         ids_p, sc_p = p.predict(test, k=10)
-        same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
+        same5, close = parity(ids_t, sc_t, ids_p, sc_p)
         assert same5 >= 0.99 and close >= 0.99, (how, same5, close)
         one = [p.predict_one(t, 10) for t in test]  # the ensemble on the single-text path
-        same5, close = _parity(ids_p, sc_p, [o[0] for o in one], [o[1] for o in one])
+        same5, close = parity(ids_p, sc_p, [o[0] for o in one], [o[1] for o in one])
         assert same5 >= 0.99 and close >= 0.99, (how, same5, close)
     # the two joins really differ: max keeps a label one learner alone shortlists at full score
     model.ensemble = "max"
@@ -165,7 +108,7 @@ def test_api_shapes_padding_and_edge_texts(built):
     np.testing.assert_array_equal(rows, W[[0, 5, L - 1]])
     with pytest.raises(IndexError):
         p.classifier_rows([L])
-    assert len(p.label_names) == L and p.label_names[3] == _corpus()[2][3]
+    assert len(p.label_names) == L and p.label_names[3] == corpus()[2][3]
     assert p.version.startswith("astec-") and p.version == p.manifest.data["version"]
 
 
@@ -178,7 +121,7 @@ def test_predict_path_never_imports_torch(built):
         "assert 'torch' not in sys.modules, 'predict'; print('ok')"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -236,7 +179,9 @@ def test_cli_export_and_bench_predict(built, tmp_path):
     tsv.write_text(
         "".join(
             line + "\n"
-            for line in (DATA / "train.tsv").read_text(encoding="utf-8").splitlines()[480:]
+            for line in (Path(STREAM_DATA) / "train.tsv")
+            .read_text(encoding="utf-8")
+            .splitlines()[480:]
         )
     )
     r = runner.invoke(
@@ -393,11 +338,11 @@ def test_export_without_sparse_ranker_serves_gamma_one(built, tmp_path):
     assert p.ranker_vectorizer is None and p.learners[0].sparse is None
     from engine.astec import Astec
 
-    m = _model_like(Astec.load(d / "model"), tmp_path / "p")
+    m = model_like(Astec.load(d / "model"), tmp_path / "p")
     assert m.learners[0].gamma == 1.0
     ids_t, sc_t = m.predict(test, k=10)
     ids_p, sc_p = p.predict(test, k=10)
-    same5, close = _parity(ids_t, sc_t, ids_p, sc_p)
+    same5, close = parity(ids_t, sc_t, ids_p, sc_p)
     assert same5 >= 0.99 and close >= 0.99, (same5, close)
     ids_r, _ = Predictor.load(d / "predictor").predict(test, k=10)
     assert not np.array_equal(ids_r, ids_p)  # the ranker did change the answers

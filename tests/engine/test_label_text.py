@@ -12,7 +12,7 @@ import pytest
 from engine.export import export_model
 from engine.label_text import LabelText
 from engine.predictor import Predictor, PredictorError
-from test_engine_predictor import _corpus, _model_like, _train, assert_model_parity
+from testkit.engine_models import assert_model_parity, corpus, model_like, train_small
 
 
 def _idf(L, df):
@@ -54,7 +54,7 @@ def test_match_is_the_idf_share_of_the_name_in_the_title():
 def test_candidates_are_every_label_matched_at_least_theta(theta):
     """The inverted index (heaviest components only) finds exactly the labels a brute-force
     scan of every name finds."""
-    texts, _, names = _corpus()
+    texts, _, names = corpus()
     lt = LabelText(names)
     titles = [lt.title_ids(t) for t in texts[:120] + names[:40] + ["", "zzzz"]]
     rows, labels = lt.candidates(titles, theta)
@@ -78,7 +78,7 @@ def test_candidates_are_every_label_matched_at_least_theta(theta):
 
 
 def test_training_chooses_the_weight_on_validation_and_logs_it(tmp_path):
-    model = _train(tmp_path / "model")
+    model = train_small(tmp_path / "model")
     t = model.train_log["label_text"]
     table = t["label_text_weight_selection"]
     assert [r["label_text_weight"] for r in table] == list(model.config.label_text_grid)
@@ -86,20 +86,20 @@ def test_training_chooses_the_weight_on_validation_and_logs_it(tmp_path):
     chosen = next(r for r in table if r["label_text_weight"] == t["label_text_weight"])
     assert chosen["objective"] == best and model.label_text_weight == t["label_text_weight"]
     # a model trained without names (or with the feature off) has no match
-    assert _train(tmp_path / "off", label_text=False).label_text is None
+    assert train_small(tmp_path / "off", label_text=False).label_text is None
 
 
 def test_predictor_adds_what_the_model_adds(tmp_path):
     """A configured weight reaches the saved model, the export and both predictor paths; it
     changes the ranking (the match is really applied) and the predictor agrees with the model."""
-    texts, _, names = _corpus()
-    model = _train(tmp_path / "model", label_text_weight=0.2)
+    texts, _, names = corpus()
+    model = train_small(tmp_path / "model", label_text_weight=0.2)
     assert model.label_text_weight == 0.2 and model.label_text is not None
     export_model(tmp_path / "model", tmp_path / "pred", progress=False)
     p = Predictor.load(tmp_path / "pred")
     assert p.label_text_weight == 0.2
     test = [*texts[480:], names[3], "", "zzzz unknown"]
-    ids_t, sc_t = assert_model_parity(_model_like(model, tmp_path / "pred"), p, test)
+    ids_t, sc_t = assert_model_parity(model_like(model, tmp_path / "pred"), p, test)
     # labels only their names find join the shortlists of both implementations
     lr, probe = model.learners[0], names[:300]
     X = model.transform(probe)
@@ -136,7 +136,7 @@ def test_predictor_adds_what_the_model_adds(tmp_path):
 def test_bad_weight_in_predictor_config_is_refused(tmp_path):
     from engine.manifest import write_manifest
 
-    _train(tmp_path / "model")
+    train_small(tmp_path / "model")
     export_model(tmp_path / "model", tmp_path / "pred", progress=False)
     cfg_path = tmp_path / "pred" / "predictor.json"
     cfg = json.loads(cfg_path.read_text())
@@ -155,8 +155,8 @@ def test_export_without_label_text_serves_the_model_without_it(tmp_path):
 
     from engine.cli_export import export as export_cmd
 
-    texts, _, names = _corpus()
-    model = _train(tmp_path / "model", label_text_weight=0.2)
+    texts, _, names = corpus()
+    model = train_small(tmp_path / "model", label_text_weight=0.2)
     r = CliRunner().invoke(
         export_cmd,
         ["--model", str(tmp_path / "model"), "--out", str(tmp_path / "p"), "--no-label-text"],
@@ -165,6 +165,6 @@ def test_export_without_label_text_serves_the_model_without_it(tmp_path):
     p = Predictor.load(tmp_path / "p")
     assert p.label_text is None and p.label_text_weight == 0
     test = texts[480:] + names[:20]
-    m = _model_like(model, tmp_path / "p")
+    m = model_like(model, tmp_path / "p")
     assert m.label_text is None
     assert_model_parity(m, p, test)

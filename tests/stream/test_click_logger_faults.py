@@ -20,10 +20,11 @@ import pytest
 from engine.clicklog import ReadReport, ad_outcomes, read_log
 from stream.schemas import encode
 from stream.settings import settings_env
+from testkit.paths import REPO
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 def start_logger(settings, log_dir, out):

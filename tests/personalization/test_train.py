@@ -13,7 +13,7 @@ import pytest
 from personalization.evaluate import Truth, bootstrap_lift, evaluate_policies, summarize
 from personalization.policy import GruPolicy
 from personalization.train import publish, split_rows, train_policy
-from test_personalization_policy import CFG, synthetic_visits
+from testkit.policy_data import CFG, synthetic_visits
 
 HELD = dataclasses.replace(CFG, holdout=CFG.val_frac)  # never reads the evaluated sessions
 
@@ -100,9 +100,10 @@ def test_bootstrap_lift_on_known_numbers():
 @pytest.mark.slow
 def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
     """World on the stream test corpus -> simulated logs -> train -> evaluate (real CLI)."""
-    from conftest import STREAM_DATA, astec
     from simulator.traffic import LogSettings, simulate_logs
     from simulator.world import save_world, world_from_dataset
+    from testkit.astec_cli import astec
+    from testkit.paths import STREAM_DATA
 
     world = world_from_dataset(STREAM_DATA, n_users=150, seed=3)
     save_world(world, tmp_path / "world")

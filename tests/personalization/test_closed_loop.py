@@ -10,13 +10,13 @@ from engine.clicklog import read_log
 
 
 def test_loop_serves_logs_and_retrains(astec_predictor, tmp_path):
-    from conftest import STREAM_DATA
     from engine.predictor import Predictor
     from personalization.closed_loop import run_loop
     from personalization.train import TrainConfig, publish, train_policy
     from personalization.visits import load_visits
     from simulator.traffic import LogSettings, simulate_logs
     from simulator.world import save_world, world_from_dataset
+    from testkit.paths import STREAM_DATA
 
     world = world_from_dataset(STREAM_DATA, n_users=80, seed=4)
     save_world(world, tmp_path / "world")
@@ -66,10 +66,10 @@ def test_a_fixed_ranking_logs_over_the_grus_candidates(astec_predictor, tmp_path
     """The first logs need no GRU: most_frequent serves over exactly the candidates the GRU
     ranks (the window's Astec top-k, not the world's true links), exploring, and --no-retrain
     leaves the logs for `astec personalize train`; truth records each view's intent."""
-    from conftest import STREAM_DATA
     from personalization.closed_loop import run_loop
     from personalization.window import WINDOW
     from simulator.world import save_world, world_from_dataset
+    from testkit.paths import STREAM_DATA
 
     world = world_from_dataset(STREAM_DATA, n_users=60, seed=5)
     save_world(world, tmp_path / "world")
