@@ -24,6 +24,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from engine.cli_options import renamed_option
+
 SYSTEMS = ("predictor", "predictor-onnx", "torch", "omikuji", "napkinxc")
 BATCHES = (1, 32, 256)
 _ONE_THREAD = {
@@ -634,14 +636,17 @@ def _run_bench(
     show_default=True,
     help="Texts timed one by one for p50/p99.",
 )
-@click.option("--k", type=int, default=10, show_default=True)
+@renamed_option(
+    "--top-k", "--k", "k", type=int, default=10, show_default=True, help="Labels per text."
+)
 @click.option(
     "--peer-dir",
     type=click.Path(file_okay=False),
     default=None,
     help="Where trained peers are kept (reused when present).",
 )
-@click.option(
+@renamed_option(
+    "--json-out",
     "--json",
     "json_out",
     type=click.Path(dir_okay=False),

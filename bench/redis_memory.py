@@ -32,6 +32,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from engine.cli_options import renamed_option
 from personalization.state import UserState
 from stream.state_store import DEDUP_N, StateStore, connect
 
@@ -250,7 +251,8 @@ def _print_table(rows: list[dict]) -> None:
     show_default=True,
     help="Users the visits are spread over (documented figure: 10000).",
 )
-@click.option(
+@renamed_option(
+    "--state-k",
     "--k",
     "k",
     type=click.IntRange(1),

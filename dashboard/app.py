@@ -446,18 +446,29 @@ def _wide_table(df: pd.DataFrame, keep: list[str], key: str) -> None:
 
 
 def page_offline(src: Sources) -> None:
-    import altair as alt
-
+    """Offline metrics: Astec against its peers, P@k against k, each label-frequency bin's
+    share of P@5, then the runs' tables and the GRU versions; each section says which command
+    fills it when its source is missing."""
     st.header("Offline metrics")
     try:
         runs = models.collect_runs(src.models_dir)
     except models.ModelsError as e:
         st.warning(f"No model yet. {e}")
         runs = []
-    # -- Astec vs peers ------------------------------------------------------------------------
+    brows = _offline_peers(src)
+    _offline_pk(runs, brows)
+    _offline_bins(runs)
+    if runs:
+        _offline_runs(runs)
+    _offline_gru(src)
+
+
+def _offline_peers(src: Sources) -> list[dict]:
+    """Grouped bars and a table of the benchmark JSON files; returns their rows."""
+    import altair as alt
+
     st.subheader("Astec against its peers (benchmark JSON)")
-    bench_files = offline.find_bench(src.models_dir, src.bench_files)
-    brows, problems = offline.bench_rows(bench_files)
+    brows, problems = offline.bench_rows(offline.find_bench(src.models_dir, src.bench_files))
     for p in problems:
         st.warning(p)
     if not brows:
@@ -466,17 +477,11 @@ def page_offline(src: Sources) -> None:
             "peers.json` and start the dashboard with `--bench peers.json` (or put it in "
             "the models directory)."
         )
-    else:
-        bdf = pd.DataFrame(brows)
-        ok = bdf[bdf.get("error").isna()] if "error" in bdf else bdf
-        long = ok.melt(
-            id_vars=["benchmark", "method"],
-            value_vars=list(offline.BENCH_METRICS),
-            var_name="metric",
-            value_name="value",
-        ).dropna()
+        return brows
+    points = offline.bench_metric_points(brows)
+    if points:
         chart = (
-            alt.Chart(long)
+            alt.Chart(pd.DataFrame(points))
             .mark_bar()
             .encode(
                 x=alt.X(
@@ -492,59 +497,48 @@ def page_offline(src: Sources) -> None:
             )
         )
         st.altair_chart(chart, width="stretch")
-        _wide_table(
-            bdf,
-            ["benchmark", "method", "P@1", "P@5", "PSP@1", "PSP@5", "train_s", "peak_rss_mb"]
-            + (["error"] if "error" in bdf else []),
-            "bench",
-        )
-    # -- P@k against k -------------------------------------------------------------------------
+    bdf = pd.DataFrame(brows)
+    _wide_table(bdf, [*offline.BENCH_TABLE, *(["error"] if "error" in bdf else [])], "bench")
+    return brows
+
+
+def _offline_pk(runs: list, brows: list[dict]) -> None:
+    """One P@k-against-k line per run's metrics source and per benchmarked method."""
+    import altair as alt
+
     st.subheader("P@k against k")
-    pts = offline.run_pk_points(runs)
-    for r in brows:
-        if not r.get("error"):
-            pts += offline.pk_points(f"peer {r['method']} · {r['benchmark']}", r)
-    if pts:
-        chart = (
-            alt.Chart(pd.DataFrame(pts))
-            .mark_line(point=True)
-            .encode(
-                x=alt.X("k:O", axis=alt.Axis(labelAngle=0)),
-                y=alt.Y("P@k:Q", title="P@k (%)"),
-                color=alt.Color(
-                    "series:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=400)
-                ),
-                tooltip=["series", "k", "P@k"],
-            )
-        )
-        st.altair_chart(chart, width="stretch")
-        st.caption(
-            "Series come from different data (validation splits, evaluation files, "
-            "held-out days, a benchmark's test set): compare lines of the same data."
-        )
-    else:
+    pts = offline.run_pk_points(runs) + offline.bench_pk_points(brows)
+    if not pts:
         st.info(
-            "No P@k values: train logs, `astec evaluate --json` files or retrain "
+            "No P@k values: train logs, `astec evaluate --json-out` files or retrain "
             "held-out metrics give them."
         )
-    # -- label-frequency bins ------------------------------------------------------------------
+        return
+    chart = (
+        alt.Chart(pd.DataFrame(pts))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("k:O", axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("P@k:Q", title="P@k (%)"),
+            color=alt.Color(
+                "series:N", legend=alt.Legend(orient="bottom", columns=2, labelLimit=400)
+            ),
+            tooltip=["series", "k", "P@k"],
+        )
+    )
+    st.altair_chart(chart, width="stretch")
+    st.caption(
+        "Series come from different data (validation splits, evaluation files, "
+        "held-out days, a benchmark's test set): compare lines of the same data."
+    )
+
+
+def _offline_bins(runs: list) -> None:
+    """Each label-frequency bin's share of P@5, per evaluation whose files are still readable."""
+    import altair as alt
+
     st.subheader("Each label-frequency bin's share of P@5")
-    bins, why_not = [], []
-    for run in runs:
-        for path, _ev in run.evaluations:
-            try:
-                res = _bins(str(path), path.stat().st_mtime)
-            except Exception as e:  # noqa: BLE001 - say which file, keep the page
-                why_not.append(f"{run.name} · {path.name}: {e}")
-                continue
-            for b in res["bins"]:
-                bins.append(
-                    {
-                        "version": f"{run.name} · {path.name}",
-                        **b,
-                        "bin label": f"{b['bin']} ({b['mean_freq']:g})",
-                    }
-                )
+    bins, why_not = offline.bin_rows(runs, lambda p: _bins(str(p), p.stat().st_mtime))
     if bins:
         chart = (
             alt.Chart(pd.DataFrame(bins))
@@ -570,14 +564,15 @@ def page_offline(src: Sources) -> None:
         )
     else:
         st.info(
-            "No evaluation with readable test, prediction and training files: run "
-            "`astec evaluate --test T --pred P --train TR --json MODELS/versions/V/eval.json`."
+            "No evaluation with readable test, prediction and training files: run `astec "
+            "evaluate --test T --pred P --train TR --json-out MODELS/versions/V/eval.json`."
         )
     for w in why_not:
         st.caption(f"bins not computed for {w}")
-    if not runs:
-        return
-    # -- per-run tables ------------------------------------------------------------------------
+
+
+def _offline_runs(runs: list) -> None:
+    """The runs' metrics, the registry's versions and, per run, its training time per module."""
     st.subheader("Metrics per run")
     _wide_table(
         pd.DataFrame(models.summary_rows(runs)),
@@ -593,20 +588,25 @@ def page_offline(src: Sources) -> None:
             "versions",
         )
     logged = [r for r in runs if r.train_log]
-    if logged:
-        st.subheader("Training time per module")
-        name = st.selectbox("Run", [r.name for r in logged], key="run")
-        run = next(r for r in logged if r.name == name)
-        mods = pd.DataFrame(models.module_rows(run))
-        if not mods.empty:
-            mods["step"] = mods["learner"] + ":" + mods["module"]
-            st.bar_chart(mods.set_index("step")["seconds"])
-            st.dataframe(mods.drop(columns="step"), hide_index=True)
-        with st.expander(f"train_log.json ({run.train_log_path})"):
-            st.json(run.train_log)
-        for path, ev in run.evaluations:
-            with st.expander(f"evaluation {path}"):
-                st.json(ev)
+    if not logged:
+        return
+    st.subheader("Training time per module")
+    name = st.selectbox("Run", [r.name for r in logged], key="run")
+    run = next(r for r in logged if r.name == name)
+    mods = pd.DataFrame(models.module_rows(run))
+    if not mods.empty:
+        mods["step"] = mods["learner"] + ":" + mods["module"]
+        st.bar_chart(mods.set_index("step")["seconds"])
+        st.dataframe(mods.drop(columns="step"), hide_index=True)
+    with st.expander(f"train_log.json ({run.train_log_path})"):
+        st.json(run.train_log)
+    for path, ev in run.evaluations:
+        with st.expander(f"evaluation {path}"):
+            st.json(ev)
+
+
+def _offline_gru(src: Sources) -> None:
+    """The GRU policy's versions, when a policy registry is known."""
     gru = models.gru_rows(src.policy_dir)
     if gru:
         st.subheader("GRU policy versions")

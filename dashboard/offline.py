@@ -5,8 +5,8 @@ Sources, all written by other commands (nothing is trained or predicted here):
   * `astec bench peers --json-out FILE`: a JSON list of {"method", "P@1".."PSP@5", "train_s",
     "predict_s", "peak_rss_mb"} rows (or {"method", "error"} for a method that failed);
   * a run's metrics as models.summary_rows finds them (train_log validation, `astec evaluate
-    --json` files, retrain held-out metrics) for P@k against k;
-  * an `astec evaluate --json` file names its test, prediction and training files: when they
+    --json-out` files, retrain held-out metrics) for P@k against k;
+  * an `astec evaluate --json-out` file names its test, prediction and training files: when they
     are still readable, the bins are computed from them (labels sorted by training frequency,
     five equal-sized bins; a bin's share is its correct top-5 predictions / (5 N), so the bins
     add up to P@5).
@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 MAX_JSON_BYTES = 4 << 20
 BENCH_METRICS = ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")
+# the benchmark table's columns shown by default (the rest behind "Show all columns")
+BENCH_TABLE = ("benchmark", "method", "P@1", "P@5", "PSP@1", "PSP@5", "train_s", "peak_rss_mb")
 _PK = re.compile(r"^P@(\d+)$")
 
 
@@ -75,6 +78,51 @@ def bench_rows(files: list[Path]) -> tuple[list[dict], list[str]]:
     return rows, problems
 
 
+def bench_metric_points(rows: list[dict]) -> list[dict]:
+    """(benchmark, method, metric, value) points of the methods that ran, for the grouped bars;
+    a metric a method did not report is left out rather than drawn as zero."""
+    return [
+        {"benchmark": r["benchmark"], "method": r["method"], "metric": m, "value": r[m]}
+        for r in rows
+        if not r.get("error")
+        for m in BENCH_METRICS
+        if r.get(m) is not None
+    ]
+
+
+def bench_pk_points(rows: list[dict]) -> list[dict]:
+    """P@k points of every method that ran in a benchmark, one series per method and file."""
+    pts: list[dict] = []
+    for r in rows:
+        if not r.get("error"):
+            pts += pk_points(f"peer {r['method']} · {r['benchmark']}", r)
+    return pts
+
+
+def bin_rows(runs, compute: Callable[[Path], dict]) -> tuple[list[dict], list[str]]:
+    """(one bar per evaluation and label-frequency bin, why an evaluation has none).
+
+    compute(path) is frequency_bins of the evaluation file at path (the app caches it); a file
+    it cannot use is named in the messages instead of stopping the page."""
+    bins, why_not = [], []
+    for run in runs:
+        for path, _ev in run.evaluations:
+            try:
+                res = compute(path)
+            except Exception as e:  # noqa: BLE001 - say which file, keep the page
+                why_not.append(f"{run.name} · {path.name}: {e}")
+                continue
+            for b in res["bins"]:
+                bins.append(
+                    {
+                        "version": f"{run.name} · {path.name}",
+                        **b,
+                        "bin label": f"{b['bin']} ({b['mean_freq']:g})",
+                    }
+                )
+    return bins, why_not
+
+
 def pk_points(label: str, metrics: dict) -> list[dict]:
     """(series, k, P@k) points of one metrics table, for every P@k it holds."""
     pts = []
@@ -112,7 +160,7 @@ def _load_pred(path: Path, L: int):
 
 
 def frequency_bins(ev: dict, n_bins: int = 5, k: int = 5) -> dict:
-    """Each label-frequency bin's share of P@k for one `astec evaluate --json` result.
+    """Each label-frequency bin's share of P@k for one `astec evaluate --json-out` result.
 
     Labels (all L, unseen ones included) are sorted by their training frequency and cut into
     n_bins equal-sized bins, rarest first. Returns {"bins": [{"bin", "labels", "mean_freq",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from engine.cli_options import default_of
+from engine.cli_options import default_of, renamed_option
 from engine.debian_packages import build as build_packages
 
 
@@ -26,7 +26,8 @@ def data() -> None:
     help="Label names (line i = label i; default: a sibling labels.txt / Y.txt), or the "
     "*_X_Y.txt label matrix for a titles or *_X_Xf.txt file.",
 )
-@click.option(
+@renamed_option(
+    "--json-out",
     "--json",
     "json_out",
     type=click.Path(dir_okay=False),

@@ -9,6 +9,7 @@ import click
 import numpy as np
 import scipy.sparse as sp
 
+from engine.cli_options import renamed_option
 from engine.formats import FormatError, detect_format, load_dataset, read_npz, read_predictions
 from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B, inv_propensity
 from engine.ranking_metrics import evaluate as evaluate_metrics
@@ -103,7 +104,8 @@ def format_table(metrics: dict[str, float], ks: list[int]) -> str:
     show_default=True,
     help="Propensity B (2.6 Amazon, 0.4 Wikipedia).",
 )
-@click.option(
+@renamed_option(
+    "--max-k",
     "--k",
     "k",
     type=click.IntRange(min=1),
@@ -111,7 +113,8 @@ def format_table(metrics: dict[str, float], ks: list[int]) -> str:
     show_default=True,
     help="Largest k; reports @1, @3, @5 up to k, and @k.",
 )
-@click.option(
+@renamed_option(
+    "--json-out",
     "--json",
     "json_path",
     type=click.Path(dir_okay=False),

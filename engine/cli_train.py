@@ -16,7 +16,7 @@ from engine.astec.config import (
     EnsembleParams,
     TrainingParams,
 )
-from engine.cli_options import config_option, default_of
+from engine.cli_options import config_option, default_of, renamed_option
 from engine.clicks_dataset import build_training_set
 
 
@@ -202,8 +202,10 @@ def _read_inputs(path):
 @click.option(
     "--text", "texts", multiple=True, help="A text to label (repeatable); prints names and scores."
 )
-@click.option(
+@renamed_option(
+    "--top-k",
     "--k",
+    "k",
     type=click.IntRange(1, 10000),
     default=TOP_K,
     show_default=True,

@@ -1,1 +1,1 @@
-"""Local services (Kafka-API broker, Redis), configuration and the `astec` CLI root."""
+"""Local services (an Apache Kafka broker, redis-server), the `astec` CLI root and the demo."""

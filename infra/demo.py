@@ -48,7 +48,7 @@ def _usable(root: Path, kind: str) -> bool:
 
 
 def _evaluate_current(engine_models: Path) -> None:
-    """`astec evaluate --json` of the promoted version on its held-out file, into the version
+    """`astec evaluate --json-out` of the promoted version on its held-out file, into the version
     directory, where the dashboard's offline page finds it (P@k against k, each label-frequency
     bin's share of P@5). Skipped, saying so, while the version's data/test.tsv is empty."""
     from engine.registry import Registry
@@ -72,7 +72,7 @@ def _evaluate_current(engine_models: Path) -> None:
             str(pred),
             "--train",
             str(data / "train.tsv"),
-            "--json",
+            "--json-out",
             str(vdir / "eval_test.json"),
         )
     )

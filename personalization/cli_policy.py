@@ -1,4 +1,4 @@
-"""`astec personalize train|evaluate` and `astec bench gru`.
+"""`astec personalize train|evaluate`.
 
 MODELS_DIR is the engine's model registry (CURRENT -> versions/<id>/predictor/) or a predictor
 directory; GRU versions live in their own registry, by default MODELS_DIR/gru (the directory

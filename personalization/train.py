@@ -11,9 +11,10 @@ Objective, from logs only:
   later   binary cross-entropy of a candidate's logit against a click on that query when the
           logger showed it at one of the session's next `future_horizon` visits (what the
           query is worth for the rest of the session, i.e. for the user's intent)
-The policy starts (init "sim_rank", the default) as the fixed sim_rank ranking of the hand
-features, its scale and offset fitted to the logged clicks, or (init "fitted") as a logistic
-regression of the logged clicks on all hand features, with the GRU/MLP term at zero; the start
+The policy starts (init "sim_rank") as the fixed sim_rank ranking of the hand features, its
+scale and offset fitted to the logged clicks, (init "fitted") as a logistic regression of the
+logged clicks on all hand features, or (init "intent") as the fixed intent ranking, with the
+GRU/MLP term at zero; the default "auto" picks "fitted" or "sim_rank" (resolve_auto); the start
 is epoch 0 of the best-epoch selection, and training learns a residual from the logs.
 Sessions in the last `holdout` share by start time are never read (training or validation), so
 `astec personalize evaluate` can score them honestly; the validation split is the last

@@ -1,1 +1,1 @@
-"""Kafka consumers/producers, message schemas, the Redis state store, click logging, simulator."""
+"""Kafka workers, message schemas, the Redis state store, the click logger and live traffic."""

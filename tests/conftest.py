@@ -88,11 +88,13 @@ def astec_predictor(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def evaluation_json(astec_predictor, tmp_path_factory) -> Path:
-    """A real `astec evaluate --json` file for the fixture model on its own training lines."""
+    """A real `astec evaluate --json-out` file for the fixture model on its own training lines."""
     d = tmp_path_factory.mktemp("eval")
     model = str(Path(astec_predictor).parent / "model")
     train, labels = os.path.join(STREAM_DATA, "train.tsv"), os.path.join(STREAM_DATA, "labels.txt")
-    astec("predict", "--model", model, "--input", train, "--out", str(d / "pred.txt"), "--k", "5")
+    astec(
+        "predict", "--model", model, "--input", train, "--out", str(d / "pred.txt"), "--top-k", "5"
+    )
     astec(
         "evaluate",
         "--test",
@@ -105,7 +107,7 @@ def evaluation_json(astec_predictor, tmp_path_factory) -> Path:
         train,
         "--train-labels",
         labels,
-        "--json",
+        "--json-out",
         str(d / "eval.json"),
     )
     return d / "eval.json"

@@ -1,5 +1,5 @@
 """Dashboard data access against real artifacts and real Redis: model discovery, offline metrics
-(train_log.json + `astec evaluate --json`), user states written by the stream's StateStore, and
+(train_log.json + `astec evaluate --json-out`), user states written by the stream's StateStore, and
 consumer metrics published by stream.consumer_metrics."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -366,6 +367,39 @@ def test_bench_rows_and_pk_points(tmp_path):
     assert len(problems) == 1 and "other.json" in problems[0]
     pts = offline.pk_points("astec", BENCH[0])
     assert [(p["k"], p["P@k"]) for p in pts] == [(1, 60.0), (3, 40.0), (5, 30.0)]
+    # the chart's bars: methods that ran, only the metrics they reported; no bar for a failure
+    bars = offline.bench_metric_points(rows)
+    assert {b["method"] for b in bars} == {"astec", "parabel"}
+    assert all(b["value"] is not None for b in bars)
+    assert {"benchmark": "peers.json", "method": "astec", "metric": "PSP@5", "value": 36.0} in bars
+    series = {p["series"] for p in offline.bench_pk_points(rows)}
+    assert series == {"peer astec · peers.json", "peer parabel · peers.json"}
+
+
+def test_bin_rows_name_the_evaluation_they_cannot_use(tmp_path):
+    """One unreadable evaluation file is reported by name; the others still give their bars."""
+
+    run = SimpleNamespace(
+        name="v1", evaluations=[(tmp_path / "good.json", {}), (tmp_path / "bad.json", {})]
+    )
+
+    def compute(path):
+        if path.name == "bad.json":
+            raise ValueError("test file t.tsv is no longer readable")
+        return {"bins": [{"bin": 1, "labels": 3, "mean_freq": 0.5, "share": 10.0}]}
+
+    bins, why_not = offline.bin_rows([run], compute)
+    assert bins == [
+        {
+            "version": "v1 · good.json",
+            "bin": 1,
+            "labels": 3,
+            "mean_freq": 0.5,
+            "share": 10.0,
+            "bin label": "1 (0.5)",
+        }
+    ]
+    assert why_not == ["v1 · bad.json: test file t.tsv is no longer readable"]
 
 
 def test_label_frequency_bins_add_up_to_p_at_5(evaluation_json):

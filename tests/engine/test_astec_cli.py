@@ -67,7 +67,7 @@ def test_train_then_predict(tmp_path):
             str(tmp_path / "test.tsv"),
             "--out",
             str(tmp_path / "pred.txt"),
-            "--k",
+            "--top-k",
             "4",
         ],
     )
@@ -75,7 +75,7 @@ def test_train_then_predict(tmp_path):
     P = read_predictions(tmp_path / "pred.txt", 30)
     assert P.shape == (100, 30) and (P.getnnz(axis=1) == 4).all()
     r = CliRunner().invoke(
-        cli, ["predict", "--model", str(tmp_path / "m"), "--text", texts[0], "--k", "2"]
+        cli, ["predict", "--model", str(tmp_path / "m"), "--text", texts[0], "--top-k", "2"]
     )
     assert r.exit_code == 0 and r.output.count("label") == 2, r.output
 
@@ -151,7 +151,7 @@ def test_train_from_click_logs(tmp_path):
             str(tmp_path / "m"),
             "--text",
             "kernel linux tool number 7",
-            "--k",
+            "--top-k",
             "3",
         ],
     )

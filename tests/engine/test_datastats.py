@@ -46,7 +46,9 @@ def test_stats_by_hand():
 def test_cli_stats_matches_published_debian_figures(tmp_path):
     ref = json.loads((DEBIAN / "stats.json").read_text())
     out = tmp_path / "s.json"
-    r = CliRunner().invoke(cli, ["data", "stats", str(DEBIAN / "train.tsv"), "--json", str(out)])
+    r = CliRunner().invoke(
+        cli, ["data", "stats", str(DEBIAN / "train.tsv"), "--json-out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     assert "labels_per_point_mean" in r.output
     s = json.loads(out.read_text())

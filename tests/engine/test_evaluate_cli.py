@@ -46,7 +46,7 @@ def test_prints_table_and_writes_json_with_psp(files):
             str(files / "pred.txt"),
             "--train",
             str(files / "train.tsv"),
-            "--json",
+            "--json-out",
             str(out_json),
         ],
     )
@@ -75,7 +75,7 @@ def test_without_train_says_why_psp_is_missing(files):
             str(files / "test.tsv"),
             "--pred",
             str(files / "pred.txt"),
-            "--k",
+            "--max-k",
             "3",
         ],
     )
@@ -103,7 +103,7 @@ def test_npz_predictions_give_the_same_metrics(files):
             str(files / "pred.npz"),
             "--train",
             str(files / "train.tsv"),
-            "--json",
+            "--json-out",
             str(out_json),
         ],
     )
@@ -149,7 +149,7 @@ def test_without_label_names_a_prediction_above_the_test_max_id_is_a_miss(tmp_pa
             str(tmp_path / "test.tsv"),
             "--pred",
             str(tmp_path / "pred.txt"),
-            "--json",
+            "--json-out",
             str(out_json),
         ],
     )
@@ -157,3 +157,21 @@ def test_without_label_names_a_prediction_above_the_test_max_id_is_a_miss(tmp_pa
     assert "inferred from label ids" in r.output
     m = json.loads(out_json.read_text())["metrics"]
     assert m["P@1"] == pytest.approx(50.0) and m["P@3"] == pytest.approx(100 / 3)
+
+
+def test_old_option_spellings_still_work_and_both_at_once_is_an_error(files, tmp_path):
+    """Scripts written for `--k` / `--json` keep running (with a warning); mixing old and new
+    spellings of one option is refused rather than silently picking one."""
+    base = ["evaluate", "--test", str(files / "test.tsv"), "--pred", str(files / "pred.txt")]
+    out = tmp_path / "old.json"
+    r = CliRunner().invoke(cli, [*base, "--k", "3", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "--k is deprecated; use --max-k" in r.output
+    assert "@3" in r.output and "@5" not in r.output
+    assert json.loads(out.read_text())["metrics"]["P@3"] >= 0
+    for both in (["--k", "3", "--max-k", "3"], ["--max-k", "3", "--k", "3"]):
+        r = CliRunner().invoke(cli, [*base, *both])
+        assert r.exit_code == 2 and "not both" in r.output, r.output
+    r = CliRunner().invoke(cli, ["evaluate", "--help"])
+    assert "--max-k" in r.output and "--json-out" in r.output
+    assert "--k " not in r.output and "--json " not in r.output

@@ -62,7 +62,7 @@ def test_predict_takes_a_registry_and_marks_titles_it_knows_nothing_of(registry)
             "openssh server",
             "--text",
             "zzqxv blorfx",
-            "--k",
+            "--top-k",
             "3",
         ],
     )
