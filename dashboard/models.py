@@ -8,7 +8,7 @@ MODELS_DIR may be
   * any directory holding model/predictor directories (e.g. `astec train --out M/model` and
     `astec export --out M/predictor`).
 Offline metrics are found without a fixed layout: a run's `train_log.json` (written by
-`astec train`) and any JSON written by `astec evaluate --json` (an object with a "metrics"
+`astec train`) and any JSON written by `astec evaluate --json-out` (an object with a "metrics"
 table of "P@1"-style keys), in the run directory or one level below, and the held-out metrics
 `astec retrain` records in a registry version's version.json; a predictor's manifest
 also names the model directory it was exported from (source_model.path), whose train_log.json
@@ -135,7 +135,7 @@ def load_predictor(ref: PredictorRef):
 
 # ---- offline metrics -----------------------------------------------------------------------
 def is_evaluation(obj: dict | None) -> TypeGuard[dict]:
-    """True for the object `astec evaluate --json` writes (metrics keyed like "P@1")."""
+    """True for the object `astec evaluate --json-out` writes (metrics keyed like "P@1")."""
     m = obj.get("metrics") if isinstance(obj, dict) else None
     return isinstance(m, dict) and any(isinstance(k, str) and "@" in k for k in m)
 
