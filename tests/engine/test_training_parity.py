@@ -12,7 +12,6 @@ meant to change the model, on a CPU of the kind CI runs on):
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +90,9 @@ def _write_fixture() -> None:
         FIXTURE,
         ids=ids,
         scores=scores,
-        **{k: np.asarray(choices[k]) for k in ("alpha", "beta", "gamma")},
+        alpha=np.asarray(choices["alpha"]),
+        beta=np.asarray(choices["beta"]),
+        gamma=np.asarray(choices["gamma"]),
         ensemble=np.asarray(choices["ensemble"]),
         label_text_weight=np.asarray(choices["label_text_weight"]),
     )
@@ -99,4 +100,4 @@ def _write_fixture() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_write_fixture())
+    _write_fixture()
