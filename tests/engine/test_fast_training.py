@@ -20,6 +20,8 @@ from engine.astec.sparse_ranker import SparseRanker, ranker_features
 from engine.astec.trainer import _candidates, train_shortlisted, train_surrogate
 from engine.synthetic import zipf_dataset
 
+SUR = {"lr": 0.02, "batch_size": 64, "seed": 0}  # Module I's loop settings in these tests
+
 
 def _toy(n=500, V=300, L=150, seed=0):
     X = sp.random(n, V, density=0.02, format="csr", random_state=seed + 1, dtype=np.float32)
@@ -36,12 +38,10 @@ def test_fused_classifier_matches_torch_path():
     torch.manual_seed(0)
     enc, clf = Encoder(X.shape[1], 16, 1.0, 0.0), Classifier(Y.shape[1], 16)
     enc2, clf2 = copy.deepcopy(enc), copy.deepcopy(clf)
-    a = train_shortlisted(
-        enc, clf, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, fused=True
-    )
-    b = train_shortlisted(
-        enc2, clf2, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, device="cpu", fused=False
-    )
+    kw = {"epochs": 3, "lr": 0.01, "batch_size": 64, "seed": 0, "finetune_embeddings": True}
+    kw.update(finetune_lr=0.005, name="Module IV", progress=False)
+    a = train_shortlisted(enc, clf, X, Y, N, **kw, fused=True)
+    b = train_shortlisted(enc2, clf2, X, Y, N, **kw, device="cpu", fused=False)
     for ea, eb in zip(a, b, strict=True):
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
     pairs = [
@@ -65,7 +65,20 @@ def test_module_iv_without_finetuning_keeps_e_and_learns_r_and_w():
         E0, R0 = enc.embed.weight.detach().clone(), enc.residual.weight.detach().clone()
         W0 = clf.weight.weight.detach().clone()
         logs = train_shortlisted(
-            enc, clf, X, Y, N, 2, 0.01, 64, 0, False, 0.005, progress=False, fused=fused
+            enc,
+            clf,
+            X,
+            Y,
+            N,
+            epochs=2,
+            lr=0.01,
+            batch_size=64,
+            seed=0,
+            finetune_embeddings=False,
+            finetune_lr=0.005,
+            name="Module IV",
+            progress=False,
+            fused=fused,
         )
         assert torch.equal(enc.embed.weight, E0), fused
         assert not torch.equal(enc.residual.weight, R0) and not torch.equal(clf.weight.weight, W0)
@@ -77,7 +90,7 @@ def test_surrogate_device_argument_runs_on_cpu():
     X, Y, _ = _toy()
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)
     logs = train_surrogate(
-        enc, X, Y, 2, 0.02, 64, 0, progress=False, valid=(X[:50], Y[:50]), device="cpu"
+        enc, X, Y, **SUR, epochs=2, progress=False, valid=(X[:50], Y[:50]), device="cpu"
     )
     assert len(logs) == 2 and logs[1]["loss"] < logs[0]["loss"] and "valid_meta_P@1" in logs[1]
     assert enc.embed.weight.device.type == "cpu"
@@ -143,7 +156,7 @@ def test_surrogate_learns_with_a_bfloat16_head():
     for precision in ("float32", "bfloat16"):
         torch.manual_seed(0)
         enc = Encoder(X.shape[1], 16, 1.0, 0.5)
-        logs = train_surrogate(enc, X, Y, 3, 0.02, 64, 0, False, precision=precision)
+        logs = train_surrogate(enc, X, Y, **SUR, epochs=3, progress=False, precision=precision)
         assert logs[-1]["loss"] < logs[0]["loss"]
         assert enc.embed.weight.dtype == torch.float32
         losses[precision] = logs[-1]["loss"]
@@ -156,18 +169,19 @@ def test_surrogate_schedule_follows_validation_when_given_patience():
     and the best epoch's weights are kept."""
     X, Y, _ = _toy()
     never = sp.csr_matrix(Y[:50].shape, dtype=np.float32)  # nothing to hit: P@1 stays 0
+    NEVER = {"progress": False, "valid": (X[:50], never)}
     torch.manual_seed(0)
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)
-    logs = train_surrogate(enc, X, Y, 30, 0.02, 64, 0, False, (X[:50], never), patience=2)
+    logs = train_surrogate(enc, X, Y, **SUR, epochs=30, **NEVER, patience=2)
     assert [e["epoch"] for e in logs] == [1, 2, 3, 4, 5]  # best at 1; decay after 3; stop at 5
     assert logs[2].get("decayed") and "stopped" in logs[4]
     # the best epoch's weights are the ones kept: those of a run that stops after epoch 1
     assert logs[0].get("kept") and not any(e.get("kept") for e in logs[1:])
     torch.manual_seed(0)
     once = Encoder(X.shape[1], 16, 1.0, 0.5)
-    train_surrogate(once, X, Y, 1, 0.02, 64, 0, False, (X[:50], never), patience=0)
+    train_surrogate(once, X, Y, **SUR, epochs=1, **NEVER, patience=0)
     assert torch.equal(enc.embed.weight, once.embed.weight)
-    fixed = train_surrogate(enc, X, Y, 4, 0.02, 64, 0, False, (X[:50], never), patience=0)
+    fixed = train_surrogate(enc, X, Y, **SUR, epochs=4, **NEVER, patience=0)
     assert len(fixed) == 4
 
 
@@ -571,8 +585,8 @@ def test_surrogate_by_hand_is_the_torch_path(L):
     torch.manual_seed(0)
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)
     enc2 = copy.deepcopy(enc)
-    a = train_surrogate(enc, X, Y, 2, 0.02, 64, 0, progress=False, fused=True)
-    b = train_surrogate(enc2, X, Y, 2, 0.02, 64, 0, progress=False, fused=False)
+    a = train_surrogate(enc, X, Y, **SUR, epochs=2, progress=False, fused=True)
+    b = train_surrogate(enc2, X, Y, **SUR, epochs=2, progress=False, fused=False)
     for ea, eb in zip(a, b, strict=True):
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-4)
     for p, q in zip(enc.parameters(), enc2.parameters(), strict=True):
