@@ -205,6 +205,20 @@ def test_feature_matrix_input():
         m.predict(["some text"])
 
 
+def test_train_reads_labels_as_0_1_and_leaves_the_callers_matrix_alone():
+    """Any stored nonzero of Y is a label and a stored 0 is none; Astec.train writes nothing
+    into the caller's Y (values such as click counts stay)."""
+    texts, Y = zipf_dataset(300, 12, labels_per_point=2, words_per_point=3, vocab_size=60, seed=5)
+    Y = sp.csr_matrix(Y, dtype=np.float32)
+    Y.data[:] = np.linspace(0.5, 3.0, Y.nnz, dtype=np.float32)
+    Y.data[:5] = 0.0
+    before = Y.copy()
+    m = Astec.train(texts, Y, fast(reranker=False, sparse_ranker=False), progress=False)
+    assert np.array_equal(Y.data, before.data) and np.array_equal(Y.indices, before.indices)
+    labels = m.learners[0].index.point_labels
+    assert labels.nnz == Y.nnz - 5 and set(labels.data.tolist()) == {1.0}
+
+
 def test_config_json_round_trip_and_errors(tmp_path):
     c = fast(learners=3)
     c.save(tmp_path / "c.json")
