@@ -7,7 +7,7 @@ Each default lives here once: the CLI reads its defaults and help from these cla
 
 JSON: `to_dict` writes the nested shape ({"surrogate": {"epochs": 20, ...}, "seed": 0});
 `from_dict` also reads the flat shape of model directories written before the split
-({"surrogate_epochs": 20, ...}), through `FLAT_NAMES`.
+({"surrogate_epochs": 20, ...}), through `FLAT_NAMES`: only there, never at run time.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B
 
+SEED = 0  # AstecConfig.seed's default
 TOP_K = 10  # labels a prediction returns unless asked for another number
 DEVICES = ("cpu", "cuda", "auto")  # where training runs; "cuda:N" names one of several GPUs
 PRECISIONS = ("auto", "bfloat16", "float32")  # of training-time products (TrainingParams)
@@ -432,6 +433,7 @@ _RENAMED: dict[tuple[str, str], str] = {
 }
 
 # flat name -> (section, field): every field of every section, under the single-class name
+# (read by `from_dict` only, for model directories saved before the sections)
 FLAT_NAMES: dict[str, tuple[str, str]] = {
     _RENAMED.get((s, f.name), f.name): (s, f.name)
     for s, cls in SECTIONS.items()
@@ -468,76 +470,39 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
     return value
 
 
-@dataclass(init=False)
+@dataclass(slots=True)  # slots: a misspelt field (cfg.num_thread = 1) is an error
 class AstecConfig:
     """All parameters of one Astec model (an ensemble repeats them with seeds seed + 1000 j).
 
-    Build it from sections (`AstecConfig(training=TrainingParams(threads=1))`), from the flat
-    names of the single-class config it replaced (`AstecConfig(num_threads=1)`), or from JSON
-    of either shape (`from_dict`, `load`). The flat names also read and write the sections'
-    fields at run time (`cfg.num_threads` is `cfg.training.threads`) for code written against
-    the flat class; the engine itself uses the sections.
+    Build it from sections (`AstecConfig(training=TrainingParams(threads=1))`) or from JSON
+    (`from_dict`, `load`), which also reads the flat names of the single-class config that
+    model directories saved before the sections hold (`FLAT_NAMES`).
     """
 
-    features: FeatureParams
-    network: NetworkParams
-    surrogate: SurrogateParams
-    shortlist: ShortlistParams
-    extreme: ExtremeParams
-    rerank: RerankParams
-    sparse: SparseRankerParams
-    combination: CombinationParams
-    name_match: NameMatchParams
-    ensembles: EnsembleParams
-    search: SearchParams
-    validation: ValidationParams
-    training: TrainingParams
+    features: FeatureParams = field(default_factory=FeatureParams)
+    network: NetworkParams = field(default_factory=NetworkParams)
+    surrogate: SurrogateParams = field(default_factory=SurrogateParams)
+    shortlist: ShortlistParams = field(default_factory=ShortlistParams)
+    extreme: ExtremeParams = field(default_factory=ExtremeParams)
+    rerank: RerankParams = field(default_factory=RerankParams)
+    sparse: SparseRankerParams = field(default_factory=SparseRankerParams)
+    combination: CombinationParams = field(default_factory=CombinationParams)
+    name_match: NameMatchParams = field(default_factory=NameMatchParams)
+    ensembles: EnsembleParams = field(default_factory=EnsembleParams)
+    search: SearchParams = field(default_factory=SearchParams)
+    validation: ValidationParams = field(default_factory=ValidationParams)
+    training: TrainingParams = field(default_factory=TrainingParams)
     seed: int = field(
-        default=0, metadata=_help("Random seed (learner j of an ensemble uses seed + 1000 j).")
+        default=SEED, metadata=_help("Random seed (learner j of an ensemble uses seed + 1000 j).")
     )
 
-    def __init__(self, **kw: Any) -> None:
-        given: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
-        sections: dict[str, Any] = {}
-        object.__setattr__(self, "seed", kw.pop("seed", type(self).seed))
-        for k, v in kw.items():
-            if k in SECTIONS:
-                if not isinstance(v, SECTIONS[k]):
-                    raise ConfigError(f"AstecConfig: {k} must be a {SECTIONS[k].__name__}")
-                sections[k] = v
-            elif k in FLAT_NAMES:
-                s, f = FLAT_NAMES[k]
-                given[s][f] = v
-            else:
-                raise ConfigError(
-                    f"AstecConfig: unknown field {k!r}; known: sections {sorted(SECTIONS)}, "
-                    f"'seed', or the flat names {sorted(FLAT_NAMES)}"
-                )
+    def __post_init__(self) -> None:
         for s, cls in SECTIONS.items():
-            if s in sections and given[s]:
-                raise ConfigError(
-                    f"AstecConfig: {s} given both as a section and by the flat name(s) "
-                    f"{sorted(k for k in kw if FLAT_NAMES.get(k, ('',))[0] == s)}"
-                )
-            value = copy.deepcopy(sections[s]) if s in sections else cls(**given[s])
-            object.__setattr__(self, s, value)
-
-    if not TYPE_CHECKING:  # flat names for callers written against the single class
-
-        def __getattr__(self, name: str) -> Any:
-            if name in FLAT_NAMES:
-                s, f = FLAT_NAMES[name]
-                return getattr(getattr(self, s), f)
-            raise AttributeError(f"AstecConfig has no field {name!r}")
-
-        def __setattr__(self, name: str, value: Any) -> None:
-            if name in FLAT_NAMES:
-                s, f = FLAT_NAMES[name]
-                setattr(getattr(self, s), f, value)
-            elif name in SECTIONS or name == "seed":
-                object.__setattr__(self, name, value)
-            else:
-                raise AttributeError(f"AstecConfig has no field {name!r}")
+            value = getattr(self, s)
+            if not isinstance(value, cls):
+                raise ConfigError(f"AstecConfig: {s} must be a {cls.__name__}, got {value!r}")
+            # a section given by the caller is copied: changing it later leaves this config
+            setattr(self, s, copy.deepcopy(value))
 
     def copy(self) -> AstecConfig:
         """A deep copy: changing its sections leaves this config as it is."""
@@ -590,12 +555,12 @@ class AstecConfig:
             default = getattr(SECTIONS[s](), f)
             given[s][f] = _coerce(v, default, f"{source}: field {name!r}")
 
-        seed = cls.seed
+        seed = SEED
         for k, v in d.items():
             if k in _RETIRED and v == _RETIRED[k]:
                 continue
             if k == "seed":
-                seed = _coerce(v, cls.seed, f"{source}: field 'seed'")
+                seed = _coerce(v, SEED, f"{source}: field 'seed'")
             elif k in SECTIONS:
                 if not isinstance(v, dict):
                     raise ConfigError(f"{source}: field {k!r} must be an object, got {v!r}")

@@ -14,7 +14,7 @@ from torch import nn
 
 from bench.engine_peers import summarize_rounds, train_ratios
 from engine.astec import Astec, AstecConfig
-from engine.astec.config import available_cores, resolve_device, resolve_threads
+from engine.astec.config import TrainingParams, available_cores, resolve_device, resolve_threads
 from engine.astec.network import Classifier, Encoder
 from engine.astec.sparse_ranker import SparseRanker, ranker_features
 from engine.astec.trainer import _candidates, train_shortlisted, train_surrogate
@@ -189,17 +189,17 @@ def test_device_option_validated_and_resolved():
     assert resolve_device("cpu") == "cpu"
     assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError):
-        AstecConfig(device="tpu")
+        TrainingParams(device="tpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA"):
             resolve_device("cuda")
 
 
 def test_thread_default_has_one_home():
-    assert AstecConfig().num_threads == 0
+    assert AstecConfig().training.threads == 0
     assert resolve_threads(0) == available_cores() >= 1
     assert resolve_threads(3) == 3
-    assert AstecConfig().resolve(100).num_threads == available_cores()
+    assert AstecConfig().resolve(100).training.threads == available_cores()
 
 
 def _ranker_problem(texts, Y, per_point: int, rng):
@@ -385,22 +385,18 @@ def test_model_trained_by_the_torch_path_predicts_like_a_cpu_model(tmp_path):
         seed=1,
     )
     cfg = {
-        "embedding_dim": 16,
-        "surrogate_epochs": 2,
-        "extreme_epochs": 2,
-        "reranker_epochs": 1,
-        "batch_size": 64,
-        "num_threads": 1,
-        "shortlist_size": 20,
-        "predict_shortlist": 20,
-        "knn_neighbours": 5,
-        "centroid_neighbours": 10,
-        "sparse_ranker": False,
-        "label_text": False,
-        "fused_kernels": False,
+        "network": {"embedding_dim": 16},
+        "surrogate": {"epochs": 2},
+        "shortlist": {"negatives": 20, "knn_neighbours": 5, "centroid_neighbours": 10},
+        "extreme": {"epochs": 2},
+        "rerank": {"epochs": 1},
+        "sparse": {"enabled": False},
+        "name_match": {"enabled": False},
+        "search": {"candidates": 20},
+        "training": {"batch_size": 64, "threads": 1, "fused_kernels": False},
     }
     m = Astec.train(texts[:700], Y[:700], AstecConfig.from_dict(cfg), progress=False)
-    assert m.config.fused_kernels is False
+    assert m.config.training.fused_kernels is False
     m.save(tmp_path / "m")
     ids, _ = Astec.load(tmp_path / "m").predict(texts[700:], k=3)
     ids2, _ = m.predict(texts[700:], k=3)
