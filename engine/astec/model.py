@@ -1200,8 +1200,9 @@ def refit_sparse_ranker(
 ) -> None:
     """The sparse ranker again on every training point once gamma is chosen (else labels seen
     only in the validation split would have no model), starting from the first fit's dual
-    variables (debian-related: 49.5 -> 39.1 CPU s); learner.index: the final indexes. Adds
-    the refit's seconds and weights to the module's log."""
+    variables, which needs fewer sweeps than a cold fit; learner.index: the final indexes.
+    Adds the refit's seconds and weights to the module's log."""
+
     assert learner.sparse is not None and prob.Xr is not None
     t0, c0 = time.time(), _cpu_s()
     run.say(f"  Sparse ranker: refit on all {prob.X.shape[0]} points ...")
