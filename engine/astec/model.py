@@ -1269,6 +1269,79 @@ def train_learner(
     return learner, log, Sv
 
 
+def _features(
+    texts, n: int, cfg: AstecConfig, progress: bool
+) -> tuple[sp.csr_matrix, TfidfVectorizer | None, sp.csr_matrix | None, TfidfVectorizer | None]:
+    """(X, its vectoriser or None for a given feature matrix, the sparse ranker's features or
+    None without a ranker, their vectoriser or None) of n training texts (a list) or a feature
+    matrix."""
+    vectorizer = None
+    if sp.issparse(texts):
+        X = sp.csr_matrix(texts, dtype=np.float32)
+    else:
+        if len(texts) != n:
+            raise ValueError(f"Astec.train: {len(texts)} texts but Y has {n} rows")
+        vectorizer = TfidfVectorizer(
+            min_df=cfg.features.min_df,
+            word_ngrams=cfg.features.word_ngrams,
+            char_ngrams=tuple(cfg.features.char_ngrams) if cfg.features.char_ngrams else None,
+        )
+        X = vectorizer.fit_transform(texts, progress=progress)
+    ranker_vec, Xr = None, None
+    if cfg.sparse.enabled:
+        if vectorizer is not None:
+            ranker_vec = TfidfVectorizer(
+                min_df=cfg.features.min_df, word_ngrams=cfg.sparse.word_ngrams
+            )
+            Xr = ranker_features(ranker_vec.fit_transform(texts))
+        else:
+            Xr = ranker_features(X)
+    if X.shape[0] != n:
+        raise ValueError(f"Astec.train: X has {X.shape[0]} rows but Y has {n}")
+    return X, vectorizer, Xr, ranker_vec
+
+
+def _problem(X, Y: sp.csr_matrix, Xr, cfg: AstecConfig) -> Problem:
+    """The learners' problem: a validation split of `validation.fraction` of the points (at
+    most `max_points`; none under 20 points) drawn with the config's seed, the rest to fit."""
+    n, L = Y.shape
+    perm = np.random.default_rng(cfg.seed).permutation(n)
+    n_valid = min(int(cfg.validation.fraction * n), cfg.validation.max_points) if n >= 20 else 0
+    inv_prop = (
+        inv_propensity(Y, A=cfg.validation.propensity_a, B=cfg.validation.propensity_b)
+        if n >= 2
+        else np.ones(L)
+    )
+    return Problem(X, Y, np.sort(perm[n_valid:]), np.sort(perm[:n_valid]), inv_prop, Xr)
+
+
+def _ensemble_join(
+    valid_scores: list, prob: Problem, cfg: AstecConfig, log: dict, progress: bool
+) -> str:
+    """How the learners' scores join ("mean" or "max"): the configured way, or with "auto" the
+    one better on the learners' validation scores from before the validation points joined
+    their indexes (the mean without a split). Logs the choice when there are several learners."""
+    ensemble = cfg.ensembles.join if cfg.ensembles.join != "auto" else "mean"
+    if cfg.ensembles.learners <= 1:
+        return ensemble
+    ens_log: dict = {}
+    if prob.has_valid:
+        ensemble = _select(
+            "ensemble",
+            ["mean", "max"] if cfg.ensembles.join == "auto" else [cfg.ensembles.join],
+            lambda how: ensemble_scores([v[0] for v in valid_scores], how),
+            prob.Yv,
+            prob.inv_prop,
+            cfg.validation.metrics,
+            ens_log,
+        )
+    ens_log["ensemble"] = ensemble
+    log["ensemble"] = ens_log
+    if progress:
+        tqdm.write(f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}")
+    return ensemble
+
+
 class Astec:
     """A trained Astec model: vectoriser + one or more learners + label names."""
 
@@ -1337,62 +1410,33 @@ class Astec:
         _set_threads(cfg.training.threads)
         fixed_mmap_threshold()
         t_start = time.time()
-        vectorizer = None
-        if sp.issparse(texts):
-            X = sp.csr_matrix(texts, dtype=np.float32)
-        else:
-            texts = list(texts)
-            if len(texts) != n:
-                raise ValueError(f"Astec.train: {len(texts)} texts but Y has {n} rows")
-            vectorizer = TfidfVectorizer(
-                min_df=cfg.features.min_df,
-                word_ngrams=cfg.features.word_ngrams,
-                char_ngrams=tuple(cfg.features.char_ngrams) if cfg.features.char_ngrams else None,
-            )
-            X = vectorizer.fit_transform(texts, progress=progress)
-        ranker_vec, Xr = None, None
-        if cfg.sparse.enabled:
-            if vectorizer is not None:
-                ranker_vec = TfidfVectorizer(
-                    min_df=cfg.features.min_df, word_ngrams=cfg.sparse.word_ngrams
-                )
-                Xr = ranker_features(ranker_vec.fit_transform(texts))
-            else:
-                Xr = ranker_features(X)
-        if X.shape[0] != n:
-            raise ValueError(f"Astec.train: X has {X.shape[0]} rows but Y has {n}")
-        rng = np.random.default_rng(cfg.seed)
-        perm = rng.permutation(n)
-        n_valid = min(int(cfg.validation.fraction * n), cfg.validation.max_points) if n >= 20 else 0
-        valid, fit = np.sort(perm[:n_valid]), np.sort(perm[n_valid:])
-        inv_prop = (
-            inv_propensity(Y, A=cfg.validation.propensity_a, B=cfg.validation.propensity_b)
-            if n >= 2
-            else np.ones(L)
-        )
+        if not sp.issparse(texts):
+            texts = list(texts)  # read more than once (a generator would be spent)
+        X, vectorizer, Xr, ranker_vec = _features(texts, n, cfg, progress)
+        prob = _problem(X, Y, Xr, cfg)
+        n_valid = int(prob.valid.size)
         log = {
             "num_points": n,
             "num_labels": L,
             "num_features": int(X.shape[1]),
-            "valid_points": int(n_valid),
+            "valid_points": n_valid,
             "features_seconds": round(time.time() - t_start, 1),
             "learners": [],
         }
-        models: list[Learner] = []
-        valid_scores: list[Any] = []  # per learner: train_learner's validation scores
-        # the label-name match needs titles and names; its weight is chosen on validation
-        use_names = bool(
-            cfg.name_match.enabled and label_names is not None and vectorizer is not None
-        )
         if label_names is not None and len(label_names) != L:
             raise ValueError(f"Astec.train: {len(label_names)} label names for {L} labels")
-        lt = LabelText(label_names) if use_names and label_names is not None else None
+        # the label-name match needs titles and names; its weight is chosen on validation
+        lt = None
+        if cfg.name_match.enabled and label_names is not None and vectorizer is not None:
+            lt = LabelText(label_names)
+        valid_texts = [texts[i] for i in prob.valid] if lt is not None else []
         valid_extra = (
-            name_candidates(lt, [texts[i] for i in valid], cfg.name_match.min_match, L)
+            name_candidates(lt, valid_texts, cfg.name_match.min_match, L)
             if lt is not None and n_valid
             else None
         )
-        prob = Problem(X, Y, fit, valid, inv_prop, Xr)
+        models: list[Learner] = []
+        valid_scores: list[Any] = []  # per learner: train_learner's validation scores
         for j in range(cfg.ensembles.learners):
             if progress:
                 tqdm.write(f"learner {j + 1}/{cfg.ensembles.learners}")
@@ -1401,32 +1445,13 @@ class Astec:
                 cfg,
                 cfg.seed + 1000 * j,
                 progress,
-                valid_scores=cfg.ensembles.learners > 1 or use_names,
+                valid_scores=cfg.ensembles.learners > 1 or lt is not None,
                 valid_extra=valid_extra,
             )
             models.append(lr)
             valid_scores.append(Sv)
             log["learners"].append(llog)
-        ensemble = cfg.ensembles.join if cfg.ensembles.join != "auto" else "mean"
-        if cfg.ensembles.learners > 1:
-            ens_log: dict = {}
-            if n_valid:
-                # each learner's scores from before the validation points joined its indexes
-                ensemble = _select(
-                    "ensemble",
-                    ["mean", "max"] if cfg.ensembles.join == "auto" else [cfg.ensembles.join],
-                    lambda how: ensemble_scores([v[0] for v in valid_scores], how),
-                    Y[valid],
-                    inv_prop,
-                    cfg.validation.metrics,
-                    ens_log,
-                )
-            ens_log["ensemble"] = ensemble
-            log["ensemble"] = ens_log
-            if progress:
-                tqdm.write(
-                    f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}"
-                )
+        ensemble = _ensemble_join(valid_scores, prob, cfg, log, progress)
         text_weight = 0.0
         if lt is not None:
             joined = None
@@ -1436,9 +1461,9 @@ class Astec:
                     for v in zip(*valid_scores, strict=True)
                 )
             text_weight = _label_text_weight(
-                lt, [texts[i] for i in valid], joined, Y[valid], inv_prop, cfg, log, progress
+                lt, valid_texts, joined, prob.Yv, prob.inv_prop, cfg, log, progress
             )
-        valid_scores.clear()  # frees the validation scores; the lambda above is done with them
+        valid_scores.clear()  # frees the learners' validation scores
         model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec, ensemble, text_weight)
         log["train_seconds"] = round(time.time() - t_start, 1)
         log["peak_rss_mb"] = _peak_rss_mb()
