@@ -561,7 +561,9 @@ def _module2_negatives(
     centres: list[Hits] = []
 
     def hard(a, b):
-        point_hits, centre_hits = index.searches(V[a:b], knn, max(kmu, keep), threads, True)
+        point_hits, centre_hits = index.searches(
+            V[a:b], knn, max(kmu, keep), threads, with_self=True
+        )
         if keep > 0:
             for hits, parts in ((point_hits, points), (centre_hits, centres)):
                 if hits is not None:
@@ -1224,6 +1226,7 @@ def train_learner(
     prob: Problem,
     cfg: AstecConfig,
     seed: int,
+    *,
     progress: bool = True,
     valid_scores: bool = False,
     valid_extra: sp.csr_matrix | None = None,
@@ -1444,7 +1447,7 @@ class Astec:
                 prob,
                 cfg,
                 cfg.seed + 1000 * j,
-                progress,
+                progress=progress,
                 valid_scores=cfg.ensembles.learners > 1 or lt is not None,
                 valid_extra=valid_extra,
             )
