@@ -262,7 +262,8 @@ class EnsembleParams:
 
     learners: int = field(default=1, metadata=_help("Ensemble size (Astec-3: 3)."))
     # "mean" (the paper's average; a label one learner alone shortlists gets a third of its score
-    # in Astec-3) or "max"; "auto" chooses on validation, because neither won on every data set
+    # in Astec-3) or "max"; "auto" chooses on validation, because neither won on both halves
+    # of one split
     join: str = "auto"
 
     def __post_init__(self) -> None:
@@ -278,7 +279,8 @@ class SearchParams:
 
     candidates: int = 300  # shortlisted labels scored per text
     # the cheapest of (knn, kmu) x these fractions within `tolerance` points of the full search's
-    # validation objective: a smaller search is most of a prediction's saving
+    # validation objective: the search is most of a prediction's cost, and what a smaller one
+    # costs in accuracy depends on the data
     fractions: tuple[float, ...] = (1 / 3, 1 / 2, 1.0)
     tolerance: float = 0.25
     graph_m: int = 16  # HNSW degree of the indexes prediction searches (0: as training)
