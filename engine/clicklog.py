@@ -13,7 +13,6 @@ can log one twice), so training never counts an impression twice.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
 import logging
@@ -26,6 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from engine.private_dirs import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -139,23 +140,6 @@ def encode_record(kind: str, rec: Any, check: bool = True) -> tuple[str, bytes]:
     return partition_of(rec["ts"]), line + b"\n"
 
 
-def _private_dir(path: Path, top: Path) -> None:
-    """Make `path` (inside the log directory `top`) with its parents up to `top`, each 0700:
-    chmod right after mkdir, so no umask narrows or widens it. `top` is set 0700 only when this
-    call creates it (the operator's own directory is left as it is); what lies above `top` is
-    created with default permissions."""
-    top.parent.mkdir(parents=True, exist_ok=True)
-    parts = path.relative_to(top).parts
-    for d in [top] + [top.joinpath(*parts[: i + 1]) for i in range(len(parts))]:
-        try:
-            d.mkdir(mode=0o700)
-        except FileExistsError:  # already there (or another writer made it just now)
-            if d == top:
-                continue
-        with contextlib.suppress(PermissionError):  # someone else's directory: leave it
-            os.chmod(d, 0o700)
-
-
 class ClickLogWriter:
     """Appends validated records of one kind to LOG_DIR/<kind>/<date>/part-<writer_id>.jsonl
     (directories 0700, files 0600, readable by their owner only)."""
@@ -185,7 +169,7 @@ class ClickLogWriter:
             return self._f
         self.close()
         path = self.root / date / f"part-{self.writer_id}.jsonl"
-        _private_dir(path.parent, self.log_dir)
+        private_dir(path.parent, self.log_dir)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         os.fchmod(fd, 0o600)
         f = os.fdopen(fd, "ab")

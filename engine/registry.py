@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.private_dirs import private_dir
+
 log = logging.getLogger(__name__)
 
 POINTER = "CURRENT"
@@ -58,19 +60,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _private_dir(path: Path) -> None:
-    """Create `path` 0700 (its missing parents with default permissions), or set an existing
-    one of ours to 0700; chmod after mkdir, so the umask changes nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        with contextlib.suppress(PermissionError):  # someone else's directory: leave it
-            os.chmod(path, 0o700)
-    else:
-        os.chmod(path, 0o700)
 
 
 def _private_tree(root: Path) -> None:
@@ -216,7 +205,7 @@ class Registry:
     @contextlib.contextmanager
     def lock(self, wait: bool = True) -> Iterator[None]:
         """Exclusive writer lock (flock on ROOT/.lock); the kernel drops it if the holder dies."""
-        _private_dir(self.root)
+        private_dir(self.root)
         with os.fdopen(_private_open(self.root / ".lock", os.O_WRONLY | os.O_CREAT), "a") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -232,8 +221,8 @@ class Registry:
         version = self._check_name(version or new_version_id(), self.versions_dir)
         if self.path(version).exists():
             raise RegistryError(f"{self.path(version)}: version already exists")
-        _private_dir(self.root)
-        _private_dir(self.versions_dir)
+        private_dir(self.root)
+        private_dir(self.versions_dir)
         path = self.versions_dir / f"{STAGING_PREFIX}{version}"
         path.mkdir(mode=0o700)
         os.chmod(path, 0o700)
@@ -258,7 +247,7 @@ class Registry:
             raise RegistryError(
                 f"{self.path(version)}: not a complete version; refusing to promote"
             )
-        _private_dir(self.root)
+        private_dir(self.root)
         write_json_atomic(self.pointer_path, {"version": version, "promoted": time.time()})
         log.info("promoted %s under %s", version, self.root)
 

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.private_dirs import private_dir
+
 SERVICES_FILE = "services.json"
 KAFKA_USER = "astec"
 KAFKA_HEAP = os.environ.get("ASTEC_KAFKA_HEAP", "512m")
@@ -130,13 +132,6 @@ def _is_ours(proc: Proc) -> bool:
     except OSError:
         return False
     return os.path.basename(proc.binary) in cmd and (proc.marker or str(proc.port)) in cmd
-
-
-def _private_dir(path: Path) -> Path:
-    """Create (or tighten) a directory only its owner can read, whatever the umask."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -367,7 +362,7 @@ def start_kafka(
     Ports recorded at an earlier start are reused while free, so clients configured then still
     find it; otherwise (or when asked) free ones are taken."""
     java, cp = java_binary(), kafka_classpath()
-    kdir = _private_dir(data_dir / "kafka")
+    kdir = private_dir(data_dir / "kafka")
     state = _kafka_state(kdir)
     if port:
         if port_in_use(port):
@@ -387,7 +382,7 @@ def start_kafka(
     _write_private(kdir / "log4j2.properties", _LOG4J2.format(log=log))
     _write_private(kdir / "state.json", json.dumps(state, indent=2))
     if not (kdir / "data" / "meta.properties").is_file():
-        _private_dir(kdir / "data")
+        private_dir(kdir / "data")
         res = subprocess.run(
             [
                 java,
@@ -453,7 +448,7 @@ def start_redis(
     if port_in_use(port):
         raise ServiceError(f"port {port} for Redis is already in use")
     binary = redis_binary()
-    rdir = _private_dir(data_dir / "redis")
+    rdir = private_dir(data_dir / "redis")
     log = data_dir / "redis.log"
     proc = _spawn(
         [
@@ -545,7 +540,7 @@ def start_services(
     password: str | None = None,
 ) -> ServicesInfo:
     """Start both services (or return the running ones recorded in data_dir)."""
-    d = _private_dir(Path(data_dir).resolve())
+    d = private_dir(Path(data_dir).resolve())
     existing = read_info(d)
     if existing is not None:
         if _is_ours(existing.kafka) and _is_ours(existing.redis):

@@ -6,7 +6,6 @@ an error naming the file, instead of serving garbage. No pickle anywhere.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from engine.manifest import sha256_file
 from personalization.features import FEATURE_NAMES, cluster_lookup
 from personalization.scoring import WEIGHT_SHAPES
 
@@ -26,14 +26,6 @@ ONNX = "model.onnx"
 
 class PolicyFileError(ValueError):
     """A policy directory that is missing, corrupt or of another format."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def save_policy(

@@ -7,7 +7,7 @@ Each default lives here once: the CLI reads its defaults and help from these cla
 
 JSON: `to_dict` writes the nested shape ({"surrogate": {"epochs": 20, ...}, "seed": 0});
 `from_dict` also reads the flat shape of model directories written before the split
-({"surrogate_epochs": 20, ...}), through `FLAT_NAMES`.
+({"surrogate_epochs": 20, ...}), through `FLAT_NAMES`: only there, never at run time.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B
 
+SEED = 0  # AstecConfig.seed's default
 TOP_K = 10  # labels a prediction returns unless asked for another number
 DEVICES = ("cpu", "cuda", "auto")  # where training runs; "cuda:N" names one of several GPUs
 PRECISIONS = ("auto", "bfloat16", "float32")  # of training-time products (TrainingParams)
@@ -60,8 +61,8 @@ def resolve_device(device: str) -> str:
 @functools.cache
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX; Linux's cpuinfo):
-    there torch's bfloat16 matmul runs ~3.5x float32's (2-core AMD EPYC: 240 against 60-110
-    GFLOP/s); elsewhere it is emulated and no faster."""
+    there torch's bfloat16 matmul runs several times faster than float32's; elsewhere it is
+    emulated and no faster."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "").split()
@@ -88,7 +89,7 @@ def _help(text: str) -> dict[str, str]:
 class FeatureParams:
     """TF-IDF features of raw texts (engine.text.TfidfVectorizer)."""
 
-    # 1 = words (2 adds word pairs: rare bigrams hurt v with random init, -4 recall)
+    # 1 = words; 2 adds word pairs, whose rare bigrams hurt v under a random init
     word_ngrams: int = 1
     char_ngrams: tuple[int, ...] = ()  # e.g. (3, 5): character n-grams (the paper's queries)
     min_df: int = 1
@@ -117,41 +118,30 @@ class SurrogateParams:
 
     # 0 = auto: the power of two nearest max(large_fraction * L, min(cluster_fraction * L,
     # large_from)): 0.1 L up to 1,024 meta-labels, then the paper's lower bound 0.05 L (its
-    # range is 0.05 L - 0.2 L). The dense head costs N * L_hat * D per epoch, so the large sets
-    # pay for every meta-label; 0.05 against 0.1 (2,048 -> 1,024 meta-labels), validation
-    # objective (mean P@1/3/5, PSP@1/3/5) 37.90 -> 37.85 on debian-related, 37.60 -> 37.65 on a
-    # simulated click log (23,652 labels), Module I's CPU time halved (docs/engine-training.md)
+    # range is 0.05 L - 0.2 L), because the dense head costs N * L_hat * D per epoch and the
+    # lower bound costs no accuracy there
     num_clusters: int = 0
     cluster_fraction: float = 0.1
     large_fraction: float = 0.05
     large_from: int = 1024
     max_clusters: int = 65536  # the paper's 2^16
     # 20 epochs, lr halved after 70% of them (the reference implementation's 20 epochs with a step
-    # at 14), lr 0.02 from the paper's grid. debian-related 90/10 split, against 10 epochs at a
-    # constant 0.01: shortlist recall@300 77.7 -> 78.2, P@1 66.5 -> 66.7, P@5 35.3 -> 36.0,
-    # PSP@5 23.2 -> 25.6 (training-time graphs, full search); 0.03 lost P@1, 0.01 lost PSP
+    # at 14), lr 0.02: the value of the paper's grid best on debian-related
     epochs: int = 20
     lr: float = 0.02
     decay: float = 0.7  # > 0: fraction of the epochs after which the lr halves
     # > 0: the validation meta-label P@1 sets the schedule (trainer.train_surrogate): the lr
     # halves after this many epochs without a new best (or at `decay`), training stops after as
-    # many more and the best epoch's weights are kept; `epochs` is the cap. 0: the fixed
-    # schedule, the last epoch's weights. Meta P@1 peaks early (debian-related: epoch 8 of 20,
-    # then falls) while what Modules II-IV read of E, its tail, still improves: debian-related
-    # (locally built copy, seeds 0 / 1) final validation objective 38.16 / 37.72 at patience 1
-    # (9 epochs), 38.26 / 37.41 at 2, 38.31 / 37.98 at 0; test PSP@5 27.43 / 27.44, 27.57 /
-    # 27.37, 27.99 / 28.07 (before these early stops: 28.08 / 28.16). The simulated click log:
-    # the same at 0 and 1 (validation 37.59 against 37.52-37.60), ~15 s more of Module I
+    # many more and the best epoch's weights are kept; `epochs` is the cap. 0 (the default):
+    # the fixed schedule, the last epoch's weights, because meta P@1 peaks early while what
+    # Modules II-IV read of E, its tail, still improves
     patience: int = 0
     # heads of at least `sampled_from` meta-labels (0: none, the default) score a sample each
     # batch (`sampled_head`): every meta-label in the label tree's subtrees of `sampled_block`
     # leaves that hold the batch's meta-labels (their nearest clusters: the hardest negatives)
     # and `sampled_negatives` others drawn uniformly, weighted by the inverse chance of being
-    # drawn (the expected gradient is the full head's). A trade of accuracy for Module I's time,
-    # off by default: `bench scale` (3 surrogate epochs, float32 CPU), 16 / 2,048 at L = 250k
-    # (6,780 of 16,384 meta-labels a batch): final validation P@1 / P@5 94.22 / 42.60 -> 93.66 /
-    # 41.72; at L = 500k (7,723 of 32,768): Module I 956 -> 428 s, test P@1 / P@5 91.95 / 33.14
-    # -> 90.45 / 31.22 (docs/benchmarks.md)
+    # drawn (the expected gradient is the full head's). Off by default: it trades accuracy for
+    # Module I's time at large L
     sampled_from: int = 0
     sampled_block: int = 16
     sampled_negatives: int = 2048
@@ -163,7 +153,7 @@ class ShortlistParams:
     negatives their shortlists give each training point."""
 
     knn_neighbours: int = 40  # neighbours from ANNS^x
-    centroid_neighbours: int = 300  # label centres from ANNS^mu (100 -> 300: recall 70.7 -> 76.1)
+    centroid_neighbours: int = 300  # label centres from ANNS^mu (deeper: higher recall)
     centroid_weight: float = 0.5  # s = w * centroid_sim + (1 - w) * knn_score
     knn_power: float = 1.0  # neighbour weight cos^p (p > 1 favours near-duplicates)
     head_centres: int = 4  # k-means centres for head labels
@@ -176,23 +166,14 @@ class ShortlistParams:
     exact_max_points: int = 5000
     # training-time searches of the label centres (hard negatives, shortlists of every training
     # point at k = 300-600) are exact up to this many centres: a blocked bfloat16 matmul + top-k
-    # beats an HNSW search at ef >= k there (debian-related, 25k centres, k = 600: 16.3 s -> see
-    # docs/engine-training.md) and no training-time graph (M = 100, efC = 300) is built. At L =
-    # 500k (248,800 centres, `bench scale`) exact took ~0.4 ms per point and the graph's build +
-    # search ~0.86 (Module II 428 -> 262 s, validation recall@300 44.5 -> 49.1): exact grows
-    # with the centres, the graph about with their log, so they meet near 2^19 centres. In
-    # float32 (a CPU without native bfloat16) at the same 248,800 centres: exact 1.8 ms a point
-    # at k = 600, the graph's build 321 s + 1.6 ms a point at recall 0.91 (docs/benchmarks.md)
-    # Prediction keeps its HNSW graphs (one title at a time).
+    # beats an HNSW search at ef >= k there and no training-time graph (M = 100, efC = 300) is
+    # built; exact grows with the centres, the graph about with their log, so they meet near
+    # 2^19 centres. Prediction keeps its HNSW graphs (one title at a time).
     exact_max_centres: int = 524288
     # M, efC, efS for ANNS^x (instances). Degree 16, as the serving graphs (`search.graph_m`):
     # the graph over the fit points serves the search's choice too, and each training search
-    # reads a third of the links. Simulated click log (68,772 pages), k = 41 from every point:
-    # recall 0.991 at M = 50, 0.985 at 16; build 7.4 -> 5.6 s, searches 7.4 -> 4.6 s. Training
-    # searches at ef = 60 and centre graphs at efC 150 saved ~4 s on the click log with its
-    # test metrics unchanged, but at L = 500k (`bench scale`, then with HNSW training searches
-    # of its 248,800 centres) validation P@1 of Module IV / re-ranker / sparse ranker 87.34 /
-    # 88.88 / 93.58 -> 86.38 / 87.90 / 93.08 and test P@5 32.61 -> 32.03: kept at 100 and 300
+    # reads a third of the links; efC and efS stay at 100 because lower values lost accuracy
+    # at large L
     hnsw_x: tuple[int, ...] = (16, 100, 100)
     # M, efC, efS for ANNS^mu (label centres): the serving graphs (M: `search.graph_m`), and the
     # training-time graphs above `exact_max_centres`
@@ -209,9 +190,8 @@ class ExtremeParams:
     # True: E is fine-tuned at finetune_lr, then the label centres are computed again and the
     # points graph takes the final v over Module II's links (`AnnIndex.with_vectors`; it is the
     # serving graphs' too); False: E stays as Module I left it (the paper's Module IV trains R
-    # and W) and Module II's indexes are kept. Test P@1 False against True: debian-related 67.45
-    # (5 runs) against 67.72-67.98 (3), click log and a debtags set (580 labels) unchanged; the
-    # final validation objective did not tell them apart
+    # and W) and Module II's indexes are kept. True by default: it raised test P@1 on
+    # debian-related and changed nothing on the other data sets
     finetune_embeddings: bool = True
     finetune_lr: float = 0.001
 
@@ -230,8 +210,7 @@ class RerankParams:
 class SparseRankerParams:
     """Per-label squared-hinge linear models on TF-IDF words + word pairs (sparse_ranker.py),
     trained on each point's positives and its `negatives` shortlisted labels (cost, threshold:
-    liblinear's / Parabel's defaults). debian-related 90/10 split, the ranker alone: 300
-    negatives P@1 66.4, 600: 68.0, 1000: 68.1."""
+    liblinear's / Parabel's defaults; 600 negatives: fewer lost P@1, more barely added)."""
 
     enabled: bool = True
     word_ngrams: int = 2
@@ -240,9 +219,7 @@ class SparseRankerParams:
     threshold: float = 0.1
     iters: int = 10
     # sweeps of the refit on all training points, which starts from the first fit's dual
-    # variables (converged on 90% of the pairs): debian-related, test P@1 / P@5 / PSP@5 after 3
-    # sweeps 67.20 / 36.86 / 27.63, after 10 67.19 / 36.83 / 27.61, cold 10 67.21 / 36.84 /
-    # 27.62, no refit 66.97 / 36.62 / 27.27; the fit's seconds 8.2 / 17.3 / 18.1
+    # variables (converged on 90% of the pairs), so 3 sweeps do what 10 cold ones do
     refit_iters: int = 3
 
     def __post_init__(self) -> None:
@@ -269,15 +246,13 @@ class CombinationParams:
 class NameMatchParams:
     """Label-name match (engine/label_text.py): + weight * (idf share of the label's name found
     in the title) on every candidate, the weight chosen on validation (0 in the grid: names that
-    are ids cost nothing). debian-related 90/10, half of the split each, 0.05 against 0: P@1
-    67.05 -> 67.05 and 71.02 -> 71.07, PSP@5 26.42 -> 26.84 and 25.97 -> 26.53."""
+    are ids cost nothing); it lifts the tail labels (PSP) more than the head."""
 
     enabled: bool = True
     weight: float = -1.0  # < 0: choose on validation
     grid: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1, 0.2)
     # at a weight > 0, labels whose name a title matches at least this much join its shortlist
-    # (0: none). debian-related 90/10, weight 0.05, halves: PSP@5 26.84 -> 27.36 and 26.53 ->
-    # 26.92, P@1 67.05 -> 67.20 and 71.07 -> 71.12, +3.5 candidates per title
+    # (0: none), so a named label the indexes miss can still be ranked
     min_match: float = 0.5
 
 
@@ -287,8 +262,8 @@ class EnsembleParams:
 
     learners: int = field(default=1, metadata=_help("Ensemble size (Astec-3: 3)."))
     # "mean" (the paper's average; a label one learner alone shortlists gets a third of its score
-    # in Astec-3) or "max"; "auto" chooses on validation. debian-related 90/10, Astec-3, half of
-    # the split each: P@1 67.84 -> 68.44 and 70.32 -> 70.07, PSP@5 25.39 -> 26.02 and 25.99 -> 26.61
+    # in Astec-3) or "max"; "auto" chooses on validation, because neither won on both halves
+    # of one split
     join: str = "auto"
 
     def __post_init__(self) -> None:
@@ -304,7 +279,8 @@ class SearchParams:
 
     candidates: int = 300  # shortlisted labels scored per text
     # the cheapest of (knn, kmu) x these fractions within `tolerance` points of the full search's
-    # validation objective (debian-related: 1/3 matched the full)
+    # validation objective: the search is most of a prediction's cost, and what a smaller one
+    # costs in accuracy depends on the data
     fractions: tuple[float, ...] = (1 / 3, 1 / 2, 1.0)
     tolerance: float = 0.25
     graph_m: int = 16  # HNSW degree of the indexes prediction searches (0: as training)
@@ -347,10 +323,9 @@ class TrainingParams:
     # (encoder_step.py); false runs the torch path a GPU runs (same loss and optimiser)
     fused_kernels: bool = True
     # the products of the training work that tolerates bfloat16 on the CPU: the exact searches
-    # of the label centres (hard negatives, candidate pools: 99% of the top 300 / 600 the same,
-    # 2x faster), Module I's dense surrogate head and its encoder's residual products (3x faster;
-    # weights, Adam and the loss stay float32; Module IV and the re-ranker stay float32: there
-    # test PSP@5 fell, docs/engine-training.md).
+    # of the label centres (hard negatives, candidate pools) and Module I's dense surrogate head
+    # and its encoder's residual products (weights, Adam and the loss stay float32); Module IV
+    # and the re-ranker stay float32, where bfloat16 cost test PSP@5.
     # "auto": bfloat16 where the CPU multiplies it natively (AVX512-BF16, AMX), else float32.
     # Prediction, the exported predictor and a GPU's batches always compute in float32.
     precision: str = field(
@@ -432,6 +407,7 @@ _RENAMED: dict[tuple[str, str], str] = {
 }
 
 # flat name -> (section, field): every field of every section, under the single-class name
+# (read by `from_dict` only, for model directories saved before the sections)
 FLAT_NAMES: dict[str, tuple[str, str]] = {
     _RENAMED.get((s, f.name), f.name): (s, f.name)
     for s, cls in SECTIONS.items()
@@ -468,76 +444,39 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
     return value
 
 
-@dataclass(init=False)
+@dataclass(slots=True)  # slots: a misspelt field (cfg.num_thread = 1) is an error
 class AstecConfig:
     """All parameters of one Astec model (an ensemble repeats them with seeds seed + 1000 j).
 
-    Build it from sections (`AstecConfig(training=TrainingParams(threads=1))`), from the flat
-    names of the single-class config it replaced (`AstecConfig(num_threads=1)`), or from JSON
-    of either shape (`from_dict`, `load`). The flat names also read and write the sections'
-    fields at run time (`cfg.num_threads` is `cfg.training.threads`) for code written against
-    the flat class; the engine itself uses the sections.
+    Build it from sections (`AstecConfig(training=TrainingParams(threads=1))`) or from JSON
+    (`from_dict`, `load`), which also reads the flat names of the single-class config that
+    model directories saved before the sections hold (`FLAT_NAMES`).
     """
 
-    features: FeatureParams
-    network: NetworkParams
-    surrogate: SurrogateParams
-    shortlist: ShortlistParams
-    extreme: ExtremeParams
-    rerank: RerankParams
-    sparse: SparseRankerParams
-    combination: CombinationParams
-    name_match: NameMatchParams
-    ensembles: EnsembleParams
-    search: SearchParams
-    validation: ValidationParams
-    training: TrainingParams
+    features: FeatureParams = field(default_factory=FeatureParams)
+    network: NetworkParams = field(default_factory=NetworkParams)
+    surrogate: SurrogateParams = field(default_factory=SurrogateParams)
+    shortlist: ShortlistParams = field(default_factory=ShortlistParams)
+    extreme: ExtremeParams = field(default_factory=ExtremeParams)
+    rerank: RerankParams = field(default_factory=RerankParams)
+    sparse: SparseRankerParams = field(default_factory=SparseRankerParams)
+    combination: CombinationParams = field(default_factory=CombinationParams)
+    name_match: NameMatchParams = field(default_factory=NameMatchParams)
+    ensembles: EnsembleParams = field(default_factory=EnsembleParams)
+    search: SearchParams = field(default_factory=SearchParams)
+    validation: ValidationParams = field(default_factory=ValidationParams)
+    training: TrainingParams = field(default_factory=TrainingParams)
     seed: int = field(
-        default=0, metadata=_help("Random seed (learner j of an ensemble uses seed + 1000 j).")
+        default=SEED, metadata=_help("Random seed (learner j of an ensemble uses seed + 1000 j).")
     )
 
-    def __init__(self, **kw: Any) -> None:
-        given: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
-        sections: dict[str, Any] = {}
-        object.__setattr__(self, "seed", kw.pop("seed", type(self).seed))
-        for k, v in kw.items():
-            if k in SECTIONS:
-                if not isinstance(v, SECTIONS[k]):
-                    raise ConfigError(f"AstecConfig: {k} must be a {SECTIONS[k].__name__}")
-                sections[k] = v
-            elif k in FLAT_NAMES:
-                s, f = FLAT_NAMES[k]
-                given[s][f] = v
-            else:
-                raise ConfigError(
-                    f"AstecConfig: unknown field {k!r}; known: sections {sorted(SECTIONS)}, "
-                    f"'seed', or the flat names {sorted(FLAT_NAMES)}"
-                )
+    def __post_init__(self) -> None:
         for s, cls in SECTIONS.items():
-            if s in sections and given[s]:
-                raise ConfigError(
-                    f"AstecConfig: {s} given both as a section and by the flat name(s) "
-                    f"{sorted(k for k in kw if FLAT_NAMES.get(k, ('',))[0] == s)}"
-                )
-            value = copy.deepcopy(sections[s]) if s in sections else cls(**given[s])
-            object.__setattr__(self, s, value)
-
-    if not TYPE_CHECKING:  # flat names for callers written against the single class
-
-        def __getattr__(self, name: str) -> Any:
-            if name in FLAT_NAMES:
-                s, f = FLAT_NAMES[name]
-                return getattr(getattr(self, s), f)
-            raise AttributeError(f"AstecConfig has no field {name!r}")
-
-        def __setattr__(self, name: str, value: Any) -> None:
-            if name in FLAT_NAMES:
-                s, f = FLAT_NAMES[name]
-                setattr(getattr(self, s), f, value)
-            elif name in SECTIONS or name == "seed":
-                object.__setattr__(self, name, value)
-            else:
-                raise AttributeError(f"AstecConfig has no field {name!r}")
+            value = getattr(self, s)
+            if not isinstance(value, cls):
+                raise ConfigError(f"AstecConfig: {s} must be a {cls.__name__}, got {value!r}")
+            # a section given by the caller is copied: changing it later leaves this config
+            setattr(self, s, copy.deepcopy(value))
 
     def copy(self) -> AstecConfig:
         """A deep copy: changing its sections leaves this config as it is."""
@@ -590,12 +529,12 @@ class AstecConfig:
             default = getattr(SECTIONS[s](), f)
             given[s][f] = _coerce(v, default, f"{source}: field {name!r}")
 
-        seed = cls.seed
+        seed = SEED
         for k, v in d.items():
             if k in _RETIRED and v == _RETIRED[k]:
                 continue
             if k == "seed":
-                seed = _coerce(v, cls.seed, f"{source}: field 'seed'")
+                seed = _coerce(v, SEED, f"{source}: field 'seed'")
             elif k in SECTIONS:
                 if not isinstance(v, dict):
                     raise ConfigError(f"{source}: field {k!r} must be an object, got {v!r}")

@@ -14,7 +14,9 @@ import math
 import resource
 import shutil
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,17 @@ from engine.text import TfidfVectorizer
 from . import io as mio
 from .ann import AnnIndex
 from .clustering import balanced_clusters, label_centroids, meta_labels
-from .config import TOP_K, AstecConfig, resolve_device, resolve_threads
+from .config import (
+    TOP_K,
+    AstecConfig,
+    ExtremeParams,
+    RerankParams,
+    ShortlistParams,
+    SparseRankerParams,
+    SurrogateParams,
+    resolve_device,
+    resolve_threads,
+)
 from .network import (
     Classifier,
     Encoder,
@@ -365,10 +377,11 @@ def _select(name, grid, make_scores, Yv, inv_prop, metrics, log):
 def _combination_weight(
     name, fixed, grid, make_scores, Yv, inv_prop, cfg: AstecConfig, log: dict, default: float
 ) -> float:
-    """One weight of the score combination (alpha, beta or gamma): `fixed` when configured
-    (>= 0), else the grid value best on the validation split (`default` without one). With a
-    validation split, logs its metrics at the chosen weight under "valid"; logs the weight."""
-    if Yv.shape[0]:
+    """One weight of the score combination (alpha, beta, gamma or the label-name match's):
+    `fixed` when configured (>= 0), else the grid value whose validation scores
+    (`make_scores(weight)`) are best; without a validation split (make_scores None) `fixed` or
+    `default`. With one, logs its metrics at the chosen weight under "valid"; logs the weight."""
+    if make_scores is not None:
         w = (
             fixed
             if fixed >= 0
@@ -548,7 +561,9 @@ def _module2_negatives(
     centres: list[Hits] = []
 
     def hard(a, b):
-        point_hits, centre_hits = index.searches(V[a:b], knn, max(kmu, keep), threads, True)
+        point_hits, centre_hits = index.searches(
+            V[a:b], knn, max(kmu, keep), threads, with_self=True
+        )
         if keep > 0:
             for hits, parts in ((point_hits, points), (centre_hits, centres)):
                 if hits is not None:
@@ -760,335 +775,574 @@ def _fit_ranker(
     )
 
 
+@dataclass
+class Problem:
+    """One learner's training problem (PECOS's MLProblem): the features X and 0/1 labels Y of
+    every training point, the fit / validation split (row ids), the labels' inverse
+    propensities, and the sparse ranker's features Xr (None: no sparse ranker). The splits'
+    rows are cut once, here."""
+
+    X: sp.csr_matrix
+    Y: sp.csr_matrix
+    fit: np.ndarray
+    valid: np.ndarray
+    inv_prop: np.ndarray
+    Xr: sp.csr_matrix | None = None
+    Xf: sp.csr_matrix = field(init=False)
+    Yf: sp.csr_matrix = field(init=False)
+    Xv: sp.csr_matrix = field(init=False)
+    Yv: sp.csr_matrix = field(init=False)
+    Xrv: sp.csr_matrix | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.Xf, self.Yf = self.X[self.fit], self.Y[self.fit]
+        self.Xv, self.Yv = self.X[self.valid], self.Y[self.valid]
+        self.Xrv = None if self.Xr is None else self.Xr[self.valid]
+
+    @property
+    def has_valid(self) -> bool:
+        """Whether there is a validation split (tiny data sets have none)."""
+        return self.valid.size > 0
+
+
+@dataclass
+class Run:
+    """How one learner trains: the resolved config, its seed, where its batches run (the
+    resolved device) and whether progress is printed."""
+
+    cfg: AstecConfig
+    seed: int
+    device: str
+    progress: bool
+
+    @property
+    def threads(self) -> int:
+        return resolve_threads(self.cfg.training.threads)
+
+    def say(self, line: str) -> None:
+        if self.progress:
+            tqdm.write(line)
+
+
+@contextmanager
+def _timed(log: dict) -> Iterator[dict]:
+    """Adds the block's wall and CPU seconds and the peak RSS so far to `log`."""
+    t0, c0 = time.time(), _cpu_s()
+    yield log
+    log.update(_spent(t0, c0))
+    log["peak_rss_mb"] = _peak_rss_mb()
+
+
+@dataclass
+class Shortlists:
+    """What Module II gives the later modules: the training-time indexes over the fit points,
+    the fit points' v and label centres (Module IV refreshes all three when it fine-tunes E),
+    each fit point's negatives (Module IV's training set, taken over by it), the searches kept
+    for the shortlists after Module IV (`FitSearches`, taken over by the first reader) and the
+    validation points' candidates (Module IV's per-epoch objective; None without a split)."""
+
+    index: ShortlistIndex
+    Vf: np.ndarray | None
+    centres: tuple[np.ndarray, np.ndarray] | None
+    negatives: sp.csr_matrix | None
+    kept: FitSearches | None
+    valid_candidates: sp.csr_matrix | None
+
+
+@dataclass
+class ValidShortlists:
+    """Module IV's shortlists of the validation points (C, with the base similarity s as data)
+    and their final features Z: the score combination's weights are chosen on them, and the
+    re-ranker's per-epoch objective reads them."""
+
+    C: sp.csr_matrix
+    Z: np.ndarray
+
+
 def _epoch_objective(
-    encoder: Encoder, clf: Classifier, Xv, Cv: sp.csr_matrix, Yv, inv_prop, cfg: AstecConfig
-):
+    encoder: Encoder, clf: Classifier, prob: Problem, Cv: sp.csr_matrix | None, cfg: AstecConfig
+) -> Callable[[], float] | None:
     """The validation objective of a classifier alone on fixed validation shortlists Cv, read
-    from the live (training) weights: what a training loop checks after each epoch."""
+    from the live (training) weights: what a training loop checks after each epoch (None
+    without validation shortlists)."""
+    if Cv is None:
+        return None
+    candidates = Cv
     threads = resolve_threads(cfg.training.threads)
 
     def objective() -> float:
-        Z = dense_bag(encoder, Xv, what="z")
+        Z = dense_bag(encoder, prob.Xv, what="z")
         W = clf.weight.weight.detach().numpy()
         b = clf.bias.weight.detach().numpy().ravel()
         S = sp.csr_matrix(
-            (classifier_logits(Z, W, b, Cv, threads), Cv.indices, Cv.indptr), shape=Cv.shape
+            (
+                classifier_logits(Z, W, b, candidates, threads),
+                candidates.indices,
+                candidates.indptr,
+            ),
+            shape=candidates.shape,
         )
-        return _valid_metrics(S, Yv, inv_prop, cfg.validation.metrics)[0]
+        return _valid_metrics(S, prob.Yv, prob.inv_prop, cfg.validation.metrics)[0]
 
     return objective
 
 
-def train_learner(
-    X,
-    Y,
-    fit,
-    valid,
-    cfg: AstecConfig,
-    seed: int,
-    inv_prop,
-    progress: bool = True,
-    Xr=None,
-    valid_scores: bool = False,
-    valid_extra: sp.csr_matrix | None = None,
-):
-    """Train Modules I-IV, the re-ranker and the sparse ranker (on Xr, the ranker features; None:
-    no sparse ranker) for one learner; returns (Learner, log dict, validation scores). The last is
-    the learner's final scores of the validation points before they join its indexes (for an
-    ensemble's and the label-name match's choices) as (scores, scores with the label-name
-    candidates `valid_extra` in the shortlists or None), or None when not asked or without a
-    validation split."""
-    log: dict = {"seed": seed, "modules": {}}
-    device = resolve_device(cfg.training.device)
-    torch.manual_seed(seed)
-    Xf, Yf = X[fit], Y[fit]
-    Xv, Yv = X[valid], Y[valid]
-    L = Y.shape[1]
-    D = cfg.network.embedding_dim
-    threads = resolve_threads(cfg.training.threads)
+def _choose_weight(
+    name: str,
+    fixed: float,
+    grid,
+    default: float,
+    learner: Learner,
+    vs: ValidShortlists | None,
+    prob: Problem,
+    run: Run,
+    log: dict,
+) -> float:
+    """The learner's combination weight `name` ("alpha", "beta" or "gamma"; the others as set
+    so far): `fixed` when configured (>= 0), else the grid value best on the validation
+    shortlists vs; without them `fixed` or `default` (see `_combination_weight`)."""
+    make = None
+    if vs is not None:
+        base, rr = learner.logits(prob.Xv, vs.C, vs.Z, run.threads)
+        sig = Sigmoids.of(vs.C, base, rr, learner.sparse_scores(prob.Xrv, vs.C, run.threads))
+        weights = {"alpha": learner.alpha, "beta": learner.beta, "gamma": learner.gamma}
 
-    # Module I: clusters -> surrogate task
-    t0, c0 = time.time(), _cpu_s()
-    sur = cfg.surrogate
-    cents = label_centroids(Xf, Yf)
-    assign = balanced_clusters(cents, sur.num_clusters, seed, progress)
-    Ym = meta_labels(Yf, assign, sur.num_clusters)
-    encoder = Encoder(X.shape[1], D, cfg.network.spectral_lambda, cfg.network.dropout)
-    if cfg.network.embedding_init == "svd":
-        with torch.no_grad():
-            encoder.embed.weight.copy_(torch.from_numpy(svd_embedding_init(Xf, Yf, D, seed)))
-    epochs_log = train_surrogate(
-        encoder,
-        Xf,
-        Ym,
-        sur.epochs,
-        sur.lr,
-        cfg.training.batch_size,
-        seed,
-        progress,
-        valid=(Xv, meta_labels(Yv, assign, sur.num_clusters)),
-        decay_epoch=round(sur.decay * sur.epochs),
-        patience=sur.patience,
-        device=device,
-        precision=cfg.training.precision,
-        fused=cfg.training.fused_kernels,
-        sampled=sur.sampled_negatives if 0 < sur.sampled_from <= sur.num_clusters else 0,
-        sampled_block=sur.sampled_block,
-    )
-    log["modules"]["I"] = {
-        **_spent(t0, c0),
-        "peak_rss_mb": _peak_rss_mb(),
-        "clusters": int(sur.num_clusters),
-        "epochs": epochs_log,
-    }
+        def make(w: float) -> sp.csr_matrix:
+            return mix(vs.C, sig, **{**weights, name: w})
 
-    # Module II: frozen E -> indexes -> hard-negative shortlists
-    t0, c0 = time.time(), _cpu_s()
-    if progress:  # no bar inside the index builds and searches: say what runs (minutes at L=500k)
-        tqdm.write(f"  Module II: indexes and hard negatives for {Xf.shape[0]} points ...")
-    Vf = dense_bag(encoder, Xf)
-    fit_centres = label_centres(
-        Vf, Yf, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
+    return _combination_weight(
+        name, fixed, grid, make, prob.Yv, prob.inv_prop, run.cfg, log, default
     )
-    index = _build_index(encoder, Xf, Yf, cfg, seed, Vf, centres_owner=fit_centres)
-    # the searches of the fit points are kept for the shortlists after Module IV (FitSearches)
-    rerank_on = cfg.rerank.enabled and cfg.rerank.epochs > 0
-    sparse_on = Xr is not None and cfg.sparse.enabled
-    depth = _after_iv_depth(cfg, rerank_on, sparse_on)
-    negatives, kept = _module2_negatives(index, Vf, Yf, cfg, seed, keep=depth)
-    m2: dict[str, Any] = {
-        "seconds": None,
-        "index_kind": index.points.kind,
-        "centres": int(index.centres.count),
-    }
-    if Xv.shape[0]:
-        Sv = index.scores(
-            dense_bag(encoder, Xv),
-            cfg.shortlist.knn_neighbours,
-            cfg.shortlist.centroid_neighbours,
-            cfg.shortlist.centroid_weight,
-            cfg.training.threads,
-            knn_power=cfg.shortlist.knn_power,
-        )
-        m2[f"valid_recall@{cfg.search.candidates}"] = round(
-            recall_at(Sv, Yv, cfg.search.candidates), 2
-        )
-        ids, sc = topk_dense_from_csr(Sv, 5)
-        m2["valid_shortlist_only"] = {
-            k: round(v, 2) for k, v in evaluate(Yv, (ids, sc), inv_prop, ks=(1, 3, 5)).items()
-        }
-        # Module II's validation shortlists: fixed candidates for the per-epoch objective
-        Cv_ii = topk_rows(Sv, cfg.search.candidates, cfg.training.threads)
-        del Sv
-    m2.update(_spent(t0, c0))
-    m2["peak_rss_mb"] = _peak_rss_mb()
-    log["modules"]["II"] = m2
-    if progress:
-        tqdm.write(
-            "  Module II: "
-            + json.dumps({k: v for k, v in m2.items() if k != "valid_shortlist_only"})
-        )
 
-    # Modules III/IV: new residual R (identity), classifier on positives + shortlist
-    t0, c0 = time.time(), _cpu_s()
-    encoder.residual = SpectralResidual(D, cfg.network.spectral_lambda)
-    clf = Classifier(L, D)
-    ep = train_shortlisted(
-        encoder,
-        clf,
-        Xf,
-        Yf,
-        negatives,
-        cfg.extreme.epochs,
-        cfg.extreme.lr,
-        cfg.training.batch_size,
-        seed,
-        cfg.extreme.finetune_embeddings,
-        cfg.extreme.finetune_lr,
-        "Module IV",
-        progress,
-        device,
-        cfg.training.fused_kernels,
-        valid=_epoch_objective(encoder, clf, Xv, Cv_ii, Yv, inv_prop, cfg) if Xv.shape[0] else None,
-    )
-    del negatives
-    if cfg.extreme.finetune_embeddings:  # v moved: the indexes again, on the final v (the
-        # serving graphs over the fit points, for the search's choice below, share v and the
-        # label centres); E fixed (the paper's Module IV): Module II's indexes still hold
-        Vf = dense_bag(encoder, Xf)
-        fit_centres = label_centres(
-            Vf, Yf, cfg.shortlist.head_centres, cfg.shortlist.head_min_points, seed
-        )
-        moved = index.points.with_vectors(Vf, cfg.training.threads)  # Module II's links
-        index = _build_index(
-            encoder, Xf, Yf, cfg, seed, Vf, centres_owner=fit_centres, points=moved
-        )
-    learner = Learner(encoder, clf, index)
-    m4: dict[str, Any] = {"epochs": ep}
-    if Xv.shape[0]:
-        C, Z = learner.shortlist(Xv, cfg)
-        base, _ = learner.logits(Xv, C, Z, threads)
-        sig = Sigmoids.of(C, base)
-    learner.alpha = _combination_weight(
-        "alpha",
-        cfg.combination.alpha,
-        cfg.combination.alpha_grid,
-        lambda a: mix(C, sig, a),
-        Yv,
-        inv_prop,
-        cfg,
-        m4,
-        learner.alpha,
-    )
-    m4.update(_spent(t0, c0))
-    m4["peak_rss_mb"] = _peak_rss_mb()
-    log["modules"]["IV"] = m4
-    if progress and "valid" in m4:
-        tqdm.write(f"  Module IV: alpha={learner.alpha} valid={m4['valid']}")
 
-    # Re-ranker: independent Z~, W~ on positives + the base model's top mispredictions
-    after: AfterIv | None = None  # the sparse ranker's candidates come from the same pass
-    if rerank_on:
-        t0, c0 = time.time(), _cpu_s()
-        after = _after_iv_shortlists(learner, Xf, Yf, cfg, rerank=True, sparse=sparse_on, kept=kept)
-        kept = None
+def train_surrogate_module(prob: Problem, sur: SurrogateParams, run: Run) -> tuple[Encoder, dict]:
+    """Module I: E (and R0) learnt on the surrogate task, whose labels are balanced clusters of
+    the labels (`sur.num_clusters` of them, as `AstecConfig.resolve` fixed). Returns the
+    encoder and the module's log."""
+    cfg = run.cfg
+    net, training = cfg.network, cfg.training
+    log: dict[str, Any] = {}
+    with _timed(log):
+        assign = balanced_clusters(
+            label_centroids(prob.Xf, prob.Yf), sur.num_clusters, run.seed, run.progress
+        )
+        encoder = Encoder(prob.X.shape[1], net.embedding_dim, net.spectral_lambda, net.dropout)
+        if net.embedding_init == "svd":
+            E0 = svd_embedding_init(prob.Xf, prob.Yf, net.embedding_dim, run.seed)
+            with torch.no_grad():
+                encoder.embed.weight.copy_(torch.from_numpy(E0))
+        epochs = train_surrogate(
+            encoder,
+            prob.Xf,
+            meta_labels(prob.Yf, assign, sur.num_clusters),
+            epochs=sur.epochs,
+            lr=sur.lr,
+            batch_size=training.batch_size,
+            seed=run.seed,
+            progress=run.progress,
+            valid=(prob.Xv, meta_labels(prob.Yv, assign, sur.num_clusters)),
+            decay_epoch=round(sur.decay * sur.epochs),
+            patience=sur.patience,
+            device=run.device,
+            precision=training.precision,
+            fused=training.fused_kernels,
+            sampled=sur.sampled_negatives if 0 < sur.sampled_from <= sur.num_clusters else 0,
+            sampled_block=sur.sampled_block,
+        )
+    log.update(clusters=int(sur.num_clusters), epochs=epochs)
+    return encoder, log
+
+
+def train_shortlist_module(
+    prob: Problem, sl: ShortlistParams, encoder: Encoder, run: Run, keep: int
+) -> tuple[Shortlists, dict]:
+    """Module II: with E frozen, ANNS^x over the fit points' v and ANNS^mu over the label
+    centres, and each fit point's hard negatives from both plus random ones; keep > 0: the
+    searches are kept that deep for the shortlists after Module IV (`FitSearches`). Logs the
+    validation shortlists' recall and metrics."""
+    cfg = run.cfg
+    log: dict[str, Any] = {}
+    with _timed(log):
+        # no bar inside the index builds and searches: say what runs (minutes at L = 500k)
+        run.say(f"  Module II: indexes and hard negatives for {prob.Xf.shape[0]} points ...")
+        Vf = dense_bag(encoder, prob.Xf)
+        centres = label_centres(Vf, prob.Yf, sl.head_centres, sl.head_min_points, run.seed)
+        index = _build_index(encoder, prob.Xf, prob.Yf, cfg, run.seed, Vf, centres_owner=centres)
+        negatives, kept = _module2_negatives(index, Vf, prob.Yf, cfg, run.seed, keep=keep)
+        log.update(index_kind=index.points.kind, centres=int(index.centres.count))
+        Cv = None
+        if prob.has_valid:
+            Sv = index.scores(
+                dense_bag(encoder, prob.Xv),
+                sl.knn_neighbours,
+                sl.centroid_neighbours,
+                sl.centroid_weight,
+                cfg.training.threads,
+                knn_power=sl.knn_power,
+            )
+            k = cfg.search.candidates
+            log[f"valid_recall@{k}"] = round(recall_at(Sv, prob.Yv, k), 2)
+            m = evaluate(prob.Yv, topk_dense_from_csr(Sv, 5), prob.inv_prop, ks=(1, 3, 5))
+            log["valid_shortlist_only"] = {name: round(v, 2) for name, v in m.items()}
+            Cv = topk_rows(Sv, k, cfg.training.threads)  # fixed candidates for Module IV's epochs
+            del Sv
+    run.say(
+        "  Module II: " + json.dumps({k: v for k, v in log.items() if k != "valid_shortlist_only"})
+    )
+    return Shortlists(index, Vf, centres, negatives, kept, Cv), log
+
+
+def train_extreme_module(
+    prob: Problem, ext: ExtremeParams, encoder: Encoder, short: Shortlists, run: Run
+) -> tuple[Learner, ValidShortlists | None, dict]:
+    """Modules III/IV: a new residual R (identity) and the 1-vs-all classifier W trained on each
+    fit point's positives and Module II's negatives (E fine-tuned when `ext.finetune_embeddings`:
+    then the indexes in `short` are rebuilt on the final v, Module II's links kept); alpha
+    chosen on the validation shortlists, which are returned for the later weights."""
+    cfg = run.cfg
+    D, L = cfg.network.embedding_dim, prob.Y.shape[1]
+    log: dict[str, Any] = {}
+    with _timed(log):
+        encoder.residual = SpectralResidual(D, cfg.network.spectral_lambda)
+        clf = Classifier(L, D)
+        negatives, short.negatives = short.negatives, None
+        assert negatives is not None, "Module II's negatives were taken already"
+        log["epochs"] = train_shortlisted(
+            encoder,
+            clf,
+            prob.Xf,
+            prob.Yf,
+            negatives,
+            epochs=ext.epochs,
+            lr=ext.lr,
+            batch_size=cfg.training.batch_size,
+            seed=run.seed,
+            finetune_embeddings=ext.finetune_embeddings,
+            finetune_lr=ext.finetune_lr,
+            name="Module IV",
+            progress=run.progress,
+            device=run.device,
+            fused=cfg.training.fused_kernels,
+            valid=_epoch_objective(encoder, clf, prob, short.valid_candidates, cfg),
+        )
+        del negatives
+        if ext.finetune_embeddings:  # v moved: the indexes again, on the final v (the serving
+            # graphs over the fit points, for the search's choice, share v and the label
+            # centres); E fixed (the paper's Module IV): Module II's indexes still hold
+            sl = cfg.shortlist
+            Vf = short.Vf = dense_bag(encoder, prob.Xf)
+            centres = label_centres(Vf, prob.Yf, sl.head_centres, sl.head_min_points, run.seed)
+            moved = short.index.points.with_vectors(Vf, cfg.training.threads)  # Module II's links
+            short.centres = centres
+            short.index = _build_index(
+                encoder, prob.Xf, prob.Yf, cfg, run.seed, Vf, centres_owner=centres, points=moved
+            )
+        learner = Learner(encoder, clf, short.index)
+        vs = None
+        if prob.has_valid:
+            vs = ValidShortlists(*learner.shortlist(prob.Xv, cfg))
+        comb = cfg.combination
+        learner.alpha = _choose_weight(
+            "alpha", comb.alpha, comb.alpha_grid, learner.alpha, learner, vs, prob, run, log
+        )
+    if "valid" in log:
+        run.say(f"  Module IV: alpha={learner.alpha} valid={log['valid']}")
+    return learner, vs, log
+
+
+def train_reranker_module(
+    prob: Problem,
+    rerank: RerankParams,
+    learner: Learner,
+    vs: ValidShortlists | None,
+    short: Shortlists,
+    run: Run,
+    for_ranker: bool,
+) -> tuple[AfterIv, dict]:
+    """The re-ranker: an independent (E~, R~, W~), started from the base model's E and W, trained
+    on each fit point's positives and the base model's top mispredictions (at the extreme
+    classifier's learning rates); beta chosen on the validation shortlists. The shortlist pass
+    that finds the mispredictions also gives the sparse ranker's candidates when for_ranker;
+    it is returned (`AfterIv`)."""
+    cfg = run.cfg
+    D, L = cfg.network.embedding_dim, prob.Y.shape[1]
+    log: dict[str, Any] = {}
+    with _timed(log):
+        after = _after_iv_shortlists(
+            learner, prob.Xf, prob.Yf, cfg, rerank=True, sparse=for_ranker, kept=short.kept
+        )
+        short.kept = None
         hard, after.hard = after.hard, None
-        rr = Encoder(X.shape[1], D, cfg.network.spectral_lambda, cfg.network.dropout)
+        assert hard is not None
+        rr = Encoder(prob.X.shape[1], D, cfg.network.spectral_lambda, cfg.network.dropout)
         with torch.no_grad():
-            rr.embed.weight.copy_(encoder.embed.weight)
+            rr.embed.weight.copy_(learner.encoder.embed.weight)
         rr_clf = Classifier(L, D)
         with torch.no_grad():
-            rr_clf.weight.weight.copy_(clf.weight.weight)
-            rr_clf.bias.weight.copy_(clf.bias.weight)
-        ep = train_shortlisted(
+            rr_clf.weight.weight.copy_(learner.clf.weight.weight)
+            rr_clf.bias.weight.copy_(learner.clf.bias.weight)
+        log["epochs"] = train_shortlisted(
             rr,
             rr_clf,
-            Xf,
-            Yf,
+            prob.Xf,
+            prob.Yf,
             hard,
-            cfg.rerank.epochs,
-            cfg.extreme.lr,
-            cfg.training.batch_size,
-            seed + 1,
-            True,
-            cfg.extreme.finetune_lr,
-            "Re-ranker",
-            progress,
-            device,
-            cfg.training.fused_kernels,
-            valid=_epoch_objective(rr, rr_clf, Xv, C, Yv, inv_prop, cfg) if Xv.shape[0] else None,
+            epochs=rerank.epochs,
+            lr=cfg.extreme.lr,
+            batch_size=cfg.training.batch_size,
+            seed=run.seed + 1,
+            finetune_embeddings=True,
+            finetune_lr=cfg.extreme.finetune_lr,
+            name="Re-ranker",
+            progress=run.progress,
+            device=run.device,
+            fused=cfg.training.fused_kernels,
+            valid=_epoch_objective(rr, rr_clf, prob, None if vs is None else vs.C, cfg),
         )
         del hard
         learner.reranker, learner.rr_clf = rr, rr_clf
-        mr: dict[str, Any] = {"epochs": ep}
-        if Xv.shape[0]:  # C, Z: the validation shortlists of Module IV's indexes, as above
-            base, rrl = learner.logits(Xv, C, Z, threads)
-            sig = Sigmoids.of(C, base, rrl)
-        learner.beta = _combination_weight(
-            "beta",
-            cfg.combination.beta,
-            cfg.combination.beta_grid,
-            lambda b: mix(C, sig, learner.alpha, b),
-            Yv,
-            inv_prop,
-            cfg,
-            mr,
-            learner.beta,
+        comb = cfg.combination
+        learner.beta = _choose_weight(
+            "beta", comb.beta, comb.beta_grid, learner.beta, learner, vs, prob, run, log
         )
-        mr.update(_spent(t0, c0))
-        mr["peak_rss_mb"] = _peak_rss_mb()
-        log["modules"]["reranker"] = mr
-        if progress and "valid" in mr:
-            tqdm.write(f"  Re-ranker: beta={learner.beta} valid={mr['valid']}")
+    if "valid" in log:
+        run.say(f"  Re-ranker: beta={learner.beta} valid={log['valid']}")
+    return after, log
 
-    # sparse ranker on the fit points; gamma on the validation points
-    Xrv = None
-    if sparse_on:
-        t0, c0 = time.time(), _cpu_s()
-        if progress:
-            tqdm.write(f"  Sparse ranker: shortlists and fit on {Xf.shape[0]} points ...")
-        Xrv = Xr[valid]
+
+def train_sparse_module(
+    prob: Problem,
+    sparse: SparseRankerParams,
+    learner: Learner,
+    vs: ValidShortlists | None,
+    short: Shortlists,
+    after: AfterIv | None,
+    run: Run,
+) -> tuple[AfterIv, dict]:
+    """The sparse ranker fitted on the fit points' positives and `sparse.negatives` shortlisted
+    labels each (from `after`, the re-ranker's shortlist pass, when it has them), gamma chosen
+    on the validation shortlists (an even mix without them). Returns the pass (its candidates
+    seed the refit, `refit_sparse_ranker`) and the module's log."""
+    cfg = run.cfg
+    log: dict[str, Any] = {}
+    with _timed(log):
+        run.say(f"  Sparse ranker: shortlists and fit on {prob.Xf.shape[0]} points ...")
         if after is None or after.candidates is None:
-            after = _after_iv_shortlists(learner, Xf, Yf, cfg, rerank=False, sparse=True, kept=kept)
-            kept = None
-        assert after.candidates is not None
-        pairs = label_pairs(Yf, after.candidates, threads)  # the candidates stay for the refit
-        learner.sparse = _fit_ranker(Xr[fit], pairs, cfg, seed, rows=fit)
+            after = _after_iv_shortlists(
+                learner, prob.Xf, prob.Yf, cfg, rerank=False, sparse=True, kept=short.kept
+            )
+            short.kept = None
+        assert after.candidates is not None and prob.Xr is not None
+        pairs = label_pairs(prob.Yf, after.candidates, run.threads)  # candidates: for the refit
+        learner.sparse = _fit_ranker(prob.Xr[prob.fit], pairs, cfg, run.seed, rows=prob.fit)
         del pairs
-        ms: dict[str, Any] = {"weights": int(learner.sparse.W.nnz)}
-        if Xv.shape[0]:
-            base, rrl = learner.logits(Xv, C, Z, threads)
-            us = learner.sparse_scores(Xrv, C, threads)
-            sig = Sigmoids.of(C, base, rrl, us)
-        # without a validation split (tiny data): an even mix
-        learner.gamma = _combination_weight(
-            "gamma",
-            cfg.combination.gamma,
-            cfg.combination.gamma_grid,
-            lambda g: mix(C, sig, learner.alpha, learner.beta, g),
-            Yv,
-            inv_prop,
-            cfg,
-            ms,
-            0.5,
+        log["weights"] = int(learner.sparse.W.nnz)
+        comb = cfg.combination
+        learner.gamma = _choose_weight(
+            "gamma", comb.gamma, comb.gamma_grid, 0.5, learner, vs, prob, run, log
         )
-        ms.update(_spent(t0, c0))
-        ms["peak_rss_mb"] = _peak_rss_mb()
-        log["modules"]["sparse"] = ms
-        if progress and "valid" in ms:
-            tqdm.write(f"  Sparse ranker: gamma={learner.gamma} valid={ms['valid']}")
+    if "valid" in log:
+        run.say(f"  Sparse ranker: gamma={learner.gamma} valid={log['valid']}")
+    return after, log
 
-    # prediction: serving graphs; the search size is chosen on validation with graphs like the
-    # final ones (over the fit points only, so validation points do not find themselves)
-    chosen_scores: sp.csr_matrix | None = None  # the validation scores with that choice
+
+def serving_indexes(
+    prob: Problem,
+    learner: Learner,
+    short: Shortlists,
+    run: Run,
+    log: dict,
+    valid_extra: sp.csr_matrix | None = None,
+    valid_scores: bool = False,
+) -> tuple[sp.csr_matrix, sp.csr_matrix | None] | None:
+    """Prediction's indexes: the search size chosen on validation with serving graphs over the
+    fit points (so validation points do not find themselves; `select_search`), then the final
+    indexes over every training point (the validation points' labels help prediction; built
+    from those graphs where they can be). Returns the learner's final validation scores from
+    before the validation points joined (see `train_learner`) when valid_scores, else None.
+    Takes over short's indexes, v and centres."""
+    cfg = run.cfg
+    chosen: sp.csr_matrix | None = None  # the validation scores with the chosen search
     fit_serving = None  # the serving indexes over the fit points and their centres' vectors
-    if Xv.shape[0] and cfg.search.fractions:
+    if prob.has_valid and cfg.search.fractions:
+        assert short.Vf is not None and short.centres is not None
         learner.index = _build_index(
-            encoder,
-            Xf,
-            Yf,
+            learner.encoder,
+            prob.Xf,
+            prob.Yf,
             cfg,
-            seed,
-            Vf,
+            run.seed,
+            short.Vf,
             serving=True,
-            centres_owner=fit_centres,
-            same_points=index,
+            centres_owner=short.centres,
+            same_points=short.index,
         )
-        learner.search, chosen_scores = select_search(learner, Xv, Yv, cfg, inv_prop, log, Xrv)
-        fit_serving = (learner.index, fit_centres[0])
-    del Vf, fit_centres
-
+        learner.search, chosen = select_search(
+            learner, prob.Xv, prob.Yv, cfg, prob.inv_prop, log, prob.Xrv
+        )
+        fit_serving = (learner.index, short.centres[0])
+    short.Vf = short.centres = None
     Sv = None
-    if valid_scores and Xv.shape[0]:
+    if valid_scores and prob.has_valid:
         Sv = (
-            chosen_scores if chosen_scores is not None else learner.scores(Xv, cfg, Xrv),
-            learner.scores(Xv, cfg, Xrv, extra=valid_extra) if valid_extra is not None else None,
+            chosen if chosen is not None else learner.scores(prob.Xv, cfg, prob.Xrv),
+            None
+            if valid_extra is None
+            else learner.scores(prob.Xv, cfg, prob.Xrv, extra=valid_extra),
         )
-    # final indexes over all training points (the validation points' labels help prediction)
-    learner.index = _final_index(encoder, X, Y, fit, valid, cfg, seed, index, fit_serving)
-    del index, fit_serving  # the training and fit-serving indexes (graphs grown into the final)
-    if learner.sparse is not None and Xv.shape[0]:
-        # the ranker, too, learns from every training point once gamma is chosen (else labels
-        # seen only in the validation split would have no model), starting from the first
-        # fit's dual variables: debian-related, 49.5 -> 39.1 CPU s
-        t0, c0 = time.time(), _cpu_s()
-        if progress:
-            tqdm.write(f"  Sparse ranker: refit on all {X.shape[0]} points ...")
-        assert after is not None
-        C, rows = _refit_candidates(learner, X, Y, fit, valid, after, cfg)
-        del after
-        # the candidates go once grouped into pairs: the two are the refit's largest arrays
-        pairs = label_pairs(Y[rows], C, threads)
-        del C
-        learner.sparse = _fit_ranker(Xr[rows], pairs, cfg, seed, rows=rows, warm=learner.sparse)
-        del pairs
-        spent = _spent(t0, c0)
-        log["modules"]["sparse"]["refit_seconds"] = spent["seconds"]
-        log["modules"]["sparse"]["refit_cpu_seconds"] = spent["cpu_seconds"]
-        log["modules"]["sparse"]["weights"] = int(learner.sparse.W.nnz)
+    learner.index = _final_index(
+        learner.encoder, prob.X, prob.Y, prob.fit, prob.valid, cfg, run.seed, short.index,
+        fit_serving,
+    )  # fmt: skip
+    return Sv
+
+
+def refit_sparse_ranker(
+    prob: Problem, learner: Learner, after: AfterIv, run: Run, log: dict
+) -> None:
+    """The sparse ranker again on every training point once gamma is chosen (else labels seen
+    only in the validation split would have no model), starting from the first fit's dual
+    variables, which needs fewer sweeps than a cold fit; learner.index: the final indexes.
+    Adds the refit's seconds and weights to the module's log."""
+
+    assert learner.sparse is not None and prob.Xr is not None
+    t0, c0 = time.time(), _cpu_s()
+    run.say(f"  Sparse ranker: refit on all {prob.X.shape[0]} points ...")
+    C, rows = _refit_candidates(learner, prob.X, prob.Y, prob.fit, prob.valid, after, run.cfg)
+    # the candidates go once grouped into pairs: the two are the refit's largest arrays
+    pairs = label_pairs(prob.Y[rows], C, run.threads)
+    del C
+    learner.sparse = _fit_ranker(
+        prob.Xr[rows], pairs, run.cfg, run.seed, rows=rows, warm=learner.sparse
+    )
+    del pairs
+    spent = _spent(t0, c0)
+    log["refit_seconds"] = spent["seconds"]
+    log["refit_cpu_seconds"] = spent["cpu_seconds"]
+    log["weights"] = int(learner.sparse.W.nnz)
+
+
+def train_learner(
+    prob: Problem,
+    cfg: AstecConfig,
+    seed: int,
+    *,
+    progress: bool = True,
+    valid_scores: bool = False,
+    valid_extra: sp.csr_matrix | None = None,
+) -> tuple[Learner, dict, tuple[sp.csr_matrix, sp.csr_matrix | None] | None]:
+    """One learner, the paper's four steps (then the sparse ranker and prediction's indexes);
+    returns (Learner, log, validation scores). The last is the learner's final scores of the
+    validation points before they join its indexes (for an ensemble's and the label-name
+    match's choices) as (scores, scores with the label-name candidates `valid_extra` in the
+    shortlists or None), or None when not asked or without a validation split."""
+    run = Run(cfg, seed, resolve_device(cfg.training.device), progress)
+    log: dict = {"seed": seed, "modules": {}}
+    modules = log["modules"]
+    torch.manual_seed(seed)
+    rerank_on = cfg.rerank.enabled and cfg.rerank.epochs > 0
+    sparse_on = prob.Xr is not None and cfg.sparse.enabled
+    # 1. Module I: E on the surrogate task
+    encoder, modules["I"] = train_surrogate_module(prob, cfg.surrogate, run)
+    # 2. Module II: indexes over E's v, hard negatives; its searches kept for step 4
+    keep = _after_iv_depth(cfg, rerank_on, sparse_on)
+    short, modules["II"] = train_shortlist_module(prob, cfg.shortlist, encoder, run, keep)
+    # 3. Modules III/IV: residual R and the extreme classifiers W on positives + shortlists
+    learner, vs, modules["IV"] = train_extreme_module(prob, cfg.extreme, encoder, short, run)
+    # 4. the re-ranker on the base model's mispredictions
+    after: AfterIv | None = None  # one shortlist pass serves both rankers
+    if rerank_on:
+        after, modules["reranker"] = train_reranker_module(
+            prob, cfg.rerank, learner, vs, short, run, for_ranker=sparse_on
+        )
+    # the sparse ranker (beyond the paper) on the fit points; gamma on the validation points
+    if sparse_on:
+        after, modules["sparse"] = train_sparse_module(
+            prob, cfg.sparse, learner, vs, short, after, run
+        )
+    Sv = serving_indexes(
+        prob, learner, short, run, log, valid_extra=valid_extra, valid_scores=valid_scores
+    )
+    del short
     if learner.sparse is not None:
+        if prob.has_valid:
+            assert after is not None
+            refit_sparse_ranker(prob, learner, after, run, modules["sparse"])
         learner.sparse.dual = None  # only a refit needs it: free it before the next learner
     return learner, log, Sv
+
+
+def _features(
+    texts, n: int, cfg: AstecConfig, progress: bool
+) -> tuple[sp.csr_matrix, TfidfVectorizer | None, sp.csr_matrix | None, TfidfVectorizer | None]:
+    """(X, its vectoriser or None for a given feature matrix, the sparse ranker's features or
+    None without a ranker, their vectoriser or None) of n training texts (a list) or a feature
+    matrix."""
+    vectorizer = None
+    if sp.issparse(texts):
+        X = sp.csr_matrix(texts, dtype=np.float32)
+    else:
+        if len(texts) != n:
+            raise ValueError(f"Astec.train: {len(texts)} texts but Y has {n} rows")
+        vectorizer = TfidfVectorizer(
+            min_df=cfg.features.min_df,
+            word_ngrams=cfg.features.word_ngrams,
+            char_ngrams=tuple(cfg.features.char_ngrams) if cfg.features.char_ngrams else None,
+        )
+        X = vectorizer.fit_transform(texts, progress=progress)
+    ranker_vec, Xr = None, None
+    if cfg.sparse.enabled:
+        if vectorizer is not None:
+            ranker_vec = TfidfVectorizer(
+                min_df=cfg.features.min_df, word_ngrams=cfg.sparse.word_ngrams
+            )
+            Xr = ranker_features(ranker_vec.fit_transform(texts))
+        else:
+            Xr = ranker_features(X)
+    if X.shape[0] != n:
+        raise ValueError(f"Astec.train: X has {X.shape[0]} rows but Y has {n}")
+    return X, vectorizer, Xr, ranker_vec
+
+
+def _problem(X, Y: sp.csr_matrix, Xr, cfg: AstecConfig) -> Problem:
+    """The learners' problem: a validation split of `validation.fraction` of the points (at
+    most `max_points`; none under 20 points) drawn with the config's seed, the rest to fit."""
+    n, L = Y.shape
+    perm = np.random.default_rng(cfg.seed).permutation(n)
+    n_valid = min(int(cfg.validation.fraction * n), cfg.validation.max_points) if n >= 20 else 0
+    inv_prop = (
+        inv_propensity(Y, A=cfg.validation.propensity_a, B=cfg.validation.propensity_b)
+        if n >= 2
+        else np.ones(L)
+    )
+    return Problem(X, Y, np.sort(perm[n_valid:]), np.sort(perm[:n_valid]), inv_prop, Xr)
+
+
+def _ensemble_join(
+    valid_scores: list, prob: Problem, cfg: AstecConfig, log: dict, progress: bool
+) -> str:
+    """How the learners' scores join ("mean" or "max"): the configured way, or with "auto" the
+    one better on the learners' validation scores from before the validation points joined
+    their indexes (the mean without a split). Logs the choice when there are several learners."""
+    ensemble = cfg.ensembles.join if cfg.ensembles.join != "auto" else "mean"
+    if cfg.ensembles.learners <= 1:
+        return ensemble
+    ens_log: dict = {}
+    if prob.has_valid:
+        ensemble = _select(
+            "ensemble",
+            ["mean", "max"] if cfg.ensembles.join == "auto" else [cfg.ensembles.join],
+            lambda how: ensemble_scores([v[0] for v in valid_scores], how),
+            prob.Yv,
+            prob.inv_prop,
+            cfg.validation.metrics,
+            ens_log,
+        )
+    ens_log["ensemble"] = ensemble
+    log["ensemble"] = ens_log
+    if progress:
+        tqdm.write(f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}")
+    return ensemble
 
 
 class Astec:
@@ -1149,7 +1403,8 @@ class Astec:
             cfg.seed = seed
         if learners is not None:
             cfg.ensembles.learners = learners
-        Y = sp.csr_matrix(Y, dtype=np.float32)
+        Y = sp.csr_matrix(Y, dtype=np.float32, copy=True)  # the caller's Y stays as it is
+        Y.eliminate_zeros()  # a stored 0 is no label
         Y.data[:] = 1.0
         n, L = Y.shape
         if n == 0:
@@ -1158,99 +1413,48 @@ class Astec:
         _set_threads(cfg.training.threads)
         fixed_mmap_threshold()
         t_start = time.time()
-        vectorizer = None
-        if sp.issparse(texts):
-            X = sp.csr_matrix(texts, dtype=np.float32)
-        else:
-            texts = list(texts)
-            if len(texts) != n:
-                raise ValueError(f"Astec.train: {len(texts)} texts but Y has {n} rows")
-            vectorizer = TfidfVectorizer(
-                min_df=cfg.features.min_df,
-                word_ngrams=cfg.features.word_ngrams,
-                char_ngrams=tuple(cfg.features.char_ngrams) if cfg.features.char_ngrams else None,
-            )
-            X = vectorizer.fit_transform(texts, progress=progress)
-        ranker_vec, Xr = None, None
-        if cfg.sparse.enabled:
-            if vectorizer is not None:
-                ranker_vec = TfidfVectorizer(
-                    min_df=cfg.features.min_df, word_ngrams=cfg.sparse.word_ngrams
-                )
-                Xr = ranker_features(ranker_vec.fit_transform(texts))
-            else:
-                Xr = ranker_features(X)
-        if X.shape[0] != n:
-            raise ValueError(f"Astec.train: X has {X.shape[0]} rows but Y has {n}")
-        rng = np.random.default_rng(cfg.seed)
-        perm = rng.permutation(n)
-        n_valid = min(int(cfg.validation.fraction * n), cfg.validation.max_points) if n >= 20 else 0
-        valid, fit = np.sort(perm[:n_valid]), np.sort(perm[n_valid:])
-        inv_prop = (
-            inv_propensity(Y, A=cfg.validation.propensity_a, B=cfg.validation.propensity_b)
-            if n >= 2
-            else np.ones(L)
-        )
+        if not sp.issparse(texts):
+            texts = list(texts)  # read more than once (a generator would be spent)
+        X, vectorizer, Xr, ranker_vec = _features(texts, n, cfg, progress)
+        prob = _problem(X, Y, Xr, cfg)
+        n_valid = int(prob.valid.size)
         log = {
             "num_points": n,
             "num_labels": L,
             "num_features": int(X.shape[1]),
-            "valid_points": int(n_valid),
+            "valid_points": n_valid,
             "features_seconds": round(time.time() - t_start, 1),
             "learners": [],
         }
-        models, valid_scores = [], []
-        # the label-name match needs titles and names; its weight is chosen on validation
-        use_names = bool(
-            cfg.name_match.enabled and label_names is not None and vectorizer is not None
-        )
         if label_names is not None and len(label_names) != L:
             raise ValueError(f"Astec.train: {len(label_names)} label names for {L} labels")
-        lt = LabelText(label_names) if use_names and label_names is not None else None
+        # the label-name match needs titles and names; its weight is chosen on validation
+        lt = None
+        if cfg.name_match.enabled and label_names is not None and vectorizer is not None:
+            lt = LabelText(label_names)
+        valid_texts = [texts[i] for i in prob.valid] if lt is not None else []
         valid_extra = (
-            name_candidates(lt, [texts[i] for i in valid], cfg.name_match.min_match, L)
+            name_candidates(lt, valid_texts, cfg.name_match.min_match, L)
             if lt is not None and n_valid
             else None
         )
+        models: list[Learner] = []
+        valid_scores: list[Any] = []  # per learner: train_learner's validation scores
         for j in range(cfg.ensembles.learners):
             if progress:
                 tqdm.write(f"learner {j + 1}/{cfg.ensembles.learners}")
             lr, llog, Sv = train_learner(
-                X,
-                Y,
-                fit,
-                valid,
+                prob,
                 cfg,
                 cfg.seed + 1000 * j,
-                inv_prop,
-                progress,
-                Xr,
-                valid_scores=cfg.ensembles.learners > 1 or use_names,
+                progress=progress,
+                valid_scores=cfg.ensembles.learners > 1 or lt is not None,
                 valid_extra=valid_extra,
             )
             models.append(lr)
             valid_scores.append(Sv)
             log["learners"].append(llog)
-        ensemble = cfg.ensembles.join if cfg.ensembles.join != "auto" else "mean"
-        if cfg.ensembles.learners > 1:
-            ens_log: dict = {}
-            if n_valid:
-                # each learner's scores from before the validation points joined its indexes
-                ensemble = _select(
-                    "ensemble",
-                    ["mean", "max"] if cfg.ensembles.join == "auto" else [cfg.ensembles.join],
-                    lambda how: ensemble_scores([v[0] for v in valid_scores], how),
-                    Y[valid],
-                    inv_prop,
-                    cfg.validation.metrics,
-                    ens_log,
-                )
-            ens_log["ensemble"] = ensemble
-            log["ensemble"] = ens_log
-            if progress:
-                tqdm.write(
-                    f"ensemble: {ensemble} {json.dumps(ens_log.get('ensemble_selection', []))}"
-                )
+        ensemble = _ensemble_join(valid_scores, prob, cfg, log, progress)
         text_weight = 0.0
         if lt is not None:
             joined = None
@@ -1260,9 +1464,9 @@ class Astec:
                     for v in zip(*valid_scores, strict=True)
                 )
             text_weight = _label_text_weight(
-                lt, [texts[i] for i in valid], joined, Y[valid], inv_prop, cfg, log, progress
+                lt, valid_texts, joined, prob.Yv, prob.inv_prop, cfg, log, progress
             )
-        valid_scores.clear()  # frees the validation scores; the lambda above is done with them
+        valid_scores.clear()  # frees the learners' validation scores
         model = cls(cfg, models, L, vectorizer, label_names, log, ranker_vec, ensemble, text_weight)
         log["train_seconds"] = round(time.time() - t_start, 1)
         log["peak_rss_mb"] = _peak_rss_mb()

@@ -213,6 +213,7 @@ def train_surrogate(
     encoder: Encoder,
     X: sp.csr_matrix,
     Ymeta: sp.csr_matrix,
+    *,
     epochs: int,
     lr: float,
     batch_size: int,
@@ -443,13 +444,14 @@ def train_shortlisted(
     X: sp.csr_matrix,
     Y: sp.csr_matrix,
     negatives: sp.csr_matrix,
+    *,
     epochs: int,
     lr: float,
     batch_size: int,
     seed: int,
     finetune_embeddings: bool,
     finetune_lr: float,
-    name: str = "Module IV",
+    name: str,
     progress: bool = True,
     device: str = "cpu",
     fused: bool = True,
@@ -461,8 +463,9 @@ def train_shortlisted(
     On CPU (fused=True) the classifier rows are scored and updated by compiled kernels
     (`fused.py`) straight in W; otherwise (a GPU, or fused=False) the batch gathers the union of
     its rows as torch tensors on `device` and autograd + RowAdam update them: the same loss and
-    optimiser, so both give the same kind of model. valid: the validation objective of the live
-    weights, logged after each epoch (whether more or fewer epochs would pay, per data set).
+    optimiser, so both give the same kind of model. name: the module trained, in the progress
+    bar and log lines. valid: the validation objective of the live weights, logged after each
+    epoch (whether more or fewer epochs would pay, per data set).
     The encoder's products stay float32: in bfloat16 (as Module I's) test PSP@5 fell in three
     seeds of debian-related (-0.19 on average) for ~1 s of the click log's ~21 s here.
     """

@@ -10,15 +10,13 @@ from engine.synthetic import label_names, zipf_dataset
 from infra.cli import cli
 
 FAST = {
-    "embedding_dim": 16,
-    "surrogate_epochs": 2,
-    "extreme_epochs": 2,
-    "reranker_epochs": 1,
-    "batch_size": 64,
-    "shortlist_size": 20,
-    "predict_shortlist": 20,
-    "knn_neighbours": 5,
-    "centroid_neighbours": 10,
+    "network": {"embedding_dim": 16},
+    "surrogate": {"epochs": 2},
+    "shortlist": {"negatives": 20, "knn_neighbours": 5, "centroid_neighbours": 10},
+    "extreme": {"epochs": 2},
+    "rerank": {"epochs": 1},
+    "search": {"candidates": 20},
+    "training": {"batch_size": 64},
 }
 
 

@@ -9,6 +9,19 @@ from engine.astec.shortlist import add_random_negatives, hard_negatives, recall_
 from engine.astec.sparse import label_scores, normalize_rows, topk_dense_from_csr, topk_rows
 
 
+def hnsw_config():
+    """Indexes built as HNSW graphs at any size, serving graphs of degree 16, one thread."""
+    from engine.astec.config import AstecConfig
+
+    return AstecConfig.from_dict(
+        {
+            "shortlist": {"exact_max_points": 0},
+            "search": {"graph_m": 16},
+            "training": {"threads": 1},
+        }
+    )
+
+
 def test_balanced_clusters_sizes_differ_by_at_most_one_level():
     rng = np.random.default_rng(0)
     C = sp.csr_matrix(rng.random((1000, 50)).astype(np.float32))
@@ -338,14 +351,13 @@ def test_bfloat16_search_finds_nearly_the_float32_neighbours_and_serving_stays_f
 def test_serving_index_shares_the_training_graph_only_when_it_is_the_same_graph():
     # the search's choice runs on serving graphs over the fit points: when the training graph
     # has the serving degree (and efC) it is that graph, searched at the serving ef
-    from engine.astec import AstecConfig
     from engine.astec.model import _build_index
 
     rng = np.random.default_rng(7)
     V = rng.standard_normal((300, 8)).astype(np.float32)
     Y = sp.csr_matrix((np.ones(300, np.float32), (np.arange(300), np.arange(300) % 20)))
     for m, shared in ((16, True), (24, False)):
-        cfg = AstecConfig(exact_knn_max_points=0, predict_graph_m=16, num_threads=1)
+        cfg = hnsw_config()
         cfg.shortlist.hnsw_x = (m, 50, 60)
         train = _build_index(None, None, Y, cfg, 0, V)
         serve = _build_index(None, None, Y, cfg, 0, V, serving=True, same_points=train)
@@ -362,7 +374,6 @@ def test_final_index_grows_the_fit_graph_by_the_validation_points():
     # degree takes the validation points as ids len(fit)... instead of a build over all points
     import torch
 
-    from engine.astec import AstecConfig
     from engine.astec.model import _build_index, _final_index
     from engine.astec.network import Encoder, dense_bag
 
@@ -375,7 +386,7 @@ def test_final_index_grows_the_fit_graph_by_the_validation_points():
     fit = np.setdiff1d(np.arange(n), valid)
     order = np.concatenate([fit, valid])
     for m, grown in ((16, True), (24, False)):
-        cfg = AstecConfig(exact_knn_max_points=0, predict_graph_m=16, num_threads=1)
+        cfg = hnsw_config()
         cfg.shortlist.hnsw_x = (m, 50, 60)
         fit_index = _build_index(enc, X[fit], Y[fit], cfg, 0)
         graph = fit_index.points.hnsw
@@ -396,7 +407,6 @@ def test_final_index_keeps_the_fit_centre_graph_over_the_updated_centres():
     # k-means centres kept, and the labels seen only in the validation split inserted
     import torch
 
-    from engine.astec import AstecConfig
     from engine.astec.ann import AnnIndex
     from engine.astec.model import _build_index, _final_index
     from engine.astec.network import Encoder, dense_bag
@@ -413,7 +423,7 @@ def test_final_index_keeps_the_fit_centre_graph_over_the_updated_centres():
     order = np.concatenate([fit, valid])
     torch.manual_seed(0)
     enc = Encoder(vocab, 16)
-    cfg = AstecConfig(exact_knn_max_points=0, predict_graph_m=16, num_threads=1)
+    cfg = hnsw_config()
     cfg.shortlist.head_min_points, cfg.shortlist.head_centres = 60, 3
     fit_index = _build_index(enc, X[fit], Y[fit], cfg, 0)
     Vf = dense_bag(enc, X[fit])

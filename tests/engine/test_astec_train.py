@@ -8,31 +8,34 @@ import pytest
 import scipy.sparse as sp
 
 from engine.astec import Astec, AstecConfig
+from engine.astec.config import EnsembleParams
 from engine.astec.io import ModelDirError
 from engine.astec.sparse_ranker import label_pairs
 from engine.ranking_metrics import evaluate
 from engine.synthetic import zipf_dataset
 
 FAST = {
-    "embedding_dim": 32,
-    "surrogate_epochs": 4,
-    "extreme_epochs": 4,
-    "reranker_epochs": 2,
-    "batch_size": 64,
-    "surrogate_lr": 0.02,
-    "extreme_lr": 0.01,
-    "finetune_lr": 0.005,
-    "num_threads": 1,
-    "shortlist_size": 50,
-    "predict_shortlist": 50,
-    "knn_neighbours": 10,
-    "centroid_neighbours": 20,
-    "head_min_points": 30,
+    "network": {"embedding_dim": 32},
+    "surrogate": {"epochs": 4, "lr": 0.02},
+    "shortlist": {
+        "negatives": 50,
+        "knn_neighbours": 10,
+        "centroid_neighbours": 20,
+        "head_min_points": 30,
+    },
+    "extreme": {"epochs": 4, "lr": 0.01, "finetune_lr": 0.005},
+    "rerank": {"epochs": 2},
+    "search": {"candidates": 50},
+    "training": {"batch_size": 64, "threads": 1},
 }
+OFF = {"enabled": False}
 
 
-def fast(**kw) -> AstecConfig:
-    return AstecConfig.from_dict({**FAST, **kw})
+def fast(**sections: dict) -> AstecConfig:
+    """FAST with some sections' fields set: fast(rerank=OFF)."""
+    return AstecConfig.from_dict(
+        {**FAST, **{s: {**FAST.get(s, {}), **v} for s, v in sections.items()}}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +77,16 @@ def test_train_log_has_modules_and_choices(model):
     assert 0.0 <= lg["IV"]["alpha"] <= 1.0 and 0.0 <= lg["reranker"]["beta"] <= 1.0
     assert "P@1" in lg["IV"]["valid"]
     assert 0.0 <= lg["sparse"]["gamma"] <= 1.0 and lg["sparse"]["weights"] > 0
-    assert [r["gamma"] for r in lg["sparse"]["gamma_selection"]] == list(model.config.gamma_grid)
+    assert [r["gamma"] for r in lg["sparse"]["gamma_selection"]] == list(
+        model.config.combination.gamma_grid
+    )
 
 
 def test_sparse_ranker_off_is_the_papers_astec(data):
     """sparse_ranker=false trains no ranker: predictions are the alpha/beta combination only,
     and the saved model carries no ranker files."""
     tr, Ytr, te, _ = data
-    m = Astec.train(tr[:600], Ytr[:600], fast(sparse_ranker=False, reranker=False), progress=False)
+    m = Astec.train(tr[:600], Ytr[:600], fast(sparse=OFF, rerank=OFF), progress=False)
     assert m.learners[0].sparse is None and m.ranker_vectorizer is None
     assert "sparse" not in m.train_log["learners"][0]["modules"]
     assert m.ranker_features(te[:3]) is None
@@ -92,7 +97,7 @@ def test_sparse_ranker_off_is_the_papers_astec(data):
 def test_spectral_norm_bounded(model):
     for enc in (model.learners[0].encoder, model.learners[0].reranker):
         R = enc.baked_residual()
-        assert np.linalg.norm(R, 2) <= model.config.spectral_lambda * 1.02
+        assert np.linalg.norm(R, 2) <= model.config.network.spectral_lambda * 1.02
 
 
 def test_features_shape(model, data):
@@ -166,7 +171,7 @@ def test_duplicate_texts_and_ensemble(tmp_path):
     texts, Y = zipf_dataset(300, 20, labels_per_point=1, words_per_point=3, vocab_size=100, seed=3)
     texts = texts + texts[:100]
     Y = sp.vstack([Y, Y[:100]]).tocsr()
-    m = Astec.train(texts, Y, fast(reranker=False), learners=2, progress=False)
+    m = Astec.train(texts, Y, fast(rerank=OFF), learners=2, progress=False)
     assert len(m.learners) == 2
     # mean or max, chosen on the validation split (both tried and logged)
     sel = m.train_log["ensemble"]["ensemble_selection"]
@@ -198,15 +203,29 @@ def test_feature_matrix_input():
     from engine.text import TfidfVectorizer
 
     X = TfidfVectorizer().fit_transform(texts)
-    m = Astec.train(X, Y, fast(reranker=False), progress=False)
+    m = Astec.train(X, Y, fast(rerank=OFF), progress=False)
     ids, _ = m.predict(X[:50], k=1)
     assert (np.asarray(Y[:50][np.arange(50), ids[:, 0]]).ravel() > 0).mean() > 0.6
     with pytest.raises(ValueError, match="feature vectors"):
         m.predict(["some text"])
 
 
+def test_train_reads_labels_as_0_1_and_leaves_the_callers_matrix_alone():
+    """Any stored nonzero of Y is a label and a stored 0 is none; Astec.train writes nothing
+    into the caller's Y (values such as click counts stay)."""
+    texts, Y = zipf_dataset(300, 12, labels_per_point=2, words_per_point=3, vocab_size=60, seed=5)
+    Y = sp.csr_matrix(Y, dtype=np.float32)
+    Y.data[:] = np.linspace(0.5, 3.0, Y.nnz, dtype=np.float32)
+    Y.data[:5] = 0.0
+    before = Y.copy()
+    m = Astec.train(texts, Y, fast(rerank=OFF, sparse=OFF), progress=False)
+    assert np.array_equal(Y.data, before.data) and np.array_equal(Y.indices, before.indices)
+    labels = m.learners[0].index.point_labels
+    assert labels.nnz == Y.nnz - 5 and set(labels.data.tolist()) == {1.0}
+
+
 def test_config_json_round_trip_and_errors(tmp_path):
-    c = fast(learners=3)
+    c = fast(ensembles={"learners": 3})
     c.save(tmp_path / "c.json")
     assert AstecConfig.load(tmp_path / "c.json") == c
     (tmp_path / "bad.json").write_text('{"embeding_dim": 3}')
@@ -216,7 +235,8 @@ def test_config_json_round_trip_and_errors(tmp_path):
     with pytest.raises(ValueError, match="embedding_dim"):
         AstecConfig.load(tmp_path / "bad2.json")
     assert (
-        AstecConfig().resolve(3).num_clusters <= 3 and AstecConfig().resolve(3).shortlist_size <= 3
+        AstecConfig().resolve(3).surrogate.num_clusters <= 3
+        and AstecConfig().resolve(3).shortlist.negatives <= 3
     )
     # a model saved while classifier_init existed still loads; a non-default value is refused
     assert AstecConfig.from_dict({**c.to_dict(), "classifier_init": "xavier"}) == c
@@ -226,11 +246,11 @@ def test_config_json_round_trip_and_errors(tmp_path):
 
 def test_svd_embedding_init_trains(data):
     tr, Ytr, te, Yte = data
-    m = Astec.train(tr, Ytr, fast(embedding_init="svd", reranker=False), progress=False)
+    m = Astec.train(tr, Ytr, fast(network={"embedding_init": "svd"}, rerank=OFF), progress=False)
     ids, sc = m.predict(te, k=1)
     assert evaluate(Yte, (ids, sc), ks=(1,))["P@1"] > 70.0
     with pytest.raises(ValueError, match="embedding_init"):
-        fast(embedding_init="fasttext")
+        fast(network={"embedding_init": "fasttext"})
 
 
 def test_ensemble_scores_mean_and_max_over_the_union():
@@ -250,7 +270,7 @@ def test_ensemble_scores_mean_and_max_over_the_union():
     with pytest.raises(ValueError, match="ensemble"):
         ensemble_scores([a, b], "median")
     with pytest.raises(ValueError, match="ensemble"):
-        AstecConfig(ensemble="median")
+        EnsembleParams(join="median")
 
 
 def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
@@ -304,7 +324,7 @@ def test_training_shortlists_by_chunks_are_the_same(tmp_path, monkeypatch):
         assert same(w, c)
     m2, rr = whole[:2]
     assert m2.multiply(Y).nnz == 0 and rr.multiply(Y).nnz == 0  # never a positive
-    assert np.diff(rr.indptr).max() <= cfg.reranker_negatives
+    assert np.diff(rr.indptr).max() <= cfg.rerank.negatives
 
 
 def test_refit_keeps_the_first_fits_candidates_and_adds_labels_first_seen_in_validation(tmp_path):
@@ -377,13 +397,15 @@ def test_a_head_of_sampled_from_meta_labels_is_sampled_and_still_learns(model, d
     says how wide) and the model still learns; by default (0) the full head."""
     tr, Ytr, te, Yte = data
     cfg = fast(
-        num_clusters=32,
-        surrogate_sampled_from=32,
-        surrogate_sampled_negatives=4,
-        surrogate_sampled_block=2,
-        batch_size=8,
-        reranker=False,
-        sparse_ranker=False,
+        surrogate={
+            "num_clusters": 32,
+            "sampled_from": 32,
+            "sampled_negatives": 4,
+            "sampled_block": 2,
+        },
+        training={"batch_size": 8},
+        rerank=OFF,
+        sparse=OFF,
     )
     m = Astec.train(tr, Ytr, cfg, progress=False)
     epochs = m.train_log["learners"][0]["modules"]["I"]["epochs"]

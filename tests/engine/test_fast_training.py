@@ -14,11 +14,13 @@ from torch import nn
 
 from bench.engine_peers import summarize_rounds, train_ratios
 from engine.astec import Astec, AstecConfig
-from engine.astec.config import available_cores, resolve_device, resolve_threads
+from engine.astec.config import TrainingParams, available_cores, resolve_device, resolve_threads
 from engine.astec.network import Classifier, Encoder
 from engine.astec.sparse_ranker import SparseRanker, ranker_features
 from engine.astec.trainer import _candidates, train_shortlisted, train_surrogate
 from engine.synthetic import zipf_dataset
+
+SUR = {"lr": 0.02, "batch_size": 64, "seed": 0}  # Module I's loop settings in these tests
 
 
 def _toy(n=500, V=300, L=150, seed=0):
@@ -36,12 +38,10 @@ def test_fused_classifier_matches_torch_path():
     torch.manual_seed(0)
     enc, clf = Encoder(X.shape[1], 16, 1.0, 0.0), Classifier(Y.shape[1], 16)
     enc2, clf2 = copy.deepcopy(enc), copy.deepcopy(clf)
-    a = train_shortlisted(
-        enc, clf, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, fused=True
-    )
-    b = train_shortlisted(
-        enc2, clf2, X, Y, N, 3, 0.01, 64, 0, True, 0.005, progress=False, device="cpu", fused=False
-    )
+    kw = {"epochs": 3, "lr": 0.01, "batch_size": 64, "seed": 0, "finetune_embeddings": True}
+    kw.update(finetune_lr=0.005, name="Module IV", progress=False)
+    a = train_shortlisted(enc, clf, X, Y, N, **kw, fused=True)
+    b = train_shortlisted(enc2, clf2, X, Y, N, **kw, device="cpu", fused=False)
     for ea, eb in zip(a, b, strict=True):
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
     pairs = [
@@ -65,7 +65,20 @@ def test_module_iv_without_finetuning_keeps_e_and_learns_r_and_w():
         E0, R0 = enc.embed.weight.detach().clone(), enc.residual.weight.detach().clone()
         W0 = clf.weight.weight.detach().clone()
         logs = train_shortlisted(
-            enc, clf, X, Y, N, 2, 0.01, 64, 0, False, 0.005, progress=False, fused=fused
+            enc,
+            clf,
+            X,
+            Y,
+            N,
+            epochs=2,
+            lr=0.01,
+            batch_size=64,
+            seed=0,
+            finetune_embeddings=False,
+            finetune_lr=0.005,
+            name="Module IV",
+            progress=False,
+            fused=fused,
         )
         assert torch.equal(enc.embed.weight, E0), fused
         assert not torch.equal(enc.residual.weight, R0) and not torch.equal(clf.weight.weight, W0)
@@ -77,7 +90,7 @@ def test_surrogate_device_argument_runs_on_cpu():
     X, Y, _ = _toy()
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)
     logs = train_surrogate(
-        enc, X, Y, 2, 0.02, 64, 0, progress=False, valid=(X[:50], Y[:50]), device="cpu"
+        enc, X, Y, **SUR, epochs=2, progress=False, valid=(X[:50], Y[:50]), device="cpu"
     )
     assert len(logs) == 2 and logs[1]["loss"] < logs[0]["loss"] and "valid_meta_P@1" in logs[1]
     assert enc.embed.weight.device.type == "cpu"
@@ -143,7 +156,7 @@ def test_surrogate_learns_with_a_bfloat16_head():
     for precision in ("float32", "bfloat16"):
         torch.manual_seed(0)
         enc = Encoder(X.shape[1], 16, 1.0, 0.5)
-        logs = train_surrogate(enc, X, Y, 3, 0.02, 64, 0, False, precision=precision)
+        logs = train_surrogate(enc, X, Y, **SUR, epochs=3, progress=False, precision=precision)
         assert logs[-1]["loss"] < logs[0]["loss"]
         assert enc.embed.weight.dtype == torch.float32
         losses[precision] = logs[-1]["loss"]
@@ -156,18 +169,19 @@ def test_surrogate_schedule_follows_validation_when_given_patience():
     and the best epoch's weights are kept."""
     X, Y, _ = _toy()
     never = sp.csr_matrix(Y[:50].shape, dtype=np.float32)  # nothing to hit: P@1 stays 0
+    NEVER = {"progress": False, "valid": (X[:50], never)}
     torch.manual_seed(0)
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)
-    logs = train_surrogate(enc, X, Y, 30, 0.02, 64, 0, False, (X[:50], never), patience=2)
+    logs = train_surrogate(enc, X, Y, **SUR, epochs=30, **NEVER, patience=2)
     assert [e["epoch"] for e in logs] == [1, 2, 3, 4, 5]  # best at 1; decay after 3; stop at 5
     assert logs[2].get("decayed") and "stopped" in logs[4]
     # the best epoch's weights are the ones kept: those of a run that stops after epoch 1
     assert logs[0].get("kept") and not any(e.get("kept") for e in logs[1:])
     torch.manual_seed(0)
     once = Encoder(X.shape[1], 16, 1.0, 0.5)
-    train_surrogate(once, X, Y, 1, 0.02, 64, 0, False, (X[:50], never), patience=0)
+    train_surrogate(once, X, Y, **SUR, epochs=1, **NEVER, patience=0)
     assert torch.equal(enc.embed.weight, once.embed.weight)
-    fixed = train_surrogate(enc, X, Y, 4, 0.02, 64, 0, False, (X[:50], never), patience=0)
+    fixed = train_surrogate(enc, X, Y, **SUR, epochs=4, **NEVER, patience=0)
     assert len(fixed) == 4
 
 
@@ -175,17 +189,17 @@ def test_device_option_validated_and_resolved():
     assert resolve_device("cpu") == "cpu"
     assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError):
-        AstecConfig(device="tpu")
+        TrainingParams(device="tpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA"):
             resolve_device("cuda")
 
 
 def test_thread_default_has_one_home():
-    assert AstecConfig().num_threads == 0
+    assert AstecConfig().training.threads == 0
     assert resolve_threads(0) == available_cores() >= 1
     assert resolve_threads(3) == 3
-    assert AstecConfig().resolve(100).num_threads == available_cores()
+    assert AstecConfig().resolve(100).training.threads == available_cores()
 
 
 def _ranker_problem(texts, Y, per_point: int, rng):
@@ -371,22 +385,18 @@ def test_model_trained_by_the_torch_path_predicts_like_a_cpu_model(tmp_path):
         seed=1,
     )
     cfg = {
-        "embedding_dim": 16,
-        "surrogate_epochs": 2,
-        "extreme_epochs": 2,
-        "reranker_epochs": 1,
-        "batch_size": 64,
-        "num_threads": 1,
-        "shortlist_size": 20,
-        "predict_shortlist": 20,
-        "knn_neighbours": 5,
-        "centroid_neighbours": 10,
-        "sparse_ranker": False,
-        "label_text": False,
-        "fused_kernels": False,
+        "network": {"embedding_dim": 16},
+        "surrogate": {"epochs": 2},
+        "shortlist": {"negatives": 20, "knn_neighbours": 5, "centroid_neighbours": 10},
+        "extreme": {"epochs": 2},
+        "rerank": {"epochs": 1},
+        "sparse": {"enabled": False},
+        "name_match": {"enabled": False},
+        "search": {"candidates": 20},
+        "training": {"batch_size": 64, "threads": 1, "fused_kernels": False},
     }
     m = Astec.train(texts[:700], Y[:700], AstecConfig.from_dict(cfg), progress=False)
-    assert m.config.fused_kernels is False
+    assert m.config.training.fused_kernels is False
     m.save(tmp_path / "m")
     ids, _ = Astec.load(tmp_path / "m").predict(texts[700:], k=3)
     ids2, _ = m.predict(texts[700:], k=3)
@@ -571,8 +581,8 @@ def test_surrogate_by_hand_is_the_torch_path(L):
     torch.manual_seed(0)
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)
     enc2 = copy.deepcopy(enc)
-    a = train_surrogate(enc, X, Y, 2, 0.02, 64, 0, progress=False, fused=True)
-    b = train_surrogate(enc2, X, Y, 2, 0.02, 64, 0, progress=False, fused=False)
+    a = train_surrogate(enc, X, Y, **SUR, epochs=2, progress=False, fused=True)
+    b = train_surrogate(enc2, X, Y, **SUR, epochs=2, progress=False, fused=False)
     for ea, eb in zip(a, b, strict=True):
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-4)
     for p, q in zip(enc.parameters(), enc2.parameters(), strict=True):

@@ -81,19 +81,19 @@ def test_training_chooses_the_weight_on_validation_and_logs_it(tmp_path):
     model = train_small(tmp_path / "model")
     t = model.train_log["label_text"]
     table = t["label_text_weight_selection"]
-    assert [r["label_text_weight"] for r in table] == list(model.config.label_text_grid)
+    assert [r["label_text_weight"] for r in table] == list(model.config.name_match.grid)
     best = max(table, key=lambda r: r["objective"])["objective"]
     chosen = next(r for r in table if r["label_text_weight"] == t["label_text_weight"])
     assert chosen["objective"] == best and model.label_text_weight == t["label_text_weight"]
     # a model trained without names (or with the feature off) has no match
-    assert train_small(tmp_path / "off", label_text=False).label_text is None
+    assert train_small(tmp_path / "off", name_match={"enabled": False}).label_text is None
 
 
 def test_predictor_adds_what_the_model_adds(tmp_path):
     """A configured weight reaches the saved model, the export and both predictor paths; it
     changes the ranking (the match is really applied) and the predictor agrees with the model."""
     texts, _, names = corpus()
-    model = train_small(tmp_path / "model", label_text_weight=0.2)
+    model = train_small(tmp_path / "model", name_match={"weight": 0.2})
     assert model.label_text_weight == 0.2 and model.label_text is not None
     export_model(tmp_path / "model", tmp_path / "pred", progress=False)
     p = Predictor.load(tmp_path / "pred")
@@ -156,7 +156,7 @@ def test_export_without_label_text_serves_the_model_without_it(tmp_path):
     from engine.cli_export import export as export_cmd
 
     texts, _, names = corpus()
-    model = train_small(tmp_path / "model", label_text_weight=0.2)
+    model = train_small(tmp_path / "model", name_match={"weight": 0.2})
     r = CliRunner().invoke(
         export_cmd,
         ["--model", str(tmp_path / "model"), "--out", str(tmp_path / "p"), "--no-label-text"],

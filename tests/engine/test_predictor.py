@@ -61,16 +61,20 @@ def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
     """A model whose indexes are HNSW is copied graph for graph (its lean serving graphs) and
     searched as much as the model chose on validation: same labels and scores as the model,
     whichever way the ensemble joins its learners (max here, then mean)."""
-    model = train_small(tmp_path / "model", exact_knn_max_points=0, learners=2, ensemble="max")
+    model = train_small(
+        tmp_path / "model",
+        shortlist={"exact_max_points": 0},
+        ensembles={"learners": 2, "join": "max"},
+    )
     assert model.ensemble == "max"
     export_model(tmp_path / "model", tmp_path / "pred", progress=False)
     p = Predictor.load(tmp_path / "pred")
     assert len(p.learners) == 2 and p.ensemble == "max"
     assert all(lr.points.hnsw is not None for lr in p.learners)
-    assert p.learners[0].centres.hnsw.M == model.config.predict_graph_m
+    assert p.learners[0].centres.hnsw.M == model.config.search.graph_m
     cfg = json.loads((tmp_path / "pred" / "predictor.json").read_text())
     for lr, lc in zip(model.learners, cfg["learners"], strict=True):
-        want = lr.search or (model.config.knn_neighbours, model.config.centroid_neighbours)
+        want = lr.search_sizes(model.config)
         assert (lc["shortlist"]["knn"], lc["shortlist"]["kmu"]) == tuple(want)
     test = corpus()[0][480:]
     for how in ("max", "mean"):
@@ -223,8 +227,8 @@ def test_prediction_search_is_chosen_on_validation_and_exported(built):
     cfg = model.config
     sel = model.train_log["learners"][0]["search_selection"]
     objective = {(r["knn"], r["kmu"]): r["objective"] for r in sel["table"]}
-    full = (cfg.knn_neighbours, cfg.centroid_neighbours)
-    ok = [c for c, v in objective.items() if v >= objective[full] - cfg.search_tolerance]
+    full = (cfg.shortlist.knn_neighbours, cfg.shortlist.centroid_neighbours)
+    ok = [c for c, v in objective.items() if v >= objective[full] - cfg.search.tolerance]
     chosen = tuple(sel["chosen"])
     assert full in objective and len(objective) >= 2
     assert chosen in ok and sum(chosen) == min(sum(c) for c in ok)

@@ -17,15 +17,13 @@ from simulator.world import generate_world
 pytestmark = pytest.mark.slow
 
 TINY = {
-    "embedding_dim": 32,
-    "surrogate_epochs": 1,
-    "extreme_epochs": 1,
-    "reranker": False,
-    "num_threads": 1,
-    "shortlist_size": 50,
-    "predict_shortlist": 50,
-    "centroid_neighbours": 20,
-    "knn_neighbours": 10,
+    "network": {"embedding_dim": 32},
+    "surrogate": {"epochs": 1},
+    "shortlist": {"negatives": 50, "knn_neighbours": 10, "centroid_neighbours": 20},
+    "extreme": {"epochs": 1},
+    "rerank": {"enabled": False},
+    "search": {"candidates": 50},
+    "training": {"threads": 1},
 }
 
 

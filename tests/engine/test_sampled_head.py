@@ -75,8 +75,9 @@ def test_module_i_with_a_sampled_head_learns_the_same_on_both_paths():
     torch.manual_seed(0)
     enc = Encoder(X.shape[1], 16, 1.0, 0.5)
     enc2 = copy.deepcopy(enc)
-    a = train_surrogate(enc, X, Y, 3, 0.02, 64, 0, progress=False, fused=True, sampled=64)
-    b = train_surrogate(enc2, X, Y, 3, 0.02, 64, 0, progress=False, fused=False, sampled=64)
+    kw = {"epochs": 3, "lr": 0.02, "batch_size": 64, "seed": 0, "progress": False, "sampled": 64}
+    a = train_surrogate(enc, X, Y, **kw, fused=True)
+    b = train_surrogate(enc2, X, Y, **kw, fused=False)
     assert a[2]["loss"] < a[0]["loss"]
     for ea, eb in zip(a, b, strict=True):
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-4)

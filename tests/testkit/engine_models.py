@@ -22,7 +22,9 @@ def corpus():
     return texts, labels, names
 
 
-def train_small(out: Path, **over):
+def train_small(out: Path, **sections: dict):
+    """A small Astec on the first 480 texts, saved to `out`; sections: config fields to set,
+    by section (`shortlist={"exact_max_points": 0}`)."""
     import scipy.sparse as sp
 
     from engine.astec import Astec, AstecConfig
@@ -33,13 +35,15 @@ def train_small(out: Path, **over):
         (np.ones(rows.size, np.float32), (rows, np.concatenate(labels))),
         shape=(len(texts), len(names)),
     )
-    cfg = AstecConfig(
-        embedding_dim=32,
-        surrogate_epochs=2,
-        extreme_epochs=2,
-        reranker_epochs=1,
-        num_threads=1,
-        **over,
+    small = {
+        "network": {"embedding_dim": 32},
+        "surrogate": {"epochs": 2},
+        "extreme": {"epochs": 2},
+        "rerank": {"epochs": 1},
+        "training": {"threads": 1},
+    }
+    cfg = AstecConfig.from_dict(
+        {**small, **{s: {**small.get(s, {}), **v} for s, v in sections.items()}}
     )
     model = Astec.train(texts[:480], Y[:480], cfg, label_names=names, progress=False)
     model.save(out)
