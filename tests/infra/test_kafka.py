@@ -77,7 +77,7 @@ def test_data_survives_down_up_and_kill9(tmp_path):
         assert read_info(d).kafka.port == port  # clients configured before still find it
         s = load_settings(services_dir=str(d), env={})
         _produce(s, topic, [b"c"])
-        assert _read_group(s, topic, group, 1) == [b"c"]  # resumed after a, b
+        assert _read_group(s, topic, group, 1, timeout=150) == [b"c"]  # resumed after a, b
 
         # a crash (kill -9) and restart: acknowledged messages and offsets survive
         _produce(s, topic, [b"d"])
