@@ -38,7 +38,7 @@ from stream.state_store import DEDUP_N, StateStore, connect
 
 BATCH = 256  # events per pipelined round trip (the workers' batch_max)
 
-# The append script before the per-user dedupe list (git 135d80c, stream/state_store.py):
+# stream/state_store.py's append script as it was before the per-user dedupe list (2026-11-27):
 # KEYS: states, seen.  ARGV: state bytes, K, state ttl, dedup ttl, want history ("1"/"0").
 _OLD_APPEND = """
 local hist = {}

@@ -649,9 +649,8 @@ class Predictor:
 
     def warm(self) -> None:
         """Compile (or load from numba's cache) every kernel both paths use, before the first
-        real text: on a fresh checkout a kernel compiled on first use stalled the stream for
-        seconds (the first demo's event->ad p99 of 1.8 s against 93 ms on the second run, when
-        numba's cache had them). Label names are texts the model knows (shortlists, name
+        real text: on a fresh checkout a kernel compiled on first use stalls the stream for
+        seconds. Label names are texts the model knows (shortlists, name
         candidates); a batch of SMALL_BATCH takes the batch path."""
         names = [n for n in self.label_names[: 4 * SMALL_BATCH] if n.strip()] or ["a"]
         texts = (names * SMALL_BATCH)[:SMALL_BATCH]
@@ -874,9 +873,8 @@ class Predictor:
         n = len(texts)
         if 0 < n < SMALL_BATCH and self.backend == "numpy":
             # a consumer below saturation polls batches of a few events: the latency path gives
-            # the same answers without the batch path's fixed cost (measured in-process on the
-            # debian-related predictor: 2 texts 415 -> 261 us per text; from 16 on the batch
-            # path is as cheap)
+            # the same answers without the batch path's fixed cost (from SMALL_BATCH on the
+            # batch path is as cheap)
             outs = [self._one(t, k) for t in texts]
             ids = np.stack([o[0] for o in outs])
             scores = np.stack([o[1] for o in outs])

@@ -43,11 +43,11 @@ N_INTENT = 2  # the intent_* / page_cluster_* features are the last two columns
 # The filter behind intent_mass: a page whose predicted queries put share e(c) of their score in
 # query cluster c multiplies the odds of intent c by 1 + INTENT_KAPPA e(c); across a block start
 # (a gap >= BLOCK_GAP_S: a new session) the belief keeps INTENT_KEEP_BLOCK of itself (the rest
-# uniform), between views of one block INTENT_KEEP. Chosen on worlds 21/22 (docs/
-# personalization.md): the rule "intent_mass + 0.05 score_current" earns 0.130 there against
-# the window's Bayes-optimal 0.1365 and most frequent's 0.114. INTENT_KAPPA is the factor of a
-# cluster with the uniform share of the traffic; cluster_kappa scales it per cluster, inverse to
-# the share, floored at KAPPA_FLOOR x uniform (0.25 and 0.5 gave the same on worlds 22-26).
+# uniform), between views of one block INTENT_KEEP. Chosen on tuning worlds, where the rule
+# "intent_mass + 0.05 score_current" comes near the window's Bayes-optimal choice (figures in
+# docs/decisions.md). INTENT_KAPPA is the factor of a cluster with the uniform share of the
+# traffic; cluster_kappa scales it per cluster, inverse to the share, floored at KAPPA_FLOOR x
+# uniform (the floor's exact value hardly matters).
 INTENT_KAPPA = 20.0
 KAPPA_FLOOR = 0.5
 INTENT_KEEP_BLOCK = 0.7
@@ -238,9 +238,9 @@ def cluster_kappa(ids: np.ndarray, scores: np.ndarray, lookup: np.ndarray) -> np
     A page's likelihood ratio for an interest is inverse to how often such pages are seen
     anyway: in the simulator 1 + a / (1 - a) / pop(s), off-interest views being popular pages;
     in real traffic a page of a cluster everyone reads says less about this reader than one of
-    a niche. A flat factor let the busiest clusters win on off-interest pages; scaled this way
-    the fixed ranking fitted on the logs closed 0.36-0.87 -> 0.74-0.88 of the gap to
-    bayes_window on worlds 22-26 (docs/personalization.md)."""
+    a niche. A flat factor lets the busiest clusters win on off-interest pages; scaled this
+    way the fixed ranking fitted on the logs closes more of the gap to bayes_window
+    (docs/decisions.md)."""
     n = max(int(lookup.max()) + 1, 1)
     ids = np.asarray(ids, np.int64)
     sc = np.where(ids >= 0, np.asarray(scores, np.float64), 0.0)

@@ -95,12 +95,11 @@ class TrainConfig:
     # candidates, kept by validation DR value (see _train_dr). On `astec simulate logs` (a
     # logger exploring only the true top queries of the session's pages: 13-19% of a policy's
     # choices outside its support) "dr" exploits its reward model where no logged click
-    # corrects it: validation DR 0.1415 for an actual CTR of 0.1182, below "losses"' 0.1237
-    # (docs/personalization.md). It is meant for logs of the exploring served policy.
+    # corrects it and earns less actual CTR than "losses" (docs/decisions.md). It is meant for
+    # logs of the exploring served policy.
     # "auto" (default): "dr" when the logger explored the policy's own candidates, else
-    # "losses" (resolve_auto; train_policy resolves it). On such logs dr / fitted closed >= half
-    # the gap to bayes_window in 13 of 15 runs on worlds 22-26, losses / sim_rank in 7
-    # (docs/personalization.md).
+    # "losses" (resolve_auto; train_policy resolves it): on such logs dr / fitted earns more
+    # than losses / sim_rank (docs/personalization.md, Results).
     objective: str = "auto"
     reward_epochs: int = 2
     dr_temperature: float = 0.5  # softmax temperature of the listwise DR objective
@@ -220,8 +219,8 @@ def fit_start(
 
 
 # The fixed `intent` ranking (--init intent): the filtered belief in the candidate's query
-# cluster plus 0.05 x its Astec score on the current page; chosen on worlds 22 / 23 by actual
-# CTR (0.1299 / 0.1334 against bayes_window's 0.1365 / 0.1369: docs/personalization.md).
+# cluster plus 0.05 x its Astec score on the current page; chosen on tuning worlds by actual
+# CTR, near bayes_window's (docs/decisions.md).
 INTENT_RANK = {"intent_mass": 1.0, "score_current": 0.05}
 
 
@@ -303,7 +302,7 @@ def resolve_auto(v: VisitLog, cfg: TrainConfig) -> tuple[TrainConfig, str]:
     init "fitted" when the logger explored >= AUTO_SUPPORT of the policy's candidates (the
     configuration that earned most on such logs), else "losses" with init "sim_rank" (on the
     true-link logs of `astec simulate logs` the DR objective exploits its reward model where no
-    logged click corrects it: docs/personalization.md)."""
+    logged click corrects it: docs/decisions.md)."""
     from dataclasses import replace
 
     if cfg.objective != "auto" and cfg.init != "auto":
@@ -922,7 +921,8 @@ def _train_dr(
 
     # the start is kept unless a trained candidate beats it on validation with a paired 95% lower
     # bound above zero: at the ESS these logs give, the highest mean alone picked epochs that
-    # earned less than the start on held-out sessions (docs/personalization.md)
+    # earned less than the start on held-out sessions (docs/personalization.md, Training for
+    # value)
     best = max(cands, key=lambda k: cands[k][0])
     vs_start = None
     if best != "start":

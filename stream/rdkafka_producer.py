@@ -83,7 +83,7 @@ class RdProducer:
                 "message.max.bytes": max(1048576, 4 * settings.max_message_bytes),
                 "partitioner": "murmur2_random",
                 # small requests must not wait out Nagle + delayed ACK (~40 ms on loopback):
-                # measured 15 -> 7 ms per transaction commit, and the plain produce's tail with it
+                # they doubled a transaction commit's time, and the plain produce's tail with it
                 "socket.nagle.disable": True,
                 # librdkafka's own log lines go through logging (the worker's format), not stderr
                 "logger": logging.getLogger("stream.librdkafka"),

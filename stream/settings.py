@@ -42,8 +42,8 @@ class Settings:
     # ad queries (never lose one; the click logger dedupes by event id). exactly-once: a worker's
     # ad queries, dead letters and input offsets commit in one Kafka transaction (readers see
     # committed data only). At-least-once is the default because exactly-once's per-batch commit
-    # costs what the latency targets cannot pay on 2 cores (`astec bench stream --delivery ...`:
-    # saturation 1,492 vs 2,429 events/s, p99 at 200/s 151 vs 55 ms; docs/benchmarks-stream.md)
+    # costs what the latency targets cannot pay on 2 cores (`astec bench stream --delivery ...`
+    # measures both; docs/benchmarks-stream.md)
     delivery: str = "at-least-once"
     services_dir: str = DEFAULT_SERVICES_DIR
     # topics
@@ -51,7 +51,7 @@ class Settings:
     topic_ad_queries: str = "ad-queries"
     topic_ad_clicks: str = "ad-clicks"
     topic_dead_letters: str = "dead-letters"
-    partitions: int = 4  # 16 / 32 measured: 500/s p99 50 -> 45 / 42 ms, 1000/s 70 -> 94 / 121 ms
+    partitions: int = 4  # more (16, 32) gained little at 500/s and raised the p99 at 1000/s
     replication_factor: int = 1
     # consumers (short timeouts: a killed worker's partitions move within the session timeout)
     consumer_group: str = "astec-stream"
@@ -60,12 +60,12 @@ class Settings:
     max_poll_interval_ms: int = 10000
     poll_timeout_ms: int = 20
     # how long the broker may hold a fetch that finds nothing new (it answers as soon as a
-    # record arrives, so this adds no latency): at 20 ms each idle consumer sent ~50 empty fetches
-    # a second, and the demo's broker spent 36-54% of a core at 100 page views/s (18% at 500 ms)
+    # record arrives, so this adds no latency); short waits make every idle consumer send tens of
+    # empty fetches a second, which cost the broker a large share of a core
     fetch_wait_max_ms: int = 500
     # kafka-python consumers: poll sleeps min(poll timeout, retry_backoff_ms) whenever a fetch has
-    # just come back empty and no other is in flight, and new records wait out that sleep: at its
-    # default of 100 ms that was every ~100 ms stall of a paced stream (docs/benchmarks-stream.md)
+    # just come back empty and no other is in flight, and new records wait out that sleep: its
+    # default of 100 ms stalls a paced stream by up to 100 ms
     consumer_retry_backoff_ms: int = 20
     # offsets of settled batches are committed at most this often (and on shutdown / rebalance):
     # a commit per small batch was a broker request per few events (at-least-once either way)

@@ -21,13 +21,10 @@ def _oversubscribed() -> bool:
 
 
 # torch's OpenMP threads spin a while before they sleep when waiting for each other. On a
-# machine whose cores other processes share, that spinning stole the cores the other thread
-# needed (one 8,000-point epoch under load 13: Module I 20.9 -> 1.7 s, Module IV 14.6 -> 3.0 s
-# with passive waiting); on a machine of its own, passive waiting makes every small op wake a
-# sleeping thread (Module I's epoch on the simulated click log, 2 cores, load < 2: 3.5-4.3 s
-# spinning, 5.5-7.3 s passive; docs/engine-training.md). So passive only when the machine is
-# already oversubscribed. Read when the OpenMP runtime starts, i.e. only if torch is not
-# imported yet; a user's own setting wins.
+# machine whose cores other processes share, that spinning steals the cores the other thread
+# needs; on a machine of its own, passive waiting makes every small op wake a sleeping thread
+# and is slower. So passive only when the machine is already oversubscribed. Read when the
+# OpenMP runtime starts, i.e. only if torch is not imported yet; a user's own setting wins.
 if _oversubscribed():
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

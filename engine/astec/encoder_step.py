@@ -11,13 +11,13 @@ classifier's row kernel). The same function, gradient (test against autograd), d
 and Adam. A GPU keeps autograd (`trainer`).
 
 low (`training.precision` bfloat16): the three residual products take bfloat16 inputs and give
-bfloat16 results, as torch.autocast rounds them (float32 E, R, Adam and the rest): 1.38 -> 0.40 ms
-per batch on one thread, 0.72 -> 0.25 on two (AVX512-BF16).
+bfloat16 results, as torch.autocast rounds them (float32 E, R, Adam and the rest): about a third
+of float32's time on a CPU with native bfloat16 products.
 
 pool + backward(defer=True) (Module I): the update of E's rows runs on a second thread while the
 caller steps the head's Adam; the next forward draws its dropout masks and R's power iteration
-first, then waits for it (the same arithmetic: the same weights; the click log's Module I epoch
-on an AVX2 CPU ~2.8 -> ~2.5 s).
+first, then waits for it (the same arithmetic: the same weights; the update overlaps the
+head's Adam).
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ def _bag(indptr, tok, x, E, v):
 
 def mm_low(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b of bfloat16 matrices, b row-major, as float32 (C order): computed as (b^T a^T)^T,
-    which oneDNN's bfloat16 kernels run faster. 255 x L by L x 300, 2 threads (AMX): L = 300
-    0.34 -> 0.21 ms, 1,024 1.34 -> 0.46, 32,768 23.5 -> 13.5 (float32 is no faster that way)."""
+    which oneDNN's bfloat16 kernels run faster (float32 is no faster that way)."""
     return torch.mm(b.t(), a.t()).t().float().contiguous()
 
 

@@ -80,8 +80,8 @@ def fixed_mmap_threshold(nbytes: int = 1 << 20) -> bool:
     """Keep arrays of `nbytes` or more in their own memory mappings, returned to the system on
     free. glibc raises its mmap threshold after each large free (up to 32 MB), so training's
     large transient arrays (shortlist chunks, score blocks) moved into the heap, which
-    fragmented and was not given back: the sparse ranker's refit on debian-related peaked at
-    1,908 MB, 1,522 MB with a fixed threshold (docs/engine-training.md). True when set (glibc)."""
+    fragmented and was not given back, which raised the sparse ranker's refit's peak memory.
+    True when set (glibc)."""
     try:
         return bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes)))  # -3: M_MMAP_THRESHOLD
     except (OSError, AttributeError):
@@ -518,10 +518,9 @@ class FitSearches:
     """Module II's searches of the fit points, read by the shortlists after Module IV (the
     re-ranker's negatives, the sparse ranker's candidates) instead of searching again: the
     paper's premise, that Modules III/IV keep the features near Module I's so Module II's
-    shortlists stay relevant; with E fixed they are the same searches. The click log: ~5 s of
-    ~75, L = 500k: ~175 s (an exact label-centre search is ~0.4 ms a point there); test figures
-    at a given search size as before (docs/engine-training.md). Ids held as int32 (half the
-    memory)."""
+    shortlists stay relevant; with E fixed they are the same searches. Searching once saves
+    the second pass's searches, the largest at large L, at the same test figures. Ids held as
+    int32 (half the memory)."""
 
     points: Hits | None = None  # ANNS^x at k = knn + 1 (each point among its own hits)
     centres: Hits | None = None  # ANNS^mu at the after-IV depth (`_after_iv_depth`)

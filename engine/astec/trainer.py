@@ -270,9 +270,8 @@ def train_surrogate(
         # E's row update on a second thread beside the head's Adam (`EncoderStep.backward`)
         pool = ThreadPoolExecutor(1) if torch.get_num_threads() > 1 else None
         by_hand = EncoderStep(encoder, opt_s, low=low, pool=pool)
-    # the head by hand (buffers allocated once, no autograd): 255-row batches, 2 threads, medians
-    # of 5 x 50 steps, against autocast + autograd: 64 / 1,024 / 4,096 meta-labels in bfloat16
-    # 0.19 / 0.96 / 5.2 against 0.46 / 2.7 / 18.6 ms (docs/engine-training.md)
+    # the head by hand (buffers allocated once, no autograd): a fraction of autocast +
+    # autograd's time per step at every head size
     by_hand_head = (
         SurrogateHead(head, batch_size, low)
         if by_hand is not None and sampled_head is None
@@ -496,8 +495,7 @@ def train_shortlisted(
             RowAdam(encoder.residual.weight, lr=lr),
         )
         # the kernels' threads do the bulk of a batch; torch's part (the encoder on 255 rows)
-        # gains little from a second thread, whose OpenMP spinning slowed the kernels' threads:
-        # Module IV epoch on the simulated click log 9.7 s -> 8.2 s with torch on one thread
+        # gains little from a second thread, whose OpenMP spinning slows the kernels' threads
         torch.set_num_threads(1)
     else:
         opt_r = DenseAdam(encoder.residual.parameters(), lr=lr)
