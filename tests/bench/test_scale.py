@@ -23,11 +23,11 @@ def _scale(tmp_path, *extra: str) -> subprocess.CompletedProcess:
     cfg.write_text(
         json.dumps(
             {
-                "surrogate_epochs": 1,
-                "extreme_epochs": 1,
-                "reranker_epochs": 1,
-                "embedding_dim": 32,
-                "num_threads": 1,
+                "surrogate": {"epochs": 1},
+                "extreme": {"epochs": 1},
+                "rerank": {"epochs": 1},
+                "network": {"embedding_dim": 32},
+                "training": {"threads": 1},
             }
         )
     )
