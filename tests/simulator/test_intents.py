@@ -1,4 +1,4 @@
-"""Interests that persist across a user's sessions and drift within them (issue 20), and the
+"""Interests that persist across a user's sessions and drift within them, and the
 Bayes filter the reference rows use to read them from a window's pages."""
 
 from types import SimpleNamespace
