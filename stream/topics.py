@@ -125,7 +125,7 @@ def make_stream_producer(settings: Settings, client_id: str, transactional_id: s
             # back-to-back transactions: the next one's AddOffsetsToTxn / AddPartitionsToTxn is
             # refused (CONCURRENT_TRANSACTIONS) until the broker has written the previous one's
             # markers, and retried after retry.backoff.ms: librdkafka's 100 ms default put that
-            # wait into the commit's tail (docs/operations.md)
+            # wait into the commit's tail (docs/decisions.md)
             "retry.backoff.ms": 5,
             "retry.backoff.max.ms": 500,
         }
