@@ -37,6 +37,30 @@ def resolve_predictor_dir(models: Path) -> Path:
     return where.path
 
 
+def engine_now(models: Path) -> tuple[str, str]:
+    """(version, label space) of the predictor MODELS names now, read from its manifest (the
+    label names hashed when an older export did not record the fingerprint)."""
+    from engine.manifest import label_space, read_manifest
+
+    pdir = resolve_predictor_dir(models)
+    data = read_manifest(pdir)
+    space = data.get("label_space")
+    if not space:
+        cfg = json.loads((pdir / "predictor.json").read_text(encoding="utf-8"))
+        space = label_space(json.loads((pdir / cfg["label_names"]).read_text(encoding="utf-8")))
+    return str(data.get("version", "")), str(space)
+
+
+def same_engine(manifest: dict, v) -> bool:
+    """Whether a policy of this manifest was trained on query ids of the engine behind visit log
+    `v`: the same label-space fingerprint, or (a policy that did not record one) the same
+    engine version."""
+    space = manifest.get("engine_label_space")
+    if space:
+        return bool(space == v.label_space)
+    return bool(manifest.get("engine_version")) and manifest["engine_version"] == v.engine_version
+
+
 def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
     from engine.predictor import Predictor
     from personalization.visits import load_visits
@@ -83,14 +107,13 @@ def run_evaluation(
 
     _, rows, t_split = split_rows(v, val_frac)
     check_held_out(policy.manifest, policy.version, t_split, val_frac)
-    ttl = float(policy.manifest.get("train", {}).get("config", {}).get("ttl_s", 30 * 86400.0))
     res = evaluate_policies(
         policy,
         v,
         rows,
         policy.weights["log_pop"],
         policy.K,
-        ttl,
+        policy.ttl_s,
         truth,
         progress=progress,
         oracle=oracle,
@@ -447,6 +470,7 @@ def train(
             dataclasses.replace(cfg, seed=seed),
             root,
             logs,
+            models,
             predictor,
             objective,
             promote,
@@ -470,7 +494,9 @@ def train(
     )
 
 
-def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, quiet) -> dict:
+def _train_one(
+    v, rows, cfg, root, logs, models, predictor, objective, promote, keep, quiet
+) -> dict:
     """Train, publish (promoted only when it earns it) and report one version."""
     from personalization.train import publish, train_policy
 
@@ -485,12 +511,21 @@ def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, qu
             click.echo(
                 f"current policy not comparable ({e}); judged against the baselines only", err=True
             )
+        if incumbent is not None and not same_engine(incumbent.manifest, v):
+            click.echo(
+                f"current policy {incumbent.version} was trained on engine "
+                f"{incumbent.manifest.get('engine_version') or '?'}, whose label ids are not "
+                f"those of engine {v.engine_version}: judged against the baselines only",
+                err=True,
+            )
+            incumbent = None
     try:
         weights, report = train_policy(v, rows, cfg, progress=not quiet, incumbent=incumbent)
     except ValueError as e:
         raise click.ClickException(f"{logs}: {e}") from e
     meta = {
         "engine_version": v.engine_version,
+        "engine_label_space": v.label_space,
         "train": report,
         "logs": str(logs),
         "label_count": predictor.num_labels,
@@ -500,6 +535,17 @@ def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, qu
         from personalization.train import promotion_check
 
         promote, why = promotion_check(report)
+    now_version, now_space = engine_now(models)
+    if promote and now_space != v.label_space:
+        # the engine registry promoted another label space while this trained: the stream
+        # would refuse this policy beside it
+        promote, why = (
+            False,
+            (
+                f"engine {now_version} was promoted under {models} while this trained on engine "
+                f"{v.engine_version}, and its label ids differ: train again on it"
+            ),
+        )
     version, path = publish(root, weights, cfg, meta, promote=promote, keep=keep)
     if objective == "dr":
         vs = report["val_vs_best_baseline"]
@@ -515,7 +561,8 @@ def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, qu
     else:
         best = next(e for e in report["epochs"] if e["epoch"] == report["best_epoch"])
         click.echo(
-            f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}); "
+            f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}"
+            f"{': ' + why if why else ''}); "
             f"{report['train_visits']} train / {report['val_visits']} validation visits, "
             f"best epoch {report['best_epoch']}: val click log-loss "
             f"{best['val_click_logloss']:.4f}, later-click log-loss "

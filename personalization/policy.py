@@ -6,7 +6,9 @@ and swaps in a newly promoted version, keeping the old one if the new one is ref
 
 Cold start and bad state never fail an event: no history -> the current page's top query;
 history states of another feature size or with no queries are dropped; query ids outside the
-model's label space are ignored as candidates.
+model's label space are ignored as candidates. The window is the one training read
+(personalization.state.serving_window): states ordered by timestamp, none after the current
+visit, none older than the policy's TTL, none of another engine label space.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import numpy as np
 from personalization.artifact import PolicyFileError, load_policy
 from personalization.features import EventBatch, build_batch, cluster_lookup, pad_states
 from personalization.scoring import candidate_logits, softmax_masked
+from personalization.state import serving_window
+from personalization.window import WINDOW
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +175,20 @@ class GruPolicy:
         return None if k is None else int(k)
 
     @property
+    def ttl_s(self) -> float:
+        """States older than this before the visit are out of its window (as in training)."""
+        cfg = self.manifest.get("config", {})
+        t = cfg.get("ttl_s", self.manifest.get("train", {}).get("config", {}).get("ttl_s"))
+        return WINDOW.ttl_s if t is None else float(t)
+
+    @property
+    def label_space(self) -> str | None:
+        """Fingerprint of the label space of the engine it was trained on
+        (engine.manifest.label_space); None for a version that did not record it."""
+        ls = self.manifest.get("engine_label_space")
+        return str(ls) if ls else None
+
+    @property
     def feature_dim(self) -> int:
         return int(self.weights["gru.w_ih"].shape[1]) - 1  # + the block-start channel
 
@@ -216,8 +234,7 @@ class GruPolicy:
         """Stacked arrays of the usable window (<= K states, current last), or None if the
         current page itself is unusable (-> cold-start rule)."""
         D = self.feature_dim
-        window = list(history)[-(self.K - 1) :] if self.K > 1 else []
-        window.append(current)
+        window = serving_window(history, current, self.K, self.ttl_s)
         zs, ids, scs, tss = [], [], [], []
         for s in window:  # at most K states: only attribute and length checks per state
             try:

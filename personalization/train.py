@@ -78,7 +78,7 @@ class TrainConfig:
     future_horizon: int = 2  # next visits of the session the later/future losses read
     val_frac: float = 0.2
     holdout: float = 0.0  # last share of sessions never read (offline evaluation); 0 = all
-    ttl_s: float = 30 * 86400.0  # the stream's Redis state TTL
+    ttl_s: float = WINDOW.ttl_s  # states older than this before a visit are out of its window
     sim_dim: int = SIM_DIM  # size of the query vectors of the sim_* features (0 = off)
     # query clusters behind the intent_mass / page_cluster_share features
     # (personalization.query_clusters): 0 = auto (0.8 sqrt(queries predicted)), -1 = off
@@ -443,7 +443,12 @@ def train_policy(
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
-    rng_info = data_range(v, cfg.holdout)
+    # the engine the windows' query ids come from: publish records it for the stream's check
+    rng_info = {
+        **data_range(v, cfg.holdout),
+        "engine_version": v.engine_version,
+        "engine_label_space": v.label_space,
+    }
     cut = rng_info["holdout_split_ts"]
     train_rows, val_rows, t_split = split_rows(v, cfg.val_frac, np.inf if cut is None else cut)
     if len(train_rows) == 0 or len(val_rows) == 0:
@@ -648,24 +653,38 @@ def publish(
     promote: bool = True,
     keep: int = 5,
 ) -> tuple[str, Path]:
-    """Write a new version under the registry `root` (and promote it); returns (id, path)."""
+    """Write a new version under the registry `root` (and promote it); returns (id, path).
+
+    The engine it was trained on (`engine_version`, `engine_label_space`: meta's, else its
+    training report's) goes to the top of the manifest and the registry entry: the stream serves
+    the policy only beside an engine of that label space."""
     from engine.registry import Registry
 
+    rep = meta.get("train") or {}
+    meta = {
+        **{k: rep[k] for k in ("engine_version", "engine_label_space") if rep.get(k)},
+        **meta,
+    }
     reg = Registry(Path(root), keep=keep)
     with reg.lock():
         st = reg.stage()
         save_policy(
             st.path,
             weights,
-            # topk beside the network's sizes: the stream checks both against its settings
-            {**cfg.gru_config().to_dict(), "topk": cfg.topk},
+            # topk beside the network's sizes: the stream checks both against its settings;
+            # ttl_s: serving drops the states training masked (state.serving_window)
+            {**cfg.gru_config().to_dict(), "topk": cfg.topk, "ttl_s": cfg.ttl_s},
             meta={"version": st.version, **meta},
         )
         path = reg.commit(
             st,
             {
                 "kind": "gru-policy",
-                **{k: meta[k] for k in meta if k in ("engine_version", "metrics")},
+                **{
+                    k: meta[k]
+                    for k in meta
+                    if k in ("engine_version", "engine_label_space", "metrics")
+                },
             },
         )
         if promote:
