@@ -15,9 +15,15 @@ from pathlib import Path
 
 import click
 
-from personalization.window import WINDOW
+from engine.cli_options import default_of
+from personalization.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
+
+
+def _d(name: str):
+    """The default of TrainConfig's field `name`: the one home of every training default."""
+    return default_of(TrainConfig, name)
 
 
 def resolve_predictor_dir(models: Path) -> Path:
@@ -245,46 +251,50 @@ def personalize() -> None:
     "--K",
     "K",
     type=click.IntRange(1, 64),
-    default=WINDOW.K,
+    default=_d("K"),
     show_default=True,
     help="States in the window, current page included (at most the stream's state_k).",
 )
 @click.option(
     "--topk",
     type=click.IntRange(1, 100),
-    default=WINDOW.topk,
+    default=_d("topk"),
     show_default=True,
     help="Predicted queries per page (must equal the stream's top_k).",
 )
-@click.option("--epochs", type=click.IntRange(1, 100), default=4, show_default=True)
+@click.option("--epochs", type=click.IntRange(1, 100), default=_d("epochs"), show_default=True)
 @click.option(
     "--rows-per-epoch",
     type=click.IntRange(0, None),
-    default=60_000,
+    default=_d("rows_per_epoch"),
     show_default=True,
     help="Visits sampled per epoch (0 = all of the training period).",
 )
 @click.option(
-    "--hidden", type=click.IntRange(4, 1024), default=32, show_default=True, help="GRU hidden size."
+    "--hidden",
+    type=click.IntRange(4, 1024),
+    default=_d("hidden"),
+    show_default=True,
+    help="GRU hidden size.",
 )
 @click.option(
     "--query-dim",
     type=click.IntRange(2, 1024),
-    default=16,
+    default=_d("query_dim"),
     show_default=True,
     help="Size of the projected query / user vectors.",
 )
 @click.option(
     "--val-frac",
     type=click.FloatRange(0.01, 0.9),
-    default=0.2,
+    default=_d("val_frac"),
     show_default=True,
     help="Share of the latest read sessions used for validation (split by time).",
 )
 @click.option(
     "--holdout",
     type=click.FloatRange(0.0, 0.9),
-    default=0.0,
+    default=_d("holdout"),
     show_default=True,
     help="Share of the latest sessions never read (neither trained nor validated "
     "on), for an honest `astec personalize evaluate --val-frac` <= this; "
@@ -293,49 +303,49 @@ def personalize() -> None:
 @click.option(
     "--w-future",
     type=float,
-    default=0.0,
+    default=_d("w_future"),
     show_default=True,
     help="Weight of the next-pages listwise loss (browsing sequences).",
 )
 @click.option(
     "--w-ips",
     type=float,
-    default=0.0,
+    default=_d("w_ips"),
     show_default=True,
     help="Weight of the propensity-weighted listwise loss on clicked ads.",
 )
 @click.option(
     "--w-click",
     type=float,
-    default=1.0,
+    default=_d("w_click"),
     show_default=True,
     help="Weight of the pointwise click log-loss on every impression.",
 )
 @click.option(
     "--w-later-click",
     type=float,
-    default=1.0,
+    default=_d("w_later_click"),
     show_default=True,
     help="Weight of the click log-loss of candidates shown later in the session.",
 )
 @click.option(
     "--horizon",
     type=click.IntRange(1, 50),
-    default=2,
+    default=_d("future_horizon"),
     show_default=True,
     help="Next visits of the session read by the later-click and next-pages losses.",
 )
 @click.option(
     "--sim-dim",
     type=click.IntRange(0, 1024),
-    default=32,
+    default=_d("sim_dim"),
     show_default=True,
     help="Size of the query vectors behind the sim_* features (0 = off).",
 )
 @click.option(
     "--clusters",
     type=click.IntRange(-1, 4096),
-    default=0,
+    default=_d("clusters"),
     show_default=True,
     help="Query clusters behind the intent_mass / page_cluster_share features "
     "(co-occurrence in the engine's predictions): 0 = 0.8 sqrt(queries predicted), "
@@ -344,7 +354,7 @@ def personalize() -> None:
 @click.option(
     "--init",
     type=click.Choice(["auto", "sim_rank", "fitted", "intent", "random"]),
-    default="auto",
+    default=_d("init"),
     show_default=True,
     help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
     "residual; fitted: start as a logistic fit of the logged clicks on the hand features; the "
@@ -355,7 +365,7 @@ def personalize() -> None:
 @click.option(
     "--objective",
     type=click.Choice(["auto", "losses", "dr"]),
-    default="auto",
+    default=_d("objective"),
     show_default=True,
     help="dr: reward model on every logged impression, then the policy trained listwise for "
     "doubly-robust CTR, kept by validation DR value and promoted only when its DR lower bound "
@@ -368,17 +378,17 @@ def personalize() -> None:
 @click.option(
     "--reward-epochs",
     type=click.IntRange(0, 100),
-    default=2,
+    default=_d("reward_epochs"),
     show_default=True,
     help="Epochs of the reward model (objective dr).",
 )
-@click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--threads", type=click.IntRange(1, 64), default=_d("threads"), show_default=True)
 @click.option(
     "--seed",
     "seeds",
     type=int,
     multiple=True,
-    default=(0,),
+    default=(_d("seed"),),
     show_default=True,
     help="Training seed; repeat it to train one version per seed on one read of the "
     "logs (each published, each judged for promotion on its own).",
@@ -429,8 +439,6 @@ def train(
 ):
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
-
-    from personalization.train import TrainConfig
 
     predictor, v = _load_visits(logs, models, topk, progress=not quiet)
     cfg = TrainConfig(
