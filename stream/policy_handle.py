@@ -94,6 +94,9 @@ class Top1Policy:
             cand_ids=ids,
             cand_scores=sc,
             cand_prop=cp,
+            source_ago=np.where(q >= 0, 0, -1),  # always this page, by its own top query
+            source_event=[str(getattr(c, "event_id", "")) for c in currents or [None] * len(q)],
+            margin=np.where(q >= 0, 0.0, np.nan).astype(np.float32),
         )
 
     @property
@@ -163,7 +166,7 @@ class GruStreamPolicy:
 
         if self.coherence():
             self.incoherent_events += len(currents)
-            return Top1Policy().serve_batch(None, None, np.asarray(ids, np.int64), scores)
+            return Top1Policy().serve_batch(None, currents, np.asarray(ids, np.int64), scores)
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
         sv = self.gru.serve_batch(
@@ -180,6 +183,8 @@ class GruStreamPolicy:
             fb = Top1Policy().serve_batch(None, None, ids[bad], scores[bad])
             sv.query[bad], sv.score[bad], sv.propensity[bad] = fb.query, fb.score, fb.propensity
             sv.greedy[bad] = True
+            if sv.source_ago is not None and sv.margin is not None:
+                sv.source_ago[bad], sv.margin[bad] = fb.source_ago, fb.margin
             w = min(ids.shape[1], sv.cand_ids.shape[1])
             for arr, src in (
                 (sv.cand_ids, fb.cand_ids),

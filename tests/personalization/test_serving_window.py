@@ -125,3 +125,34 @@ def test_state_records_carry_their_label_space_and_old_records_still_read():
     old = UserState.decode(v1)
     assert old.space == 0 and old.event_id == "e1" and old.ts == 5.0
     assert np.array_equal(old.scores, s.scores)
+
+
+def test_each_served_query_names_the_visit_it_came_from_and_its_margin(world, served):
+    from personalization.explain import describe_source
+
+    v = world[0]
+    pol = served[0]
+    rows = np.flatnonzero(np.r_[False, v.user[1:] == v.user[:-1]])[:400]
+    hists = [[visit_state(v, i) for i in range(max(r - 20, 0), r) if v.user[i] == v.user[r]]
+             for r in rows]  # fmt: skip
+    cur = [visit_state(v, r) for r in rows]
+    sv = pol.serve_batch(hists, cur, epsilon=0.0, rng=np.random.default_rng(0))
+    assert sv.source_ago is not None and sv.source_event is not None and sv.margin is not None
+    for j in range(len(rows)):
+        q, ago = int(sv.query[j]), int(sv.source_ago[j])
+        window = serving_window(hists[j], cur[j], pol.K, pol.ttl_s)
+        src = window[len(window) - 1 - ago]
+        # the latest visit of the window whose predicted queries hold the served one
+        assert src.event_id == sv.source_event[j] and q in src.query_ids
+        assert all(q not in s.query_ids for s in window[len(window) - ago :])
+        top = int(cur[j].query_ids[np.argmax(cur[j].scores)])
+        p = dict(zip(sv.cand_ids[j].tolist(), sv.cand_scores[j].tolist(), strict=True))
+        assert sv.margin[j] == pytest.approx(p[q] - p[top], abs=1e-6) and sv.margin[j] >= -1e-6
+        f = sv.fields(j)
+        assert f["source_visits_ago"] == ago and f["source_event_id"] == src.event_id
+    assert (sv.source_ago > 0).sum() > 20 and (sv.source_ago == 0).sum() > 20
+    assert (sv.margin > 0).any()  # chosen over the page's own top query
+    assert describe_source(0, "t") == "this page"
+    assert describe_source(2, "Page X") == "2 visits ago: Page X"
+    assert describe_source(1, None) == "1 visit ago (title not logged)"
+    assert describe_source(-1, "t") == ""

@@ -172,6 +172,8 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
         a = ads_b[m["event_id"]]
         assert a["model_version"] == engine_b and a["query"] == pred_b.label_names[ids[0]]
         assert a["propensity"] == 1.0 and len(a["candidates"]) <= s.top_k
+        assert a["source_visits_ago"] == 0 and a["source_event_id"] == m["event_id"]
+        assert a["margin"] == 0.0  # the page's own top query
     assert list(refused) == [pol_a] and "label space" in refused[pol_a] and refused_metric == 1
     errors = [r for r in caplog.records if r.levelno == logging.ERROR and "label" in r.message]
     assert len(errors) == 1 and engine_b in errors[0].message
@@ -180,6 +182,7 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
     assert refused_after == {} and pol_b != pol_a
     assert any("serving it again" in r.message for r in caplog.records)
     seen: dict[str, set[str]] = {}
+    user_of = {m["event_id"]: m["user_id"] for m in during + after}
     titles_b = [m["title"] for m in during + after]
     wide = pred_b.predict(titles_b, 2 * s.top_k)[0]  # twice top_k: no near-tie at the edge
     for i, (m, ids) in enumerate(zip(during + after, wide, strict=True)):
@@ -188,4 +191,7 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
             a = ads_c[m["event_id"]]
             assert a["model_version"] == engine_b and a["policy"] == "gru"
             assert set(a["candidates"]) <= seen[m["user_id"]], m["event_id"]
+            # where the query came from: one of the user's visits under engine B, and the
+            # greedy policy's probability of it is at least that of the page's top query
+            assert user_of[a["source_event_id"]] == m["user_id"] and a["margin"] >= 0.0
     assert any(len(a["candidates"]) > s.top_k for a in ads_c.values())  # the window again
