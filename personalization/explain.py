@@ -32,14 +32,14 @@ def page_top(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return np.where((ids >= 0).any(1), top, -1)
 
 
-def margins(cand: np.ndarray, probs: np.ndarray, query: np.ndarray, top: np.ndarray):
-    """float32 [B] the policy's probability of `query` minus that of the page's top query `top`
-    (both among the candidates cand [B,C] with probabilities probs [B,C]); NaN where either is
-    not a candidate. 0 when the policy serves the page's top query."""
+def margins(cand: np.ndarray, probs: np.ndarray, col: np.ndarray, top: np.ndarray):
+    """float32 [B] the policy's probability of the served candidate (column `col` of cand
+    [B,C] / probs [B,C]) minus that of the page's top query `top` [B]; NaN where the top query
+    is not a candidate or nothing was served. 0 when the policy serves the page's top query."""
     R = np.arange(len(cand))
-    iq, it = cand == query[:, None], cand == top[:, None]
-    ok = iq.any(1) & it.any(1) & (query >= 0) & (top >= 0)
-    m = probs[R, iq.argmax(1)] - probs[R, it.argmax(1)]
+    it = cand == top[:, None]
+    ok = it.any(1) & (cand[R, col] >= 0) & (top >= 0)
+    m = probs[R, col] - probs[R, it.argmax(1)]
     return np.where(ok, m, np.nan).astype(np.float32)
 
 

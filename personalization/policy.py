@@ -149,6 +149,7 @@ class GruPolicy:
     _session: Any = field(default=None, repr=False)  # onnxruntime.InferenceSession or None
     _next_check: float = field(default=0.0, repr=False)
     refused: dict[str, str] = field(default_factory=dict, repr=False)  # version -> reason
+    _ttl: tuple = field(default=(None, 0.0), repr=False)  # (manifest, its ttl_s)
 
     @classmethod
     def load(
@@ -190,10 +191,13 @@ class GruPolicy:
 
     @property
     def ttl_s(self) -> float:
-        """States older than this before the visit are out of its window (as in training)."""
-        cfg = self.manifest.get("config", {})
-        t = cfg.get("ttl_s", self.manifest.get("train", {}).get("config", {}).get("ttl_s"))
-        return WINDOW.ttl_s if t is None else float(t)
+        """States older than this before the visit are out of its window (as in training);
+        read once per manifest (it is asked per event)."""
+        if self._ttl[0] is not self.manifest:
+            cfg = self.manifest.get("config", {})
+            t = cfg.get("ttl_s", self.manifest.get("train", {}).get("config", {}).get("ttl_s"))
+            self._ttl = (self.manifest, WINDOW.ttl_s if t is None else float(t))
+        return self._ttl[1]
 
     @property
     def label_space(self) -> str | None:
@@ -457,7 +461,7 @@ class GruPolicy:
             cand_prop=np.take_along_axis(prop, order, 1) * (cand_o >= 0),
             source_ago=ago,
             source_event=src,
-            margin=margins(cand, probs, q, top),
+            margin=margins(cand, probs, col, top),
         )
 
     def choose(self, history: Sequence, current) -> tuple[int, float]:
