@@ -34,3 +34,17 @@ def test_cli_listing_does_not_load_torch():
 
     code = "import sys, personalization.cli_policy; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO).returncode == 0
+
+
+def test_an_incumbent_of_other_label_ids_is_not_compared():
+    """`astec personalize train` judges a new version against the current policy only when
+    both read the same engine ids (the fingerprint; the engine version for an older policy)."""
+    from types import SimpleNamespace
+
+    from personalization.cli_policy import same_engine
+
+    v = SimpleNamespace(label_space="a" * 64, engine_version="e2")
+    assert same_engine({"engine_label_space": "a" * 64, "engine_version": "e1"}, v)
+    assert not same_engine({"engine_label_space": "b" * 64, "engine_version": "e2"}, v)
+    assert same_engine({"engine_version": "e2"}, v)  # recorded no fingerprint: same version
+    assert not same_engine({"engine_version": "e1"}, v) and not same_engine({}, v)
