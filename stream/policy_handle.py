@@ -130,20 +130,20 @@ class GruStreamPolicy:
         return str(self.gru.version)
 
     def coherence(self) -> str:
-        """ "" when the policy may serve beside the engine in use, else why not (logged once
-        per (policy version, engine version) pair, at error level; back at info level)."""
+        """Why the policy may not serve beside the engine in use, or "" when it may (logged
+        once per (policy version, engine version) pair, at error level; back at info level)."""
         if self.engine is None:
             return ""
         want, have = getattr(self.gru, "label_space", None), self.engine.label_space
         pair = (self.version, str(self.engine.version))
         why = ""
-        if want is None and pair != self._said:
+        if (want is None or not have) and pair != self._said:
             log.warning(
-                "GRU policy %s records no engine label space: served beside engine %s "
-                "unchecked (retrain it with `astec personalize train` to record it)",
+                "GRU policy %s or engine %s records no label space: served unchecked "
+                "(retrain the policy with `astec personalize train` to record it)",
                 *pair,
             )
-        elif want is not None and want != have:
+        elif want is not None and have and want != have:
             why = (
                 f"GRU policy {pair[0]} was trained on engine "
                 f"{self.gru.manifest.get('engine_version') or '?'} (label space {want[:12]}), "
