@@ -252,10 +252,34 @@ def _flat_note(probs: list[float]) -> str | None:
 
 
 def page_users(src: Sources) -> None:
+    """A user's stored visits: the ad shown at each and why (the visit its query came from and
+    the policy's margin over the page's top query), the current policy's choice, the scores
+    behind it and the user's clicks."""
     st.header("Users: last K visits and the ad query chosen")
     client = _redis(src)
     if client is None:
         return
+    uid = _pick_user(client, src)
+    states = _user_states(client, src, uid) if uid else []
+    if not states:
+        return
+    _ref, pred = _current_predictor(src)
+    policy, how = _users_policy(src)
+    try:
+        imps, clicks = _user_log(src, uid)
+    except Exception as e:  # noqa: BLE001 - an unreadable log must not hide the states
+        imps, clicks = {}, []
+        st.warning(f"{src.logs_dir}: click log not readable ({e})")
+    vs = users.visits(states, pred.label_names if pred is not None else None, policy, logged=imps)
+    _visits_intro(src, uid, vs, how)
+    _visits_table(vs)
+    _choice_details(vs)
+    _clicks_section(src, imps, clicks)
+
+
+def _pick_user(client, src: Sources) -> str:
+    """The user id typed in the box (with the users that have stored state listed below it);
+    "" until one is given."""
     try:
         recent = users.recent_users(client, src.prefix, limit=20)
     except Exception as e:  # noqa: BLE001 - a listing failure must not hide the lookup box
@@ -266,7 +290,12 @@ def page_users(src: Sources) -> None:
         st.caption("Users with stored state: " + ", ".join(f"`{u}`" for u in recent))
     if not uid:
         st.info("Enter a user id to see the user's stored visits (newest first).")
-        return
+    return uid
+
+
+def _user_states(client, src: Sources, uid: str) -> list:
+    """The user's decodable states, oldest first, saying so when records were skipped or
+    there are none."""
     states, bad = users.read_states(client, src.prefix, uid)
     if bad:
         st.warning(f"{bad} stored record(s) of {uid!r} could not be decoded and are skipped.")
@@ -275,9 +304,11 @@ def page_users(src: Sources) -> None:
             f"No stored states for user {uid!r} (key "
             f"`{users.states_key(src.prefix, uid)}`): unknown user, or the state expired."
         )
-        return
-    _ref, pred = _current_predictor(src)
-    names = pred.label_names if pred is not None else None
+    return states
+
+
+def _users_policy(src: Sources):
+    """(the GRU policy or None, how the choice is made, in words): top1 when none loads."""
     policy, how = None, "the top1 rule (the page's best query): no GRU policy found"
     if src.policy_dir is not None:
         try:
@@ -286,15 +317,16 @@ def page_users(src: Sources) -> None:
             st.warning(f"{src.policy_dir}: GRU policy not loaded ({e}); showing top1 choices.")
         if policy is not None:
             how = f"the GRU policy {policy.version}"
-    try:
-        imps, clicks = _user_log(src, uid)
-    except Exception as e:  # noqa: BLE001 - an unreadable log must not hide the states
-        imps, clicks = {}, []
-        st.warning(f"{src.logs_dir}: click log not readable ({e})")
-    vs = users.visits(states, names, policy, logged=imps)
+    return policy, how
+
+
+def _visits_intro(src: Sources, uid: str, vs: list, how: str) -> None:
+    """What the table shows and where its titles come from."""
     st.markdown(
-        f"**{len(states)}** stored visit(s) of `{uid}`. *Chosen now*: the query "
-        f"**{how}** picks at each visit from the visits before it (recomputed now)."
+        f"**{len(vs)}** stored visit(s) of `{uid}`. *Chosen now*: the query "
+        f"**{how}** picks at each visit from the visits before it (recomputed now). "
+        "*From*: the visit the query came from (this page, or an earlier one); *margin*: the "
+        "policy's probability of it minus that of the page's own top query."
     )
     if src.logs_dir is None:
         st.info(
@@ -309,6 +341,10 @@ def page_users(src: Sources) -> None:
             f"`{src.logs_dir}` ({found} of {len(vs)} visits found in its newest "
             "partitions)."
         )
+
+
+def _visits_table(vs: list) -> None:
+    """One row per visit, newest first (users.visit_rows); wide columns hidden."""
     st.dataframe(
         pd.DataFrame(users.visit_rows(vs)),
         hide_index=True,
@@ -317,16 +353,24 @@ def page_users(src: Sources) -> None:
             "time (UTC)",
             "title",
             "shown then",
+            "shown from",
+            "shown margin",
             "clicked",
             "chosen now",
+            "chosen from",
+            "chosen margin",
             "why (GRU probabilities)",
         ),
         column_config={
             "time (UTC)": st.column_config.TextColumn(width=135),
             "title": st.column_config.TextColumn(width="large"),
             "shown then": st.column_config.TextColumn(width="small"),
+            "shown from": st.column_config.TextColumn(width="medium"),
+            "shown margin": st.column_config.NumberColumn(width=70, format="%+.3f"),
             "clicked": st.column_config.TextColumn(width=60),
             "chosen now": st.column_config.TextColumn(width="small"),
+            "chosen from": st.column_config.TextColumn(width="medium"),
+            "chosen margin": st.column_config.NumberColumn(width=70, format="%+.3f"),
             "why (GRU probabilities)": st.column_config.TextColumn(width="medium"),
         },
     )
@@ -334,47 +378,22 @@ def page_users(src: Sources) -> None:
         "Columns hidden to fit the page: each visit's candidates with their Astec "
         "scores, the chosen query's score, event id and URL (in the details below)."
     )
+
+
+def _choice_details(vs: list) -> None:
+    """Per visit, newest first: the GRU's ranking (a bar chart for the newest), the page's
+    own candidates and what was shown then."""
     st.subheader("Scores behind each choice")
     for i, v in enumerate(reversed(vs)):
         lg = v.logged or {}
         title = lg.get("title") or f"title hash {v.title_hash}"
         with st.expander(
-            f"{users._when(v.ts)} · {title[:90]} → {v.chosen or '(none)'}", expanded=(i == 0)
+            f"{users._when(v.ts)} · {title[:90]} → {v.chosen or '(none)'}"
+            + (f" (from {v.chosen_from})" if v.chosen_from else ""),
+            expanded=(i == 0),
         ):
             if v.ranking:
-                rk = pd.DataFrame(
-                    [
-                        {
-                            "query": n,
-                            "GRU probability": round(p, 4),
-                            "Astec score (best in window)": round(a, 4),
-                            "chosen": "◀ chosen" if n == v.chosen else "",
-                        }
-                        for n, p, a in v.ranking
-                    ]
-                )
-                st.dataframe(rk, hide_index=True, key=f"rank-{i}")
-                flat = _flat_note(rk["GRU probability"].tolist())
-                if flat:
-                    st.caption(flat)
-                if i == 0:
-                    import altair as alt
-
-                    st.altair_chart(
-                        alt.Chart(rk)
-                        .mark_bar()
-                        .encode(
-                            x=alt.X("GRU probability:Q"),
-                            y=alt.Y(
-                                "query:N", sort="-x", title=None, axis=alt.Axis(labelLimit=300)
-                            ),
-                            color=alt.condition(
-                                alt.datum.chosen != "", alt.value("#d33"), alt.value("#4a90d9")
-                            ),
-                            tooltip=["query", "GRU probability", "Astec score (best in window)"],
-                        ),
-                        width="stretch",
-                    )
+                _ranking(v, chart=i == 0, key=f"rank-{i}")
             else:
                 st.caption(
                     "No usable history before this visit: the cold-start rule takes "
@@ -394,11 +413,51 @@ def page_users(src: Sources) -> None:
                 f"event `{v.event_id}` · url {lg.get('url') or v.url_hash}"
                 + (
                     f" · shown then: **{lg['query']}** by {lg.get('policy', '?')}"
+                    f"{' from ' + v.shown_from if v.shown_from else ''}"
                     f"{' · clicked' if lg.get('clicked') else ''}"
                     if lg
                     else ""
                 )
             )
+
+
+def _ranking(v, chart: bool, key: str) -> None:
+    """The GRU's top candidates for one visit as a table (and a bar chart when `chart`)."""
+    rk = pd.DataFrame(
+        [
+            {
+                "query": n,
+                "GRU probability": round(p, 4),
+                "Astec score (best in window)": round(a, 4),
+                "chosen": "◀ chosen" if n == v.chosen else "",
+            }
+            for n, p, a in v.ranking
+        ]
+    )
+    st.dataframe(rk, hide_index=True, key=key)
+    flat = _flat_note(rk["GRU probability"].tolist())
+    if flat:
+        st.caption(flat)
+    if chart:
+        import altair as alt
+
+        st.altair_chart(
+            alt.Chart(rk)
+            .mark_bar()
+            .encode(
+                x=alt.X("GRU probability:Q"),
+                y=alt.Y("query:N", sort="-x", title=None, axis=alt.Axis(labelLimit=300)),
+                color=alt.condition(
+                    alt.datum.chosen != "", alt.value("#d33"), alt.value("#4a90d9")
+                ),
+                tooltip=["query", "GRU probability", "Astec score (best in window)"],
+            ),
+            width="stretch",
+        )
+
+
+def _clicks_section(src: Sources, imps: dict, clicks: list) -> None:
+    """The user's impressions, clicks and CTR in the click log's newest partitions."""
     st.subheader("Clicks")
     if src.logs_dir is None:
         st.caption("No click log given (--logs).")

@@ -12,6 +12,10 @@ the title or the ad query it emitted. Two sources fill that in:
     (the `top1` rule, deterministic, so for top1 streams it is exactly what was emitted).
 A visit the log does not hold (no logger ran, or older than the partitions read) shows its
 title hash and says so.
+
+Each ad says why (personalization.explain): the visit its query came from ("this page", or
+"2 visits ago: <title>", titles from the click log) and the policy's probability margin over the
+page's own top query, for the query shown then (logged with the ad) and the one chosen now.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import cast
 import numpy as np
 import redis
 
+from personalization.explain import describe_source
 from personalization.state import StateFormatError, UserState
 
 
@@ -40,6 +45,10 @@ class Visit:
     chosen_score: float | None
     ranking: list[tuple[str, float, float]] | None = None  # GRU: (query, probability, Astec score)
     logged: dict | None = None  # the click log's impression for this event (+ "clicked")
+    chosen_from: str = ""  # where the query chosen now came from (describe_source)
+    chosen_margin: float | None = None  # its probability minus the page's top query's
+    shown_from: str = ""  # where the query shown then came from (logged with the ad)
+    shown_margin: float | None = None
 
 
 def _name(names: list[str] | None, i: int) -> str:
@@ -137,6 +146,41 @@ def rankings(
     return out
 
 
+def why_now(states: list[UserState], policy=None) -> list[tuple[int, str, float | None]]:
+    """Per visit, (visits ago, event id, margin) of the query the policy picks now from the
+    visits before it (the greedy choice): the window visit it came from and its probability
+    minus the page's own top query's. The top1 rule: always this page, margin 0."""
+    if policy is None or not states:
+        return [(0, s.event_id, 0.0) for s in states]
+    sv = policy.serve_batch(
+        [states[:i] for i in range(len(states))], states, 0.0, rng=np.random.default_rng(0)
+    )
+    out: list[tuple[int, str, float | None]] = []
+    for i in range(len(states)):
+        m = float(sv.margin[i]) if sv.margin is not None else float("nan")
+        out.append(
+            (
+                int(sv.source_ago[i]) if sv.source_ago is not None else -1,
+                sv.source_event[i] if sv.source_event is not None else "",
+                None if np.isnan(m) else m,
+            )
+        )
+    return out
+
+
+def logged_why(rec: dict | None, titles: dict[str, str]) -> tuple[str, float | None]:
+    """(where the logged ad's query came from, its margin) from an impression's optional
+    `source_visits_ago` / `source_event_id` / `margin` ("", None for ads logged without)."""
+    if not rec or rec.get("source_visits_ago") is None:
+        return "", None
+    src = rec.get("source_event_id") or ""
+    title = titles.get(src) or (rec.get("title") if src == rec.get("event_id") else None)
+    margin = rec.get("margin")
+    return describe_source(int(rec["source_visits_ago"]), title), (
+        None if margin is None else float(margin)
+    )
+
+
 def visits(
     states: list[UserState],
     names: list[str] | None,
@@ -147,9 +191,12 @@ def visits(
     """Display rows for `states` (oldest first); `logged`: event id -> click-log impression."""
     chosen = chosen_queries(states, policy)
     ranks = rankings(states, policy, names, top)
+    why = why_now(states, policy)
     logged = logged or {}
+    titles = {e: r["title"] for e, r in logged.items() if r.get("title")}
     out = []
-    for s, (q, qs), rk in zip(states, chosen, ranks, strict=True):
+    for s, (q, qs), rk, (ago, src, margin) in zip(states, chosen, ranks, why, strict=True):
+        shown_from, shown_margin = logged_why(logged.get(s.event_id), titles)
         tq = [
             (_name(names, int(i)), float(sc))
             for i, sc in zip(s.query_ids[:top], s.scores[:top], strict=True)
@@ -165,6 +212,10 @@ def visits(
                 chosen_score=qs if q >= 0 else None,
                 ranking=rk,
                 logged=logged.get(s.event_id),
+                chosen_from=describe_source(ago, titles.get(src)) if q >= 0 else "",
+                chosen_margin=margin if q >= 0 else None,
+                shown_from=shown_from,
+                shown_margin=shown_margin,
             )
         )
     return out
@@ -174,9 +225,14 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
 def visit_rows(vs: list[Visit]) -> list[dict]:
     """Visits as table rows, newest first: the title (from the click log, else its hash), the
-    query shown then and whether it was clicked, and the current policy's choice with its score."""
+    query shown then, where it came from, its margin and whether it was clicked, and the current
+    policy's choice with where it came from, its margin and its score."""
     rows = []
     for v in reversed(vs):
         lg = v.logged or {}
@@ -190,8 +246,12 @@ def visit_rows(vs: list[Visit]) -> list[dict]:
                 "time (UTC)": _when(v.ts),
                 "title": lg.get("title") or f"(not in the click log; title hash {v.title_hash})",
                 "shown then": lg.get("query", "(not logged)"),
+                "shown from": v.shown_from,
+                "shown margin": _round(v.shown_margin),
                 "clicked": ("yes" if lg.get("clicked") else "no") if lg else "",
                 "chosen now": v.chosen or "(none)",
+                "chosen from": v.chosen_from,
+                "chosen margin": _round(v.chosen_margin),
                 "score": None if v.chosen_score is None else round(v.chosen_score, 4),
                 "why (GRU probabilities)": why,
                 "candidates (Astec)": " | ".join(f"{n} ({s:.3f})" for n, s in v.top_queries),

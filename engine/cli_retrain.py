@@ -108,3 +108,11 @@ def retrain(
         "corrupt_lines_skipped": res.data["read"]["corrupt"]
     }
     click.echo(json.dumps(out, indent=1))
+    for p in res.policies_to_retrain:
+        click.echo(
+            f"GRU policy {p['version']} of {p['registry']} ({p['reason']}, engine "
+            f"{p.get('engine_version') or '?'}) does not fit engine {res.version}: the stream "
+            f"serves each page's top query until a policy trained on it is promoted: "
+            f"astec personalize train --logs {log_dir} --models {models_dir}",
+            err=True,
+        )

@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto, helper
 from tqdm import tqdm
 
-from engine.manifest import MANIFEST_NAME, npy_header, sha256_file, write_manifest
+from engine.manifest import MANIFEST_NAME, label_space, npy_header, sha256_file, write_manifest
 
 log = logging.getLogger(__name__)
 OPSET = 17
@@ -338,6 +338,7 @@ def export_model(
         meta = {
             "version": opts.version or f"astec-{model_sha[:12]}",
             "source_model": {"path": str(model_dir.resolve()), "manifest_sha256": model_sha},
+            "label_space": label_space(names),  # what a policy trained on these ids records
             "producer": {
                 "numpy": np.__version__,
                 "onnx": onnx.__version__,

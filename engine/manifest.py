@@ -37,6 +37,30 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def label_space(names) -> str:
+    """Fingerprint of an engine's label space: sha256 of its label texts in id order (each
+    length-prefixed). Two engines with one fingerprint map every label id to the same query; a
+    reordered, added, removed or renamed label changes it. A policy trained on one engine's ids
+    records it, and the stream serves the policy only with an engine of the same fingerprint."""
+    h = hashlib.sha256()
+    for n in names:
+        b = str(n).encode("utf-8", "surrogatepass")
+        h.update(len(b).to_bytes(4, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def label_space_of(predictor) -> str:
+    """The label-space fingerprint of a loaded predictor: its manifest's `label_space` (written
+    by the export), else computed from its label names (a predictor exported before it was
+    recorded); "" for an object without label names."""
+    data = getattr(getattr(predictor, "manifest", None), "data", None) or {}
+    if data.get("label_space"):
+        return str(data["label_space"])
+    names = getattr(predictor, "label_names", None)
+    return label_space(names) if names is not None else ""
+
+
 def npy_header(path: Path) -> tuple[list[int], str, int]:
     """(shape, dtype str, header length in bytes) of an .npy file without reading its data."""
     with open(path, "rb") as f:

@@ -7,7 +7,10 @@ Steps, all inside a staging directory of the model registry (engine.registry):
   4. evaluate the new predictor and the current version's predictor on the held-out slice, by query
      text (the two versions may have different label sets);
   5. commit the version (atomic rename) and promote it (atomic CURRENT switch) only if
-     new[metric] >= current[metric] - tolerance; prune to the newest `keep` versions.
+     new[metric] >= current[metric] - tolerance; prune to the newest `keep` versions;
+  6. once promoted, name the GRU policy of MODELS_DIR/gru that was trained on another label
+     space (`policies_to_retrain`): the stream serves each page's top query beside the new
+     engine until a policy trained on it is promoted.
 A failure or a kill at any step leaves CURRENT and every complete version as they were; the next
 retrain removes the stale staging directory. A second retrain running at the same time is refused
 (flock on the registry).
@@ -15,6 +18,7 @@ retrain removes the stale staging directory. A second retrain running at the sam
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -28,10 +32,13 @@ import scipy.sparse as sp
 from engine.clicklog import ReadReport, partitions, read_log
 from engine.clicks_dataset import aggregate_clicks, build_training_set, table_to_points
 from engine.formats import read_label_names, read_text_tsv, write_text_tsv
+from engine.manifest import read_manifest
 from engine.ranking_metrics import evaluate, inv_propensity
-from engine.registry import Registry, RegistryLocked
+from engine.registry import Registry, RegistryError, RegistryLocked
 
 log = logging.getLogger(__name__)
+
+GRU_REGISTRY = "gru"  # where `astec personalize train` publishes policies (MODELS_DIR/gru)
 
 
 class RetrainError(RuntimeError):
@@ -63,6 +70,7 @@ class RetrainResult:
     eval_points: int
     pruned: list = field(default_factory=list)
     seconds: float = 0.0
+    policies_to_retrain: list = field(default_factory=list)  # policies_to_retrain's entries
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -125,6 +133,35 @@ def retrain(
         raise RetrainError(f"{models_dir}: another retrain is running ({e})") from None
     res.seconds = round(time.time() - t0, 1)
     return res
+
+
+def policies_to_retrain(models_dir: str | Path, label_space: str) -> list[dict]:
+    """The promoted GRU policy of MODELS_DIR/gru, when it was not trained on an engine of this
+    label space (its manifest's `engine_label_space` differs or is missing): its ids name other
+    queries beside the engine, so the stream will not serve it. [] when there is none."""
+    root = Path(models_dir) / GRU_REGISTRY
+    if not (root / "CURRENT").is_file():
+        return []
+    reg = Registry(root)
+    try:
+        version = reg.current()
+        if version is None:
+            return []
+        manifest = json.loads((reg.path(version) / "manifest.json").read_text(encoding="utf-8"))
+    except (RegistryError, OSError, ValueError) as e:
+        return [{"registry": str(root), "version": None, "reason": f"unreadable: {e}"}]
+    if manifest.get("engine_label_space") == label_space:
+        return []
+    return [
+        {
+            "registry": str(root),
+            "version": version,
+            "engine_version": manifest.get("engine_version"),
+            "reason": "trained on another label space"
+            if manifest.get("engine_label_space")
+            else "records no engine label space",
+        }
+    ]
 
 
 def _evaluate_current(reg: Registry, version: str, e_texts, e_Y, e_names, k: int):
@@ -227,6 +264,20 @@ def _retrain_locked(
     if promote:
         reg.promote(st.version)
     pruned = reg.prune()
+    to_retrain: list[dict] = []
+    if promote:
+        space = read_manifest(reg.path(st.version) / "predictor").get("label_space", "")
+        to_retrain = policies_to_retrain(reg.root, space)
     return RetrainResult(
-        st.version, promote, reason, previous, m_new, m_cur, data, len(e_texts), pruned
+        st.version,
+        promote,
+        reason,
+        previous,
+        m_new,
+        m_cur,
+        data,
+        len(e_texts),
+        pruned,
+        0.0,
+        to_retrain,
     )

@@ -150,25 +150,35 @@ def _wait_workers(services: Path, supervisor: subprocess.Popen, workers: int) ->
 
 
 def _show_ads(live_logs: Path, engine_models: Path, n: int = 8) -> None:
-    """A few served ads to judge by eye: the page, Astec's best query for the page alone, and
-    the query the GRU chose from the user's last pages (a different one is personalization)."""
+    """A few served ads to judge by eye: the page, Astec's best query for the page alone, the
+    query the GRU chose from the user's last pages, the visit it came from ("this page", or
+    "2 visits ago: <title>") and the policy's margin over the page's own top query (a choice
+    from an earlier page with a margin is personalization; an unrelated one is visible too)."""
     from engine.clicklog import ad_outcomes
+    from personalization.explain import describe_source
     from stream.model_handle import ModelHandle
 
     rows = list(ad_outcomes(live_logs))
     if not rows:
         return
+    titles = {r["event_id"]: r.get("title") for r in rows}
     rows = rows[:: max(1, len(rows) // n)][:n]
     pred = ModelHandle.open(str(engine_models)).predictor
     ids, _, _ = pred.predict_with_features([r["title"] for r in rows], 1)
     click.secho(
-        f"\n{'page title':<48} {'Astec top query':<30} ad shown (GRU over the last visits)",
+        f"\n{'page title':<40} {'Astec top query':<24} {'ad shown (GRU)':<24} {'margin':>7}  from",
         bold=True,
     )
     for r, top in zip(rows, ids, strict=True):
         best = pred.label_names[int(top[0])] if int(top[0]) >= 0 else "(none)"
         mark = "  [clicked]" if r["clicked"] else ""
-        click.echo(f"{r['title'][:47]:<48} {best[:29]:<30} {r['query']}{mark}")
+        ago = r.get("source_visits_ago")
+        src = describe_source(ago, titles.get(r.get("source_event_id") or ""))
+        margin = f"{r['margin']:+.3f}" if r.get("margin") is not None else "-"
+        click.echo(
+            f"{r['title'][:39]:<40} {best[:23]:<24} {r['query'][:23]:<24} {margin:>7}  "
+            f"{src[:60] or '-'}{mark}"
+        )
 
 
 @click.command()

@@ -15,9 +15,15 @@ from pathlib import Path
 
 import click
 
-from personalization.window import WINDOW
+from engine.cli_options import default_of
+from personalization.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
+
+
+def _d(name: str):
+    """The default of TrainConfig's field `name`: the one home of every training default."""
+    return default_of(TrainConfig, name)
 
 
 def resolve_predictor_dir(models: Path) -> Path:
@@ -35,6 +41,30 @@ def resolve_predictor_dir(models: Path) -> Path:
             f"{models} --out DIR` (or give its registry)"
         )
     return where.path
+
+
+def engine_now(models: Path) -> tuple[str, str]:
+    """(version, label space) of the predictor MODELS names now, read from its manifest (the
+    label names hashed when an older export did not record the fingerprint)."""
+    from engine.manifest import label_space, read_manifest
+
+    pdir = resolve_predictor_dir(models)
+    data = read_manifest(pdir)
+    space = data.get("label_space")
+    if not space:
+        cfg = json.loads((pdir / "predictor.json").read_text(encoding="utf-8"))
+        space = label_space(json.loads((pdir / cfg["label_names"]).read_text(encoding="utf-8")))
+    return str(data.get("version", "")), str(space)
+
+
+def same_engine(manifest: dict, v) -> bool:
+    """Whether a policy of this manifest was trained on query ids of the engine behind visit log
+    `v`: the same label-space fingerprint, or (a policy that did not record one) the same
+    engine version."""
+    space = manifest.get("engine_label_space")
+    if space:
+        return bool(space == v.label_space)
+    return bool(manifest.get("engine_version")) and manifest["engine_version"] == v.engine_version
 
 
 def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
@@ -83,14 +113,13 @@ def run_evaluation(
 
     _, rows, t_split = split_rows(v, val_frac)
     check_held_out(policy.manifest, policy.version, t_split, val_frac)
-    ttl = float(policy.manifest.get("train", {}).get("config", {}).get("ttl_s", 30 * 86400.0))
     res = evaluate_policies(
         policy,
         v,
         rows,
         policy.weights["log_pop"],
         policy.K,
-        ttl,
+        policy.ttl_s,
         truth,
         progress=progress,
         oracle=oracle,
@@ -222,46 +251,50 @@ def personalize() -> None:
     "--K",
     "K",
     type=click.IntRange(1, 64),
-    default=WINDOW.K,
+    default=_d("K"),
     show_default=True,
     help="States in the window, current page included (at most the stream's state_k).",
 )
 @click.option(
     "--topk",
     type=click.IntRange(1, 100),
-    default=WINDOW.topk,
+    default=_d("topk"),
     show_default=True,
     help="Predicted queries per page (must equal the stream's top_k).",
 )
-@click.option("--epochs", type=click.IntRange(1, 100), default=4, show_default=True)
+@click.option("--epochs", type=click.IntRange(1, 100), default=_d("epochs"), show_default=True)
 @click.option(
     "--rows-per-epoch",
     type=click.IntRange(0, None),
-    default=60_000,
+    default=_d("rows_per_epoch"),
     show_default=True,
     help="Visits sampled per epoch (0 = all of the training period).",
 )
 @click.option(
-    "--hidden", type=click.IntRange(4, 1024), default=32, show_default=True, help="GRU hidden size."
+    "--hidden",
+    type=click.IntRange(4, 1024),
+    default=_d("hidden"),
+    show_default=True,
+    help="GRU hidden size.",
 )
 @click.option(
     "--query-dim",
     type=click.IntRange(2, 1024),
-    default=16,
+    default=_d("query_dim"),
     show_default=True,
     help="Size of the projected query / user vectors.",
 )
 @click.option(
     "--val-frac",
     type=click.FloatRange(0.01, 0.9),
-    default=0.2,
+    default=_d("val_frac"),
     show_default=True,
     help="Share of the latest read sessions used for validation (split by time).",
 )
 @click.option(
     "--holdout",
     type=click.FloatRange(0.0, 0.9),
-    default=0.0,
+    default=_d("holdout"),
     show_default=True,
     help="Share of the latest sessions never read (neither trained nor validated "
     "on), for an honest `astec personalize evaluate --val-frac` <= this; "
@@ -270,49 +303,49 @@ def personalize() -> None:
 @click.option(
     "--w-future",
     type=float,
-    default=0.0,
+    default=_d("w_future"),
     show_default=True,
     help="Weight of the next-pages listwise loss (browsing sequences).",
 )
 @click.option(
     "--w-ips",
     type=float,
-    default=0.0,
+    default=_d("w_ips"),
     show_default=True,
     help="Weight of the propensity-weighted listwise loss on clicked ads.",
 )
 @click.option(
     "--w-click",
     type=float,
-    default=1.0,
+    default=_d("w_click"),
     show_default=True,
     help="Weight of the pointwise click log-loss on every impression.",
 )
 @click.option(
     "--w-later-click",
     type=float,
-    default=1.0,
+    default=_d("w_later_click"),
     show_default=True,
     help="Weight of the click log-loss of candidates shown later in the session.",
 )
 @click.option(
     "--horizon",
     type=click.IntRange(1, 50),
-    default=2,
+    default=_d("future_horizon"),
     show_default=True,
     help="Next visits of the session read by the later-click and next-pages losses.",
 )
 @click.option(
     "--sim-dim",
     type=click.IntRange(0, 1024),
-    default=32,
+    default=_d("sim_dim"),
     show_default=True,
     help="Size of the query vectors behind the sim_* features (0 = off).",
 )
 @click.option(
     "--clusters",
     type=click.IntRange(-1, 4096),
-    default=0,
+    default=_d("clusters"),
     show_default=True,
     help="Query clusters behind the intent_mass / page_cluster_share features "
     "(co-occurrence in the engine's predictions): 0 = 0.8 sqrt(queries predicted), "
@@ -321,7 +354,7 @@ def personalize() -> None:
 @click.option(
     "--init",
     type=click.Choice(["auto", "sim_rank", "fitted", "intent", "random"]),
-    default="auto",
+    default=_d("init"),
     show_default=True,
     help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
     "residual; fitted: start as a logistic fit of the logged clicks on the hand features; the "
@@ -332,7 +365,7 @@ def personalize() -> None:
 @click.option(
     "--objective",
     type=click.Choice(["auto", "losses", "dr"]),
-    default="auto",
+    default=_d("objective"),
     show_default=True,
     help="dr: reward model on every logged impression, then the policy trained listwise for "
     "doubly-robust CTR, kept by validation DR value and promoted only when its DR lower bound "
@@ -345,17 +378,17 @@ def personalize() -> None:
 @click.option(
     "--reward-epochs",
     type=click.IntRange(0, 100),
-    default=2,
+    default=_d("reward_epochs"),
     show_default=True,
     help="Epochs of the reward model (objective dr).",
 )
-@click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--threads", type=click.IntRange(1, 64), default=_d("threads"), show_default=True)
 @click.option(
     "--seed",
     "seeds",
     type=int,
     multiple=True,
-    default=(0,),
+    default=(_d("seed"),),
     show_default=True,
     help="Training seed; repeat it to train one version per seed on one read of the "
     "logs (each published, each judged for promotion on its own).",
@@ -407,8 +440,6 @@ def train(
     """Train the GRU policy from logs and publish it as a new version (promoted by default)."""
     import numpy as np
 
-    from personalization.train import TrainConfig
-
     predictor, v = _load_visits(logs, models, topk, progress=not quiet)
     cfg = TrainConfig(
         K=K,
@@ -447,6 +478,7 @@ def train(
             dataclasses.replace(cfg, seed=seed),
             root,
             logs,
+            models,
             predictor,
             objective,
             promote,
@@ -470,7 +502,9 @@ def train(
     )
 
 
-def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, quiet) -> dict:
+def _train_one(
+    v, rows, cfg, root, logs, models, predictor, objective, promote, keep, quiet
+) -> dict:
     """Train, publish (promoted only when it earns it) and report one version."""
     from personalization.train import publish, train_policy
 
@@ -485,12 +519,21 @@ def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, qu
             click.echo(
                 f"current policy not comparable ({e}); judged against the baselines only", err=True
             )
+        if incumbent is not None and not same_engine(incumbent.manifest, v):
+            click.echo(
+                f"current policy {incumbent.version} was trained on engine "
+                f"{incumbent.manifest.get('engine_version') or '?'}, whose label ids are not "
+                f"those of engine {v.engine_version}: judged against the baselines only",
+                err=True,
+            )
+            incumbent = None
     try:
         weights, report = train_policy(v, rows, cfg, progress=not quiet, incumbent=incumbent)
     except ValueError as e:
         raise click.ClickException(f"{logs}: {e}") from e
     meta = {
         "engine_version": v.engine_version,
+        "engine_label_space": v.label_space,
         "train": report,
         "logs": str(logs),
         "label_count": predictor.num_labels,
@@ -500,6 +543,17 @@ def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, qu
         from personalization.train import promotion_check
 
         promote, why = promotion_check(report)
+    now_version, now_space = engine_now(models)
+    if promote and now_space != v.label_space:
+        # the engine registry promoted another label space while this trained: the stream
+        # would refuse this policy beside it
+        promote, why = (
+            False,
+            (
+                f"engine {now_version} was promoted under {models} while this trained on engine "
+                f"{v.engine_version}, and its label ids differ: train again on it"
+            ),
+        )
     version, path = publish(root, weights, cfg, meta, promote=promote, keep=keep)
     if objective == "dr":
         vs = report["val_vs_best_baseline"]
@@ -515,7 +569,8 @@ def _train_one(v, rows, cfg, root, logs, predictor, objective, promote, keep, qu
     else:
         best = next(e for e in report["epochs"] if e["epoch"] == report["best_epoch"])
         click.echo(
-            f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}); "
+            f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}"
+            f"{': ' + why if why else ''}); "
             f"{report['train_visits']} train / {report['val_visits']} validation visits, "
             f"best epoch {report['best_epoch']}: val click log-loss "
             f"{best['val_click_logloss']:.4f}, later-click log-loss "

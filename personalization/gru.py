@@ -5,27 +5,12 @@ Only training imports this module; serving runs the exported numpy weights.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import numpy as np
 import torch
 from torch import nn
 
 from personalization.features import N_FEATURES
-from personalization.window import WINDOW
-
-
-@dataclass
-class GruConfig:
-    """Sizes of the policy network (recorded in the manifest)."""
-
-    K: int = WINDOW.K  # states in the window, current page included
-    hidden: int = 32  # GRU hidden size H
-    query_dim: int = 16  # size Q of the user / query vectors
-    mlp_hidden: int = 32  # scorer hidden size M
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from personalization.train_config import GruConfig
 
 
 class GruPolicyNet(nn.Module):

@@ -6,7 +6,9 @@ and swaps in a newly promoted version, keeping the old one if the new one is ref
 
 Cold start and bad state never fail an event: no history -> the current page's top query;
 history states of another feature size or with no queries are dropped; query ids outside the
-model's label space are ignored as candidates.
+model's label space are ignored as candidates. The window is the one training read
+(personalization.state.serving_window): states ordered by timestamp, none after the current
+visit, none older than the policy's TTL, none of another engine label space.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from typing import Any
 import numpy as np
 
 from personalization.artifact import PolicyFileError, load_policy
+from personalization.explain import margins, page_top, sources
 from personalization.features import EventBatch, build_batch, cluster_lookup, pad_states
 from personalization.scoring import candidate_logits, softmax_masked
+from personalization.state import serving_window
+from personalization.window import WINDOW
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,12 @@ class Served:
     cand_ids: np.ndarray  # int64 [B,C] every candidate the policy ranked (-1 padding)
     cand_scores: np.ndarray  # float32 [B,C] the policy's softmax probability of each
     cand_prop: np.ndarray  # float32 [B,C] P(shown) of each under the exploring policy
+    # why (personalization.explain): visits ago of the window state the query came from (0 =
+    # this page, -1 unknown), that state's event id, and the policy's probability of the query
+    # minus that of the page's own top query (NaN unknown); None: not computed
+    source_ago: np.ndarray | None = None  # int64 [B]
+    source_event: list[str] | None = None  # [B]
+    margin: np.ndarray | None = None  # float32 [B]
 
     def fields(self, i: int) -> dict:
         """The ad-query message fields of event i (query names are the caller's)."""
@@ -58,7 +69,7 @@ class Served:
         def r6(x):  # float64 before rounding: float32 would print as 0.12345699965953827
             return np.round(x.astype(np.float64), 6).tolist()
 
-        return {
+        out = {
             "query_id": int(self.query[i]),
             "score": float(self.score[i]),
             "propensity": float(self.propensity[i]),
@@ -67,6 +78,13 @@ class Served:
             "candidate_propensities": r6(self.cand_prop[i][m]),
             "explored": not bool(self.greedy[i]),
         }
+        if self.source_ago is not None and self.source_ago[i] >= 0:
+            out["source_visits_ago"] = int(self.source_ago[i])
+            if self.source_event is not None and self.source_event[i]:
+                out["source_event_id"] = self.source_event[i]
+        if self.margin is not None and np.isfinite(self.margin[i]):
+            out["margin"] = round(float(self.margin[i]), 6)
+        return out
 
 
 def explore(
@@ -131,6 +149,7 @@ class GruPolicy:
     _session: Any = field(default=None, repr=False)  # onnxruntime.InferenceSession or None
     _next_check: float = field(default=0.0, repr=False)
     refused: dict[str, str] = field(default_factory=dict, repr=False)  # version -> reason
+    _ttl: tuple = field(default=(None, 0.0), repr=False)  # (manifest, its ttl_s)
 
     @classmethod
     def load(
@@ -169,6 +188,23 @@ class GruPolicy:
         cfg = self.manifest.get("config", {})
         k = cfg.get("topk", self.manifest.get("train", {}).get("config", {}).get("topk"))
         return None if k is None else int(k)
+
+    @property
+    def ttl_s(self) -> float:
+        """States older than this before the visit are out of its window (as in training);
+        read once per manifest (it is asked per event)."""
+        if self._ttl[0] is not self.manifest:
+            cfg = self.manifest.get("config", {})
+            t = cfg.get("ttl_s", self.manifest.get("train", {}).get("config", {}).get("ttl_s"))
+            self._ttl = (self.manifest, WINDOW.ttl_s if t is None else float(t))
+        return self._ttl[1]
+
+    @property
+    def label_space(self) -> str | None:
+        """Fingerprint of the label space of the engine it was trained on
+        (engine.manifest.label_space); None for a version that did not record it."""
+        ls = self.manifest.get("engine_label_space")
+        return str(ls) if ls else None
 
     @property
     def feature_dim(self) -> int:
@@ -213,12 +249,11 @@ class GruPolicy:
 
     # ---- scoring -------------------------------------------------------------------------
     def _clean(self, history: Sequence, current) -> tuple | None:
-        """Stacked arrays of the usable window (<= K states, current last), or None if the
-        current page itself is unusable (-> cold-start rule)."""
+        """(z, ids, scores, ts, event ids) of the usable window (<= K states, current last), or
+        None if the current page itself is unusable (-> cold-start rule)."""
         D = self.feature_dim
-        window = list(history)[-(self.K - 1) :] if self.K > 1 else []
-        window.append(current)
-        zs, ids, scs, tss = [], [], [], []
+        window = serving_window(history, current, self.K, self.ttl_s)
+        zs, ids, scs, tss, eids = [], [], [], [], []
         for s in window:  # at most K states: only attribute and length checks per state
             try:
                 z, i, sc, t = s.z, s.query_ids, s.scores, float(s.ts)
@@ -233,6 +268,7 @@ class GruPolicy:
             ids.append(i)
             scs.append(sc)
             tss.append(t)
+            eids.append(str(getattr(s, "event_id", "")))
         try:
             I = np.array(ids, np.int64)
             S = np.array(scs, np.float32)
@@ -244,7 +280,7 @@ class GruPolicy:
                 I[r, : len(i)] = i
                 S[r, : len(sc)] = sc
         I[(I < 0) | (I >= self.n_labels)] = -1
-        return np.array(zs, np.float32), I, S, np.array(tss, np.float64)
+        return np.array(zs, np.float32), I, S, np.array(tss, np.float64), eids
 
     @staticmethod
     def _top_of(state) -> tuple[int, float]:
@@ -277,7 +313,7 @@ class GruPolicy:
             seqs.append(arr)
         if not seqs:
             return out
-        z, ids, scores, mask, ts = pad_states(seqs, self.K)
+        z, ids, scores, mask, ts = pad_states([a[:4] for a in seqs], self.K)
         batch = build_batch(
             z,
             ids,
@@ -366,12 +402,12 @@ class GruPolicy:
             cold_ids[b], cold_sc[b] = i[ok], sc[ok]
         C = 1
         if seqs:
-            z, ids, scores, mask, ts = pad_states(seqs, self.K)
+            z, ids, scores, smask, ts = pad_states([a[:4] for a in seqs], self.K)
             batch = build_batch(
                 z,
                 ids,
                 scores,
-                mask,
+                smask,
                 self.weights["log_pop"],
                 ts,
                 self.weights["sim_table"],
@@ -401,6 +437,20 @@ class GruPolicy:
         R = np.arange(n)
         q = cand[R, col]
         q[none] = NO_QUERY
+        ago = np.where(q >= 0, 0, -1)  # cold rows: the current page's own queries
+        src = [str(getattr(c, "event_id", "")) for c in currents]
+        top = np.full(n, -1, np.int64)
+        for b, ci in enumerate(cold_ids):
+            if ci is not None and len(ci):
+                top[b] = ci[int(np.argmax(cold_sc[b]))]
+        if seqs:
+            r = np.asarray(rows)
+            a = sources(ids, smask, q[r])
+            ago[r] = a
+            top[r] = page_top(ids[:, -1], scores[:, -1])
+            for j, b in enumerate(rows):  # the source state's event id (its window slot)
+                eids = seqs[j][4]
+                src[b] = eids[len(eids) - 1 - a[j]] if a[j] >= 0 else ""
         return Served(
             query=q,
             score=np.where(none, 0.0, probs[R, col]).astype(np.float32),
@@ -409,6 +459,9 @@ class GruPolicy:
             cand_ids=cand_o,
             cand_scores=np.take_along_axis(probs, order, 1) * (cand_o >= 0),
             cand_prop=np.take_along_axis(prop, order, 1) * (cand_o >= 0),
+            source_ago=ago,
+            source_event=src,
+            margin=margins(cand, probs, col, top),
         )
 
     def choose(self, history: Sequence, current) -> tuple[int, float]:

@@ -1,12 +1,18 @@
 """One user visit as the personalization model sees it, with a compact binary encoding.
 
-The stream stores a user's last K of these in Redis (oldest first when read back) and the GRU
-reads them. Binary layout (little-endian), version 1:
+The stream stores a user's last K of these in Redis (in arrival order) and the GRU reads them
+through `serving_window`, which keeps exactly the states training reads at that visit. Binary
+layout (little-endian), version 2:
 
-    magic b"US" | u8 version | f64 ts | u64 url_hash | u64 title_hash | u16 len(event_id) |
-    u16 D | u16 k | event_id utf-8 | z float16[D] | query_ids int32[k] | scores float32[k]
+    magic b"US" | u8 version | f64 ts | u64 url_hash | u64 title_hash | u64 space |
+    u16 len(event_id) | u16 D | u16 k | event_id utf-8 | z float16[D] | query_ids int32[k] |
+    scores float32[k]
 
 z is stored as float16 (a 300-d state is 600 bytes); query ids fit int32 (< 2^31 labels).
+`space` tags the engine label space the query ids belong to (`space_tag` of the engine's
+fingerprint, engine.manifest.label_space): after an engine whose label ids moved is promoted, the
+states written before it name other queries under the same ids. Version 1 records (no `space`)
+are still read, with space 0 (unknown).
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"US"
-FORMAT_VERSION = 1
-_HEAD = struct.Struct("<2sBdQQHHH")
+FORMAT_VERSION = 2
+_HEAD = struct.Struct("<2sBdQQQHHH")
+_HEAD_V1 = struct.Struct("<2sBdQQHHH")
 
 
 class StateFormatError(ValueError):
@@ -30,6 +37,12 @@ class StateFormatError(ValueError):
 def text_hash(text: str) -> int:
     """A stable 64-bit hash of a URL or title (blake2b, identical across processes and hosts)."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def space_tag(label_space: str) -> int:
+    """The 64-bit tag a state carries for an engine label-space fingerprint (its first 16 hex
+    digits; 0 = unknown, for an empty fingerprint)."""
+    return int(label_space[:16], 16) if label_space else 0
 
 
 @dataclass
@@ -43,6 +56,7 @@ class UserState:
     z: np.ndarray  # float16[D]
     query_ids: np.ndarray  # int64[k]
     scores: np.ndarray  # float32[k]
+    space: int = 0  # space_tag of the engine label space of query_ids (0: unknown)
 
     def __post_init__(self):
         self.z = np.asarray(self.z, np.float16).reshape(-1)
@@ -55,9 +69,11 @@ class UserState:
 
     @classmethod
     def from_visit(
-        cls, event_id: str, ts: float, url: str, title: str, z, query_ids, scores
+        cls, event_id: str, ts: float, url: str, title: str, z, query_ids, scores, space: int = 0
     ) -> UserState:
-        return cls(event_id, float(ts), text_hash(url), text_hash(title), z, query_ids, scores)
+        return cls(
+            event_id, float(ts), text_hash(url), text_hash(title), z, query_ids, scores, space
+        )
 
     def encode(self) -> bytes:
         eid = self.event_id.encode("utf-8")
@@ -69,6 +85,7 @@ class UserState:
             self.ts,
             self.url_hash,
             self.title_hash,
+            self.space,
             len(eid),
             self.z.size,
             self.query_ids.size,
@@ -85,15 +102,21 @@ class UserState:
 
     @classmethod
     def decode(cls, raw: bytes) -> UserState:
-        if len(raw) < _HEAD.size:
+        ver = raw[2] if len(raw) > 2 else None
+        head = _HEAD_V1 if ver == 1 else _HEAD
+        if len(raw) < head.size:
             raise StateFormatError(f"record of {len(raw)} bytes is shorter than its header")
-        magic, ver, ts, uh, th, le, D, k = _HEAD.unpack_from(raw)
-        if magic != MAGIC or ver != FORMAT_VERSION:
-            raise StateFormatError(f"bad magic/version {magic!r}/{ver}")
-        need = _HEAD.size + le + 2 * D + 8 * k
+        if raw[:2] != MAGIC or ver not in (1, FORMAT_VERSION):
+            raise StateFormatError(f"bad magic/version {raw[:2]!r}/{ver}")
+        if ver == 1:
+            _, _, ts, uh, th, le, D, k = head.unpack_from(raw)
+            space = 0
+        else:
+            _, _, ts, uh, th, space, le, D, k = head.unpack_from(raw)
+        need = head.size + le + 2 * D + 8 * k
         if len(raw) != need:
             raise StateFormatError(f"record is {len(raw)} bytes, header says {need}")
-        o = _HEAD.size
+        o = head.size
         eid = raw[o : o + le].decode("utf-8")
         o += le
         z = np.frombuffer(raw, "<f2", D, o)
@@ -101,7 +124,7 @@ class UserState:
         ids = np.frombuffer(raw, "<i4", k, o).astype(np.int64)
         o += 4 * k
         sc = np.frombuffer(raw, "<f4", k, o)
-        return cls(eid, ts, uh, th, z, ids, sc)
+        return cls(eid, ts, uh, th, z, ids, sc, space)
 
     def to_json(self) -> dict:
         """A readable form (dashboard, debugging); z as a list of floats."""
@@ -113,6 +136,7 @@ class UserState:
             "z": self.z.astype(float).tolist(),
             "query_ids": self.query_ids.tolist(),
             "scores": self.scores.astype(float).tolist(),
+            "space": f"{self.space:016x}",
         }
 
     @classmethod
@@ -126,4 +150,35 @@ class UserState:
             d["z"],
             d["query_ids"],
             d["scores"],
+            int(d.get("space", "0"), 16),
         )
+
+
+def serving_window(history, current, K: int, ttl_s: float) -> list:
+    """The states a policy reads at this visit, as training reads them (VisitLog.window): the
+    user's earlier states of the current page's label space, no later than the current visit
+    and at most ttl_s older than it, in timestamp order (arrival order among equal times), the
+    last K - 1 of them, then the current state.
+
+    Redis holds states in arrival order and keeps the whole list alive on every append, so a
+    late event would otherwise read states after it, a stale state would count after a long
+    absence, and states of an engine whose label ids moved would name other queries. States
+    without a usable `ts` are dropped here; a current state without one comes back alone (the
+    caller's cold-start rule)."""
+    try:
+        now = float(current.ts)
+        space = int(getattr(current, "space", 0))
+    except (AttributeError, TypeError, ValueError):
+        return [current]
+    kept = []
+    for s in history:
+        try:
+            t = float(s.ts)
+            other = int(getattr(s, "space", 0))
+        except (AttributeError, TypeError, ValueError):
+            continue
+        # now - t <= ttl_s exactly as VisitLog.window computes it (NaN fails both tests)
+        if t <= now and now - t <= ttl_s and (not space or not other or other == space):
+            kept.append((t, s))
+    kept.sort(key=lambda p: p[0])
+    return [s for _, s in kept[max(len(kept) - (K - 1), 0) :]] + [current]

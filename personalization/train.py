@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,6 @@ from tqdm import tqdm
 
 from personalization.artifact import save_policy
 from personalization.features import (
-    SIM_DIM,
     Clusters,
     EventBatch,
     build_batch,
@@ -47,69 +46,11 @@ from personalization.features import (
     sim_rank_weights,
     sim_table_from_rows,
 )
-from personalization.gru import GruConfig, GruPolicyNet
+from personalization.gru import GruPolicyNet
+from personalization.train_config import TrainConfig
 from personalization.visits import VisitLog, session_start_ts, targets_for, time_split
-from personalization.window import WINDOW
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainConfig:
-    """Training knobs (recorded in the version's manifest)."""
-
-    K: int = WINDOW.K  # states per window (personalization.window)
-    topk: int = WINDOW.topk  # predicted queries per page (the stream's top_k)
-    hidden: int = 32
-    query_dim: int = 16
-    mlp_hidden: int = 32
-    epochs: int = 4
-    rows_per_epoch: int = 60_000  # visits sampled per epoch (0 = all); bounds CPU time
-    val_rows: int = 20_000  # held-out visits scored for model selection (0 = all)
-    batch_size: int = 512
-    lr: float = 3e-3
-    weight_decay: float = 1e-5
-    # defaults: the losses that pick the user's intent (held-out intent hit, README); for the
-    # IPS click-through instead: w_click=0, w_later_click=0, w_ips=1, w_future=1
-    w_click: float = 1.0
-    w_later_click: float = 1.0  # log-loss of clicks on a candidate shown later in the session
-    w_ips: float = 0.0
-    ips_clip: float = 20.0
-    w_future: float = 0.0
-    future_horizon: int = 2  # next visits of the session the later/future losses read
-    val_frac: float = 0.2
-    holdout: float = 0.0  # last share of sessions never read (offline evaluation); 0 = all
-    ttl_s: float = 30 * 86400.0  # the stream's Redis state TTL
-    sim_dim: int = SIM_DIM  # size of the query vectors of the sim_* features (0 = off)
-    # query clusters behind the intent_mass / page_cluster_share features
-    # (personalization.query_clusters): 0 = auto (0.8 sqrt(queries predicted)), -1 = off
-    clusters: int = 0
-    # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
-    # "fitted": start as a logistic fit of the logged clicks on the hand features (fit_start);
-    # "intent": the fixed ranking INTENT_RANK (click-calibrated); the start is also a candidate
-    # of the best-epoch selection. "random": torch's init. "auto" (default): see resolve_auto.
-    init: str = "auto"
-    # "losses": the weighted losses above, epochs chosen by their validation sum.
-    # "dr": a reward model P(click | window, candidate) fitted on every logged impression, then
-    # the policy trained listwise to maximise the doubly-robust value of the window's
-    # candidates, kept by validation DR value (see _train_dr). On `astec simulate logs` (a
-    # logger exploring only the true top queries of the session's pages: 13-19% of a policy's
-    # choices outside its support) "dr" exploits its reward model where no logged click
-    # corrects it and earns less actual CTR than "losses" (docs/decisions.md). It is meant for
-    # logs of the exploring served policy.
-    # "auto" (default): "dr" when the logger explored the policy's own candidates, else
-    # "losses" (resolve_auto; train_policy resolves it): on such logs dr / fitted earns more
-    # than losses / sim_rank (docs/personalization.md, Results).
-    objective: str = "auto"
-    reward_epochs: int = 2
-    dr_temperature: float = 0.5  # softmax temperature of the listwise DR objective
-    threads: int = 2
-    seed: int = 0
-
-    def gru_config(self) -> GruConfig:
-        return GruConfig(
-            K=self.K, hidden=self.hidden, query_dim=self.query_dim, mlp_hidden=self.mlp_hidden
-        )
 
 
 def make_batch(
@@ -443,7 +384,12 @@ def train_policy(
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
-    rng_info = data_range(v, cfg.holdout)
+    # the engine the windows' query ids come from: publish records it for the stream's check
+    rng_info = {
+        **data_range(v, cfg.holdout),
+        "engine_version": v.engine_version,
+        "engine_label_space": v.label_space,
+    }
     cut = rng_info["holdout_split_ts"]
     train_rows, val_rows, t_split = split_rows(v, cfg.val_frac, np.inf if cut is None else cut)
     if len(train_rows) == 0 or len(val_rows) == 0:
@@ -648,24 +594,38 @@ def publish(
     promote: bool = True,
     keep: int = 5,
 ) -> tuple[str, Path]:
-    """Write a new version under the registry `root` (and promote it); returns (id, path)."""
+    """Write a new version under the registry `root` (and promote it); returns (id, path).
+
+    The engine it was trained on (`engine_version`, `engine_label_space`: meta's, else its
+    training report's) goes to the top of the manifest and the registry entry: the stream serves
+    the policy only beside an engine of that label space."""
     from engine.registry import Registry
 
+    rep = meta.get("train") or {}
+    meta = {
+        **{k: rep[k] for k in ("engine_version", "engine_label_space") if rep.get(k)},
+        **meta,
+    }
     reg = Registry(Path(root), keep=keep)
     with reg.lock():
         st = reg.stage()
         save_policy(
             st.path,
             weights,
-            # topk beside the network's sizes: the stream checks both against its settings
-            {**cfg.gru_config().to_dict(), "topk": cfg.topk},
+            # topk beside the network's sizes: the stream checks both against its settings;
+            # ttl_s: serving drops the states training masked (state.serving_window)
+            {**cfg.gru_config().to_dict(), "topk": cfg.topk, "ttl_s": cfg.ttl_s},
             meta={"version": st.version, **meta},
         )
         path = reg.commit(
             st,
             {
                 "kind": "gru-policy",
-                **{k: meta[k] for k in meta if k in ("engine_version", "metrics")},
+                **{
+                    k: meta[k]
+                    for k in meta
+                    if k in ("engine_version", "engine_label_space", "metrics")
+                },
             },
         )
         if promote:

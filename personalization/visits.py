@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from engine.clicklog import ReadReport, ad_outcomes, read_log
+from engine.manifest import label_space_of
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class VisitLog:
     titles: list[str] = field(default_factory=list)  # [P] the distinct page titles
     reports: dict = field(default_factory=dict)
     engine_version: str = ""
+    label_space: str = ""  # engine.manifest.label_space of the engine that predicted IDS
     logged_indptr: np.ndarray | None = None  # int64 [N+1] CSR: candidates the logger chose among
     logged_ids: np.ndarray | None = None  # int64 label ids (-1: a name the engine lacks)
     logged_prob: np.ndarray | None = None  # float64: logger's probability of each (NaN: unlogged)
@@ -286,6 +288,7 @@ def load_visits(
         titles=uniq.tolist(),
         reports={k_: r.to_dict() for k_, r in reports.items()},
         engine_version=str(getattr(predictor, "version", "")),
+        label_space=label_space_of(predictor),
     )
 
 

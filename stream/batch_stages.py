@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from personalization.state import UserState
+from personalization.state import UserState, space_tag
 from stream.model_handle import ModelHandle
 from stream.policy_handle import Policy
 from stream.schemas import SchemaError, dead_letter, decode, encode
@@ -79,6 +79,7 @@ class Batch:
     served: list[dict] = field(default_factory=list)  # the policy's log fields per event
     model_version: str = ""  # the predictor that predicted this batch
     label_names: Any = None
+    space: int = 0  # personalization.state.space_tag of that predictor's label space
     duplicates: int = 0  # replayed events (their state was already stored)
     no_query: int = 0  # events whose page had no query to advertise (answered, nothing sent)
     answered_ts: list[float] = field(default_factory=list)  # event ts of each answered event
@@ -147,6 +148,7 @@ def predict_stage(
 def _predict(batch: Batch, out: Outbox, model: ModelHandle, top_k: int) -> None:
     pred = model.predictor
     batch.model_version, batch.label_names = model.version, pred.label_names
+    batch.space = space_tag(getattr(model, "label_space", ""))
     titles = [m["title"] for m in batch.msgs]
     try:
         ids, scores, z = pred.predict_with_features(titles, top_k)
@@ -195,6 +197,7 @@ def state_stage(batch: Batch, out: Outbox, *, append: Append, with_history: bool
                 batch.z[i],
                 batch.ids[i][valid],
                 batch.scores[i][valid],
+                batch.space,
             )
             st.encode()  # an event whose state cannot be encoded fails here, alone
             batch.states.append(st)

@@ -57,6 +57,9 @@ _IMPRESSION_FIELDS = (
     "candidate_scores",
     "candidate_propensities",
     "explored",
+    "source_visits_ago",
+    "source_event_id",
+    "margin",
 )
 
 

@@ -47,6 +47,17 @@ class ModelHandle:
     predictor: Any
     version: str
     watcher: RegistryWatcher | None = None  # None: a fixed predictor directory
+    _space: tuple[Any, str] = (None, "")  # (predictor, its label space), computed once each
+
+    @property
+    def label_space(self) -> str:
+        """engine.manifest.label_space_of the predictor in use (what a GRU policy must match,
+        and what the states written now are tagged with)."""
+        if self._space[0] is not self.predictor:
+            from engine.manifest import label_space_of
+
+            self._space = (self.predictor, label_space_of(self.predictor))
+        return self._space[1]
 
     @classmethod
     def open(

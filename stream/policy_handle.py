@@ -6,6 +6,14 @@ its propensity, and every candidate the policy ranked with its score and propens
 ad-query message must log for the trainer) and `choose_batch(...) -> (query ids int64[n],
 scores float32[n], propensities float32[n])`, the first three fields of the same draw.
 
+A GRU policy serves only beside an engine of the label space it was trained on (the fingerprint
+both manifests record, engine.manifest.label_space): its weights and the stored states name
+queries by label id, and an engine whose ids moved would make it show other queries' ads. While
+they differ (a new engine promoted under a running policy, or a policy trained on another
+engine promoted) every event gets the page's top query: one error line per (policy, engine)
+pair, the policy counted in `refused` (the consumer metric `refused_versions`) and its events in
+`incoherent_events`, until a policy trained on the served engine is promoted.
+
 The GRU policy explores (epsilon-mixture of its greedy choice and its softmax over the window's
 candidates; personalization.policy.EPSILON / TEMPERATURE by default): a policy that only ever
 shows its argmax logs nothing a successor can be evaluated or trained on.
@@ -13,6 +21,7 @@ shows its argmax logs nothing a successor can be evaluated or trained on.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,6 +33,8 @@ from stream.settings import ConfigError, Settings
 
 if TYPE_CHECKING:
     from personalization.policy import Served
+
+log = logging.getLogger(__name__)
 
 
 class Policy(Protocol):
@@ -83,6 +94,9 @@ class Top1Policy:
             cand_ids=ids,
             cand_scores=sc,
             cand_prop=cp,
+            source_ago=np.where(q >= 0, 0, -1),  # always this page, by its own top query
+            source_event=[str(getattr(c, "event_id", "")) for c in currents or [None] * len(q)],
+            margin=np.where(q >= 0, 0.0, np.nan).astype(np.float32),
         )
 
     @property
@@ -105,16 +119,54 @@ class GruStreamPolicy:
     temperature: float | None = None  # None: personalization.policy.TEMPERATURE
     seed: int | None = None
     watcher: RegistryWatcher | None = None  # None: a fixed version directory
+    engine: Any = None  # the served engine (stream.model_handle.ModelHandle); None: unchecked
+    incoherent_events: int = 0  # events answered with the page's top query: label spaces differ
     _rng: Any = field(default=None, repr=False)
+    _mismatch: str = field(default="", repr=False)  # why the policy is off now ("" = serving)
+    _said: tuple = field(default=(), repr=False)  # the (policy, engine) pair last logged
 
     @property
     def version(self) -> str:
         return str(self.gru.version)
 
+    def coherence(self) -> str:
+        """Why the policy may not serve beside the engine in use, or "" when it may (logged
+        once per (policy version, engine version) pair, at error level; back at info level)."""
+        if self.engine is None:
+            return ""
+        want, have = getattr(self.gru, "label_space", None), self.engine.label_space
+        pair = (self.version, str(self.engine.version))
+        why = ""
+        if (want is None or not have) and pair != self._said:
+            log.warning(
+                "GRU policy %s or engine %s records no label space: served unchecked "
+                "(retrain the policy with `astec personalize train` to record it)",
+                *pair,
+            )
+        elif want is not None and have and want != have:
+            why = (
+                f"GRU policy {pair[0]} was trained on engine "
+                f"{self.gru.manifest.get('engine_version') or '?'} (label space {want[:12]}), "
+                f"the served engine {pair[1]} has label space {have[:12]}: serving each page's "
+                f"top query until a policy trained on engine {pair[1]} is promoted "
+                f"(astec personalize train --models <its registry>)"
+            )
+            if pair != self._said:
+                log.error("%s", why)
+        elif self._mismatch:
+            log.info("GRU policy %s matches engine %s: serving it again", *pair)
+        self._said, self._mismatch = pair, why
+        return why
+
     def serve_batch(self, histories, currents, ids: np.ndarray, scores: np.ndarray):
-        """One exploring draw per event over the candidates the GRU ranks (`Served`)."""
+        """One exploring draw per event over the candidates the GRU ranks (`Served`); the
+        page's top query for every event while the policy and the engine disagree on the label
+        space (`coherence`)."""
         from personalization import policy as P
 
+        if self.coherence():
+            self.incoherent_events += len(currents)
+            return Top1Policy().serve_batch(None, currents, np.asarray(ids, np.int64), scores)
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
         sv = self.gru.serve_batch(
@@ -131,6 +183,8 @@ class GruStreamPolicy:
             fb = Top1Policy().serve_batch(None, None, ids[bad], scores[bad])
             sv.query[bad], sv.score[bad], sv.propensity[bad] = fb.query, fb.score, fb.propensity
             sv.greedy[bad] = True
+            if sv.source_ago is not None and sv.margin is not None:
+                sv.source_ago[bad], sv.margin[bad] = fb.source_ago, fb.margin
             w = min(ids.shape[1], sv.cand_ids.shape[1])
             for arr, src in (
                 (sv.cand_ids, fb.cand_ids),
@@ -147,7 +201,12 @@ class GruStreamPolicy:
 
     @property
     def refused(self) -> dict[str, str]:
-        return self.watcher.refused if self.watcher else {}
+        """Versions its hot reload refused, and the one in hand while it is off because its
+        label space is not the engine's."""
+        out = dict(self.watcher.refused) if self.watcher else {}
+        if self._mismatch:
+            out[self.version] = self._mismatch
+        return out
 
     def maybe_reload(self) -> bool:
         if self.watcher is None:
@@ -201,11 +260,14 @@ def make_policy(
     seed: int | None = None,
     settings: Settings | None = None,
     check_every_s: float = 5.0,
+    engine: Any = None,
 ) -> Policy:
     """`top1`, or `gru` loaded from model_dir (a policy version dir, or a registry root whose
     CURRENT is followed every `check_every_s`), serving with exploration `epsilon` /
     `temperature` (None: the defaults; epsilon 0 = greedy). With `settings`, a GRU version whose
-    window does not fit them raises PolicyMismatch at start and is refused on reload."""
+    window does not fit them raises PolicyMismatch at start and is refused on reload. With
+    `engine` (the served ModelHandle), the GRU serves only while its label space is the
+    engine's (GruStreamPolicy.coherence)."""
     if name == "top1":
         return Top1Policy()
     if name == "gru":
@@ -214,7 +276,11 @@ def make_policy(
         path = Path(model_dir)
         if not is_registry(path):
             return GruStreamPolicy(
-                load_gru(path, settings), epsilon=epsilon, temperature=temperature, seed=seed
+                load_gru(path, settings),
+                epsilon=epsilon,
+                temperature=temperature,
+                seed=seed,
+                engine=engine,
             )
         watcher = RegistryWatcher(
             path, lambda vdir: load_gru(vdir, settings), "GRU policy", check_every_s
@@ -225,5 +291,6 @@ def make_policy(
             temperature=temperature,
             seed=seed,
             watcher=watcher,
+            engine=engine,
         )
     raise ValueError(f"unknown policy {name!r}: expected top1 or gru")

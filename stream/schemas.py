@@ -51,6 +51,9 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool, int]]] = {
         "url": (_S, False, 2048),
         "title": (_S, False, 1024),
         "session_id": (_S, False, 128),
+        "source_visits_ago": (_N, False, 0),
+        "source_event_id": (_S, False, 128),
+        "margin": (_N, False, 0),
     },
     "ad_click": {
         "event_id": (_S, True, 128),

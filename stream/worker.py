@@ -470,7 +470,7 @@ def worker_main(
     # ONNX); BLAS threads come from OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, set by run_workers
     model = ModelHandle.open(model_path, loader=functools.partial(load_predictor, threads=threads))
     # a GRU version whose window does not fit state_k / top_k: an error now, refused on reload
-    policy = make_policy(policy_name, policy_model, settings=settings)
+    policy = make_policy(policy_name, policy_model, settings=settings, engine=model)
     worker = StreamWorker(settings, model, policy, consumer_id, metrics_port, transactional_id)
     worker.install_signal_handlers()
     log.info(

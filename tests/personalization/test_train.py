@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,6 +141,13 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
     vdir = tmp_path / "gru" / "versions" / cur
     manifest = json.loads((vdir / "manifest.json").read_text())
     assert manifest["train"]["val_visits"] > 0 and manifest["config"]["K"] == 8
+    # the engine it was trained on: what the stream checks against the engine it serves
+    from engine.manifest import label_space, read_manifest
+
+    names = json.loads((Path(astec_predictor) / "labels.json").read_text())
+    assert manifest["engine_label_space"] == label_space(names)
+    assert manifest["engine_label_space"] == read_manifest(astec_predictor)["label_space"]
+    assert manifest["config"]["ttl_s"] == manifest["train"]["config"]["ttl_s"]
     rep_path = tmp_path / "eval.json"
     out = astec(
         "personalize",
