@@ -57,11 +57,11 @@ def up(data_dir: str, kafka_port: int | None, redis_port: int | None, create_top
         raise click.ClickException(str(exc)) from None
     if create_topics:
         from stream.settings import load_settings
-        from stream.topics import KafkaUnavailable, ensure_topics
+        from stream.topics import KafkaUnavailable, TopicMismatch, ensure_topics
 
         try:
             ensure_topics(load_settings(services_dir=data_dir))
-        except KafkaUnavailable as exc:
+        except (KafkaUnavailable, TopicMismatch) as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(
         f"kafka  pid {info.kafka.pid}  bootstrap {info.kafka_bootstrap} (SASL/PLAIN, "

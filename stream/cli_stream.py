@@ -62,12 +62,13 @@ def checked_model(ctx, param, value):
 
 
 def ensure_topics_or_fail(settings) -> None:
-    """The stream's topics exist on a broker that answers, or one clear error (within seconds)."""
-    from stream.topics import KafkaUnavailable, ensure_topics
+    """The stream's topics exist, as the settings describe them, on a broker that answers, or
+    one clear error (within seconds)."""
+    from stream.topics import KafkaUnavailable, TopicMismatch, ensure_topics
 
     try:
         ensure_topics(settings)
-    except KafkaUnavailable as exc:
+    except (KafkaUnavailable, TopicMismatch) as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -52,7 +52,14 @@ class Settings:
     topic_ad_clicks: str = "ad-clicks"
     topic_dead_letters: str = "dead-letters"
     partitions: int = 4  # 16 / 32 measured: 500/s p99 50 -> 45 / 42 ms, 1000/s 70 -> 94 / 121 ms
-    replication_factor: int = 1
+    # 0: from the cluster's size when a topic is created (stream.topics.replication_for): 3 (with
+    # min.insync.replicas 2) on 3+ brokers, 1 / 1 on one; an existing topic of another replication
+    # or partition count is refused by every stream command
+    replication_factor: int = 0
+    min_insync_replicas: int = 0
+    # producers (both delivery modes idempotent, acks=all, retried without limit within this):
+    # a message unacknowledged after it fails the worker, whose uncommitted input then replays
+    delivery_timeout_ms: int = 120000
     # consumers (short timeouts: a killed worker's partitions move within the session timeout)
     consumer_group: str = "astec-stream"
     session_timeout_ms: int = 6000
@@ -67,9 +74,10 @@ class Settings:
     # just come back empty and no other is in flight, and new records wait out that sleep: at its
     # default of 100 ms that was every ~100 ms stall of a paced stream (docs/benchmarks-stream.md)
     consumer_retry_backoff_ms: int = 20
-    # offsets of settled batches are committed at most this often (and on shutdown / rebalance):
-    # a commit per small batch was a broker request per few events (at-least-once either way)
-    commit_interval_ms: int = 200
+    # at-least-once: offsets of settled batches are committed at most this often (and on
+    # shutdown / rebalance); exactly-once: one transaction spans every batch of this long (as
+    # Kafka Streams' 100 ms), so its commit's round trips are paid once per interval, not per batch
+    commit_interval_ms: int = 100
     batch_max: int = 256
     # the workers' consumer: "confluent" (librdkafka: ~0.2 fewer cores at 200-1,000 events/s) or
     # "kafka-python"

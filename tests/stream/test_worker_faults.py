@@ -270,13 +270,17 @@ def test_broker_kill9_and_restart_mid_stream_loses_no_acknowledged_event(
     assert rc == 0 and "0 worker restarts" in tail(sup), tail(sup)
 
 
+@pytest.mark.parametrize("delivery", ["exactly-once", "at-least-once"])
 def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
-    stream_settings, stream_corpus, astec_predictor
+    stream_settings, stream_corpus, astec_predictor, delivery
 ):
     """A second `astec stream run` joins the group while the first has batches in flight: the
-    partitions are split between them, nothing is lost and nothing is answered twice."""
+    partitions are split between them (cooperative: only the moving ones pause), nothing is
+    lost, and nothing is answered twice in exactly-once mode; in at-least-once mode the first
+    worker drains its batches in flight and commits before it hands partitions over, so
+    repeats stay within that in-flight bound."""
     s = stream_settings.replace(
-        state_k=256, metrics_interval_s=0.2, batch_max=32, delivery="exactly-once"
+        state_k=256, metrics_interval_s=0.2, batch_max=32, delivery=delivery
     )
     users, n = 50, 12000
     first = start_stream(s, astec_predictor, workers=1)
@@ -314,7 +318,13 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
     ids = result["ids"]
     assert 400 < len(ids) < n
     assert not set(ids) - set(seen), f"{len(set(ids) - set(seen))} events lost"
-    assert sum(seen.values()) == len(seen), "an event answered twice across the rebalance"
+    dup = sum(seen.values()) - len(seen)
+    print(f"\nworker added mid-stream ({delivery}): {len(ids)} events, 0 lost, {dup} duplicates")
+    if delivery == "exactly-once":
+        assert dup == 0, "an event answered twice across the rebalance"
+    else:
+        # the batches one worker can have unacknowledged: max_in_flight + 1 of batch_max
+        assert dup <= 5 * s.batch_max, f"{dup} duplicates > the in-flight bound"
     assert len(busy) == 2, "the added worker took no traffic"
     assert_state_exact(s, users, ids)
     assert rcs == [0, 0]
