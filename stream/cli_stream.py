@@ -127,8 +127,9 @@ def stream() -> None:
     "--delivery",
     type=click.Choice(["exactly-once", "at-least-once"]),
     default=None,
-    help="exactly-once: each batch's ad queries, dead letters and input offsets commit "
-    "in one Kafka transaction (slower: see docs/benchmarks-stream.md); "
+    help="exactly-once: the ad queries, dead letters and input offsets of every batch of "
+    "a commit interval commit in one Kafka transaction (slower: see "
+    "docs/benchmarks-stream.md); "
     "at-least-once: a crash may repeat ad queries (default: the `delivery` "
     "setting, at-least-once).",
 )

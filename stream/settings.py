@@ -41,9 +41,10 @@ class Settings:
     # at-least-once: offsets are committed after the outputs are acknowledged; a crash can repeat
     # ad queries (never lose one; the click logger dedupes by event id). exactly-once: a worker's
     # ad queries, dead letters and input offsets commit in one Kafka transaction (readers see
-    # committed data only). At-least-once is the default because exactly-once's per-batch commit
-    # costs what the latency targets cannot pay on 2 cores (`astec bench stream --delivery ...`:
-    # saturation 1,492 vs 2,429 events/s, p99 at 200/s 151 vs 55 ms; docs/benchmarks-stream.md)
+    # committed data only). At-least-once is the default: with one transaction per
+    # commit_interval_ms exactly-once reached 0.93x at-least-once's saturation but spent 2.0x
+    # its Kafka time per event at saturation and 18x at 200 events/s (`astec bench stream
+    # --delivery ...`, one run, docs/benchmarks-stream.md): the default needs <= 1.5x
     delivery: str = "at-least-once"
     services_dir: str = DEFAULT_SERVICES_DIR
     # topics
