@@ -537,6 +537,14 @@ def _run_mode(
     "kafka-python. The workers follow ASTEC_CONSUMER_CLIENT and "
     "ASTEC_PRODUCER_CLIENT.",
 )
+@click.option(
+    "--brokers",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="Kafka nodes of the fresh services (a cluster from 2: topics replicated min(N, 3) "
+    "times, min.insync.replicas 2 from 3); ignored with --use-running.",
+)
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
 @click.option(
     "--trace",
@@ -557,6 +565,7 @@ def bench_stream(
     use_running,
     load_client,
     deliveries,
+    brokers,
     out,
     trace,
 ):
@@ -574,7 +583,7 @@ def bench_stream(
         info = read_info(settings.services_dir)  # None for services we did not start: no CPU
     else:
         tmp = tempfile.mkdtemp(prefix="astec-bench-services-")
-        info = start_services(tmp)
+        info = start_services(tmp, brokers=brokers)
         # the user's config file / ASTEC_* environment apply (e.g. ASTEC_POLL_TIMEOUT_MS); only
         # the service addresses are this run's own
         settings = load_settings(
@@ -583,6 +592,8 @@ def bench_stream(
     res = None
     try:
         pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
+        if info is not None:
+            pids.update({f"broker{i}": p.pid for i, p in enumerate(info.kafka_nodes, start=2)})
         res = run_bench(
             settings,
             model,

@@ -39,12 +39,27 @@ def infra() -> None:
     help="Redis port (default: a free one).",
 )
 @click.option(
+    "--brokers",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="Kafka nodes: 1 broker, or a cluster of N KRaft nodes on loopback (3 of them "
+    "controllers), each with its own ports, data, log and heap; topics get replication "
+    "min(N, 3) and min.insync.replicas 2 from 3 nodes up.",
+)
+@click.option(
     "--create-topics/--no-create-topics",
     default=True,
     show_default=True,
     help="Create the stream topics if they do not exist yet.",
 )
-def up(data_dir: str, kafka_port: int | None, redis_port: int | None, create_topics: bool) -> None:
+def up(
+    data_dir: str,
+    kafka_port: int | None,
+    redis_port: int | None,
+    brokers: int,
+    create_topics: bool,
+) -> None:
     """Start both services, wait until they answer, record them in DATA_DIR/services.json.
 
     The broker's storage (DATA_DIR/kafka/data) is formatted at the first start and kept: topics,
@@ -52,21 +67,22 @@ def up(data_dir: str, kafka_port: int | None, redis_port: int | None, create_top
     from infra.services import ServiceError, start_services
 
     try:
-        info = start_services(data_dir, kafka_port, redis_port)
+        if brokers > 1 and kafka_port:
+            raise ServiceError("--kafka-port names one broker's port: leave it out with --brokers")
+        info = start_services(data_dir, kafka_port, redis_port, brokers=brokers)
     except ServiceError as exc:
         raise click.ClickException(str(exc)) from None
     if create_topics:
         from stream.settings import load_settings
-        from stream.topics import KafkaUnavailable, ensure_topics
+        from stream.topics import KafkaUnavailable, TopicMismatch, ensure_topics
 
         try:
             ensure_topics(load_settings(services_dir=data_dir))
-        except KafkaUnavailable as exc:
+        except (KafkaUnavailable, TopicMismatch) as exc:
             raise click.ClickException(str(exc)) from None
-    click.echo(
-        f"kafka  pid {info.kafka.pid}  bootstrap {info.kafka_bootstrap} (SASL/PLAIN, "
-        f"user astec; log {info.kafka.log})"
-    )
+    for node, proc in enumerate([info.kafka, *info.kafka_nodes], start=1):
+        click.echo(f"kafka  node {node} pid {proc.pid}  port {proc.port} (log {proc.log})")
+    click.echo(f"kafka  bootstrap {info.kafka_bootstrap} (SASL/PLAIN, user astec)")
     click.echo(
         f"redis  pid {info.redis.pid}  port {info.redis.port} (password in "
         f"{os.path.join(info.data_dir, 'services.json')})"
@@ -78,23 +94,68 @@ def up(data_dir: str, kafka_port: int | None, redis_port: int | None, create_top
     )
 
 
+_NODE = click.option(
+    "--node",
+    type=click.IntRange(1, 9),
+    default=None,
+    help="One Kafka node of a cluster (`up --brokers N`), by id 1..N (default: everything).",
+)
+
+
 @infra.command()
 @_DIR
-def down(data_dir: str) -> None:
-    """Stop exactly the processes recorded in DATA_DIR/services.json."""
-    from infra.services import stop_services
+@_NODE
+@click.option("--kill", is_flag=True, help="With --node: SIGKILL (a crash) instead of SIGTERM.")
+def down(data_dir: str, node: int | None, kill: bool) -> None:
+    """Stop exactly the processes recorded in DATA_DIR/services.json (or one Kafka node, which
+    stays recorded: `astec infra restart --node N` starts it again)."""
+    from infra.services import ServiceError, stop_services
 
+    if node is not None:
+        from infra.kafka_cluster import kill_node
+
+        try:
+            proc = kill_node(data_dir, node, signal_kill=kill)
+        except ServiceError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"stopped kafka node {node} pid {proc.pid} port {proc.port}")
+        return
     stopped = stop_services(data_dir)
     click.echo("\n".join(f"stopped {s}" for s in stopped) or "nothing recorded as running")
 
 
 @infra.command()
 @_DIR
+@_NODE
+@click.option("--kill", is_flag=True, help="SIGKILL (a crash) instead of a controlled shutdown.")
+@click.option("--down-seconds", type=float, default=0.0, show_default=True)
+def restart(data_dir: str, node: int | None, kill: bool, down_seconds: float) -> None:
+    """Restart one Kafka node of a cluster, or all of them one after another (a rolling
+    restart: each is ready, every broker listed, before the next stops)."""
+    from infra.kafka_cluster import restart_nodes
+    from infra.services import ServiceError
+
+    try:
+        done = restart_nodes(data_dir, [node] if node else None, kill=kill, down_s=down_seconds)
+    except ServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"restarted kafka node(s) {', '.join(map(str, done))}")
+
+
+@infra.command()
+@_DIR
 def status(data_dir: str) -> None:
-    """Print (JSON) whether the recorded services run and answer; exit 1 when not."""
-    from infra.services import services_status
+    """Print (JSON) whether the recorded services run and answer (each Kafka node of a
+    cluster, with the brokers it sees); exit 1 when not."""
+    from infra.services import read_info, services_status
 
     st = services_status(data_dir)
+    info = read_info(data_dir)
+    if info is not None and info.kafka_nodes:
+        from infra.kafka_cluster import nodes_status
+
+        st["kafka_nodes"] = nodes_status(info)
+        st["running"] = st["running"] and all(n["ready"] for n in st["kafka_nodes"])
     click.echo(json.dumps(st, indent=2))
     if not st["running"]:
         raise SystemExit(1)

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +64,11 @@ class ServicesInfo:
     redis_password: str
     started_at: float
     kafka_password: str = ""
+    kafka_nodes: list[Proc] = field(default_factory=list)  # nodes 2..N of a cluster
 
     @property
     def kafka_bootstrap(self) -> str:
-        return f"127.0.0.1:{self.kafka.port}"
+        return ",".join(f"127.0.0.1:{p.port}" for p in [self.kafka, *self.kafka_nodes])
 
     @property
     def redis_url(self) -> str:
@@ -82,6 +83,7 @@ class ServicesInfo:
                 "bootstrap": self.kafka_bootstrap,
                 "sasl_username": KAFKA_USER,
                 "sasl_password": self.kafka_password,
+                "nodes": [asdict(p) for p in self.kafka_nodes],
             },
             "redis": {**asdict(self.redis), "url": self.redis_url, "password": self.redis_password},
         }
@@ -97,6 +99,7 @@ class ServicesInfo:
             d["redis"]["password"],
             d["started_at"],
             d["kafka"].get("sasl_password", ""),
+            [Proc(**p) for p in d["kafka"].get("nodes", [])],
         )
 
 
@@ -538,22 +541,34 @@ def start_services(
     kafka_port: int | None = None,
     redis_port: int | None = None,
     password: str | None = None,
+    brokers: int = 1,
 ) -> ServicesInfo:
-    """Start both services (or return the running ones recorded in data_dir)."""
+    """Start both services (or return the running ones recorded in data_dir); brokers > 1: a
+    cluster of that many Kafka nodes (infra.kafka_cluster)."""
     d = private_dir(Path(data_dir).resolve())
     existing = read_info(d)
     if existing is not None:
-        if _is_ours(existing.kafka) and _is_ours(existing.redis):
+        kafka_procs = [existing.kafka, *existing.kafka_nodes]
+        if all(map(_is_ours, kafka_procs)) and _is_ours(existing.redis):
             return existing
         stop_services(d)
     password = password or secrets.token_hex(16)
-    kafka, kafka_password = start_kafka(d, kafka_port)
+    if brokers > 1:
+        from infra.kafka_cluster import start_cluster
+
+        nodes, kafka_password = start_cluster(d, brokers)
+    else:
+        kafka, kafka_password = start_kafka(d, kafka_port)
+        nodes = [kafka]
     try:
         redis_proc = start_redis(d, password, redis_port)
     except ServiceError:
-        _terminate(kafka.pid, timeout=30)
+        for node in nodes:
+            _terminate(node.pid, timeout=30)
         raise
-    info = ServicesInfo(str(d), kafka, redis_proc, password, time.time(), kafka_password)
+    info = ServicesInfo(
+        str(d), nodes[0], redis_proc, password, time.time(), kafka_password, nodes[1:]
+    )
     write_info(info)
     return info
 
@@ -607,7 +622,8 @@ def stop_services(data_dir: str | os.PathLike) -> list[str]:
     if info is None:
         return []
     stopped = []
-    for name, proc, grace in (("redis", info.redis, 10.0), ("kafka", info.kafka, 30.0)):
+    kafka = [("kafka", p, 30.0) for p in [info.kafka, *info.kafka_nodes]]
+    for name, proc, grace in [("redis", info.redis, 10.0), *kafka]:
         if _is_ours(proc):
             _terminate(proc.pid, timeout=grace)
             stopped.append(f"{name} pid {proc.pid} port {proc.port}")

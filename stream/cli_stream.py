@@ -62,12 +62,13 @@ def checked_model(ctx, param, value):
 
 
 def ensure_topics_or_fail(settings) -> None:
-    """The stream's topics exist on a broker that answers, or one clear error (within seconds)."""
-    from stream.topics import KafkaUnavailable, ensure_topics
+    """The stream's topics exist, as the settings describe them, on a broker that answers, or
+    one clear error (within seconds)."""
+    from stream.topics import KafkaUnavailable, TopicMismatch, ensure_topics
 
     try:
         ensure_topics(settings)
-    except KafkaUnavailable as exc:
+    except (KafkaUnavailable, TopicMismatch) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -126,8 +127,9 @@ def stream() -> None:
     "--delivery",
     type=click.Choice(["exactly-once", "at-least-once"]),
     default=None,
-    help="exactly-once: each batch's ad queries, dead letters and input offsets commit "
-    "in one Kafka transaction (slower: see docs/benchmarks-stream.md); "
+    help="exactly-once: the ad queries, dead letters and input offsets of every batch of "
+    "a commit interval commit in one Kafka transaction (slower: see "
+    "docs/benchmarks-stream.md); "
     "at-least-once: a crash may repeat ad queries (default: the `delivery` "
     "setting, at-least-once).",
 )

@@ -4,7 +4,8 @@
 root holding CURRENT (`{"version": "<id>"}`) and versions/<id>/predictor/ (followed). Between
 batches the consumer calls `maybe_reload()`, which follows CURRENT by the one rule of
 stream.registry_watch (a version that fails to load is refused once, logged and counted, and the
-old predictor kept).
+old predictor kept). With `background=True` (the stream workers) the new version is loaded and
+warmed on the watcher's own thread and `maybe_reload()` only swaps it in.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class ModelHandle:
         path: str | Path,
         loader: Callable[[Path], Any] = load_predictor,
         check_every_s: float = 1.0,
+        background: bool = False,
     ) -> ModelHandle:
         p = Path(path)
         if not is_registry(p):  # a predictor, or a registry version holding one: fixed
@@ -81,7 +83,14 @@ class ModelHandle:
             p, lambda vdir: loader(vdir / "predictor"), "model", check_every_s
         )
         predictor = watcher.open()
+        if background:
+            watcher.start()
         return cls(p, predictor, watcher.version, watcher)
+
+    def close(self) -> None:
+        """Stop the background loader, if any (a daemon thread: it never holds the exit)."""
+        if self.watcher is not None:
+            self.watcher.stop()
 
     @property
     def refused(self) -> dict[str, str]:

@@ -26,7 +26,14 @@ Record = namedtuple("Record", "topic partition offset key value timestamp")
 
 
 class RdConsumer:
-    """One consumer-group member (manual commits, earliest reset) on librdkafka."""
+    """One consumer-group member (manual commits, earliest reset) on librdkafka.
+
+    Cooperative-sticky assignment: a rebalance moves only the partitions that change owner, the
+    others keep flowing. `instance_id` makes the member static (KIP-345): a restart within the
+    session timeout gets the same partitions back without a rebalance; a static member does not
+    leave the group on close, its partitions move after the session timeout.
+    `on_revoke(partitions)` runs before partitions move away, `on_lost(partitions)` when they
+    already belong to another member (both with kafka-python's TopicPartitions)."""
 
     def __init__(
         self,
@@ -34,14 +41,19 @@ class RdConsumer:
         topics: list[str],
         group_id: str,
         client_id: str = "astec",
-        on_revoke: Callable[[], None] | None = None,
+        on_revoke: Callable[[set], None] | None = None,
+        instance_id: str | None = None,
+        on_lost: Callable[[set], None] | None = None,
     ):
         from confluent_kafka import Consumer
 
+        static = {"group.instance.id": instance_id} if instance_id else {}
         self._c = Consumer(
             {
                 **settings.librdkafka_options(),
+                **static,
                 "group.id": group_id,
+                "partition.assignment.strategy": "cooperative-sticky",
                 "isolation.level": "read_committed",
                 "client.id": client_id,
                 "enable.auto.commit": False,
@@ -60,6 +72,7 @@ class RdConsumer:
         )
         self.async_commit_failures = 0  # commit_async results, reported under poll
         self._on_revoke = on_revoke
+        self._on_lost = on_lost
         self._assigned: set = set()
         if topics:
             self.subscribe(topics)
@@ -80,20 +93,30 @@ class RdConsumer:
         self._c.assign([CkTopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         self._assigned = {TopicPartition(topic, p) for p in range(partitions)}
 
-    def _assign(self, _consumer, partitions) -> None:
+    @staticmethod
+    def _tps(partitions) -> set:
         from kafka.structs import TopicPartition
 
-        self._assigned = {TopicPartition(p.topic, p.partition) for p in partitions}
+        return {TopicPartition(p.topic, p.partition) for p in partitions}
+
+    # incremental (cooperative): each callback names only the partitions that change; librdkafka
+    # applies the incremental assign / unassign itself once the callback returns
+    def _assign(self, _consumer, partitions) -> None:
+        self._assigned |= self._tps(partitions)
 
     def _revoke(self, _consumer, partitions) -> None:
-        # before the partitions move: the owner commits what it has settled on them (its callback
-        # must not raise: an exception here would come out of the next poll)
+        # before the partitions move: the owner drains and commits what it has on them (its
+        # callback must not raise: an exception here would come out of the next poll)
+        tps = self._tps(partitions)
         if self._on_revoke is not None:
-            self._on_revoke()
-        self._assigned = set()
+            self._on_revoke(tps)
+        self._assigned -= tps
 
     def _lost(self, _consumer, partitions) -> None:
-        self._assigned = set()  # already someone else's: committing now would be refused
+        tps = self._tps(partitions)  # already someone else's: committing now would be refused
+        if self._on_lost is not None:
+            self._on_lost(tps)
+        self._assigned -= tps
 
     def assignment(self) -> set:
         return set(self._assigned)

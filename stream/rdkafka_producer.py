@@ -62,9 +62,12 @@ class Delivery:
 
 
 class RdProducer:
-    """acks=all, the same batching as stream.topics.make_producer, murmur2 partitioner (a key's
-    partition is the one kafka-python and Java clients pick); `librdkafka` adds or overrides
-    librdkafka settings (e.g. message.timeout.ms)."""
+    """Idempotent, acks=all, retried without limit within settings.delivery_timeout_ms (a leader
+    election or a broker restart is waited out; the broker drops the retries' duplicates), the
+    same batching as stream.topics.make_producer, murmur2 partitioner (a key's partition is the
+    one kafka-python and Java clients pick); `librdkafka` adds or overrides librdkafka settings.
+    A message still unacknowledged after the timeout fails its Delivery: the worker stops
+    without committing, and its restart replays the batch (never a loss)."""
 
     def __init__(
         self, settings: Settings, client_id: str = "astec", linger_ms: int = 2, **librdkafka: object
@@ -76,9 +79,10 @@ class RdProducer:
                 **settings.librdkafka_options(),
                 "client.id": client_id,
                 "acks": "all",
+                "enable.idempotence": True,
+                "message.timeout.ms": settings.delivery_timeout_ms,
                 "linger.ms": linger_ms,
                 "batch.size": 65536,
-                "retries": 5,
                 "max.in.flight.requests.per.connection": 5,
                 "message.max.bytes": max(1048576, 4 * settings.max_message_bytes),
                 "partitioner": "murmur2_random",

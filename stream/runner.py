@@ -66,6 +66,9 @@ def run_workers(
         # fences it and aborts the transaction it left open; the supervisor's pid keeps two
         # supervisors of one group on one host apart
         txn_id = f"{settings.consumer_group}-{host}-{os.getpid()}-w{i}"
+        # the slot's static group membership: a worker restarted within the session timeout
+        # gets the slot's partitions back without moving anything
+        instance_id = f"{host}-{os.getpid()}-w{i}"
         p = ctx.Process(
             target=worker_main,
             name=cid,
@@ -79,6 +82,7 @@ def run_workers(
                 "metrics_port": port,
                 "threads": threads,
                 "transactional_id": txn_id,
+                "instance_id": instance_id,
             },
         )
         with blas_threads(threads):

@@ -41,9 +41,9 @@ class Settings:
     # at-least-once: offsets are committed after the outputs are acknowledged; a crash can repeat
     # ad queries (never lose one; the click logger dedupes by event id). exactly-once: a worker's
     # ad queries, dead letters and input offsets commit in one Kafka transaction (readers see
-    # committed data only). At-least-once is the default because exactly-once's per-batch commit
-    # costs what the latency targets cannot pay on 2 cores (`astec bench stream --delivery ...`
-    # measures both; docs/benchmarks-stream.md)
+    # committed data only). At-least-once is the default: with one transaction per
+    # commit_interval_ms exactly-once spends about twice at-least-once's Kafka time per event
+    # (`astec bench stream --delivery ...` measures both; docs/benchmarks-stream.md)
     delivery: str = "at-least-once"
     services_dir: str = DEFAULT_SERVICES_DIR
     # topics
@@ -52,7 +52,14 @@ class Settings:
     topic_ad_clicks: str = "ad-clicks"
     topic_dead_letters: str = "dead-letters"
     partitions: int = 4  # more (16, 32) gained little at 500/s and raised the p99 at 1000/s
-    replication_factor: int = 1
+    # 0: from the cluster's size when a topic is created (stream.topics.replication_for): 3 (with
+    # min.insync.replicas 2) on 3+ brokers, 1 / 1 on one; an existing topic of another replication
+    # or partition count is refused by every stream command
+    replication_factor: int = 0
+    min_insync_replicas: int = 0
+    # producers (both delivery modes idempotent, acks=all, retried without limit within this):
+    # a message unacknowledged after it fails the worker, whose uncommitted input then replays
+    delivery_timeout_ms: int = 120000
     # consumers (short timeouts: a killed worker's partitions move within the session timeout)
     consumer_group: str = "astec-stream"
     session_timeout_ms: int = 6000
@@ -67,9 +74,10 @@ class Settings:
     # just come back empty and no other is in flight, and new records wait out that sleep: its
     # default of 100 ms stalls a paced stream by up to 100 ms
     consumer_retry_backoff_ms: int = 20
-    # offsets of settled batches are committed at most this often (and on shutdown / rebalance):
-    # a commit per small batch was a broker request per few events (at-least-once either way)
-    commit_interval_ms: int = 200
+    # at-least-once: offsets of settled batches are committed at most this often (and on
+    # shutdown / rebalance); exactly-once: one transaction spans every batch of this long (as
+    # Kafka Streams' 100 ms), so its commit's round trips are paid once per interval, not per batch
+    commit_interval_ms: int = 100
     batch_max: int = 256
     # the workers' consumer: "confluent" (librdkafka: ~0.2 fewer cores at 200-1,000 events/s) or
     # "kafka-python"

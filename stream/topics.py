@@ -6,12 +6,14 @@ auto-creation) has the topics with the configured partitions; it is a no-op when
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stream.settings import Settings
+
+TXN_TIMEOUT_MS = 60000  # the workers' transaction.timeout.ms (the broker aborts older ones)
 
 
 class KafkaUnavailable(RuntimeError):
@@ -55,47 +57,92 @@ def check_kafka(settings: Settings, timeout_s: float = 5.0) -> None:
     )
 
 
+class TopicMismatch(RuntimeError):
+    """An existing topic's partitions or replication differ from the settings: one line naming
+    the topic, what it has and what the settings expect (never silently used as it is)."""
+
+
+def replication_for(settings: Settings, brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for new topics: the settings' where set, else
+    3 / 2 on a cluster of 3+ brokers (a write survives one broker lost; an election never drops
+    an acknowledged one), min(brokers, 3) / 1 on smaller ones."""
+    rf = settings.replication_factor or min(3, max(1, brokers))
+    isr = settings.min_insync_replicas or max(1, rf - 1)
+    return rf, min(isr, rf)
+
+
 def ensure_topics(
     settings: Settings, topics: list[str] | None = None, timeout_s: float = 20.0
 ) -> None:
-    """Create the stream's topics (settings.partitions each) unless they already exist."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+    """Create the stream's topics unless they exist (settings.partitions each, replication and
+    min.insync.replicas from replication_for); raise TopicMismatch when an existing one has
+    another partition count or replication factor than the settings give."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     check_kafka(settings, min(timeout_s, 5.0))
     wanted = topics or settings.topics()
-    admin = KafkaAdminClient(
-        **settings.kafka_python_options(), request_timeout_ms=int(timeout_s * 1000)
-    )
-    try:
-        missing = [t for t in wanted if t not in set(admin.list_topics())]
-        if missing:
-            with contextlib.suppress(TopicAlreadyExistsError):  # another process was first
-                admin.create_topics(
-                    [NewTopic(t, settings.partitions, settings.replication_factor) for t in missing]
-                )
-        deadline = time.monotonic() + timeout_s
-        while set(wanted) - set(admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"topics {sorted(set(wanted) - set(admin.list_topics()))} "
-                    f"not visible on {settings.kafka_bootstrap} after {timeout_s}s"
-                )
-            time.sleep(0.1)
-    finally:
-        admin.close()
+    conf: dict[str, Any] = {
+        **settings.librdkafka_options(),
+        "log_level": 0,
+        "logger": logging.getLogger("stream.librdkafka.admin"),
+    }
+    admin = AdminClient(conf)
+    meta = admin.list_topics(timeout=timeout_s)
+    rf, isr = replication_for(settings, len(meta.brokers))
+    missing = [t for t in wanted if t not in meta.topics]
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(t, settings.partitions, rf, config={"min.insync.replicas": str(isr)})
+                for t in missing
+            ],
+            request_timeout=timeout_s,
+        )
+        for topic, fut in futures.items():
+            try:
+                fut.result(timeout_s)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another was first
+                    raise RuntimeError(f"creating topic {topic!r}: {exc.args[0].str()}") from None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        meta = admin.list_topics(timeout=timeout_s)
+        absent = [t for t in wanted if t not in meta.topics or not meta.topics[t].partitions]
+        if not absent:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"topics {sorted(absent)} not visible on {settings.kafka_bootstrap} "
+                f"after {timeout_s}s"
+            )
+        time.sleep(0.1)
+    for t in wanted:
+        parts = meta.topics[t].partitions
+        replicas = {len(p.replicas) for p in parts.values()}
+        # derived (replication_factor 0): fewer than the cluster's size calls for is refused,
+        # more is a cluster with a broker down right now
+        wrong_rf = replicas != {rf} if settings.replication_factor else min(replicas) < rf
+        if len(parts) != settings.partitions or wrong_rf:
+            raise TopicMismatch(
+                f"topic {t!r} on {settings.kafka_bootstrap} has {len(parts)} partitions with "
+                f"replication {'/'.join(map(str, sorted(replicas)))}, the settings expect "
+                f"{settings.partitions} with replication {rf} (partitions / "
+                f"replication_factor): recreate the topic or change the settings"
+            )
 
 
 def make_producer(settings: Settings, **overrides):
-    """An acks=all producer; batching via linger keeps produce cheap per event."""
+    """An idempotent acks=all producer, retried without limit within delivery_timeout_ms (as
+    stream.rdkafka_producer's); batching via linger keeps produce cheap per event."""
     from kafka import KafkaProducer
 
     cfg = dict(
         **settings.kafka_python_options(),
         acks="all",
+        enable_idempotence=True,
+        delivery_timeout_ms=settings.delivery_timeout_ms,
         linger_ms=2,
-        retries=5,
         max_in_flight_requests_per_connection=5,
         batch_size=65536,
         max_request_size=max(1048576, 4 * settings.max_message_bytes),
@@ -117,11 +164,11 @@ def make_stream_producer(settings: Settings, client_id: str, transactional_id: s
         if transactional_id is None
         else {
             "transactional.id": transactional_id,
-            "enable.idempotence": True,
-            # also the produce timeout of its messages: a broker restart shorter than this is
-            # waited out; a transaction left open by a supervisor that vanished for good holds
-            # back read-committed readers of the partitions it wrote for at most this long
-            "transaction.timeout.ms": 60000,
+            # a transaction left open by a supervisor that vanished for good holds back
+            # read-committed readers of the partitions it wrote for at most this long; its
+            # messages' produce timeout cannot exceed it
+            "transaction.timeout.ms": TXN_TIMEOUT_MS,
+            "message.timeout.ms": min(TXN_TIMEOUT_MS, settings.delivery_timeout_ms),
             # back-to-back transactions: the next one's AddOffsetsToTxn / AddPartitionsToTxn is
             # refused (CONCURRENT_TRANSACTIONS) until the broker has written the previous one's
             # markers, and retried after retry.backoff.ms: librdkafka's 100 ms default put that
@@ -161,20 +208,43 @@ def make_consumer(settings: Settings, topics: list[str], group_id: str | None, *
     return KafkaConsumer(*topics, **cfg)
 
 
-def make_stream_consumer(settings: Settings, topic: str, group_id: str, client_id: str, on_revoke):
-    """The workers' group consumer on `settings.consumer_client`, subscribed to `topic`;
-    `on_revoke()` runs before partitions move to another member."""
+def make_stream_consumer(
+    settings: Settings,
+    topic: str,
+    group_id: str,
+    client_id: str,
+    on_revoke: Callable[[set], None],
+    instance_id: str | None = None,
+    on_lost: Callable[[set], None] | None = None,
+):
+    """The workers' group consumer on `settings.consumer_client`, subscribed to `topic`, with
+    cooperative-sticky assignment and, given `instance_id`, static membership;
+    `on_revoke(partitions)` runs before partitions move to another member, `on_lost(partitions)`
+    when they already have."""
     if settings.consumer_client == "kafka-python":
         from kafka import ConsumerRebalanceListener
+        from kafka.coordinator.assignors.cooperative_sticky import (
+            CooperativeStickyAssignor,
+        )
 
         class _Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked) -> None:
-                on_revoke()
+                on_revoke(set(revoked))
 
             def on_partitions_assigned(self, assigned) -> None:
                 pass
 
-        c = make_consumer(settings, [], group_id, client_id=client_id)
+            def on_partitions_lost(self, lost) -> None:
+                (on_lost or on_revoke)(set(lost))
+
+        c = make_consumer(
+            settings,
+            [],
+            group_id,
+            client_id=client_id,
+            group_instance_id=instance_id,
+            partition_assignment_strategy=(CooperativeStickyAssignor,),
+        )
         # the group's leader assigns partitions from its own metadata: a topic created moments
         # before may be missing there, and the group then split nothing until a later
         # rebalance (a two-worker group in CI stayed unassigned for 90 s). Join once this
@@ -187,4 +257,12 @@ def make_stream_consumer(settings: Settings, topic: str, group_id: str, client_i
         return c
     from stream.rdkafka_consumer import RdConsumer
 
-    return RdConsumer(settings, [topic], group_id, client_id, on_revoke=on_revoke)
+    return RdConsumer(
+        settings,
+        [topic],
+        group_id,
+        client_id,
+        on_revoke=on_revoke,
+        instance_id=instance_id,
+        on_lost=on_lost,
+    )

@@ -1,22 +1,28 @@
 """One stream consumer: page views -> top-k queries -> user state -> one ad query.
 
-Per batch: poll -> reload the model / policy if a new version was promoted -> the stages of
-stream.batch_stages: decode (bad -> dead-letter topic) -> predict (batched) -> state (Redis: one
-pipelined, idempotent append per event) -> choose (the policy) -> emit (produce ad queries).
-Clients (Kafka consumer and producer, Redis) are built from the settings or injected.
+Per batch: poll -> swap in a newly promoted model / policy (loaded off this thread), never
+inside an open transaction -> the stages of stream.batch_stages: decode (bad -> dead-letter
+topic) -> predict (batched) -> state (Redis: one pipelined, idempotent append per event) ->
+choose (the policy) -> emit (produce ad queries). Clients (Kafka consumer and producer, Redis)
+are built from the settings or injected.
 
-Exactly-once (`delivery = "exactly-once"`): each polled batch is one Kafka
-transaction holding its ad queries, its dead letters and its input offsets (Kafka's
-consume-transform-produce). A crash or a refused commit aborts it: read-committed readers never
-see its messages and the batch is processed again, so the output holds each answer once. Redis
+Exactly-once (`delivery = "exactly-once"`): one Kafka transaction spans every batch polled
+within `commit_interval_ms` (as Kafka Streams), holding their ad queries, dead letters and input
+offsets (Kafka's consume-transform-produce): its commit's round trips are paid once per interval
+rather than per batch. A crash or a refused commit aborts it: read-committed readers never see
+its messages and its batches are processed again, so the output holds each answer once. Redis
 state is idempotent by event id, so the replay never appends a visit twice.
 
-At-least-once (the default: exactly-once's per-batch commit costs more latency than the targets
-allow on 2 cores, docs/benchmarks-stream.md): the broker's acknowledgement wait overlaps the next
-batch (at most `max_in_flight` batches, settled strictly in order); settled offsets are
-committed every `commit_interval_ms`, on SIGTERM and before a rebalance. A crash replays the
-uncommitted batches: duplicates can appear on `ad-queries` (counted), never a lost event.
-SIGTERM/SIGINT: finish the batch, commit, leave the group.
+At-least-once: the broker's acknowledgement wait overlaps the next batch (at most
+`max_in_flight` batches, settled strictly in order); settled offsets are committed every
+`commit_interval_ms`, on SIGTERM and before a rebalance. A crash replays the uncommitted batches:
+duplicates can appear on `ad-queries` (counted), never a lost event.
+
+Rebalances (cooperative-sticky, static membership per worker slot): before partitions move away
+the worker drains every batch in flight and commits (at-least-once), or commits its open
+transaction (exactly-once), so the next owner neither repeats nor skips an answer; partitions
+lost (the member was evicted) drop their uncommitted offsets and the next owner replays them.
+SIGTERM/SIGINT: finish the batch, commit, close.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from stream.policy_handle import Policy, make_policy
 from stream.rdkafka_producer import TransactionAborted
 from stream.settings import Settings
 from stream.state_store import StateStore, connect
-from stream.topics import make_stream_consumer, make_stream_producer
+from stream.topics import TXN_TIMEOUT_MS, make_stream_consumer, make_stream_producer
 
 log = logging.getLogger(__name__)
 TXN_STALL_S = 20.0  # a transaction commit blocked this long is stuck (_commit_or_replace)
@@ -78,11 +84,27 @@ def offset_range(records) -> tuple[dict, dict]:
 
 
 @dataclass
+class OpenTxn:
+    """Exactly-once: the batches of the transaction open since `t_begin` (monotonic)."""
+
+    t_begin: float
+    batches: list = field(default_factory=list)
+    offsets: dict = field(default_factory=dict)  # TopicPartition -> next offset to read
+    first: dict = field(default_factory=dict)  # TopicPartition -> where an abort rewinds to
+
+    def add(self, b: InFlight) -> None:
+        self.batches.append(b)
+        self.offsets.update(b.offsets)  # later batches carry later offsets
+        for tp, o in b.first.items():
+            self.first.setdefault(tp, o)
+
+
+@dataclass
 class Clients:
     """The worker's connections: built by `connect`, or injected (StreamWorker(clients=...)).
     An injected consumer must call the worker's `commit_before_rebalance` when its partitions
-    are revoked; `new_producer` makes a producer with the same transactional id (exactly-once:
-    it replaces one stuck in a commit)."""
+    are revoked (and `drop_lost` when they are lost); `new_producer` makes a producer with the
+    same transactional id (exactly-once: it replaces one stuck in a commit)."""
 
     consumer: Any
     producer: Any
@@ -95,7 +117,9 @@ class Clients:
         settings: Settings,
         client_id: str,
         transactional_id: str | None,
-        on_revoke: Callable[[], None],
+        on_revoke: Callable[[set], None],
+        instance_id: str | None = None,
+        on_lost: Callable[[set], None] | None = None,
     ) -> Clients:
         def new_producer() -> Any:
             p = make_stream_producer(settings, client_id, transactional_id)
@@ -111,6 +135,8 @@ class Clients:
             settings.consumer_group,
             client_id,
             on_revoke=on_revoke,
+            instance_id=instance_id,
+            on_lost=on_lost,
         )
         return cls(consumer, producer, redis_client, new_producer)
 
@@ -119,7 +145,8 @@ class StreamWorker:
     """A consumer-group member over `page-views`; `run()` until stop() or SIGTERM.
 
     `clients` (Kafka consumer and producer, Redis) and `stages` (stream.batch_stages) are built
-    from the settings unless given."""
+    from the settings unless given. `instance_id` is the static group membership id (KIP-345:
+    the worker slot's, kept across restarts; default the consumer id)."""
 
     def __init__(
         self,
@@ -131,6 +158,7 @@ class StreamWorker:
         transactional_id: str | None = None,
         clients: Clients | None = None,
         stages: list[tuple[str, Stage]] | None = None,
+        instance_id: str | None = None,
     ):
         self.s = settings
         self.model = model
@@ -157,7 +185,12 @@ class StreamWorker:
         )
         # the broker was checked once by the command that started the workers (ensure_topics)
         self.clients = clients or Clients.connect(
-            settings, f"astec-{self.cid}", self.transactional_id, self.commit_before_rebalance
+            settings,
+            f"astec-{self.cid}",
+            self.transactional_id,
+            self.commit_before_rebalance,
+            instance_id or self.cid,
+            self.drop_lost,
         )
         self.consumer = self.clients.consumer
         self.producer = self.clients.producer
@@ -172,6 +205,13 @@ class StreamWorker:
         )
         self.stages = stages or default_stages(settings, model, policy, self._append_with_backoff)
         self.aborted = 0  # transactions aborted and replayed (exactly-once)
+        self.txn: OpenTxn | None = None  # the open transaction (exactly-once)
+        # committed well before the broker would abort it (transaction.timeout.ms)
+        self.txn_span_s = min(self.s.commit_interval_ms, TXN_TIMEOUT_MS // 4) / 1000.0
+        self.transactions = 0  # committed (exactly-once)
+        # raised by a rebalance callback (a failed produce, a fenced producer): raised again
+        # on the worker's own loop, where it stops the worker without committing
+        self._failure: BaseException | None = None
         self.pending_offsets: dict = {}  # settled but not yet committed (commit_interval_ms)
         self._last_commit = time.monotonic()
         self.metrics = ConsumerMetrics(self.cid, policy.name, model.version)
@@ -201,20 +241,42 @@ class StreamWorker:
                 # polling faster only wakes the loop and kafka-python's I/O threads more often,
                 # which raises a paced stream's p99
                 wait = self.s.poll_timeout_ms if self.inflight else self.s.poll_timeout_ms * 5
+                if self.txn is not None:  # wake up in time to commit it
+                    due = self.txn.t_begin + self.txn_span_s
+                    wait = min(self.s.poll_timeout_ms, int((due - time.monotonic()) * 1000))
                 polled = self.consumer.poll(timeout_ms=max(1, wait), max_records=self.s.batch_max)
+                self._raise_failure()
                 records = [r for rs in polled.values() for r in rs]
                 if self.exactly_once:
                     if records:
-                        self.process_transaction(records)
+                        self.add_to_transaction(records)
+                    if self.txn is not None and self._txn_due():
+                        self.commit_transaction()
                 else:
                     if records:
+                        self._between_batches()
                         self.inflight.append(self.process(records))
                     self.settle(block=len(self.inflight) > self.max_in_flight)
                 self._maybe_publish()
-            if not self.exactly_once:
-                self.settle(block=True)  # graceful stop: everything acknowledged and committed
+            # graceful stop: everything acknowledged and committed
+            if self.exactly_once:
+                if self.txn is not None:
+                    self.commit_transaction()
+            else:
+                self.settle(block=True)
         finally:
             self.close()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            exc, self._failure = self._failure, None
+            raise exc
+
+    def _between_batches(self) -> None:
+        """Swap in a newly promoted model / policy: the model was loaded and warmed off this
+        thread (ModelHandle background mode); called only where no transaction is open."""
+        self.model.maybe_reload()
+        self.policy.maybe_reload()
 
     def close(self) -> None:
         """Leave the group (fast rebalance for the others), flush, publish final metrics."""
@@ -227,22 +289,47 @@ class StreamWorker:
         finally:
             self.consumer.close(autocommit=False)
             self.redis.close()
+            close_model = getattr(self.model, "close", None)
+            if close_model is not None:
+                close_model()
+
+    def _txn_due(self) -> bool:
+        return self.txn is not None and time.monotonic() - self.txn.t_begin >= self.txn_span_s
+
+    def add_to_transaction(self, records) -> None:
+        """Process a batch inside the open transaction (opening one, after swapping in a newly
+        promoted model, when none is)."""
+        if self.txn is None:
+            self._between_batches()
+            self.producer.begin_transaction()
+            self.txn = OpenTxn(time.monotonic())
+        self.txn.add(self.process(records))
 
     def process_transaction(self, records) -> bool:
-        """One batch as one transaction: outputs and input offsets commit together, or the
-        transaction is aborted and the batch's partitions are rewound to be processed again.
-        Returns whether it committed."""
-        self.producer.begin_transaction()
-        b = self.process(records)
+        """One batch as a transaction of its own (committed at once). Returns whether it
+        committed."""
+        self.add_to_transaction(records)
+        return self.commit_transaction()
+
+    def commit_transaction(self) -> bool:
+        """Commit the open transaction's outputs with its batches' input offsets, or (refused)
+        abort it and rewind its partitions to be processed again. Returns whether it
+        committed."""
+        txn, self.txn = self.txn, None
+        if txn is None:
+            return False
         t_commit = time.perf_counter()
         try:
-            self._commit_or_replace(b.offsets)
+            self._commit_or_replace(txn.offsets)
         except TransactionAborted as exc:
             self.aborted += 1
-            log.warning("%s: %s; replaying %d events", self.cid, exc, len(records))
-            self.consumer.rewind(b.first)
+            log.warning("%s: %s; replaying %d batches", self.cid, exc, len(txn.batches))
+            self.consumer.rewind(txn.first)
             return False
-        self._record(b, time.perf_counter() - t_commit)
+        self.transactions += 1
+        wait = (time.perf_counter() - t_commit) / len(txn.batches)
+        for b in txn.batches:
+            self._record(b, wait)
         return True
 
     def _record(self, b: InFlight, kafka_wait_s: float) -> None:
@@ -319,13 +406,39 @@ class StreamWorker:
             self.commit_pending(wait=block)
         return n
 
-    def commit_before_rebalance(self) -> None:
-        """Before partitions move to another member, commit what this worker has settled on them,
-        so the new owner replays as little as possible (replays are harmless, just wasted work)."""
+    def commit_before_rebalance(self, revoked: set | None = None) -> None:
+        """Before partitions move to another member (called on the poll thread, inside the
+        consumer's poll): drain every batch in flight (the revoked partitions' among them) and
+        commit their offsets (at-least-once), or commit the open transaction (exactly-once), so
+        the new owner starts where this worker's answers end: nothing repeated, nothing skipped.
+        A failed produce or a fenced producer stops the worker (raised after the poll): its
+        uncommitted batches replay, never lost."""
         try:
-            self.commit_pending()
-        except Exception as exc:  # noqa: BLE001 - the new owner replays; never break the rejoin
-            log.warning("%s: commit before rebalance failed: %s", self.cid, exc)
+            if self.exactly_once:
+                self.commit_transaction()
+            else:
+                self.settle(block=True)
+        except Exception as exc:  # noqa: BLE001 - raised again on the worker's loop
+            log.warning("%s: draining before the rebalance failed: %s", self.cid, exc)
+            self._failure = exc
+
+    def drop_lost(self, lost: set) -> None:
+        """Partitions already owned by another member (this one was evicted): their offsets
+        are not committed (the new owner replays from the last commit); an open transaction is
+        aborted and its partitions still owned are rewound."""
+        self.pending_offsets = {tp: o for tp, o in self.pending_offsets.items() if tp not in lost}
+        for b in self.inflight:
+            b.offsets = {tp: o for tp, o in b.offsets.items() if tp not in lost}
+        if self.txn is not None:
+            txn, self.txn = self.txn, None
+            log.warning("%s: partitions lost; aborting the open transaction", self.cid)
+            try:
+                self.producer.abort_transaction()
+            except Exception as exc:  # noqa: BLE001 - raised again on the worker's loop
+                self._failure = exc
+                return
+            self.aborted += 1
+            self.consumer.rewind({tp: o for tp, o in txn.first.items() if tp not in lost})
 
     def commit_pending(self, wait: bool = True) -> None:
         """Commit the settled batches' offsets (a no-op when there are none); wait=False does
@@ -398,13 +511,9 @@ class StreamWorker:
         No single event can stop the worker: whatever fails while handling one event (its
         decoding, prediction, state, Redis write, policy or produce) sends that event to the
         dead letters with the reason, and the rest of the batch goes on. Only what is not an
-        event's fault (Redis or the broker unreachable) raises or is retried. A newly promoted
-        model or policy is switched to before the batch (its load time counts as predict)."""
-        t0 = time.perf_counter()
-        self.model.maybe_reload()
-        self.policy.maybe_reload()
-        t = time.perf_counter()
-        stages = {"predict": t - t0}
+        event's fault (Redis or the broker unreachable) raises or is retried."""
+        t0 = t = time.perf_counter()
+        stages = {"predict": 0.0}
         out = Outbox(self.producer.send, self.s.topic_dead_letters, self.cid)
         batch = Batch(list(records))
         for name, stage in self.stages:
@@ -460,6 +569,7 @@ def worker_main(
     metrics_port: int = 0,
     threads: int = 1,
     transactional_id: str | None = None,
+    instance_id: str | None = None,
 ) -> None:
     """Entry point of one worker process (also used in-process for --workers 1)."""
     logging.basicConfig(
@@ -468,10 +578,20 @@ def worker_main(
     )
     # nothing on the serving path imports torch (the predictor and the GRU policy are numpy /
     # ONNX); BLAS threads come from OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, set by run_workers
-    model = ModelHandle.open(model_path, loader=functools.partial(load_predictor, threads=threads))
+    model = ModelHandle.open(
+        model_path, loader=functools.partial(load_predictor, threads=threads), background=True
+    )
     # a GRU version whose window does not fit state_k / top_k: an error now, refused on reload
     policy = make_policy(policy_name, policy_model, settings=settings, engine=model)
-    worker = StreamWorker(settings, model, policy, consumer_id, metrics_port, transactional_id)
+    worker = StreamWorker(
+        settings,
+        model,
+        policy,
+        consumer_id,
+        metrics_port,
+        transactional_id,
+        instance_id=instance_id,
+    )
     worker.install_signal_handlers()
     log.info(
         "worker %s up: model %s, policy %s, group %s",

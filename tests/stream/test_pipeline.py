@@ -67,11 +67,17 @@ def read_topic(settings, topic, until_n, timeout=60.0):
     return out
 
 
+def wait_until(cond, what, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def start_worker(settings, model_path, cid, metrics_port=0):
     """A worker thread on the real exported predictor (or a model registry root)."""
-    w = StreamWorker(
-        settings, ModelHandle.open(model_path, check_every_s=0.1), Top1Policy(), cid, metrics_port
-    )
+    model = ModelHandle.open(model_path, check_every_s=0.1, background=True)
+    w = StreamWorker(settings, model, Top1Policy(), cid, metrics_port)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     return w, t
@@ -223,11 +229,12 @@ def test_hot_reload_switches_between_batches_and_refuses_broken(
         produce(s, page_views(stream_corpus[0], 20, tag="a"))
         first = read_topic(s, s.topic_ad_queries, 20)
         v2 = add_version()
-        time.sleep(0.5)
+        # loaded and warmed on the watcher's thread, swapped in before the next batch
+        wait_until(lambda: w.model.watcher._latest == v2, "v2 loaded in the background")
         produce(s, page_views(stream_corpus[0], 20, tag="b"))
         second = read_topic(s, s.topic_ad_queries, 40)
         v3 = add_version(broken=True)
-        time.sleep(0.5)
+        wait_until(lambda: v3 in w.model.refused, "v3 refused in the background")
         produce(s, page_views(stream_corpus[0], 20, tag="c"))
         third = read_topic(s, s.topic_ad_queries, 60)
     finally:
@@ -259,10 +266,10 @@ class OffsetRun:
 
 
 @contextlib.contextmanager
-def offset_run(stream_settings, astec_predictor, titles, cid, delivery):
+def offset_run(stream_settings, astec_predictor, titles, cid, delivery, interval_ms=60_000):
     from kafka import KafkaConsumer, TopicPartition
 
-    s = stream_settings.replace(commit_interval_ms=60_000, batch_max=16, delivery=delivery)
+    s = stream_settings.replace(commit_interval_ms=interval_ms, batch_max=16, delivery=delivery)
     msgs = page_views(titles, 120)
     produce(s, msgs)
     w, t = start_worker(s, astec_predictor, cid)
@@ -296,19 +303,25 @@ def test_offsets_committed_at_interval_and_on_graceful_stop(
     assert run.after_stop == len(run.msgs)
 
 
-def test_exactly_once_commits_offsets_with_each_transaction(
+def test_exactly_once_transaction_spans_the_commit_interval(
     stream_settings, astec_predictor, stream_corpus
 ):
-    """Exactly-once: the input offsets are part of each batch's transaction, so once the ad
-    queries are visible to a read-committed reader, the offsets that produced them are committed
-    too (nothing waits for an interval), and a read-uncommitted reader sees no extra copies."""
+    """Exactly-once: one transaction holds every batch of a commit interval with their input
+    offsets: until it commits a read-committed reader sees none of its ad queries and the group
+    has no offset; once it commits, all of them and the offsets that produced them at once."""
     with offset_run(
-        stream_settings, astec_predictor, stream_corpus[0], "w-eos", "exactly-once"
+        stream_settings, astec_predictor, stream_corpus[0], "w-eos", "exactly-once", 8000
     ) as run:
-        s = run.settings
-        got = read_topic(s, s.topic_ad_queries, len(run.msgs))
+        s, w = run.settings, run.worker
+        wait_until(
+            lambda: w.txn is not None and sum(b.events for b in w.txn.batches) == len(run.msgs),
+            "all page views processed inside the open transaction",
+        )
+        assert len(w.txn.batches) >= len(run.msgs) // s.batch_max  # many batches, one txn
+        assert run.committed() == 0
+        assert read_topic(s, s.topic_ad_queries, 1, timeout=1) == []
+        got = read_topic(s, s.topic_ad_queries, len(run.msgs), timeout=30)
         committed = run.committed()
-        assert not run.worker.pending_offsets
+        assert w.transactions == 1 and not run.worker.pending_offsets
     assert len(got) == len(run.msgs) and committed == len(run.msgs)
-    raw = read_topic(s.replace(), s.topic_ad_queries, len(run.msgs) + 1, timeout=3)
-    assert len(raw) == len(run.msgs)
+    assert run.after_stop == len(run.msgs)

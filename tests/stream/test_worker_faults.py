@@ -8,158 +8,26 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
-import time
 import uuid
 from collections import Counter
 
-import psutil
 import pytest
 
-from stream.consumer_metrics import partitions_shared, read_all
-from stream.schemas import decode, encode
-from stream.settings import settings_env
 from stream.state_store import StateStore, connect
-from stream.topics import make_consumer
-from testkit.paths import REPO
+from testkit.stream_run import (
+    assert_state_exact,
+    collect_ads,
+    live_consumers,
+    produce_paced,
+    start_stream,
+    stored_visits,
+    tail,
+    wait_for,
+    wait_sharing,
+)
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
-
-ROOT = REPO
-
-
-def start_stream(settings, predictor, workers=2):
-    """`astec stream run` as a user starts it, configured through the environment."""
-    # a file, not a pipe: a chatty worker never blocks
-    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process (p.log)
-    env = {**os.environ, **settings_env(settings), "ASTEC_LOG_LEVEL": "30"}
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "infra.cli",
-            "stream",
-            "run",
-            "--workers",
-            str(workers),
-            "--model",
-            predictor,
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    p.log = log
-    return p
-
-
-def tail(p) -> str:
-    p.log.seek(0)
-    return p.log.read().decode(errors="replace")[-3000:]
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def live_consumers(settings) -> list[dict]:
-    """Metrics of the consumers whose process still runs."""
-    return [
-        m
-        for m in read_all(connect(settings.redis_url), settings.redis_key_prefix)
-        if running(int(m["pid"]))
-    ]
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def wait_sharing(settings, workers: int, timeout: float = 90) -> None:
-    """Until the live consumers have settled (stream.consumer_metrics.partitions_shared)."""
-
-    def shared() -> bool:
-        return partitions_shared(live_consumers(settings), workers, settings.partitions)
-
-    wait_for(shared, timeout, f"{workers} worker(s) sharing the partitions")
-
-
-def stored_visits(settings) -> int:
-    """Distinct visits the live workers have stored (a replayed batch counts as duplicates)."""
-    return sum(int(m["events"]) - int(m["duplicates"]) for m in live_consumers(settings))
-
-
-def produce_paced(settings, titles, n, users, rate, tag, stop=None):
-    """n page views at ~rate/s; returns the ids of those the broker acknowledged (librdkafka
-    retries through a broker restart for up to two minutes; idempotent, as a front end should
-    be, so a retried produce never stores a page view twice)."""
-    from stream.rdkafka_producer import RdProducer
-
-    p = RdProducer(
-        settings, "test-load", 2, **{"message.timeout.ms": 120000, "enable.idempotence": True}
-    )
-    sent = []
-    t0 = time.monotonic()
-    for i in range(n):
-        if stop is not None and stop.is_set():
-            break
-        eid = f"{tag}-{i}"
-        msg = {
-            "event_id": eid,
-            "user_id": f"u{i % users}",
-            "ts": time.time(),
-            "url": f"https://example.org/{i}",
-            "title": titles[i % len(titles)],
-        }
-        sent.append(
-            (
-                eid,
-                p.send(
-                    settings.topic_page_views, encode("page_view", msg), msg["user_id"].encode()
-                ),
-            )
-        )
-        ahead = (i + 1) / rate - (time.monotonic() - t0)
-        if ahead > 0:
-            time.sleep(ahead)
-    try:
-        p.flush(timeout=150)
-    finally:
-        p.close(timeout=5)
-    return [eid for eid, d in sent if d.done and d.error is None]
-
-
-def collect_ads(settings, want: set, timeout=90.0) -> Counter:
-    """Ad queries per event id, read committed (what the ads pipeline would see)."""
-    c = make_consumer(settings, [settings.topic_ad_queries], None)
-    seen: Counter = Counter()
-    deadline = time.monotonic() + timeout
-    while not want <= set(seen) and time.monotonic() < deadline:
-        for recs in c.poll(timeout_ms=200).values():
-            seen.update(decode("ad_query", r.value, 1 << 20)["event_id"] for r in recs)
-    c.close()
-    return seen
-
-
-def assert_state_exact(settings, users, ids):
-    """Every visit is in its user's state exactly once (state_k holds a user's whole stream)."""
-    store = StateStore(connect(settings.redis_url), settings.redis_key_prefix, settings.state_k)
-    stored = [s.event_id for h in store.histories([f"u{u}" for u in range(users)]) for s in h]
-    counts = Counter(stored)
-    assert not [e for e, c in counts.items() if c > 1], "a visit was counted twice"
-    assert set(counts) == set(ids), f"{len(set(ids) - set(counts))} visits missing from state"
 
 
 @pytest.mark.parametrize("delivery", ["exactly-once", "at-least-once"])
@@ -270,13 +138,17 @@ def test_broker_kill9_and_restart_mid_stream_loses_no_acknowledged_event(
     assert rc == 0 and "0 worker restarts" in tail(sup), tail(sup)
 
 
+@pytest.mark.parametrize("delivery", ["exactly-once", "at-least-once"])
 def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
-    stream_settings, stream_corpus, astec_predictor
+    stream_settings, stream_corpus, astec_predictor, delivery
 ):
     """A second `astec stream run` joins the group while the first has batches in flight: the
-    partitions are split between them, nothing is lost and nothing is answered twice."""
+    partitions are split between them (cooperative: only the moving ones pause), nothing is
+    lost, and nothing is answered twice in exactly-once mode; in at-least-once mode the first
+    worker drains its batches in flight and commits before it hands partitions over, so
+    repeats stay within that in-flight bound."""
     s = stream_settings.replace(
-        state_k=256, metrics_interval_s=0.2, batch_max=32, delivery="exactly-once"
+        state_k=256, metrics_interval_s=0.2, batch_max=32, delivery=delivery
     )
     users, n = 50, 12000
     first = start_stream(s, astec_predictor, workers=1)
@@ -314,7 +186,13 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
     ids = result["ids"]
     assert 400 < len(ids) < n
     assert not set(ids) - set(seen), f"{len(set(ids) - set(seen))} events lost"
-    assert sum(seen.values()) == len(seen), "an event answered twice across the rebalance"
+    dup = sum(seen.values()) - len(seen)
+    print(f"\nworker added mid-stream ({delivery}): {len(ids)} events, 0 lost, {dup} duplicates")
+    if delivery == "exactly-once":
+        assert dup == 0, "an event answered twice across the rebalance"
+    else:
+        # the batches one worker can have unacknowledged: max_in_flight + 1 of batch_max
+        assert dup <= 5 * s.batch_max, f"{dup} duplicates > the in-flight bound"
     assert len(busy) == 2, "the added worker took no traffic"
     assert_state_exact(s, users, ids)
     assert rcs == [0, 0]

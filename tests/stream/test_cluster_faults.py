@@ -1,0 +1,229 @@
+"""Faults on a 3-node Kafka cluster (infra.kafka_cluster: replication 3, min.insync.replicas
+2), each counting page views in against ad queries out: the node leading the busiest partition
+of `page-views` is killed with SIGKILL mid-stream, in both delivery modes. No acknowledged page
+view is lost (acks=all: every acknowledged one is on two replicas or more); exactly-once gives
+no duplicate to a read-committed reader; at-least-once repeats at most the batches in flight."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from infra.kafka_cluster import kill_node, leader_of, restart_nodes
+from infra.services import start_services, stop_services
+from stream.settings import load_settings
+from stream.topics import ensure_topics
+from testkit.stream_run import (
+    assert_state_exact,
+    collect_ads,
+    live_consumers,
+    produce_paced,
+    start_stream,
+    tail,
+    wait_for,
+    wait_sharing,
+)
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Three Kafka nodes and Redis on free loopback ports, for this module only."""
+    d = tmp_path_factory.mktemp("cluster")
+    start_services(d, brokers=3)
+    try:
+        yield d
+    finally:
+        stop_services(d)
+
+
+def test_infra_commands_address_one_node_or_all(cluster):
+    """`astec infra status` reports every node ready (each lists three brokers); `down --node
+    N --kill` crashes one node, which status reports, and `restart --node N` brings it back on
+    its ports and storage."""
+    import json
+
+    from click.testing import CliRunner
+
+    from infra.cli import cli
+
+    runner = CliRunner()
+
+    def status():
+        res = runner.invoke(cli, ["infra", "status", "--data-dir", str(cluster)])
+        return res.exit_code, json.loads(res.output)
+
+    rc, st = status()
+    assert rc == 0 and [n["ready"] for n in st["kafka_nodes"]] == [True] * 3, st
+    assert st["kafka_bootstrap"].count(",") == 2
+    ports = [n["port"] for n in st["kafka_nodes"]]
+    down = runner.invoke(
+        cli, ["infra", "down", "--data-dir", str(cluster), "--node", "3", "--kill"]
+    )
+    assert down.exit_code == 0 and "stopped kafka node 3" in down.output, down.output
+    rc, st = status()
+    assert rc == 1 and [n["alive"] for n in st["kafka_nodes"]] == [True, True, False]
+    up = runner.invoke(cli, ["infra", "restart", "--data-dir", str(cluster), "--node", "3"])
+    assert up.exit_code == 0, up.output
+    rc, st = status()
+    assert rc == 0 and all(n["ready"] for n in st["kafka_nodes"]), st
+    assert [n["port"] for n in st["kafka_nodes"]] == ports  # clients configured before find it
+
+
+def busiest_partition(settings) -> int:
+    """The page-views partition holding the most messages now."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**settings.librdkafka_options(), "group.id": "probe"})
+    try:
+        ends = [
+            c.get_watermark_offsets(TopicPartition(settings.topic_page_views, p), timeout=10)[1]
+            for p in range(settings.partitions)
+        ]
+    finally:
+        c.close()
+    return int(np.argmax(ends))
+
+
+def cluster_settings(cluster, **changes):
+    """The cluster's services with topics, group and Redis prefix of the test's own (created:
+    replication 3, min.insync.replicas 2)."""
+    tag = uuid.uuid4().hex[:8]
+    s = load_settings(services_dir=str(cluster), env={}).replace(
+        topic_page_views=f"page-views-{tag}",
+        topic_ad_queries=f"ad-queries-{tag}",
+        topic_ad_clicks=f"ad-clicks-{tag}",
+        topic_dead_letters=f"dead-letters-{tag}",
+        consumer_group=f"astec-test-{tag}",
+        redis_key_prefix=f"astec-test-{tag}",
+        metrics_interval_s=0.2,
+        **changes,
+    )
+    ensure_topics(s)
+    return s
+
+
+@pytest.mark.parametrize("delivery", ["exactly-once", "at-least-once"])
+def test_kill9_of_the_busiest_partitions_leader_loses_no_acknowledged_view(
+    cluster, stream_corpus, astec_predictor, delivery
+):
+    s = cluster_settings(cluster, state_k=64, batch_max=64, delivery=delivery)
+    tag = s.consumer_group[-8:]
+    users, n, rate = 50, 3000, 150
+    sup = start_stream(s, astec_predictor)
+    result: dict = {}
+    prod = threading.Thread(
+        target=lambda: result.update(
+            ids=produce_paced(s, stream_corpus[0], n, users, rate=rate, tag=tag)
+        )
+    )
+    victim, down = -1, False
+    answered_at: list = []
+    try:
+        wait_sharing(s, 2)
+        prod.start()
+        wait_for(
+            lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 600, 90, "events flowing"
+        )
+        victim = leader_of(s, s.topic_page_views, busiest_partition(s))
+        answered_before = sum(int(m["events"]) for m in live_consumers(s))
+        t_kill = time.time()
+        kill_node(cluster, victim)  # SIGKILL
+        down = True
+        # the fault hit mid-stream: page views were still being sent and answered
+        assert prod.is_alive(), "the producer had finished before the kill"
+        assert answered_before < n
+        time.sleep(5)
+        restart_nodes(cluster, [victim])  # the cluster whole again for the next test
+        down = False
+        prod.join(200)
+        seen = collect_ads(s, set(result["ids"]), timeout=120, answered_at=answered_at)
+    finally:
+        sup.send_signal(signal.SIGTERM)
+        rc = sup.wait(90)
+        if down:
+            restart_nodes(cluster, [victim])
+    ids = result["ids"]
+    assert len(ids) == n, f"only {len(ids)} of {n} page views acknowledged"
+    missing = set(ids) - set(seen)
+    assert not missing, f"{len(missing)} acknowledged page views lost"
+    dup = sum(seen.values()) - len(seen)
+    after = np.sort(np.array([t for t in answered_at if t >= t_kill - 1.0]))
+    gap = float(np.diff(after).max()) if after.size > 1 else float("nan")
+    print(
+        f"\nleader kill ({delivery}): node {victim} killed, {len(ids)} views, 0 lost, "
+        f"{dup} duplicates read committed, longest gap in answers after the kill {gap:.2f} s"
+    )
+    if delivery == "exactly-once":
+        assert dup == 0
+    else:
+        # per worker: its batches in flight (max_in_flight + 1 of batch_max) and one commit
+        # interval of the traffic, if a produce timed out and the worker replayed
+        bound = 2 * (5 * s.batch_max + rate * s.commit_interval_ms / 1000)
+        assert dup <= bound, f"{dup} duplicates > {bound}"
+    assert_state_exact(s, users, ids)
+    assert rc == 0, tail(sup)
+
+
+def test_scale_2_to_4_to_2_workers_mid_stream_at_least_once(
+    cluster, stream_corpus, astec_predictor
+):
+    """Two workers, then two more join (a second `astec stream run`), then those two stop
+    (SIGTERM) while page views flow: cooperative rebalances both ways, 0 lost, and repeats
+    within one worker's batches in flight (each drains and commits before it hands over)."""
+    s = cluster_settings(cluster, state_k=256, batch_max=32, delivery="at-least-once")
+    users, n, rate = 100, 12000, 150  # state_k holds a user's whole stream
+    first = start_stream(s, astec_predictor)
+    second = None
+    result: dict = {}
+    enough = threading.Event()  # traffic goes on until the group is back to two workers
+    prod = threading.Thread(
+        target=lambda: result.update(
+            ids=produce_paced(
+                s, stream_corpus[0], n, users, rate, s.consumer_group[-8:], stop=enough
+            )
+        )
+    )
+    try:
+        wait_sharing(s, 2)
+        prod.start()
+        wait_for(
+            lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 300, 90, "events flowing"
+        )
+        second = start_stream(s, astec_predictor)
+        wait_sharing(s, 4)
+        wait_for(
+            lambda: len([m for m in live_consumers(s) if int(m["events"]) > 0]) == 4,
+            60,
+            "the four workers answering",
+        )
+        assert prod.is_alive(), "scaled out after the traffic ended"
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(60) == 0, tail(second)
+        # the stopped static members' partitions move after the session timeout
+        wait_sharing(s, 2)
+        assert prod.is_alive(), "scaled in after the traffic ended"
+        time.sleep(3)  # traffic on the two workers left
+        enough.set()
+        prod.join(120)
+        seen = collect_ads(s, set(result["ids"]), timeout=120)
+    finally:
+        for sup in (first, second):
+            if sup is not None and sup.poll() is None:
+                sup.send_signal(signal.SIGTERM)
+        rc = first.wait(90)
+    ids = result["ids"]
+    assert 300 < len(ids) < n
+    missing = set(ids) - set(seen)
+    assert not missing, f"{len(missing)} page views lost"
+    dup = sum(seen.values()) - len(seen)
+    print(f"\nscale 2 -> 4 -> 2 (at-least-once): {len(ids)} views, 0 lost, {dup} duplicates")
+    assert dup <= 5 * s.batch_max, f"{dup} duplicates > one worker's batches in flight"
+    assert_state_exact(s, users, ids)
+    assert rc == 0, tail(first)

@@ -1,0 +1,158 @@
+"""`astec stream run` driven as a user drives it, for the fault tests: start it configured
+through the environment, feed it paced page views, read its answers read-committed, and check
+the users' state (shared by tests/stream/test_worker_faults.py and test_cluster_faults.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+
+import psutil
+
+from stream.consumer_metrics import partitions_shared, read_all
+from stream.schemas import decode, encode
+from stream.settings import settings_env
+from stream.state_store import StateStore, connect
+from stream.topics import make_consumer
+from testkit.paths import REPO
+
+ROOT = REPO
+
+
+def start_stream(settings, predictor, workers=2):
+    """`astec stream run` as a user starts it, configured through the environment."""
+    # a file, not a pipe: a chatty worker never blocks
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process (p.log)
+    env = {**os.environ, **settings_env(settings), "ASTEC_LOG_LEVEL": "30"}
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "infra.cli",
+            "stream",
+            "run",
+            "--workers",
+            str(workers),
+            "--model",
+            predictor,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    p.log = log
+    return p
+
+
+def tail(p) -> str:
+    p.log.seek(0)
+    return p.log.read().decode(errors="replace")[-3000:]
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def live_consumers(settings) -> list[dict]:
+    """Metrics of the consumers whose process still runs."""
+    return [
+        m
+        for m in read_all(connect(settings.redis_url), settings.redis_key_prefix)
+        if running(int(m["pid"]))
+    ]
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_sharing(settings, workers: int, timeout: float = 90) -> None:
+    """Until the live consumers have settled (stream.consumer_metrics.partitions_shared)."""
+
+    def shared() -> bool:
+        return partitions_shared(live_consumers(settings), workers, settings.partitions)
+
+    wait_for(shared, timeout, f"{workers} worker(s) sharing the partitions")
+
+
+def stored_visits(settings) -> int:
+    """Distinct visits the live workers have stored (a replayed batch counts as duplicates)."""
+    return sum(int(m["events"]) - int(m["duplicates"]) for m in live_consumers(settings))
+
+
+def produce_paced(settings, titles, n, users, rate, tag, stop=None):
+    """n page views at ~rate/s; returns the ids of those the broker acknowledged (librdkafka
+    retries through a broker restart for up to two minutes; idempotent, as a front end should
+    be, so a retried produce never stores a page view twice)."""
+    from stream.rdkafka_producer import RdProducer
+
+    p = RdProducer(
+        settings, "test-load", 2, **{"message.timeout.ms": 120000, "enable.idempotence": True}
+    )
+    sent = []
+    t0 = time.monotonic()
+    for i in range(n):
+        if stop is not None and stop.is_set():
+            break
+        eid = f"{tag}-{i}"
+        msg = {
+            "event_id": eid,
+            "user_id": f"u{i % users}",
+            "ts": time.time(),
+            "url": f"https://example.org/{i}",
+            "title": titles[i % len(titles)],
+        }
+        sent.append(
+            (
+                eid,
+                p.send(
+                    settings.topic_page_views, encode("page_view", msg), msg["user_id"].encode()
+                ),
+            )
+        )
+        ahead = (i + 1) / rate - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+    try:
+        p.flush(timeout=150)
+    finally:
+        p.close(timeout=5)
+    return [eid for eid, d in sent if d.done and d.error is None]
+
+
+def collect_ads(settings, want: set, timeout=90.0, answered_at: list | None = None) -> Counter:
+    """Ad queries per event id, read committed (what the ads pipeline would see); the time each
+    was produced (its `ts`) is appended to `answered_at` when given."""
+    c = make_consumer(settings, [settings.topic_ad_queries], None)
+    seen: Counter = Counter()
+    deadline = time.monotonic() + timeout
+    while not want <= set(seen) and time.monotonic() < deadline:
+        for recs in c.poll(timeout_ms=200).values():
+            ads = [decode("ad_query", r.value, 1 << 20) for r in recs]
+            seen.update(a["event_id"] for a in ads)
+            if answered_at is not None:
+                answered_at.extend(a["ts"] for a in ads)
+    c.close()
+    return seen
+
+
+def assert_state_exact(settings, users, ids):
+    """Every visit is in its user's state exactly once (state_k holds a user's whole stream)."""
+    store = StateStore(connect(settings.redis_url), settings.redis_key_prefix, settings.state_k)
+    stored = [s.event_id for h in store.histories([f"u{u}" for u in range(users)]) for s in h]
+    counts = Counter(stored)
+    assert not [e for e, c in counts.items() if c > 1], "a visit was counted twice"
+    assert set(counts) == set(ids), f"{len(set(ids) - set(counts))} visits missing from state"
