@@ -354,8 +354,9 @@ def peers(
     json_out,
     save_models,
 ):
-    """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k,
-    training time (wall and CPU seconds, each over the fastest peer's) and peak RSS."""
+    """Train Astec and the peers (PECOS XR-Linear in its own environment, made on first use)
+    on the same data; print P@k, nDCG@5, PSP@k, training time (wall and CPU seconds, each over
+    the fastest peer's), peak RSS, and the fastest and the most accurate peer."""
     from engine.astec import AstecConfig
     from engine.astec.config import resolve_threads
     from engine.formats import load_dataset
