@@ -8,7 +8,7 @@ KAFKA_LIB   := infra/kafka/lib
 KAFKA_STAMP := $(KAFKA_LIB)/.resolved-$(shell cat infra/kafka/pom.xml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps java-deps test lint demo clean
+.PHONY: install system-deps java-deps test lint demo clean peers-pecos
 
 install: system-deps java-deps $(STAMP) $(KAFKA_STAMP)
 	@echo "installed: run $(VENV)/bin/astec, or '. $(VENV)/bin/activate' and then astec"
@@ -65,6 +65,12 @@ lint: $(STAMP)
 
 demo: install
 	$(VENV)/bin/astec demo
+
+# PECOS XR-Linear's own environment (.venv-pecos/, ~15 s of pip) for `astec bench peers --methods
+# ...,pecos` and `astec bench predict --systems ...,pecos`: libpecos caps numpy and scipy below the
+# project's, so it never enters $(VENV). The benches also make it on first use.
+peers-pecos: $(STAMP)
+	$(PY) -m bench.pecos_peer
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache $(KAFKA_LIB)

@@ -1,5 +1,9 @@
 """`astec bench peers`: Astec and the peers that install as wheels, same data, one table.
 
+PECOS XR-Linear runs in its own environment (bench/pecos_peer.py, made on first use or by
+`make peers-pecos`): the worker hands it the same TF-IDF features as npz files, and its peak RSS
+is the larger of the worker's and PECOS' process'.
+
 Every method runs in its own subprocess (a fresh interpreter), so its peak RSS is measured alone
 (os.wait4's ru_maxrss) and one method's memory never inflates another's. Peers get the same
 TF-IDF features from engine.text (words + word pairs by default, --peer-ngrams; Astec uses its
@@ -28,7 +32,7 @@ from engine.astec.config import DEVICES, TrainingParams
 from engine.cli_options import config_option, default_of
 from engine.ranking_metrics import PROPENSITY_A, PROPENSITY_B
 
-METHODS = ("astec", "astec-3", "parabel", "bonsai", "napkinxc-plt")
+METHODS = ("astec", "astec-3", "parabel", "bonsai", "napkinxc-plt", "pecos")
 
 
 def _load(train, test, labels, cfg):
@@ -173,6 +177,7 @@ def _worker(job: PeerJob) -> None:
         cfg.features.word_ngrams = job.peer_ngrams
     tr_in, te_in, Xtr, Xte, Ytr, _, names = _load(job.train, job.test, job.labels, cfg)
     t0, c0 = time.time(), time.process_time()  # CPU seconds of every thread of this process
+    pred_s = None
     if method.startswith("astec"):
         learners = 3 if method == "astec-3" else 1
         model = Astec.train(tr_in, Ytr, cfg, label_names=names, learners=learners, progress=False)
@@ -226,9 +231,16 @@ def _worker(job: PeerJob) -> None:
         for i, p in enumerate(preds):
             ids[i, : len(p)] = p[:k]
         extra = {}
+    elif method == "pecos":
+        from bench import pecos_peer
+
+        out, ids, _ = pecos_peer.fit_predict(Xtr, Ytr, Xte, k, threads)
+        train_s, train_cpu_s, pred_s = out["train_s"], out["train_cpu_s"], out["predict_s"]
+        extra = {}
     else:
         raise ValueError(method)
-    pred_s = time.time() - t1
+    if pred_s is None:
+        pred_s = time.time() - t1
     np.save(job.out_json + ".ids.npy", ids)
     Path(job.out_json).write_text(
         json.dumps({"train_s": train_s, "train_cpu_s": train_cpu_s, "predict_s": pred_s, **extra})
@@ -342,8 +354,9 @@ def peers(
     json_out,
     save_models,
 ):
-    """Train Astec and the wheel-installable peers on the same data; print P@k, nDCG@5, PSP@k,
-    training time (wall and CPU seconds, each over the fastest peer's) and peak RSS."""
+    """Train Astec and the peers (PECOS XR-Linear in its own environment, made on first use)
+    on the same data; print P@k, nDCG@5, PSP@k, training time (wall and CPU seconds, each over
+    the fastest peer's), peak RSS, and the fastest and the most accurate peer."""
     from engine.astec import AstecConfig
     from engine.astec.config import resolve_threads
     from engine.formats import load_dataset
@@ -355,6 +368,13 @@ def peers(
         raise click.BadParameter(
             f"unknown method(s) {bad}; choose from {METHODS}", param_hint="--methods"
         )
+    if "pecos" in wanted:  # made once, before any timing, with a line saying so
+        from bench import pecos_peer
+
+        try:
+            pecos_peer.env_python(echo=lambda msg: click.echo(msg, err=True))
+        except pecos_peer.PecosEnvError as e:
+            raise click.ClickException(str(e)) from None
     A, B = (float(x) for x in propensity.split(","))
     tr = load_dataset(train_path, labels_path)
     te = load_dataset(test_path, labels_path)
@@ -476,6 +496,8 @@ def _print_table(rows: list[dict], rounds: int) -> None:
             click.echo(
                 f"| {r['method']} | " + " | ".join(_cell(r.get(c, "-")) for c in cols) + " |"
             )
+    for line in peer_leaders(rows):
+        click.echo(line)
     for r in rows:
         for j, mods in (r.get("modules_s") or {}).items():
             click.echo(
@@ -487,6 +509,33 @@ def _print_table(rows: list[dict], rounds: int) -> None:
                     for k, v in mods.items()
                 )
             )
+
+
+def peer_leaders(rows: list[dict]) -> list[str]:
+    """Lines naming the fastest peer to train (wall seconds) and the most accurate peers (P@1,
+    PSP@5), with each Astec row's figures against them; none without a peer in the table."""
+    ok = [r for r in rows if "error" not in r]
+    peers = [r for r in ok if not r["method"].startswith("astec")]
+    if not peers:
+        return []
+    ours = [r for r in ok if r["method"].startswith("astec")]
+    fast = min(peers, key=lambda r: r["train_s"])
+    lines = [
+        f"fastest peer: {fast['method']} ({fast['train_s']} s to train)"
+        + "".join(
+            f"; {r['method']} {r['train_s']} s = {r['train_s'] / max(fast['train_s'], 1e-9):.1f}x"
+            for r in ours
+        )
+    ]
+    for metric in ("P@1", "PSP@5"):
+        best = max(peers, key=lambda r: r[metric])
+        lines.append(
+            f"most accurate peer by {metric}: {best['method']} ({best[metric]})"
+            + "".join(
+                f"; {r['method']} {r[metric]} ({r[metric] - best[metric]:+.2f})" for r in ours
+            )
+        )
+    return lines
 
 
 def _cell(v) -> str:

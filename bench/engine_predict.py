@@ -1,12 +1,14 @@
 """`astec bench predict`: latency, throughput, load time and memory of the CPU predictor, measured
-side by side with the torch model path and the omikuji / napkinXC peers on the same texts.
+side by side with the torch model path and the omikuji / napkinXC / PECOS XR-Linear peers on the
+same texts.
 
 Every system runs in its own fresh subprocess pinned to one thread (OMP/BLAS/torch/hnswlib/ORT),
 so load time and resident memory are that system's alone; the timings alternate between the
 systems in short rounds, so a busy shared machine slows all of them alike and the ratios are
 like for like.
 Tokenisation / TF-IDF vectorisation is inside every timed call (the peers use the predictor's
-own vectoriser, loaded from the predictor directory).
+own vectoriser, loaded from the predictor directory). PECOS' worker runs this same module in
+PECOS' own environment (bench/pecos_peer.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import numpy as np
 
 from engine.cli_options import renamed_option
 
-SYSTEMS = ("predictor", "predictor-onnx", "torch", "omikuji", "napkinxc")
+SYSTEMS = ("predictor", "predictor-onnx", "torch", "omikuji", "napkinxc", "pecos")
+PEERS = ("omikuji", "napkinxc", "pecos")
 BATCHES = (1, 32, 256)
 _ONE_THREAD = {
     "OMP_NUM_THREADS": "1",
@@ -164,6 +167,28 @@ def _sys_napkinxc(args: dict):
     return one, batch, _dir_bytes(args["peer_dir"] + "/napkinxc")
 
 
+def _sys_pecos(args: dict):
+    import scipy.sparse as sp
+
+    from bench.pecos_worker import load, topk_pairs
+
+    vec = _peer_vectorizer(args)
+    model = load(args["peer_dir"] + "/pecos")
+    k = args["k"]
+    V = vec.num_features
+
+    def one(t):
+        i, v = vec.transform_one(t)
+        X = sp.csr_matrix((v.astype(np.float32), i, np.array([0, i.size])), shape=(1, V))
+        return topk_pairs(model.predict(X, only_topk=k, threads=1), k)[0]
+
+    def batch(ts):
+        X = vec.transform(ts).astype(np.float32)
+        return topk_pairs(model.predict(X, only_topk=k, threads=1), k)
+
+    return one, batch, _dir_bytes(args["peer_dir"] + "/pecos")
+
+
 def _ids_of(system: str, out, n: int, k: int) -> np.ndarray:
     """Top-k label ids [n, k] (-1 pads) from any system's batch output."""
     if system in ("predictor", "predictor-onnx", "torch"):
@@ -189,6 +214,8 @@ def _import_libraries(system: str) -> None:
         import omikuji  # noqa: F401
     elif system == "napkinxc":
         import napkinxc.models  # noqa: F401
+    elif system == "pecos":
+        import pecos.xmc.xlinear.model  # type: ignore[import-not-found]  # noqa: F401
 
 
 def serve(args: dict) -> None:
@@ -221,6 +248,8 @@ def serve(args: dict) -> None:
         one, batch, files = _sys_omikuji(args)
     elif system == "napkinxc":
         one, batch, files = _sys_napkinxc(args)
+    elif system == "pecos":
+        one, batch, files = _sys_pecos(args)
     else:
         raise ValueError(f"unknown system {system!r}")
     load_s = time.perf_counter() - t0
@@ -278,14 +307,14 @@ def serve(args: dict) -> None:
 
 
 class _Worker:
-    """A system's serving subprocess (one thread, its own memory)."""
+    """A system's serving subprocess (one thread, its own memory), in `python`'s environment."""
 
-    def __init__(self, args: dict, env: dict, log: Path):
+    def __init__(self, args: dict, env: dict, log: Path, python: str = sys.executable):
         self.system = args["system"]
         self.log = log
         with open(log, "w") as err:  # a file, not a pipe: a chatty worker never blocks
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bench.engine_predict", json.dumps(args)],
+                [python, "-m", "bench.engine_predict", json.dumps(args)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -333,8 +362,8 @@ def _stdout_to_stderr():
 def train_peers(
     predictor: str, train: str, peer_dir: Path, systems: list[str], threads: int
 ) -> dict:
-    """Train omikuji (Parabel-style defaults) and napkinXC PLT on the predictor's TF-IDF
-    features."""
+    """Train omikuji (Parabel-style defaults), napkinXC PLT and PECOS XR-Linear (its CLI
+    defaults, in its own environment) on the predictor's TF-IDF features."""
     from engine.formats import read_text_tsv
     from engine.text import TfidfVectorizer
 
@@ -370,6 +399,13 @@ def train_peers(
         model.fit(X, ylists)
         os.replace(peer_dir / "napkinxc.tmp", peer_dir / "napkinxc")
         info["napkinxc_train_s"] = round(time.time() - t0, 1)
+    if "pecos" in systems and not (peer_dir / "pecos").exists():
+        from bench import pecos_peer
+
+        shutil.rmtree(peer_dir / "pecos.tmp", ignore_errors=True)
+        out = pecos_peer.train_model(X, Y, peer_dir / "pecos.tmp", threads)
+        os.replace(peer_dir / "pecos.tmp", peer_dir / "pecos")
+        info["pecos_train_s"] = round(out["train_s"], 1)
     return info
 
 
@@ -459,7 +495,16 @@ def _run_bench(
         report["load_average_1m"] = round(psutil.getloadavg()[0], 2)
     except Exception:  # noqa: BLE001 - the load average is informative only
         pass
-    peers = [s for s in systems if s in ("omikuji", "napkinxc")]
+    pecos_python = sys.executable
+    if "pecos" in systems:  # its own environment, made once (with a line saying so)
+        from bench import pecos_peer
+
+        try:
+            pecos_python = str(pecos_peer.env_python(echo=lambda m: print(m, file=sys.stderr)))
+        except pecos_peer.PecosEnvError as e:
+            report["skipped"]["pecos"] = str(e)
+            systems = [s for s in systems if s != "pecos"]
+    peers = [s for s in systems if s in PEERS]
     if peers:
         if train is None:
             for s in peers:
@@ -490,7 +535,12 @@ def _run_bench(
                 "one_scores_out": str(work / f"{s}.one_scores.npy"),
             }
             try:
-                workers[s] = _Worker(args, env, work / f"{s}.log")
+                if s == "pecos":
+                    workers[s] = _Worker(
+                        args, pecos_peer.worker_env() | _ONE_THREAD, work / f"{s}.log", pecos_python
+                    )
+                else:
+                    workers[s] = _Worker(args, env, work / f"{s}.log")
             except RuntimeError as e:
                 report["skipped"][s] = str(e)
         lat: dict[str, list[float]] = {s: [] for s in workers}
@@ -593,7 +643,40 @@ def _run_bench(
             "cpu_time_p99_le_1ms": cl["p99_ms"] <= 1.0,
             "ge_5000_texts_per_cpu_s_b256": base["throughput_texts_per_cpu_s"]["256"] >= 5000,
         }
+        leaders = peer_leaders(report["systems"])
+        if leaders:
+            report["peers"] = leaders
+            fast = leaders["fastest_p50"]
+            report["targets"]["p50_le_fastest_peer"] = fast["predictor_over_peer_p50"] <= 1.0
+            report["targets"]["p99_le_fastest_peer"] = fast["predictor_over_peer_p99"] <= 1.0
     return report
+
+
+def peer_leaders(systems: dict) -> dict:
+    """The fastest peer at one text (p50) and the most accurate peer (P@1, then P@5) of a
+    report's systems, with the predictor's p50 / p99 over the fastest one's; {} without a peer
+    or the predictor."""
+    peers = {s: r for s, r in systems.items() if s in PEERS}
+    base = systems.get("predictor")
+    if not peers or base is None:
+        return {}
+    fs = min(peers, key=lambda s: peers[s]["latency_one_text"]["p50_ms"])
+    acc = max(peers, key=lambda s: (peers[s]["accuracy"]["P@1"], peers[s]["accuracy"]["P@5"]))
+    one, peer = base["latency_one_text"], peers[fs]["latency_one_text"]
+    return {
+        "fastest_p50": {
+            "system": fs,
+            "p50_ms": peer["p50_ms"],
+            "p99_ms": peer["p99_ms"],
+            "predictor_over_peer_p50": round(one["p50_ms"] / max(peer["p50_ms"], 1e-9), 3),
+            "predictor_over_peer_p99": round(one["p99_ms"] / max(peer["p99_ms"], 1e-9), 3),
+        },
+        "most_accurate": {
+            "system": acc,
+            **peers[acc]["accuracy"],
+            "predictor": base["accuracy"],
+        },
+    }
 
 
 @click.command("predict")

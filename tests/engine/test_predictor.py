@@ -291,7 +291,7 @@ def test_sparse_ranker_kernels_agree_with_scipy():
     bisects them: all three must give w_l . x exactly (same terms, same order)."""
     import scipy.sparse as sp
 
-    from engine.kernels import sparse_entry_scores, sparse_scores_split
+    from engine.kernels import sparse_entry_scores, sparse_mix_dense, sparse_scores_split
     from engine.predictor import _split_ranker
 
     L, F, n = 300, 3000, 40
@@ -327,6 +327,25 @@ def test_sparse_ranker_kernels_agree_with_scipy():
     assert (np.diff(W.indptr) > 128).sum() >= 10  # the transposed path is exercised
     assert np.array_equal(a, b)
     assert np.allclose(a, (X @ W.T).toarray().ravel(), atol=1e-5)
+    # the single-text path scatters x into a dense scratch: the same sums, and the scratch
+    # left zeroed for the next text
+    xd = np.zeros(F, np.float32)
+    gamma = np.float32(0.3)
+    for i in range(n):
+        x0, x1 = X.indptr[i], X.indptr[i + 1]
+        y = rng.random(L).astype(np.float32)
+        want = gamma * y + (1 - gamma) * (1 / (1 + np.exp(-b[i * L : (i + 1) * L])))
+        got = sparse_mix_dense(
+            np.arange(L, dtype=np.int64),
+            y,
+            i64(X.indices[x0:x1]),
+            X.data[x0:x1],
+            xd,
+            *_split_ranker(W.indptr, W.indices, W.data, L, F),
+            float(gamma),
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert not xd.any()
 
 
 def test_export_without_sparse_ranker_serves_gamma_one(built, tmp_path):
