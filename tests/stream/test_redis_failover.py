@@ -49,6 +49,26 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
 PASSWORD = "test-" + uuid.uuid4().hex[:12]
 
 
+def test_redis_urls_pick_the_topology():
+    from stream.redis_connect import RedisUrlError, parse_redis_url
+    from stream.state_store import redis_address
+
+    t = parse_redis_url("redis+sentinel://:p%40ss@s0:26379,s1:26380,s2/astec/2")
+    assert (t.topology, t.service, t.db, t.password) == ("sentinel", "astec", 2, "p@ss")
+    assert t.nodes == (("s0", 26379), ("s1", 26380), ("s2", 26379))
+    assert t.sentinel_password == "p@ss"
+    t = parse_redis_url("redis+cluster://:pw@n0:7000,n1:7001")
+    assert t.topology == "cluster" and t.nodes == (("n0", 7000), ("n1", 7001))
+    assert parse_redis_url("redis://:pw@h:6380/1").topology == "single"
+    assert redis_address("redis+cluster://:secret@n0:7000,n1:7001") == "n0:7000,n1:7001"
+    with pytest.raises(RedisUrlError, match="names the primary's service"):
+        parse_redis_url("redis+sentinel://:pw@s0:26379")
+    with pytest.raises(RedisUrlError, match="scheme 'http' is not one of"):
+        parse_redis_url("http://h:6379")
+    with pytest.raises(RedisUrlError, match="bad port"):
+        parse_redis_url("redis+cluster://n0:70x0")
+
+
 def visit(i: int) -> UserState:
     return UserState.from_visit(
         f"e{i}", 1.7e9 + i, f"https://x/{i}", f"t{i}", np.ones(4), np.arange(3), np.ones(3)
