@@ -212,11 +212,13 @@ def test_redis_down_20s_worker_keeps_its_partitions_and_loses_nothing(
                 body = json.loads(e.read())
             time.sleep(0.5)
         members = _group_members(s)  # the broker's view, 20 s into the outage
+        alive = urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status  # still polling
         node = start_node(tmp_path / "r", PASSWORD, node.port)  # same port, same AOF
         prod.join(60)
         ads = answered(s, result["ids"], timeout=90)
         wait_for(lambda: w.consumer.lag() == 0, 30, "the lag drained")
         ready_after = urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status
+        prom = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         w.stop()
         t.join(30)
@@ -224,7 +226,12 @@ def test_redis_down_20s_worker_keeps_its_partitions_and_loses_nothing(
     assert min(assignments) == s.partitions, "the worker lost its partitions during the outage"
     assert members == 1, "the worker left the group during the outage"
     assert 503 in ready_codes and body["redis"] is False and body["assigned"] is True
-    assert ready_after == 200
+    assert ready_after == 200 and alive == 200
+    retries = f'astec_stream_redis_retries_total{{consumer="w-outage"}} {w.health.redis_retries}'
+    assert (
+        retries + ".0" in prom
+        and 'astec_stream_commit_failures_total{consumer="w-outage"} 0.0' in prom
+    )
     assert w.metrics.dead_letters == 0 and w.commit_failures == 0
     assert w.health.redis_retries > 0
     assert set(result["ids"]) <= set(ads), "page views lost across the outage"
