@@ -123,8 +123,9 @@ def stream() -> None:
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve Prometheus metrics on 127.0.0.1:PORT+i for worker i (0: off; default: the "
-    "metrics_port setting, 0).",
+    help="Serve Prometheus metrics, /healthz and /readyz on METRICS_HOST:PORT+i for worker i "
+    "(the metrics_host setting, 127.0.0.1 by default; 0: off; default: the metrics_port "
+    "setting, 0).",
 )
 @click.option("--threads", type=int, default=1, show_default=True, help="Math threads per worker.")
 @click.option(

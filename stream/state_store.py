@@ -20,8 +20,14 @@ if the server's policy evicts).
 One Lua script per event checks the hash against the list, and only when it is new appends the
 state and the hash, trimming both, so a replay never appends the same visit twice. A batch is one
 pipelined round trip of EVALSHA (the script is loaded once, and again if Redis forgot it). The
-client retries connection errors with exponential backoff (Redis restarts). `EventWindow` is the
-same dedupe list on its own, for consumers that write elsewhere (the click logger).
+client (one endpoint, Sentinel or Cluster by the URL: stream.redis_connect) retries connection
+errors a few times; a reply that is Redis' state rather than the command's (READONLY after a
+failover, CLUSTERDOWN, LOADING, ...: `infra_error`) raises RedisUnavailable for the whole batch,
+which the worker retries while holding its partitions (stream.worker_health). Where the primary
+has replicas, the batch's pipeline ends with WAIT, and a batch no replica acknowledged is not
+counted as stored (its offsets stay uncommitted), so a failover loses no committed visit.
+`EventWindow` is the same dedupe list on its own, for consumers that write elsewhere (the click
+logger).
 """
 
 from __future__ import annotations
