@@ -34,6 +34,7 @@ import numpy as np
 
 from engine.cli_options import renamed_option
 from personalization.state import UserState
+from stream.redis_connect import is_cluster
 from stream.state_store import DEDUP_N, StateStore, connect
 
 BATCH = 256  # events per pipelined round trip (the workers' batch_max)
@@ -142,15 +143,28 @@ def _key_usage(client, prefix: str) -> dict:
 
 
 def _used_memory(client) -> int:
+    """used_memory of the server, or summed over a cluster's primaries."""
+    if is_cluster(client):
+        per_node = client.info("memory", target_nodes=client.PRIMARIES)
+        return sum(int(v["used_memory"]) for v in per_node.values())
     return int(client.info("memory")["used_memory"])
 
 
 def measure(
-    client, layout: str, events: int, users: int, k: int, dedup_n: int, dim: int, top_k: int
+    client,
+    layout: str,
+    events: int,
+    users: int,
+    k: int,
+    dedup_n: int,
+    dim: int,
+    top_k: int,
+    wait_replicas: int = 0,
 ) -> dict:
-    """Write the events in `layout` ("new" or "old") under a fresh prefix, measure, delete."""
+    """Write the events in `layout` ("new" or "old") under a fresh prefix, measure, delete;
+    wait_replicas > 0: each batch waits for that many replicas (WAIT), as the workers do."""
     prefix = f"astec-bench-{layout}-{uuid.uuid4().hex[:8]}"
-    store = StateStore(client, prefix, k=k, dedup_n=dedup_n)
+    store = StateStore(client, prefix, k=k, dedup_n=dedup_n, wait_replicas=wait_replicas)
     store.append_batch(["warm-up"], [next(_events(1, 1, dim, top_k, 1))[1][0]])  # script load
     client.delete(store.states_key("warm-up"), store.eids_key("warm-up"))
     before = _used_memory(client)
@@ -167,6 +181,8 @@ def measure(
         else:
             _write_old(store, uids, states)
     seconds = time.perf_counter() - t0
+    if not is_cluster(client):
+        time.sleep(0.2)  # replicas' buffers settle before used_memory is read
     after = _used_memory(client)
     usage = _key_usage(client, prefix)
     for keys in _chunks(list(client.scan_iter(f"{prefix}:*", count=5000)), 5000):
@@ -217,14 +233,33 @@ def _redis(url: str | None) -> Iterator[str]:
                 p.wait(30)
 
 
+@contextlib.contextmanager
+def _topology(kind: str) -> Iterator[str]:
+    """A loopback Sentinel or Cluster of our own (infra.redis_topologies) for the run, every
+    node at appendfsync everysec like the single one; yields its URL."""
+    from infra.redis_topologies import start_cluster, start_sentinel, stop_topology_procs
+
+    with tempfile.TemporaryDirectory(prefix=f"astec-bench-{kind}-") as d:
+        password = uuid.uuid4().hex
+        topo = (start_sentinel if kind == "sentinel" else start_cluster)(Path(d), password)
+        try:
+            for n in topo.nodes:
+                node = connect(f"redis://:{password}@127.0.0.1:{n.port}/0")
+                node.config_set("appendfsync", "everysec")
+                node.close()
+            yield topo.url
+        finally:
+            stop_topology_procs(topo)
+
+
 def _print_table(rows: list[dict]) -> None:
     click.echo(
-        f"{'layout':<7}{'events':>10}{'users':>8}{'keys':>10}{'used_memory':>14}"
+        f"{'layout':<16}{'events':>10}{'users':>8}{'keys':>10}{'used_memory':>14}"
         f"{'B/user (INFO)':>15}{'B/user (MEMORY USAGE)':>23}{'events/s':>10}"
     )
     for r in rows:
         click.echo(
-            f"{r['layout']:<7}{r['events']:>10,}{r['active_users']:>8,}{r['keys']:>10,}"
+            f"{r['layout']:<16}{r['events']:>10,}{r['active_users']:>8,}{r['keys']:>10,}"
             f"{r['used_memory_growth_bytes']:>14,}{r['bytes_per_user_used_memory']:>15,}"
             f"{r['bytes_per_user_memory_usage']:>23,}{r['events_per_s']:>10,}"
         )
@@ -293,8 +328,15 @@ def _print_table(rows: list[dict]) -> None:
     default=None,
     help="Redis to measure on ($REDIS_URL; default: start one of its own).",
 )
+@click.option(
+    "--topologies",
+    is_flag=True,
+    help="Also write the new layout to a Sentinel primary (each batch waiting for a replica, "
+    "and not) and to a 3-primary Cluster, each started of its own: memory and events/s beside "
+    "the single endpoint's, in one run.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per layout.")
-def bench_redis(events, users, k, dedup_n, dim, top_k, layouts, redis_url, as_json):
+def bench_redis(events, users, k, dedup_n, dim, top_k, layouts, redis_url, topologies, as_json):
     """Redis bytes per active user of the stream's user state (INFO and MEMORY USAGE)."""
     url = redis_url or os.environ.get("REDIS_URL")
     rows = []
@@ -305,6 +347,13 @@ def bench_redis(events, users, k, dedup_n, dim, top_k, layouts, redis_url, as_js
         for layout in ["new", "old"] if layouts == "both" else [layouts]:
             row = measure(client, layout, events, users, k, dedup_n, dim, top_k)
             row.update(redis_version=server, maxmemory_policy=policy, dim=dim, top_k=top_k)
+            rows.append(row)
+            if as_json:
+                click.echo(json.dumps(row))
+    for kind, wait in (("sentinel", 1), ("sentinel", 0), ("cluster", 0)) if topologies else ():
+        with _topology(kind) as u:
+            row = measure(connect(u), "new", events, users, k, dedup_n, dim, top_k, wait)
+            row["layout"] = f"{kind}{' WAIT 1' if wait else ''}"
             rows.append(row)
             if as_json:
                 click.echo(json.dumps(row))

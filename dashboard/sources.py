@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 POLICY_ENV = "ASTEC_DASHBOARD_POLICY"
 LOGS_ENV = "ASTEC_DASHBOARD_LOGS"
@@ -96,10 +94,11 @@ def load_sources(env: dict | None = None) -> Sources:
 
 
 def redis_client(url: str) -> redis.Redis:
-    """A client that fails fast (no retry loop): the page says "unreachable" instead of hanging."""
-    return redis.Redis.from_url(
-        url, socket_timeout=2, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
-    )
+    """A client that fails fast (no retry loop): the page says "unreachable" instead of hanging.
+    Any of the stream's Redis URLs (redis://, redis+sentinel://, redis+cluster://)."""
+    from stream.redis_connect import redis_client as topology_client
+
+    return topology_client(url, retries=0, socket_timeout=2)
 
 
 def ping(client: redis.Redis, url: str) -> None:

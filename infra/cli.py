@@ -118,6 +118,7 @@ EXTRA_OF = {
     "redis": "stream",
     "prometheus_client": "stream",
     "streamlit": "dashboard",
+    "torch": "train",
 }
 
 

@@ -48,6 +48,16 @@ def infra() -> None:
     "min(N, 3) and min.insync.replicas 2 from 3 nodes up.",
 )
 @click.option(
+    "--redis",
+    "redis_topology",
+    type=click.Choice(["single", "sentinel", "cluster"]),
+    default="single",
+    show_default=True,
+    help="single: one redis-server; sentinel: a primary, two replicas and three sentinels; "
+    "cluster: three primaries with a replica each (infra.redis_topologies). The stream's "
+    "commands find it through services.json.",
+)
+@click.option(
     "--create-topics/--no-create-topics",
     default=True,
     show_default=True,
@@ -58,18 +68,25 @@ def up(
     kafka_port: int | None,
     redis_port: int | None,
     brokers: int,
+    redis_topology: str,
     create_topics: bool,
 ) -> None:
     """Start both services, wait until they answer, record them in DATA_DIR/services.json.
 
     The broker's storage (DATA_DIR/kafka/data) is formatted at the first start and kept: topics,
     messages and committed offsets survive `down`/`up` and a crash."""
+    from infra.redis_topologies import start_topology
     from infra.services import ServiceError, start_services
 
     try:
         if brokers > 1 and kafka_port:
             raise ServiceError("--kafka-port names one broker's port: leave it out with --brokers")
         info = start_services(data_dir, kafka_port, redis_port, brokers=brokers)
+        topo = (
+            start_topology(data_dir, redis_topology, info.redis_password)
+            if redis_topology != "single"
+            else None
+        )
     except ServiceError as exc:
         raise click.ClickException(str(exc)) from None
     if create_topics:
@@ -87,6 +104,18 @@ def up(
         f"redis  pid {info.redis.pid}  port {info.redis.port} (password in "
         f"{os.path.join(info.data_dir, 'services.json')})"
     )
+    if topo is not None:
+        click.echo(
+            f"redis  {topo.kind}: data nodes on ports "
+            f"{', '.join(str(n.port) for n in topo.nodes)}"
+            + (
+                f", sentinels on {', '.join(str(x.port) for x in topo.sentinels)}"
+                if topo.sentinels
+                else ""
+            )
+            + " (the stream uses it; the single redis-server above stays for the tools that "
+            "restart it)"
+        )
     click.echo(
         f"other astec commands find them with --services-dir {info.data_dir} or "
         f"ASTEC_SERVICES_DIR (default {DEFAULT_SERVICES_DIR}), or after "
@@ -109,6 +138,7 @@ _NODE = click.option(
 def down(data_dir: str, node: int | None, kill: bool) -> None:
     """Stop exactly the processes recorded in DATA_DIR/services.json (or one Kafka node, which
     stays recorded: `astec infra restart --node N` starts it again)."""
+    from infra.redis_topologies import stop_topology
     from infra.services import ServiceError, stop_services
 
     if node is not None:
@@ -120,7 +150,7 @@ def down(data_dir: str, node: int | None, kill: bool) -> None:
             raise click.ClickException(str(exc)) from None
         click.echo(f"stopped kafka node {node} pid {proc.pid} port {proc.port}")
         return
-    stopped = stop_services(data_dir)
+    stopped = stop_topology(data_dir) + stop_services(data_dir)
     click.echo("\n".join(f"stopped {s}" for s in stopped) or "nothing recorded as running")
 
 
@@ -168,9 +198,11 @@ def env(data_dir: str) -> None:
     services: the output holds passwords, so it is meant for `eval`, not for logs."""
     import shlex
 
+    from infra.redis_topologies import read_topology
     from infra.services import KAFKA_USER, read_info
 
     info = read_info(data_dir)
+    topo = read_topology(data_dir)
     if info is None:
         raise click.ClickException(f"no services recorded in {data_dir} (run `astec infra up`)")
     click.echo(f"export KAFKA_BOOTSTRAP={info.kafka_bootstrap}")
@@ -179,4 +211,4 @@ def env(data_dir: str) -> None:
         f"KAFKA_SASL_USERNAME={KAFKA_USER}"
     )
     click.echo(f"export KAFKA_SASL_PASSWORD={shlex.quote(info.kafka_password)}")
-    click.echo(f"export REDIS_URL={shlex.quote(info.redis_url)}")
+    click.echo(f"export REDIS_URL={shlex.quote(topo.url if topo else info.redis_url)}")

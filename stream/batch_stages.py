@@ -290,7 +290,7 @@ def emit_stage(batch: Batch, out: Outbox, *, topic: str, policy_name: str) -> No
             out.emit(topic, m["user_id"].encode(), encode("ad_query", msg))
             batch.answered_ts.append(m["ts"])
         except Exception as exc:  # noqa: BLE001 - per-event isolation
-            out.dead_letter(batch.records[i], reason("produce", exc))
+            out.dead_letter(batch.records[i], reason("emit", exc))
 
 
 def default_stages(

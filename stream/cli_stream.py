@@ -26,7 +26,12 @@ def settings_options(f):
         help="Directory of `astec infra up` (its services.json gives ports, password).",
     )
     @click.option("--bootstrap", default=None, help="Kafka bootstrap servers ($KAFKA_BOOTSTRAP).")
-    @click.option("--redis-url", default=None, help="Redis URL ($REDIS_URL).")
+    @click.option(
+        "--redis-url",
+        default=None,
+        help="Redis URL ($REDIS_URL): redis://:PW@HOST:PORT/DB, "
+        "redis+sentinel://:PW@H1:P1,H2:P2/SERVICE or redis+cluster://:PW@H1:P1,H2:P2.",
+    )
     @click.option("--group", default=None, help="Consumer group id.")
     @functools.wraps(f)
     def wrapper(config_file, services_dir, bootstrap, redis_url, group, **kw):
@@ -119,8 +124,9 @@ def stream() -> None:
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve Prometheus metrics on 127.0.0.1:PORT+i for worker i (0: off; default: the "
-    "metrics_port setting, 0).",
+    help="Serve Prometheus metrics, /healthz and /readyz on METRICS_HOST:PORT+i for worker i "
+    "(the metrics_host setting, 127.0.0.1 by default; 0: off; default: the metrics_port "
+    "setting, 0).",
 )
 @click.option("--threads", type=int, default=1, show_default=True, help="Math threads per worker.")
 @click.option(
@@ -177,6 +183,53 @@ def log_clicks(settings, log_dir, max_seconds, restart):
 
     ensure_topics_or_fail(settings)
     counts = supervise(settings, log_dir, max_seconds=max_seconds, restart=restart)
+    click.echo(json.dumps(counts))
+
+
+def _since(ctx, param, value):
+    """--since: seconds since the epoch, or an ISO 8601 time (UTC unless it names a zone)."""
+    from datetime import UTC, datetime
+
+    if value is None:
+        return 0.0
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither seconds since the epoch nor an ISO 8601 time"
+        ) from None
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+
+@stream.command("replay-dead-letters")
+@settings_options
+@click.option(
+    "--reason",
+    required=True,
+    help="Replay the dead letters whose reason contains this text (e.g. 'Redis', 'predict').",
+)
+@click.option(
+    "--since",
+    callback=_since,
+    default=None,
+    help="Only dead letters written at or after this time (epoch seconds or ISO 8601).",
+)
+@click.option("--dry-run", is_flag=True, help="Count what would be replayed; send nothing.")
+def replay_dead_letters_cmd(settings, reason, since, dry_run):
+    """Send matching dead letters back to their source topic (each event once per run; the
+    workers and the click logger are idempotent by event id, so a replay counts nothing
+    twice). Prints the counts (JSON)."""
+    from stream.dead_letter_replay import replay_dead_letters
+
+    ensure_topics_or_fail(settings)
+    try:
+        counts = replay_dead_letters(settings, reason, since, dry_run)
+    except TimeoutError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(counts))
 
 

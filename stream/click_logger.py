@@ -31,7 +31,7 @@ from typing import Any
 from engine.clicklog import ClickLogError, ClickLogWriter
 from stream.schemas import SchemaError, dead_letter, decode
 from stream.settings import Settings
-from stream.state_store import DEDUP_N, EventWindow, connect, user_key
+from stream.state_store import EventWindow, connect, user_key
 from stream.topics import make_consumer, make_producer
 
 log = logging.getLogger(__name__)
@@ -85,13 +85,14 @@ def run_click_logger(
     log_dir: str,
     max_seconds: float | None = None,
     stop_event: threading.Event | None = None,
-    dedup_n: int = DEDUP_N,
+    dedup_n: int | None = None,
     counts: dict | None = None,
 ) -> dict:
     """Consume until SIGTERM/SIGINT (or max_seconds / stop_event); returns counts (kept up to
     date in `counts` when given: each polled record is counted once, as logged, duplicate or
     dead letter). Raises on what is not a record's fault (the caller, usually `supervise`,
-    starts it again)."""
+    starts it again). The dedupe window is dedup_n event ids per user and kind (default: the
+    settings' dedup_n, the workers' window)."""
     stop_event = stop_event or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -109,7 +110,7 @@ def run_click_logger(
     )
     producer = make_producer(settings)
     r = connect(settings.redis_url)
-    window = EventWindow(r, dedup_n, settings.dedup_ttl_s)
+    window = EventWindow(r, settings.dedup_n if dedup_n is None else dedup_n, settings.dedup_ttl_s)
     writers = {
         kind: ClickLogWriter(log_dir, kind, writer_id=wid, fsync=True)
         for _, kind, _ in topics.values()

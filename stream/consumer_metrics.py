@@ -4,7 +4,8 @@ Redis layout, read by the dashboard:
     <prefix>:metrics:consumers              set of consumer ids seen
     <prefix>:metrics:consumer:<id>          hash, rewritten every metrics_interval_s, TTL 120 s:
         events, events_per_s, dead_letters, duplicates, batches, partitions (assigned now),
-        no_query, refused_versions (versions its hot reload refused), model_version, policy, pid,
+        no_query, refused_versions (versions its hot reload refused), redis_retries,
+        commit_failures, model_version, policy, pid,
         batch_ms_p50/p99, e2a_ms_p50/p95/p99 (event ts -> ad query acked), time shares
         predict_s/redis_s/policy_s/kafka_s/decode_s (cumulative seconds), updated_at
         (and lag, messages behind the partitions' ends, once the worker sets metrics.lag)
@@ -30,6 +31,7 @@ import numpy as np
 STAGES = ("decode", "predict", "redis", "policy", "kafka")
 SERIES_LEN = 600  # points kept per consumer: 10 minutes at the default 1 s interval
 SERIES_TTL_S = 3600  # a silent consumer's series disappears an hour after its last point
+PRUNE_EVERY = 300  # publishes between two prunings of the consumers set (5 minutes at 1 s)
 SERIES_FIELDS = ("events", "events_per_s", "dead_letters", "no_query", "duplicates", "lag")
 
 
@@ -69,12 +71,15 @@ class ConsumerMetrics:
     no_query: int = 0  # events whose page got no predicted query (no ad query sent)
     lag: int | None = None  # messages behind the assigned partitions' ends (set by the worker)
     refused_versions: int = 0  # model / policy versions its hot reload refused (set by the worker)
+    redis_retries: int = 0  # Redis calls retried while it was unavailable (set by the worker)
+    commit_failures: int = 0  # offset commits refused (set by the worker)
     stage_s: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     e2a_ms: Ring = field(default_factory=Ring)
     batch_ms: Ring = field(default_factory=lambda: Ring(4000))
     started: float = field(default_factory=time.monotonic)
     _window: list = field(default_factory=list)  # (monotonic time, events) of recent publishes
     _since: Ring = field(default_factory=Ring)  # event->ad samples since the last series point
+    _publishes: int = 0
 
     def record_batch(
         self,
@@ -117,6 +122,8 @@ class ConsumerMetrics:
             "partitions": self.partitions,
             "no_query": self.no_query,
             "refused_versions": self.refused_versions,
+            "redis_retries": self.redis_retries,
+            "commit_failures": self.commit_failures,
             "batch_ms_p50": b50,
             "batch_ms_p99": b99,
             "e2a_ms_p50": l50,
@@ -164,8 +171,9 @@ def publish(
 ) -> dict:
     """Write the snapshot and append a series point (one pipelined round trip).
 
-    The consumers set expires with the series, so ids of consumers gone for an hour do not
-    accumulate across restarts."""
+    The consumers set expires with the series, and every PRUNE_EVERY publishes the ids whose
+    series has expired (consumers gone for an hour) are removed from it, so ids do not
+    accumulate across restarts while other workers keep the set alive."""
     snap = metrics.snapshot()
     point = metrics.series_point(snap)
     key = f"{prefix}:metrics:consumer:{metrics.consumer_id}"
@@ -185,7 +193,30 @@ def publish(
     pipe.ltrim(skey, 0, series_len - 1)
     pipe.expire(skey, series_ttl_s)
     pipe.execute()
+    if metrics._publishes % PRUNE_EVERY == 0:
+        prune_consumers(client, prefix)
+    metrics._publishes += 1
     return snap
+
+
+def prune_consumers(client, prefix: str) -> list[str]:
+    """Remove from the consumers set the ids with neither a snapshot nor a series left (both
+    expired: the consumer stopped more than SERIES_TTL_S ago); returns them."""
+    ids = [
+        x.decode() if isinstance(x, bytes) else x
+        for x in client.smembers(f"{prefix}:metrics:consumers")
+    ]
+    if not ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for cid in ids:  # one key per EXISTS: on Redis Cluster the two may live in different slots
+        pipe.exists(series_key(prefix, cid))
+        pipe.exists(f"{prefix}:metrics:consumer:{cid}")
+    found = pipe.execute()
+    stale = [cid for i, cid in enumerate(ids) if not (found[2 * i] or found[2 * i + 1])]
+    if stale:
+        client.srem(f"{prefix}:metrics:consumers", *stale)
+    return stale
 
 
 def read_series(client, prefix: str, max_points: int = SERIES_LEN) -> dict[str, list[dict]]:
@@ -246,16 +277,13 @@ def read_all(client, prefix: str) -> list[dict]:
 
 
 class PromExporter:
-    """Optional Prometheus endpoint mirroring the Redis metrics (metrics_port > 0)."""
+    """Optional Prometheus endpoint mirroring the Redis metrics (metrics_port > 0), with
+    /healthz and /readyz answered from `health` (stream.worker_health.WorkerHealth: 200 when
+    passing, 503 otherwise, JSON body naming each check). Binds `host` (the metrics_host
+    setting: loopback unless a Prometheus server on another host must scrape it)."""
 
-    def __init__(self, port: int, consumer_id: str):
-        from prometheus_client import (
-            CollectorRegistry,
-            Counter,
-            Gauge,
-            Histogram,
-            start_http_server,
-        )
+    def __init__(self, port: int, consumer_id: str, host: str = "127.0.0.1", health=None):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.reg = CollectorRegistry()
         lab = {"consumer": consumer_id}
@@ -286,7 +314,14 @@ class PromExporter:
         )
         self._last_version: str | None = None
         self.cid = consumer_id
-        start_http_server(port, addr="127.0.0.1", registry=self.reg)
+        self.health = health
+        if health is not None:
+            self.reg.register(_HealthCollector(consumer_id, health))
+        self.server = serve_http(host, port, self.reg, health)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
     def observe(
         self, n_events: int, n_dead: int, batch_s: float, e2a_ms: np.ndarray, version: str
@@ -301,3 +336,66 @@ class PromExporter:
                 self.version.remove(self.cid, self._last_version)
             self.version.labels(consumer=self.cid, version=version).set(1)
             self._last_version = version
+
+
+# health counters under their Prometheus names: (name, kind, help)
+_HEALTH_METRICS = (
+    ("commit_failures", "counter", "offset commits the broker refused (the batches replay)"),
+    ("redis_retries", "counter", "Redis calls retried while Redis was unavailable"),
+    ("refused_versions", "gauge", "model / policy versions the hot reload refused"),
+    ("partitions", "gauge", "partitions assigned now"),
+    ("lag", "gauge", "messages behind the assigned partitions' ends (-1: unknown)"),
+    ("redis_unavailable", "gauge", "1 while the worker waits for Redis"),
+)
+
+
+class _HealthCollector:
+    """The worker's counters, read when scraped (no bookkeeping on the batch path)."""
+
+    def __init__(self, consumer_id: str, health):
+        self.cid, self.health = consumer_id, health
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        values = self.health.counters()
+        for name, kind, text in _HEALTH_METRICS:
+            cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            m = cls(f"astec_stream_{name}", text, labels=["consumer"])
+            m.add_metric([self.cid], float(values[name]))
+            yield m
+
+
+def serve_http(host: str, port: int, registry, health=None):
+    """A threaded HTTP server on host:port (daemon threads): /healthz, /readyz, and the
+    registry's metrics on every other path. Returns the server (shutdown() stops it)."""
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/readyz") and health is not None:
+            ok, checks = health.alive() if path == "/healthz" else health.readiness()
+            body = json.dumps({"ok": ok, **checks}).encode()
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable",
+                [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+        return metrics_app(environ, start_response)
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args) -> None:  # no access log on the worker's stderr
+            pass
+
+    httpd = make_server(host, port, app, Server, handler_class=Quiet)
+    threading.Thread(target=httpd.serve_forever, name="astec-metrics", daemon=True).start()
+    return httpd

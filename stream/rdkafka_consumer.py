@@ -121,6 +121,20 @@ class RdConsumer:
     def assignment(self) -> set:
         return set(self._assigned)
 
+    def pause(self, *partitions) -> None:
+        """Fetch nothing more from these (owned) partitions; poll keeps the membership alive."""
+        self._c.pause(self._owned(partitions))
+
+    def resume(self, *partitions) -> None:
+        self._c.resume(self._owned(partitions))
+
+    def _owned(self, partitions) -> list:
+        from confluent_kafka import TopicPartition as CkTopicPartition
+
+        return [
+            CkTopicPartition(tp.topic, tp.partition) for tp in partitions if tp in self._assigned
+        ]
+
     # ---- records and offsets -----------------------------------------------------------------
     def poll(self, timeout_ms: int = 0, max_records: int = 500) -> dict:
         """Up to max_records messages: wait up to timeout_ms for the first, take the rest that are

@@ -102,6 +102,14 @@ class Settings:
     models_dir: str = "models"  # the engine registry the dashboard shows
     metrics_interval_s: float = 1.0
     metrics_port: int = 0  # worker i serves Prometheus metrics on metrics_port + i (0: off)
+    # where those metrics, /healthz and /readyz listen: loopback, or "0.0.0.0" (any address of
+    # this host) for a Prometheus server on another host
+    metrics_host: str = "127.0.0.1"
+    # replicas that must hold a batch's Redis writes before its offsets are committed (WAIT):
+    # -1 = 1 where the primary has replicas (a failover then loses no committed visit), 0 = off,
+    # n >= 1; a batch the replicas do not acknowledge within redis_wait_timeout_ms is retried
+    redis_wait_replicas: int = -1
+    redis_wait_timeout_ms: int = 1000
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():

@@ -20,8 +20,14 @@ if the server's policy evicts).
 One Lua script per event checks the hash against the list, and only when it is new appends the
 state and the hash, trimming both, so a replay never appends the same visit twice. A batch is one
 pipelined round trip of EVALSHA (the script is loaded once, and again if Redis forgot it). The
-client retries connection errors with exponential backoff (Redis restarts). `EventWindow` is the
-same dedupe list on its own, for consumers that write elsewhere (the click logger).
+client (one endpoint, Sentinel or Cluster by the URL: stream.redis_connect) retries connection
+errors a few times; a reply that is Redis' state rather than the command's (READONLY after a
+failover, CLUSTERDOWN, LOADING, ...: `infra_error`) raises RedisUnavailable for the whole batch,
+which the worker retries while holding its partitions (stream.worker_health). Where the primary
+has replicas, the batch's pipeline ends with WAIT, and a batch no replica acknowledged is not
+counted as stored (its offsets stay uncommitted), so a failover loses no committed visit.
+`EventWindow` is the same dedupe list on its own, for consumers that write elsewhere (the click
+logger).
 """
 
 from __future__ import annotations
@@ -33,10 +39,9 @@ from typing import Any
 from urllib.parse import quote
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from personalization.state import UserState
+from stream.redis_connect import is_cluster, parse_redis_url, redis_client
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +78,43 @@ return 0
 """
 
 
-class RedisOutOfMemory(redis.ConnectionError):
+class RedisUnavailable(redis.ConnectionError):
+    """Redis refused a command for a reason of its own, not the event's (a replica answering
+    READONLY after a failover, a cluster slot moving or down, a node loading its data, an ACL
+    refusal): the caller retries after a reconnect, never dead-letters the event."""
+
+
+class RedisOutOfMemory(RedisUnavailable):
     """Redis refused a write with OOM (maxmemory reached): retried like an outage, never
     skipped, so idempotence is never silently given up."""
+
+
+# error replies that say where Redis is (or is not), not what the command was: the first word of
+# the reply; redis-py parses most of them into the classes below
+INFRA_REPLIES = (
+    *("READONLY", "MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "MASTERDOWN"),
+    *("NOPERM", "NOREPLICAS", "UNBLOCKED"),
+)
+_INFRA_CLASSES = (
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.AskError,  # MovedError is one
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,  # MasterDownError is one
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.NoPermissionError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+)
+
+
+def infra_error(exc: BaseException) -> bool:
+    """Whether a per-command error is Redis' own state (retry) rather than the command's."""
+    if isinstance(exc, _INFRA_CLASSES):
+        return True
+    words = str(exc).split(None, 2)
+    if words and words[0] == "ERR" and len(words) > 1:
+        words = words[1:]
+    return bool(words) and words[0].rstrip(":") in INFRA_REPLIES
 
 
 def key_part(value: str) -> str:
@@ -95,24 +134,20 @@ def event_hash(event_id: str) -> bytes:
     return hashlib.blake2b(event_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
-def connect(url: str, retries: int = 10) -> redis.Redis:
-    """A client that reconnects with exponential backoff (50 ms doubling, capped at 2 s)."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=5,
-        socket_connect_timeout=2,
-        health_check_interval=10,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-    )
+def connect(url: str, retries: int = 3) -> Any:
+    """A client for the URL's topology (stream.redis_connect: redis://, redis+sentinel://,
+    redis+cluster://) that reconnects with exponential backoff (50 ms doubling, capped at 2 s).
+    A few retries only: a longer outage is the caller's to wait out (the worker keeps polling
+    Kafka meanwhile, which a client retrying inside one call for seconds would not)."""
+    return redis_client(url, retries)
 
 
 def redis_address(url: str) -> str:
-    """host:port of a Redis URL, without its password (for messages)."""
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url)
-    return f"{u.hostname or '127.0.0.1'}:{u.port or 6379}"
+    """host:port[,host:port...] of a Redis URL, without its password (for messages)."""
+    try:
+        return parse_redis_url(url).address() or "127.0.0.1:6379"
+    except ValueError:
+        return "(unparsable Redis URL)"
 
 
 def check_eviction_policy(client: redis.Redis) -> str | None:
@@ -133,9 +168,12 @@ def check_eviction_policy(client: redis.Redis) -> str | None:
     return policy
 
 
-def _run(pipe: Any) -> list:
-    """Execute a pipeline; OOM raises RedisOutOfMemory (not one command's fault), any other
-    per-command error comes back in place of that command's result."""
+def _run(pipe: Any, client: Any = None) -> list:
+    """Execute a pipeline; OOM raises RedisOutOfMemory and an infrastructure reply
+    (infra_error: READONLY, MOVED / ASK not followed, TRYAGAIN, CLUSTERDOWN, LOADING,
+    MASTERDOWN, NOPERM) raises RedisUnavailable after dropping the client's connections, so the
+    retry reconnects (Sentinel: to the current primary). Any other per-command error comes back
+    in place of that command's result (the event's own fault)."""
     results = pipe.execute(raise_on_error=False)
     for r in results:
         # redis-py turns an "OOM ..." reply into OutOfMemoryError and drops the "OOM" prefix
@@ -143,6 +181,11 @@ def _run(pipe: Any) -> list:
             isinstance(r, redis.ResponseError) and str(r).startswith("OOM")
         ):
             raise RedisOutOfMemory(f"Redis is out of memory (maxmemory): {r}")
+    bad = next((r for r in results if isinstance(r, Exception) and infra_error(r)), None)
+    if bad is not None:
+        if client is not None and not is_cluster(client):
+            client.connection_pool.disconnect()
+        raise RedisUnavailable(f"Redis: {type(bad).__name__}: {bad}")
     return results
 
 
@@ -162,14 +205,17 @@ class _Scripted:
             shas[script] = self.client.script_load(script)
         return shas[script]
 
-    def _evalsha_batch(self, script: str, calls: list[tuple[list, list]]) -> list:
-        """One pipelined round trip of EVALSHA(script, keys, args) per call."""
+    def _evalsha_batch(self, script: str, calls: list[tuple[list, list]], tail: Any = None) -> list:
+        """One pipelined round trip of EVALSHA(script, keys, args) per call, then what
+        `tail(pipe)` adds (its results follow the calls')."""
         for attempt in (0, 1):
             pipe = self.client.pipeline(transaction=False)
             sha = self._sha(script)
             for keys, args in calls:
                 pipe.evalsha(sha, len(keys), *keys, *args)
-            results = _run(pipe)
+            if tail is not None:
+                tail(pipe)
+            results = _run(pipe, self.client)
             if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
                 # Redis restarted and forgot the script: nothing ran, so load it and run again
                 self._shas.pop(script, None)
@@ -195,7 +241,10 @@ class EventWindow(_Scripted):
         pipe = self.client.pipeline(transaction=False)
         for k, e in zip(keys, event_ids, strict=True):
             pipe.lpos(k, event_hash(e))  # type: ignore[arg-type]  # bytes go out as they are
-        return [_reason(r) if isinstance(r, Exception) else r is not None for r in _run(pipe)]
+        return [
+            _reason(r) if isinstance(r, Exception) else r is not None
+            for r in _run(pipe, self.client)
+        ]
 
     def remember(self, keys: list[str], event_ids: list[str]) -> list[bool | str]:
         """Remember each event id under its key; per event: True if it was new, False if it was
@@ -210,6 +259,30 @@ class EventWindow(_Scripted):
         return [_reason(r) if isinstance(r, Exception) else bool(r) for r in res]
 
 
+def _decode_history(raws: list[bytes]) -> tuple[list[UserState], list[tuple[bytes, str]]]:
+    """A stored list (newest first) as states oldest first, and the entries that do not decode
+    with why (a state written by another format's writer, or damaged)."""
+    out, bad = [], []
+    for raw in reversed(raws):
+        try:
+            out.append(UserState.decode(raw))
+        except Exception as exc:  # noqa: BLE001 - whatever the bytes are, they are one entry's
+            bad.append((raw, f"{type(exc).__name__}: {exc}"))
+    return out, bad
+
+
+def replica_count(client: Any) -> int:
+    """Replicas connected to the primary the client writes to (0 when INFO is refused or the
+    client is a cluster's)."""
+    if is_cluster(client):
+        return 0
+    try:
+        info = client.info("replication")
+    except redis.ResponseError:
+        return 0
+    return int(info.get("connected_slaves", 0))
+
+
 def _reason(exc: Exception) -> str:
     return f"Redis: {type(exc).__name__}: {exc}"
 
@@ -222,6 +295,40 @@ class StateStore(_Scripted):
     ttl_s: int = 30 * 86400
     dedup_ttl_s: int = 7 * 86400
     dedup_n: int = DEDUP_N
+    # replicas that must hold a batch's writes before it counts as stored (WAIT in the batch's
+    # pipeline, on the connection that wrote): -1 = 1 where the primary has replicas, else 0
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
+
+    def _replicas_to_wait(self) -> int:
+        """wait_replicas, with -1 resolved at the first append (by INFO replication, so a Redis
+        down when the worker starts is waited out like any outage)."""
+        if self.wait_replicas < 0:
+            n = 1 if replica_count(self.client) else 0
+            if n and is_cluster(self.client):
+                n = 0
+            self.wait_replicas = n
+        elif self.wait_replicas and is_cluster(self.client):
+            log.warning(
+                "waiting for replicas is not done on Redis Cluster (a pipeline spans nodes); "
+                "a primary's failover can lose its last writes"
+            )
+            self.wait_replicas = 0
+        return self.wait_replicas
+
+    @classmethod
+    def from_settings(cls, client: Any, settings: Any) -> StateStore:
+        """The store as the settings describe it (prefix, K, TTLs, N, replica wait)."""
+        return cls(
+            client,
+            settings.redis_key_prefix,
+            settings.state_k,
+            settings.state_ttl_s,
+            settings.dedup_ttl_s,
+            settings.dedup_n,
+            settings.redis_wait_replicas,
+            settings.redis_wait_timeout_ms,
+        )
 
     def states_key(self, user_id: str) -> str:
         return user_key(self.prefix, user_id, "states")
@@ -266,19 +373,62 @@ class StateStore(_Scripted):
             )
             for uid, st in zip(user_ids, states, strict=True)
         ]
-        results = self._evalsha_batch(_APPEND, calls)
+        n_wait = self._replicas_to_wait()
+
+        def wait(pipe: Any) -> None:
+            if n_wait:
+                pipe.execute_command("WAIT", n_wait, self.wait_timeout_ms)
+
+        results = self._evalsha_batch(_APPEND, calls, wait if n_wait else None)
+        if n_wait:
+            acked = results.pop()
+            if isinstance(acked, Exception) or int(acked) < n_wait:
+                # not stored until a replica holds it: retried (the appends are idempotent)
+                raise RedisUnavailable(
+                    f"Redis: {acked} of {n_wait} replica(s) acknowledged the batch within "
+                    f"{self.wait_timeout_ms} ms"
+                )
         errors = [_reason(r) if isinstance(r, Exception) else None for r in results]
         fresh = [e is None and bool(r[0]) for r, e in zip(results, errors, strict=True)]
         if not with_history:
             return fresh, [[] for _ in states], errors
         hists: list[list[UserState]] = []
-        for r, st, e in zip(results, states, errors, strict=True):
+        bad_raw: dict[str, set[bytes]] = {}  # user -> stored entries that do not decode
+        refused: list[int] = []  # events dead-lettered for their user's undecodable state
+        for i, (r, st, e) in enumerate(zip(results, states, errors, strict=True)):
             if e is not None:
                 hists.append([])
                 continue
-            h = [UserState.decode(raw) for raw in reversed(r[1])]
+            h, bad = _decode_history(r[1])
             hists.append([s for s in h if s.event_id != st.event_id])
+            if bad:
+                uid = user_ids[i]
+                if uid not in bad_raw:  # the user's first event of the batch to meet them
+                    errors[i] = (
+                        f"state: {len(bad)} stored state(s) of this user cannot be decoded "
+                        f"({bad[0][1]}); dropped from the user's window"
+                    )[:4096]
+                    fresh[i] = False
+                    refused.append(i)
+                bad_raw.setdefault(uid, set()).update(raw for raw, _ in bad)
+        if bad_raw:
+            self._drop_undecodable(bad_raw, [(user_ids[i], states[i]) for i in refused])
         return fresh, hists, errors
+
+    def _drop_undecodable(
+        self, bad_raw: dict[str, set[bytes]], refused: list[tuple[str, UserState]]
+    ) -> None:
+        """Remove the entries that do not decode from their users' lists (the window goes on
+        with what decodes), and the refused events' own state and id, so a replay of their dead
+        letter is appended as new."""
+        pipe = self.client.pipeline(transaction=False)
+        for uid, raws in bad_raw.items():
+            for raw in raws:
+                pipe.lrem(self.states_key(uid), 0, raw)  # type: ignore[arg-type]
+        for uid, st in refused:
+            pipe.lrem(self.states_key(uid), 1, st.encode())  # type: ignore[arg-type]
+            pipe.lrem(self.eids_key(uid), 1, event_hash(st.event_id))  # type: ignore[arg-type]
+        _run(pipe, self.client)
 
     def history(self, user_id: str) -> list[UserState]:
         """A user's stored states, oldest first."""

@@ -52,6 +52,7 @@ from stream.rdkafka_producer import TransactionAborted
 from stream.settings import Settings
 from stream.state_store import StateStore, connect
 from stream.topics import TXN_TIMEOUT_MS, make_stream_consumer, make_stream_producer
+from stream.worker_health import WorkerHealth
 
 log = logging.getLogger(__name__)
 TXN_STALL_S = 20.0  # a transaction commit blocked this long is stuck (_commit_or_replace)
@@ -195,14 +196,7 @@ class StreamWorker:
         self.consumer = self.clients.consumer
         self.producer = self.clients.producer
         self.redis = self.clients.redis
-        self.store = StateStore(
-            self.redis,
-            settings.redis_key_prefix,
-            settings.state_k,
-            settings.state_ttl_s,
-            settings.dedup_ttl_s,
-            settings.dedup_n,
-        )
+        self.store = StateStore.from_settings(self.redis, settings)
         self.stages = stages or default_stages(settings, model, policy, self._append_with_backoff)
         self.aborted = 0  # transactions aborted and replayed (exactly-once)
         self.txn: OpenTxn | None = None  # the open transaction (exactly-once)
@@ -215,10 +209,15 @@ class StreamWorker:
         self.pending_offsets: dict = {}  # settled but not yet committed (commit_interval_ms)
         self._last_commit = time.monotonic()
         self.metrics = ConsumerMetrics(self.cid, policy.name, model.version)
-        self.prom = PromExporter(metrics_port, self.cid) if metrics_port else None
         self.commit_failures = 0
         self.max_in_flight = 4
         self.inflight: deque[InFlight] = deque()
+        self.health = WorkerHealth(self)  # Redis outages held in the group; /healthz, /readyz
+        self.prom = (
+            PromExporter(metrics_port, self.cid, settings.metrics_host, self.health)
+            if metrics_port
+            else None
+        )
         self._last_publish = 0.0
         self._unassigned_since: float | None = None  # owning no partition since (monotonic)
         self._last_unassigned_warning = 0.0
@@ -246,6 +245,7 @@ class StreamWorker:
                     wait = min(self.s.poll_timeout_ms, int((due - time.monotonic()) * 1000))
                 polled = self.consumer.poll(timeout_ms=max(1, wait), max_records=self.s.batch_max)
                 self._raise_failure()
+                self.health.polled()
                 records = [r for rs in polled.values() for r in rs]
                 if self.exactly_once:
                     if records:
@@ -472,6 +472,7 @@ class StreamWorker:
             self.metrics.model_version = self.model.version
             self.metrics.partitions = len(self.consumer.assignment())
             self.metrics.refused_versions = len(self.model.refused) + len(self.policy.refused)
+            self.metrics.commit_failures = self.commit_failures
             self._warn_if_unassigned(now)
             lag = getattr(self.consumer, "lag", None)
             self.metrics.lag = lag() if lag is not None else None
@@ -538,26 +539,15 @@ class StreamWorker:
         )
 
     def _append_with_backoff(self, user_ids, states, with_history: bool):
-        """The state stage's Redis append (the one call of the store's append), retried with
-        backoff while Redis restarts or is out of memory (the batch stays uncommitted);
-        per-event refusals come back as reasons."""
+        """The state stage's Redis append (the one call of the store's append), retried while
+        Redis is unavailable with the partitions paused and polled (stream.worker_health: the
+        worker stays in its group; the batch stays uncommitted); per-event refusals come back as
+        reasons."""
         if not states:
             return [], [], []
-        delay = 0.1
-        while True:
-            try:
-                return self.store.append_batch_checked(user_ids, states, with_history)
-            except (
-                redis.ConnectionError,
-                redis.TimeoutError,
-                redis.BusyLoadingError,
-                redis.exceptions.NoScriptError,
-            ) as exc:
-                if self.stop_event.is_set():
-                    raise
-                log.warning("%s: Redis unavailable (%s); retrying in %.1fs", self.cid, exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        return self.health.retry_redis(
+            lambda: self.store.append_batch_checked(user_ids, states, with_history)
+        )
 
 
 def worker_main(

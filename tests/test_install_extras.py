@@ -3,8 +3,15 @@ predicts without the broker's, Redis' or Streamlit's clients; a command that nee
 which extra to install. Simulated here by making those packages unimportable in a child."""
 
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from stream.settings import settings_env
+from testkit.stream_load import answered, produce_paced
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = (
@@ -43,3 +50,43 @@ def test_a_stream_command_names_the_extra_it_needs():
     assert "pip install 'astec-ads[stream]'" in res.stderr and "Traceback" not in res.stderr
     ok = run("from infra.cli import main\nsys.argv = ['astec', 'train', '--help']\nmain()\n")
     assert ok.returncode == 0 and "--train" in ok.stdout
+
+
+@pytest.mark.services
+@pytest.mark.skipif(
+    not os.environ.get("ASTEC_WORKER_VENV"),
+    reason="needs ASTEC_WORKER_VENV: a venv of `pip install '.[stream]'` (.ci/run makes one)",
+)
+def test_worker_install_without_torch_answers_page_views(
+    stream_settings, astec_predictor, stream_corpus, tmp_path
+):
+    """The `stream` extra alone (no torch) runs `astec stream run` on an exported predictor:
+    page views in, ad queries out, from the installed package (not this checkout)."""
+    venv = Path(os.environ["ASTEC_WORKER_VENV"]).resolve()
+    py = venv / "bin" / "python"
+    no_torch = subprocess.run([py, "-c", "import torch"], capture_output=True, check=False)
+    assert no_torch.returncode != 0, "the worker venv has torch"
+    s = stream_settings
+    env = {
+        "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        **settings_env(s),
+        "ASTEC_LOG_LEVEL": "30",
+    }
+    with (tmp_path / "worker.log").open("wb") as log:
+        p = subprocess.Popen(
+            [venv / "bin" / "astec", "stream", "run", "--model", astec_predictor],
+            cwd=tmp_path,  # the installed package, not the checkout's sources
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            ids = produce_paced(s, stream_corpus[0], 200, 20, rate=100, tag="wv")
+            ads = answered(s, ids, timeout=120)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(60)
+    out = (tmp_path / "worker.log").read_text(errors="replace")[-2000:]
+    assert set(ids) <= set(ads), out
+    assert rc == 0, out

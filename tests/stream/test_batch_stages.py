@@ -149,6 +149,17 @@ def test_choose_falls_back_to_event_by_event_and_emit_sends_one_ad_query_per_eve
     assert b.answered_ts == [1.7e9, 1.7e9 + 2]
 
 
+def test_an_event_that_cannot_be_emitted_is_dead_lettered_by_the_emit_stage():
+    b, out, sent = decoded(2)
+    predict_stage(b, out, model=Model(), top_k=K)
+    b.states, b.hists = [None, None], [[], []]
+    choose_stage(b, out, policy=Top1Policy())
+    del b.served[1]["candidate_ids"]  # a policy's log fields without the candidates
+    emit_stage(b, out, topic="ads", policy_name="top1")
+    assert [decode("ad_query", v, 1 << 20)["event_id"] for t, v in sent if t == "ads"] == ["e0"]
+    assert reasons(sent)[1] == "emit failed: KeyError: 'candidate_ids'"
+
+
 def test_served_fields_survive_keep():
     sv = Top1Policy().serve_batch(None, None, np.array([[1, 2], [3, 4]]), np.ones((2, 2)))
     assert isinstance(sv, Served)

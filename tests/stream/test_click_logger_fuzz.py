@@ -241,6 +241,39 @@ def test_fuzzed_ad_queries_and_clicks_are_each_logged_once_or_dead_lettered(
         assert r.llen(k) <= DEDUP_N and r.ttl(k) > 0
 
 
+def test_click_logger_keeps_the_dedup_n_of_its_settings(stream_settings, tmp_path):
+    """ASTEC_DEDUP_N sets the click logger's window as it sets the workers': with dedup_n = 4 a
+    user's list holds the last 4 impression ids, not DEDUP_N."""
+    s = stream_settings.replace(dedup_n=4)
+    rng = random.Random(7)
+    from stream.rdkafka_producer import RdProducer
+
+    p = RdProducer(s, "dedup-n", 2)
+    for i in range(10):
+        p.send(s.topic_ad_queries, encode("ad_query", {**_query(rng, i, "dn"), "user_id": "d"}))
+    p.flush(30)
+    p.close()
+    counts: dict = {}
+    stop = threading.Event()
+    t = threading.Thread(
+        target=run_click_logger,
+        args=(s, str(tmp_path / "log")),
+        kwargs={"stop_event": stop, "counts": counts},
+        daemon=True,
+    )
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and counts.get("ad_impressions", 0) < 10:
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        t.join(30)
+    assert counts["ad_impressions"] == 10
+    key = f"{s.redis_key_prefix}:{{user:d}}:clicklog:ad_impressions"
+    assert connect(s.redis_url).llen(key) == 4
+
+
 def _read_all(s, topic, n, timeout=60.0):
     c = make_consumer(s, [topic], None)
     out, deadline = [], time.monotonic() + timeout
