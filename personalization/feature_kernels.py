@@ -297,3 +297,48 @@ def features(
                 zz[b, t, e] = z[b, t, e] / nrm
             zz[b, t, D] = _F1 if starts[t] else _F0
     return feats, zz
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def page_prediction(ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block):
+    """(sum, count) over the windows whose last page has clustered evidence and an earlier
+    page: log of sum_c b(c) (1 + kappa(c) e(c)) / sum_c (1 + kappa(c) e(c)) / n, the last
+    page's evidence e under the filter's belief b from the pages before it, carried over the
+    last step (keep, keep_block at a block start), against the uniform belief: how much better
+    than knowing nothing the filter predicts where the next page's interest lies."""
+    B, K, k = ids.shape
+    n_cl = kappa.shape[0]
+    starts = np.zeros(K, np.bool_)
+    prior = np.zeros(K, np.bool_)
+    E = np.zeros((K, n_cl))
+    belief = np.zeros(n_cl)
+    e = np.zeros(n_cl)
+    total = 0.0
+    count = 0
+    for b in range(B):
+        if not mask[b, K - 1] or K < 2 or not mask[b, K - 2]:
+            continue
+        for j in range(n_cl):
+            e[j] = 0.0
+        tot_e = 0.0
+        for j in range(k):
+            q = ids[b, K - 1, j]
+            if q >= 0 and lookup[q] >= 0:
+                e[lookup[q]] += np.float64(scores[b, K - 1, j])
+                tot_e += np.float64(scores[b, K - 1, j])
+        if tot_e <= 0.0:
+            continue
+        _block_starts(mask[b], ts[b], block_gap, starts)
+        for t in range(K):
+            prior[t] = mask[b, t] and t < K - 1
+        tot = _filter(ids[b], scores[b], prior, starts, lookup, kappa, keep, keep_block, E, belief)
+        kp = keep_block if starts[K - 1] else keep
+        num = 0.0
+        den = 0.0
+        for j in range(n_cl):
+            lr = 1.0 + kappa[j] * e[j] / tot_e
+            num += (kp * belief[j] / tot + (1.0 - kp) / n_cl) * lr
+            den += lr / n_cl
+        total += np.log(num / den)
+        count += 1
+    return total, count

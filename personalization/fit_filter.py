@@ -6,14 +6,18 @@ Nothing here reads how the traffic was generated: each constant is what the logs
   on the log of the gaps between a user's consecutive visits in the training period; the gap
   where the two components' weighted densities cross (gaps inside a sitting and gaps between
   sittings form two modes in any browsing log; where they cross is the least ambiguous cut).
-- The query clusters' count, the intent filter's keep rates within and across blocks and its
-  odds factor (kappa's scale, floor and power): chosen by the log-likelihood, on the
-  validation visits, of the logged clicks on the shown query under a logistic model of the
-  filter's belief in the shown query's cluster and its score on the current page (the
-  logistic's three coefficients fitted on the training visits). The filter is the compiled
-  kernel the features use (feature_kernels.intent_mass), so one setting costs milliseconds;
-  the continuous constants by Nelder-Mead from a neutral start, the count over a geometric
-  grid of counts, refined once around the best.
+- The intent filter's keep rates within and across blocks: by how well the filter's belief
+  from a window's earlier pages predicts the interest of its last page, on the validation
+  windows (the rates at which a reader's interest carries over are what the page sequence
+  shows; the likelihood of the clicks is nearly flat in them).
+- Its odds factor (kappa's scale, floor and power) and the query clusters' count: by the
+  log-likelihood, on the validation visits, of the logged clicks on the shown query under a
+  logistic model of the filter's belief in the shown query's cluster and its score on the
+  current page (the logistic's three coefficients fitted on the training visits); keep rates
+  and kappa fitted in turn, twice. Both criteria run the compiled filter the features use
+  (feature_kernels), so one setting costs milliseconds; the continuous constants by
+  Nelder-Mead from a neutral start, the count over a geometric grid of counts, refined once
+  around the best.
 - recency_score's decay: the same likelihood with the recency-weighted score of the shown
   query in place of the filter's belief, by a bounded scalar search.
 """
@@ -40,6 +44,11 @@ log = logging.getLogger(__name__)
 
 MIN_GAPS = 20  # fewer gaps between visits than this: nothing to fit a block gap on
 MIN_CLICKS = 5  # fewer clicks on either side: nothing to fit the likelihood on
+MAX_EVALS = 90  # settings of kappa tried per round for the chosen cluster count (keeps: half)
+GRID_EVALS = 30  # ... and for each count of the grid (on GRID_ROWS visits a side)
+GRID_ROWS = 4000
+MAX_ROWS = 10000  # visits a side the final fit reads
+GRID_RESTARTS = 4  # k-means restarts per count of the grid (the chosen count gets the default)
 
 
 @dataclass
@@ -174,28 +183,92 @@ def fit_recency(tr: Windows, va: Windows) -> float | None:
     return float(res.x)
 
 
-def _unpack(theta: np.ndarray, fit: FeatureFit) -> FeatureFit:
-    """FeatureFit from unconstrained parameters (logit keeps, log scale and floor, power)."""
-    sig = 1.0 / (1.0 + np.exp(-np.clip(theta[:2], -30, 30)))
+def _sig(x: float) -> float:
+    return float(1.0 / (1.0 + np.exp(-np.clip(x, -30.0, 30.0))))
+
+
+def _kappa_fit(theta: np.ndarray, fit: FeatureFit) -> FeatureFit:
+    """fit with kappa_* from unconstrained parameters (log scale, log floor, power)."""
     return replace(
         fit,
-        keep=float(sig[0]),
-        keep_block=float(sig[1]),
-        kappa_scale=float(np.exp(np.clip(theta[2], -10, 10))),
-        kappa_floor=float(np.exp(np.clip(theta[3], -10, 5))),
-        kappa_power=float(np.clip(theta[4], 0.0, 3.0)),
+        kappa_scale=float(np.exp(np.clip(theta[0], -10, 10))),
+        kappa_floor=float(np.exp(np.clip(theta[1], -10, 5))),
+        kappa_power=float(np.clip(theta[2], 0.0, 3.0)),
     )
 
 
-# The optimiser's start (not a fitted value): a filter that keeps most of its belief, a page
-# that counts as much as a few earlier ones, evidence proportional to 1 / share.
-_THETA0 = np.array([2.0, 0.0, np.log(5.0), 0.0, 1.0])
-_STEP = np.array([1.5, 1.5, 1.5, 1.0, 0.5])  # the first simplex: a wide look around the start
-MAX_EVALS = 120  # filter settings tried for the chosen cluster count
-GRID_EVALS = 40  # ... and for each count of the grid (on GRID_ROWS visits a side)
-GRID_ROWS = 4000
-MAX_ROWS = 10000  # visits a side the final fit reads
-GRID_RESTARTS = 4  # k-means restarts per count of the grid (the chosen count gets the default)
+# The optimisers' starts (not fitted values): a filter that keeps most of its belief, a page
+# that counts as much as a few earlier ones, evidence proportional to 1 / share; and the first
+# simplex's steps around them (a wide look).
+_KEEP0, _KEEP_STEP = np.array([2.0, 0.0]), np.array([1.5, 1.5])
+_KAPPA0, _KAPPA_STEP = np.array([np.log(5.0), 0.0, 1.0]), np.array([1.5, 1.0, 0.5])
+
+
+def _nelder_mead(f, x0: np.ndarray, step: np.ndarray, max_evals: int):
+    from scipy.optimize import minimize
+
+    simplex = np.vstack([x0, x0 + np.diag(step)])
+    opts = {"maxfev": max_evals, "xatol": 0.02, "fatol": 1e-7, "initial_simplex": simplex}
+    return minimize(f, x0, method="Nelder-Mead", options=opts)
+
+
+def fit_keep_rates(
+    share: np.ndarray, lookup: np.ndarray, va: Windows, fit: FeatureFit, max_evals: int
+) -> FeatureFit:
+    """fit with keep / keep_block maximising how well the filter's belief from a window's
+    earlier pages predicts the interest of its last page, on the validation windows
+    (feature_kernels.page_prediction): the rates at which a reader's interest carries over,
+    within a block and across a block start, are what the sequence of pages shows. Clicks
+    hardly tell them apart (the likelihood of the clicks is flat in them)."""
+    from personalization.feature_kernels import page_prediction
+
+    kappa = kappa_of_share(share, fit).astype(np.float64)
+
+    def neg(theta: np.ndarray) -> float:
+        s, n = page_prediction(
+            va.ids,
+            va.scores,
+            va.mask,
+            va.ts,
+            fit.block_gap_s,
+            lookup,
+            kappa,
+            _sig(theta[0]),
+            _sig(theta[1]),
+        )
+        return -s / max(n, 1)
+
+    res = _nelder_mead(neg, _KEEP0, _KEEP_STEP, max_evals)
+    return replace(fit, keep=_sig(res.x[0]), keep_block=_sig(res.x[1]))
+
+
+def fit_kappa(
+    share: np.ndarray,
+    lookup: np.ndarray,
+    tr: Windows,
+    va: Windows,
+    fit: FeatureFit,
+    max_evals: int,
+) -> tuple[FeatureFit, float]:
+    """(fit with kappa_* maximising the validation click likelihood of the filter's belief in
+    the shown query's cluster, that likelihood)."""
+    from personalization.feature_kernels import intent_mass
+
+    tgt_tr, tgt_va = lookup[tr.shown], lookup[va.shown]
+
+    def mass(w: Windows, tgt: np.ndarray, f: FeatureFit, kappa: np.ndarray) -> np.ndarray:
+        m, _ = intent_mass(
+            w.ids, w.scores, w.mask, w.ts, f.block_gap_s, lookup, kappa, f.keep, f.keep_block, tgt
+        )
+        return m
+
+    def neg(theta: np.ndarray) -> float:
+        f = _kappa_fit(theta, fit)
+        kappa = kappa_of_share(share, f).astype(np.float64)
+        return -click_loglik(mass(tr, tgt_tr, f, kappa), mass(va, tgt_va, f, kappa), tr, va)
+
+    res = _nelder_mead(neg, _KAPPA0, _KAPPA_STEP, max_evals)
+    return _kappa_fit(res.x, fit), -float(res.fun)
 
 
 def fit_filter_constants(
@@ -206,48 +279,15 @@ def fit_filter_constants(
     fit: FeatureFit,
     max_evals: int = MAX_EVALS,
 ) -> tuple[FeatureFit, float]:
-    """(fit with keep, keep_block and kappa_* maximising the validation click likelihood of
-    the filter's belief in the shown query's cluster, that likelihood) for clusters `lookup`
-    whose shares of the evidence are `share`."""
-    from scipy.optimize import minimize
-
-    from personalization.feature_kernels import intent_mass
-
-    tgt_tr = lookup[tr.shown]
-    tgt_va = lookup[va.shown]
-
-    def mass(w: Windows, tgt: np.ndarray, f: FeatureFit, kappa: np.ndarray) -> np.ndarray:
-        m, _ = intent_mass(
-            w.ids,
-            w.scores,
-            w.mask,
-            w.ts,
-            f.block_gap_s,
-            lookup,
-            kappa,
-            f.keep,
-            f.keep_block,
-            tgt,
-        )
-        return m
-
-    def objective(theta: np.ndarray) -> float:
-        f = _unpack(theta, fit)
-        kappa = kappa_of_share(share, f).astype(np.float64)
-        return -click_loglik(mass(tr, tgt_tr, f, kappa), mass(va, tgt_va, f, kappa), tr, va)
-
-    res = minimize(
-        objective,
-        _THETA0,
-        method="Nelder-Mead",
-        options={
-            "maxfev": max_evals,
-            "xatol": 0.02,
-            "fatol": 1e-7,
-            "initial_simplex": np.vstack([_THETA0, _THETA0 + np.diag(_STEP)]),
-        },
-    )
-    return _unpack(res.x, fit), -float(res.fun)
+    """(fit with the keep rates and kappa_* fitted in turn, twice: keep rates by page
+    prediction, kappa by the click likelihood; that likelihood) for clusters `lookup` whose
+    shares of the evidence are `share`, starting from the optimisers' starts."""
+    f = _kappa_fit(_KAPPA0, replace(fit, keep=_sig(_KEEP0[0]), keep_block=_sig(_KEEP0[1])))
+    ll = -np.inf
+    for _ in range(2):
+        f = fit_keep_rates(share, lookup, va, f, max_evals // 2)
+        f, ll = fit_kappa(share, lookup, tr, va, f, max_evals)
+    return f, ll
 
 
 def cluster_grid(n_queries: int) -> list[int]:
