@@ -6,18 +6,18 @@ Nothing here reads how the traffic was generated: each constant is what the logs
   on the log of the gaps between a user's consecutive visits in the training period; the gap
   where the two components' weighted densities cross (gaps inside a sitting and gaps between
   sittings form two modes in any browsing log; where they cross is the least ambiguous cut).
-- The intent filter's keep rates within and across blocks: by how well the filter's belief
-  from a window's earlier pages predicts the interest of its last page, on the validation
-  windows (the rates at which a reader's interest carries over are what the page sequence
-  shows; the likelihood of the clicks is nearly flat in them).
-- Its odds factor (kappa's scale, floor and power) and the query clusters' count: by the
-  log-likelihood, on the validation visits, of the logged clicks on the shown query under a
-  logistic model of the filter's belief in the shown query's cluster and its score on the
-  current page (the logistic's three coefficients fitted on the training visits); keep rates
-  and kappa fitted in turn, twice. Both criteria run the compiled filter the features use
-  (feature_kernels), so one setting costs milliseconds; the continuous constants by
-  Nelder-Mead from a neutral start, the count over a geometric grid of counts, refined once
-  around the best.
+- The intent filter's keep rates within and across blocks and its odds factor (kappa's scale,
+  floor and power): by how well the filter's belief from a window's earlier pages predicts
+  the interest of its last page, against a uniform belief, on the validation windows. The
+  filter is a model of how a reader's interest carries over from page to page, and the page
+  sequence is what shows it; the likelihood of the clicks is nearly flat in the keep rates.
+- The query clusters' count: by the log-likelihood, on the validation visits, of the logged
+  clicks on the shown query under a logistic model of the filter's belief in the shown
+  query's cluster and its score on the current page (the logistic's three coefficients fitted
+  on the training visits), over a geometric grid of counts refined once around the best, the
+  filter fitted as above for each count.
+- Both criteria run the compiled filter the features use (feature_kernels), so one setting
+  costs milliseconds; the continuous constants by Nelder-Mead from a neutral start.
 - recency_score's decay: the same likelihood with the recency-weighted score of the shown
   query in place of the filter's belief, by a bounded scalar search.
 """
@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 
 MIN_GAPS = 20  # fewer gaps between visits than this: nothing to fit a block gap on
 MIN_CLICKS = 5  # fewer clicks on either side: nothing to fit the likelihood on
-MAX_EVALS = 90  # settings of kappa tried per round for the chosen cluster count (keeps: half)
-GRID_EVALS = 30  # ... and for each count of the grid (on GRID_ROWS visits a side)
+MAX_EVALS = 150  # filter settings tried for the chosen cluster count
+GRID_EVALS = 50  # ... and for each count of the grid (on GRID_ROWS visits a side)
 GRID_ROWS = 4000
 MAX_ROWS = 10000  # visits a side the final fit reads
 GRID_RESTARTS = 4  # k-means restarts per count of the grid (the chosen count gets the default)
@@ -212,82 +212,72 @@ def _nelder_mead(f, x0: np.ndarray, step: np.ndarray, max_evals: int):
     return minimize(f, x0, method="Nelder-Mead", options=opts)
 
 
-def fit_keep_rates(
-    share: np.ndarray, lookup: np.ndarray, va: Windows, fit: FeatureFit, max_evals: int
-) -> FeatureFit:
-    """fit with keep / keep_block maximising how well the filter's belief from a window's
-    earlier pages predicts the interest of its last page, on the validation windows
-    (feature_kernels.page_prediction): the rates at which a reader's interest carries over,
-    within a block and across a block start, are what the sequence of pages shows. Clicks
-    hardly tell them apart (the likelihood of the clicks is flat in them)."""
+def _filter_fit(theta: np.ndarray, fit: FeatureFit) -> FeatureFit:
+    """fit with keep, keep_block and kappa_* from unconstrained parameters (logit keeps, log
+    scale, log floor, power)."""
+    return replace(_kappa_fit(theta[2:], fit), keep=_sig(theta[0]), keep_block=_sig(theta[1]))
+
+
+def page_score(share: np.ndarray, lookup: np.ndarray, w: Windows, fit: FeatureFit) -> float:
+    """Mean log ratio by which the filter's belief from each window's earlier pages predicts
+    the interest of its last page better than a uniform belief
+    (feature_kernels.page_prediction)."""
     from personalization.feature_kernels import page_prediction
 
     kappa = kappa_of_share(share, fit).astype(np.float64)
-
-    def neg(theta: np.ndarray) -> float:
-        s, n = page_prediction(
-            va.ids,
-            va.scores,
-            va.mask,
-            va.ts,
-            fit.block_gap_s,
-            lookup,
-            kappa,
-            _sig(theta[0]),
-            _sig(theta[1]),
-        )
-        return -s / max(n, 1)
-
-    res = _nelder_mead(neg, _KEEP0, _KEEP_STEP, max_evals)
-    return replace(fit, keep=_sig(res.x[0]), keep_block=_sig(res.x[1]))
-
-
-def fit_kappa(
-    share: np.ndarray,
-    lookup: np.ndarray,
-    tr: Windows,
-    va: Windows,
-    fit: FeatureFit,
-    max_evals: int,
-) -> tuple[FeatureFit, float]:
-    """(fit with kappa_* maximising the validation click likelihood of the filter's belief in
-    the shown query's cluster, that likelihood)."""
-    from personalization.feature_kernels import intent_mass
-
-    tgt_tr, tgt_va = lookup[tr.shown], lookup[va.shown]
-
-    def mass(w: Windows, tgt: np.ndarray, f: FeatureFit, kappa: np.ndarray) -> np.ndarray:
-        m, _ = intent_mass(
-            w.ids, w.scores, w.mask, w.ts, f.block_gap_s, lookup, kappa, f.keep, f.keep_block, tgt
-        )
-        return m
-
-    def neg(theta: np.ndarray) -> float:
-        f = _kappa_fit(theta, fit)
-        kappa = kappa_of_share(share, f).astype(np.float64)
-        return -click_loglik(mass(tr, tgt_tr, f, kappa), mass(va, tgt_va, f, kappa), tr, va)
-
-    res = _nelder_mead(neg, _KAPPA0, _KAPPA_STEP, max_evals)
-    return _kappa_fit(res.x, fit), -float(res.fun)
+    s, n = page_prediction(
+        w.ids, w.scores, w.mask, w.ts, fit.block_gap_s, lookup, kappa, fit.keep, fit.keep_block
+    )
+    return s / max(n, 1)
 
 
 def fit_filter_constants(
     share: np.ndarray,
     lookup: np.ndarray,
-    tr: Windows,
     va: Windows,
     fit: FeatureFit,
     max_evals: int = MAX_EVALS,
-) -> tuple[FeatureFit, float]:
-    """(fit with the keep rates and kappa_* fitted in turn, twice: keep rates by page
-    prediction, kappa by the click likelihood; that likelihood) for clusters `lookup` whose
-    shares of the evidence are `share`, starting from the optimisers' starts."""
-    f = _kappa_fit(_KAPPA0, replace(fit, keep=_sig(_KEEP0[0]), keep_block=_sig(_KEEP0[1])))
-    ll = -np.inf
-    for _ in range(2):
-        f = fit_keep_rates(share, lookup, va, f, max_evals // 2)
-        f, ll = fit_kappa(share, lookup, tr, va, f, max_evals)
-    return f, ll
+) -> FeatureFit:
+    """fit with keep, keep_block and kappa_* maximising how well the filter's belief from a
+    window's earlier pages predicts the interest of its last page on the validation windows
+    (page_score), for clusters `lookup` whose shares of the evidence are `share`: the filter
+    is a model of how a reader's interest carries over from page to page, and the page
+    sequence is what shows it (the likelihood of the clicks is nearly flat in the keep rates
+    and, fitted jointly, drives them to 1 with kappa to its bounds)."""
+    res = _nelder_mead(
+        lambda th: -page_score(share, lookup, va, _filter_fit(th, fit)),
+        np.r_[_KEEP0, _KAPPA0],
+        np.r_[_KEEP_STEP, _KAPPA_STEP],
+        max_evals,
+    )
+    return _filter_fit(res.x, fit)
+
+
+def filter_click_loglik(
+    share: np.ndarray, lookup: np.ndarray, tr: Windows, va: Windows, fit: FeatureFit
+) -> float:
+    """Validation click log-likelihood (click_loglik) of the filter's belief in the shown
+    query's cluster under `fit`."""
+    from personalization.feature_kernels import intent_mass
+
+    kappa = kappa_of_share(share, fit).astype(np.float64)
+
+    def mass(w: Windows) -> np.ndarray:
+        m, _ = intent_mass(
+            w.ids,
+            w.scores,
+            w.mask,
+            w.ts,
+            fit.block_gap_s,
+            lookup,
+            kappa,
+            fit.keep,
+            fit.keep_block,
+            lookup[w.shown],
+        )
+        return m
+
+    return click_loglik(mass(tr), mass(va), tr, va)
 
 
 def cluster_grid(n_queries: int) -> list[int]:
@@ -355,7 +345,8 @@ def fit_intent_filter(
             qc_k = clusters(k, GRID_RESTARTS)
             lookup = query_lookup(qc_k)
             share = cluster_share(v.IDS[viewed], v.SC[viewed], lookup)
-            _, ll = fit_filter_constants(share, lookup, tr_g, va_g, fit, GRID_EVALS)
+            f = fit_filter_constants(share, lookup, va_g, fit, GRID_EVALS)
+            ll = filter_click_loglik(share, lookup, tr_g, va_g, f)
             tried[k] = ll
             log.info("clusters %d: validation click log-likelihood %.5f", k, ll)
 
@@ -376,7 +367,9 @@ def fit_intent_filter(
             report["clusters_tried"] = {str(k): round(t, 6) for k, t in sorted(tried.items())}
         lookup = query_lookup(qc)
         share = cluster_share(v.IDS[viewed], v.SC[viewed], lookup)
-        fit, report["val_click_loglik"] = fit_filter_constants(share, lookup, tr, va, fit)
+        fit = fit_filter_constants(share, lookup, va, fit)
+        report["val_click_loglik"] = filter_click_loglik(share, lookup, tr, va, fit)
+        report["val_page_score"] = page_score(share, lookup, va, fit)
     lookup = query_lookup(qc)
     kappa = kappa_of_share(cluster_share(v.IDS[viewed], v.SC[viewed], lookup), fit)
     report["clusters"] = int(lookup.max()) + 1
