@@ -64,20 +64,21 @@ class Windows:
     score_shown: np.ndarray  # float64 [B, K] the shown query's score in each state (0: absent)
 
 
-def windows(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float) -> Windows:
-    """Windows of those `rows` whose visit logged a shown query."""
+def windows(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, shown: bool = True) -> Windows:
+    """Windows of `rows` (only those whose visit logged a shown query, with `shown`)."""
     rows = np.asarray(rows, np.int64)
-    rows = rows[v.shown[rows] >= 0]
+    if shown:
+        rows = rows[v.shown[rows] >= 0]
     _, ids, sc, mask = v.states(rows, K, ttl_s)
     idx, _ = v.window(rows, K, ttl_s)
-    shown = v.shown[rows]
-    hit = ids == shown[:, None, None]
+    q = v.shown[rows]
+    hit = (ids == q[:, None, None]) & (q[:, None, None] >= 0)
     return Windows(
         ids=np.ascontiguousarray(ids, np.int64),
         scores=np.ascontiguousarray(sc, np.float32),
         mask=np.ascontiguousarray(mask, np.bool_),
         ts=np.ascontiguousarray(v.ts[idx], np.float64),
-        shown=shown,
+        shown=q,
         clicked=v.clicked[rows].astype(np.float64),
         score_shown=(sc * hit).sum(-1).astype(np.float64),
     )
@@ -330,11 +331,11 @@ def fit_intent_filter(
         )
 
     enough = min(tr.clicked.sum(), va.clicked.sum()) >= MIN_CLICKS
+    seen = int(np.unique(v.IDS[pages][v.IDS[pages] >= 0]).size)
+    grid = cluster_grid(seen)
     if n_clusters < 0:
         qc = np.full(n_labels, -1.0, np.float32)
-    elif not enough:  # nothing to choose by: the given count (0: the grid's middle)
-        seen = int(np.unique(v.IDS[pages][v.IDS[pages] >= 0]).size)
-        grid = cluster_grid(seen)
+    elif n_clusters > 0 or not enough:  # no clicks to choose by: the grid's middle
         qc = clusters(n_clusters or grid[len(grid) // 2])
     else:
         tried: dict[int, float] = {}
@@ -350,28 +351,23 @@ def fit_intent_filter(
             tried[k] = ll
             log.info("clusters %d: validation click log-likelihood %.5f", k, ll)
 
-        if n_clusters > 0:
-            best = n_clusters
-            qc = clusters(best)
-        else:
-            seen = int(np.unique(v.IDS[pages][v.IDS[pages] >= 0]).size)
-            grid = cluster_grid(seen)
-            for k in grid:
-                attempt(k)
-            best = max(tried, key=lambda k: tried[k])
-            for k in (round(best / np.sqrt(2)), round(best * np.sqrt(2))):  # one refinement
-                if grid[0] <= k <= grid[-1]:
-                    attempt(int(k))
-            best = max(tried, key=lambda k: tried[k])
-            qc = clusters(best)
-            report["clusters_tried"] = {str(k): round(t, 6) for k, t in sorted(tried.items())}
-        lookup = query_lookup(qc)
-        share = cluster_share(v.IDS[viewed], v.SC[viewed], lookup)
-        fit = fit_filter_constants(share, lookup, va, fit)
-        report["val_click_loglik"] = filter_click_loglik(share, lookup, tr, va, fit)
-        report["val_page_score"] = page_score(share, lookup, va, fit)
+        for k in grid:
+            attempt(k)
+        best = max(tried, key=lambda k: tried[k])
+        for k in (round(best / np.sqrt(2)), round(best * np.sqrt(2))):  # one refinement
+            if grid[0] <= k <= grid[-1]:
+                attempt(int(k))
+        qc = clusters(max(tried, key=lambda k: tried[k]))
+        report["clusters_tried"] = {str(k): round(t, 6) for k, t in sorted(tried.items())}
     lookup = query_lookup(qc)
-    kappa = kappa_of_share(cluster_share(v.IDS[viewed], v.SC[viewed], lookup), fit)
+    share = cluster_share(v.IDS[viewed], v.SC[viewed], lookup)
+    if n_clusters >= 0:  # the page sequence needs no clicks
+        pages_va = subsample(windows(v, val_rows, K, ttl_s, shown=False), MAX_ROWS, seed + 1)
+        fit = fit_filter_constants(share, lookup, pages_va, fit)
+        report["val_page_score"] = page_score(share, lookup, pages_va, fit)
+        if enough:
+            report["val_click_loglik"] = filter_click_loglik(share, lookup, tr, va, fit)
+    kappa = kappa_of_share(share, fit)
     report["clusters"] = int(lookup.max()) + 1
     report["feature_fit"] = fit.to_json()
     log.info("fitted feature constants: %s", report)
