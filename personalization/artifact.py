@@ -15,7 +15,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from engine.manifest import sha256_file
-from personalization.features import FEATURE_NAMES, cluster_lookup
+from personalization.features import FEATURE_NAMES, FIT_KEY, FeatureFit, cluster_lookup
 from personalization.scoring import WEIGHT_SHAPES
 
 FORMAT = "astec-gru-policy/1"
@@ -37,6 +37,7 @@ def save_policy(
     missing = [k for k in WEIGHT_SHAPES if k not in weights]
     if missing:
         raise ValueError(f"policy weights lack {missing}")
+    fit = weights.get(FIT_KEY)  # the fitted feature constants go in the manifest, as JSON
     weights = {k: v for k, v in weights.items() if not k.startswith("_")}
     save_file(
         {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}, str(out / WEIGHTS)
@@ -54,6 +55,8 @@ def save_policy(
         "files": {name: sha256_file(out / name) for name in (WEIGHTS, ONNX)},
         **(meta or {}),
     }
+    if fit is not None:
+        manifest["feature_fit"] = FeatureFit.from_array(fit).to_json()
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     os.replace(tmp, out / MANIFEST)
@@ -116,6 +119,10 @@ def load_policy(model_dir: str | Path) -> tuple[dict[str, np.ndarray], dict, byt
             f"{list(FEATURE_NAMES)}; retrain the policy"
         )
     weights = {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}
+    try:  # the fitted constants (none in an older policy: its defaults) and the clusters
+        weights[FIT_KEY] = FeatureFit.from_json(manifest.get("feature_fit")).to_array()
+    except ValueError as e:
+        raise PolicyFileError(f"{mpath}: {e}") from e
     try:  # the intent filter's clusters and per-cluster factors must agree
         cluster_lookup(weights)
     except ValueError as e:

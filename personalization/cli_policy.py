@@ -348,8 +348,8 @@ def personalize() -> None:
     default=_d("clusters"),
     show_default=True,
     help="Query clusters behind the intent_mass / page_cluster_share features "
-    "(co-occurrence in the engine's predictions): 0 = 0.8 sqrt(queries predicted), "
-    "-1 = off.",
+    "(co-occurrence in the engine's predictions): 0 = the count the logs' validation "
+    "click likelihood picks (personalization.fit_filter), -1 = off.",
 )
 @click.option(
     "--init",

@@ -51,6 +51,80 @@ def candidates(ids, mask):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def _block_starts(mask, ts, block_gap, starts):
+    """starts[t] (bool [K]) of one window: the first real state, or one after a gap >=
+    block_gap."""
+    for t in range(mask.shape[0]):
+        starts[t] = mask[t] and (t == 0 or not mask[t - 1] or ts[t] - ts[t - 1] >= block_gap)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _filter(ids, scores, mask, starts, lookup, kappa, keep, keep_block, E, belief):
+    """The intent filter over one window (ids / scores [K, k], mask / starts [K]): E [K, n] gets
+    each state's share of its clustered score per cluster, belief [n] the unnormalised forward
+    belief (uniform start; per state, oldest first: keep (keep_block at a block start) of
+    itself, the rest uniform, times 1 + kappa(c) E[t, c]); returns belief's sum."""
+    K, k = ids.shape
+    n_cl = kappa.shape[0]
+    for t in range(K):
+        tot = 0.0
+        for e in range(n_cl):
+            E[t, e] = 0.0
+        if mask[t]:
+            for j in range(k):
+                q = ids[t, j]
+                if q >= 0:
+                    g = lookup[q]
+                    if g >= 0:
+                        E[t, g] += np.float64(scores[t, j])
+            for e in range(n_cl):
+                tot += E[t, e]
+        tot = max(tot, 1e-9)
+        for e in range(n_cl):
+            E[t, e] = E[t, e] / tot
+    for e in range(n_cl):
+        belief[e] = 1.0
+    for t in range(K):
+        tot = 0.0
+        for e in range(n_cl):
+            tot += belief[e]
+        kp = keep_block if starts[t] else keep
+        mix = (1.0 - kp) * (tot / n_cl)
+        for e in range(n_cl):
+            belief[e] = (kp * belief[e] + mix) * (1.0 + kappa[e] * E[t, e])
+    tot = 0.0
+    for e in range(n_cl):
+        tot += belief[e]
+    return tot
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def intent_mass(ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block, target):
+    """(mass [B], share [B]) float64: the filtered belief in cluster target[b] at the end of
+    each window and the current page's share in it (0 where target[b] < 0): the intent_mass /
+    page_cluster_share of `features` for one query per event, without the other features
+    (personalization.fit_filter evaluates many filter settings on the same windows)."""
+    B, K = ids.shape[:2]
+    n_cl = kappa.shape[0]
+    mass = np.zeros(B)
+    share = np.zeros(B)
+    starts = np.zeros(K, np.bool_)
+    E = np.zeros((K, n_cl))
+    belief = np.zeros(n_cl)
+    for b in range(B):
+        g = target[b]
+        if g < 0:
+            continue
+        _block_starts(mask[b], ts[b], block_gap, starts)
+        tot = _filter(
+            ids[b], scores[b], mask[b], starts, lookup, kappa, keep, keep_block, E, belief
+        )
+        mass[b] = belief[g] / tot
+        share[b] = E[K - 1, g]
+    return mass, share
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def features(
     z,
     ids,
@@ -100,9 +174,7 @@ def features(
         for t in range(K):
             if mask[b, t]:
                 n_states += 1
-            starts[t] = mask[b, t] and (
-                t == 0 or not mask[b, t - 1] or ts[b, t] - ts[b, t - 1] >= block_gap
-            )
+        _block_starts(mask[b], ts[b], block_gap, starts)
         later = False
         n_blk = 0
         for t in range(K - 1, -1, -1):
@@ -205,36 +277,9 @@ def features(
                 f[12] = (blk - sim_norm[0]) * inv_sd
                 f[13] = (win - sim_norm[0]) * inv_sd
         if has_clusters:
-            # the forward filter over the window's clusters (features.intent_features' rule)
-            for t in range(K):
-                tot = 0.0
-                for e in range(n_cl):
-                    E[t, e] = 0.0
-                if mask[b, t]:
-                    for j in range(k):
-                        q = ids[b, t, j]
-                        if q >= 0:
-                            g = lookup[q]
-                            if g >= 0:
-                                E[t, g] += np.float64(scores[b, t, j])
-                    for e in range(n_cl):
-                        tot += E[t, e]
-                tot = max(tot, 1e-9)
-                for e in range(n_cl):
-                    E[t, e] = E[t, e] / tot
-            for e in range(n_cl):
-                belief[e] = 1.0
-            for t in range(K):
-                tot = 0.0
-                for e in range(n_cl):
-                    tot += belief[e]
-                kp = keep_block if starts[t] else keep
-                mix = (1.0 - kp) * (tot / n_cl)
-                for e in range(n_cl):
-                    belief[e] = (kp * belief[e] + mix) * (1.0 + kappa[e] * E[t, e])
-            tot = 0.0
-            for e in range(n_cl):
-                tot += belief[e]
+            tot = _filter(
+                ids[b], scores[b], mask[b], starts, lookup, kappa, keep, keep_block, E, belief
+            )
             for c in range(nc):
                 g = lookup[cand[b, c]]
                 if g >= 0:
@@ -252,3 +297,48 @@ def features(
                 zz[b, t, e] = z[b, t, e] / nrm
             zz[b, t, D] = _F1 if starts[t] else _F0
     return feats, zz
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def page_prediction(ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block):
+    """(sum, count) over the windows whose last page has clustered evidence and an earlier
+    page: log of sum_c b(c) (1 + kappa(c) e(c)) / sum_c (1 + kappa(c) e(c)) / n, the last
+    page's evidence e under the filter's belief b from the pages before it, carried over the
+    last step (keep, keep_block at a block start), against the uniform belief: how much better
+    than knowing nothing the filter predicts where the next page's interest lies."""
+    B, K, k = ids.shape
+    n_cl = kappa.shape[0]
+    starts = np.zeros(K, np.bool_)
+    prior = np.zeros(K, np.bool_)
+    E = np.zeros((K, n_cl))
+    belief = np.zeros(n_cl)
+    e = np.zeros(n_cl)
+    total = 0.0
+    count = 0
+    for b in range(B):
+        if not mask[b, K - 1] or K < 2 or not mask[b, K - 2]:
+            continue
+        for j in range(n_cl):
+            e[j] = 0.0
+        tot_e = 0.0
+        for j in range(k):
+            q = ids[b, K - 1, j]
+            if q >= 0 and lookup[q] >= 0:
+                e[lookup[q]] += np.float64(scores[b, K - 1, j])
+                tot_e += np.float64(scores[b, K - 1, j])
+        if tot_e <= 0.0:
+            continue
+        _block_starts(mask[b], ts[b], block_gap, starts)
+        for t in range(K):
+            prior[t] = mask[b, t] and t < K - 1
+        tot = _filter(ids[b], scores[b], prior, starts, lookup, kappa, keep, keep_block, E, belief)
+        kp = keep_block if starts[K - 1] else keep
+        num = 0.0
+        den = 0.0
+        for j in range(n_cl):
+            lr = 1.0 + kappa[j] * e[j] / tot_e
+            num += (kp * belief[j] / tot + (1.0 - kp) / n_cl) * lr
+            den += lr / n_cl
+        total += np.log(num / den)
+        count += 1
+    return total, count

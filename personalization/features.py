@@ -35,35 +35,83 @@ F = {name: i for i, name in enumerate(FEATURE_NAMES)}
 if F["sim_window"] != 13 or FEATURE_NAMES[-2:] != ("intent_mass", "page_cluster_share"):
     raise ImportError("feature_kernels.features writes the columns in FEATURE_NAMES' order")
 N_FEATURES = len(FEATURE_NAMES)
-RECENCY_GAMMA = 0.7
-BLOCK_GAP_S = 30 * 60  # a gap this long between two visits starts a new block ("session")
 SIM_DIM = 32  # size of the query vectors behind the sim_* features
 N_SIM = 3  # the sim_* features are columns 11 .. 13
 N_INTENT = 2  # the intent_* / page_cluster_* features are the last two columns
-# The filter behind intent_mass: a page whose predicted queries put share e(c) of their score in
-# query cluster c multiplies the odds of intent c by 1 + INTENT_KAPPA e(c); across a block start
-# (a gap >= BLOCK_GAP_S: a new session) the belief keeps INTENT_KEEP_BLOCK of itself (the rest
-# uniform), between views of one block INTENT_KEEP. Chosen on tuning worlds, where the rule
-# "intent_mass + 0.05 score_current" comes near the window's Bayes-optimal choice (figures in
-# docs/decisions.md). INTENT_KAPPA is the factor of a cluster with the uniform share of the
-# traffic; cluster_kappa scales it per cluster, inverse to the share, floored at KAPPA_FLOOR x
-# uniform (the floor's exact value hardly matters).
+# What a policy without `feature_fit` in its manifest was trained with; policies trained now
+# carry the values personalization.fit_filter fitted on their own logs (FeatureFit).
+RECENCY_GAMMA = 0.7
+BLOCK_GAP_S = 30 * 60
 INTENT_KAPPA = 20.0
 KAPPA_FLOOR = 0.5
 INTENT_KEEP_BLOCK = 0.7
 INTENT_KEEP = 0.95
 
 
-class _Recency(dict):
-    """gamma^(age) weights per window length K, computed once."""
+@dataclass(frozen=True)
+class FeatureFit:
+    """The constants of the features, fitted on a policy's training logs
+    (personalization.fit_filter) and stored in its manifest (`feature_fit`), so serving uses
+    exactly what was fit. The defaults are what older policies were trained with.
 
-    def __missing__(self, K):
-        w = (RECENCY_GAMMA ** (K - 1 - np.arange(K))).astype(np.float32)
-        self[K] = w
-        return w
+    block_gap_s: a gap this long between two visits starts a new block (a "session");
+    keep / keep_block: the share of the intent filter's belief kept between two views of one
+    block / across a block start (the rest uniform); kappa_*: a page whose predicted queries
+    put share e(c) of their score in cluster c multiplies the belief in c by 1 + kappa(c) e(c),
+    kappa(c) = kappa_scale x max(n x the cluster's share of the views' evidence,
+    kappa_floor) ^ -kappa_power over n clusters (`cluster_kappa`); recency_gamma: the decay of
+    recency_score's weights."""
+
+    block_gap_s: float = float(BLOCK_GAP_S)
+    keep: float = INTENT_KEEP
+    keep_block: float = INTENT_KEEP_BLOCK
+    kappa_scale: float = INTENT_KAPPA
+    kappa_floor: float = KAPPA_FLOOR
+    kappa_power: float = 1.0
+    recency_gamma: float = RECENCY_GAMMA
+
+    def to_array(self) -> np.ndarray:
+        """float64 [7] in field order (how a weights dict carries it, under FIT_KEY)."""
+        return np.array([getattr(self, f) for f in FIT_FIELDS], np.float64)
+
+    @classmethod
+    def from_array(cls, a: np.ndarray) -> FeatureFit:
+        return cls(*(float(x) for x in np.asarray(a, np.float64).reshape(-1)))
+
+    def to_json(self) -> dict:
+        return {f: getattr(self, f) for f in FIT_FIELDS}
+
+    @classmethod
+    def from_json(cls, d: object) -> FeatureFit:
+        """From a manifest's `feature_fit` (None: an older policy, the defaults); ValueError
+        naming the field that is missing or out of range."""
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise ValueError(f"field 'feature_fit' must be an object, got {type(d).__name__}")
+        vals = {}
+        for f in FIT_FIELDS:
+            x = d.get(f)
+            if isinstance(x, bool) or not isinstance(x, int | float) or not np.isfinite(x):
+                raise ValueError(f"field 'feature_fit.{f}' must be a finite number, got {x!r}")
+            vals[f] = float(x)
+        for f in ("keep", "keep_block", "recency_gamma"):
+            if not 0.0 <= vals[f] <= 1.0:
+                raise ValueError(f"field 'feature_fit.{f}' must be in [0, 1], got {vals[f]}")
+        for f in ("block_gap_s", "kappa_scale", "kappa_floor"):
+            if vals[f] <= 0:
+                raise ValueError(f"field 'feature_fit.{f}' must be > 0, got {vals[f]}")
+        return cls(**vals)
 
 
-_RECENCY = _Recency()
+FIT_FIELDS = tuple(FeatureFit.__dataclass_fields__)
+FIT_KEY = "_feature_fit"  # a weights dict's FeatureFit.to_array() (the manifest holds the JSON)
+DEFAULT_FIT = FeatureFit()
+
+
+def recency_weights(K: int, gamma: float) -> np.ndarray:
+    """float32 [K] gamma^(age) of the window's slots (the current page, last, has age 0)."""
+    return (gamma ** (K - 1 - np.arange(K))).astype(np.float32)
 
 
 @dataclass
@@ -145,17 +193,19 @@ def build_batch(
 
     The features (FEATURE_NAMES): the Astec score / presence of each candidate averaged over
     the states with weights for the current page, the previous one, the window (uniform), by
-    recency (RECENCY_GAMMA^age) and over the current block (the states since the last gap of
-    BLOCK_GAP_S); its inverse rank on the current page, popularity and the window's fill; the
+    recency (recency_gamma^age) and over the current block (the states since the last gap of
+    block_gap_s); its inverse rank on the current page, popularity and the window's fill; the
     sim_* cosines of its query vector with each page's unit summed query vector, over the
     current page, the block and the window, standardised by sim_norm; and the intent filter:
     each state's predicted queries spread their scores over query clusters (share e_t); a
     forward filter over the window (oldest first) multiplies the belief in cluster c by
-    1 + kappa(c) e_t(c) (cluster_kappa) and, between states, keeps INTENT_KEEP
-    (INTENT_KEEP_BLOCK across a block start) of itself, the rest uniform; `intent_mass` is the
+    1 + kappa(c) e_t(c) (cluster_kappa) and, between states, keeps `keep`
+    (`keep_block` across a block start) of itself, the rest uniform; `intent_mass` is the
     candidate's cluster's final belief (off-interest pages weighed against the earlier ones,
     which the score averages cannot do), `page_cluster_share` the current page's share in it.
     Padding candidates are all zeros. Compiled kernels (`feature_kernels`) do the arithmetic.
+    The constants (block_gap_s, recency_gamma, keep, keep_block) are the policy's FeatureFit,
+    carried by `clusters` (DEFAULT_FIT without clusters).
     """
     from personalization import feature_kernels as fk
 
@@ -167,14 +217,15 @@ def build_batch(
     cand_ids = fk.candidates(ids, state_mask)
     has_sim = sim_table is not None
     has_cl = clusters is not None
+    fit = clusters.fit if clusters is not None else DEFAULT_FIT
     feats, zz = fk.features(
         np.ascontiguousarray(z, np.float32),
         ids,
         np.ascontiguousarray(scores, np.float32),
         state_mask,
         np.zeros((B, K)) if ts is None else np.ascontiguousarray(ts, np.float64),
-        float(BLOCK_GAP_S),
-        _RECENCY[K],
+        float(fit.block_gap_s),
+        recency_weights(K, fit.recency_gamma),
         np.ascontiguousarray(log_pop, np.float32),
         cand_ids,
         np.ascontiguousarray(sim_table, np.float32) if has_sim else _NO_SIM,
@@ -183,8 +234,8 @@ def build_batch(
         clusters.lookup if clusters is not None else _NO_LOOKUP,
         clusters.kappa if clusters is not None else _NO_KAPPA,
         has_cl,
-        INTENT_KEEP,
-        INTENT_KEEP_BLOCK,
+        float(fit.keep),
+        float(fit.keep_block),
         N_FEATURES,
     )
     return EventBatch(
@@ -199,10 +250,11 @@ _NO_KAPPA = np.ones(1, np.float64)
 
 @dataclass(frozen=True)
 class Clusters:
-    """A policy's query clusters as the intent filter reads them."""
+    """A policy's query clusters as the intent filter reads them, with its fitted constants."""
 
     lookup: np.ndarray  # int64 [L+1] cluster of every query id, -1 last (padding id -1 gathers it)
     kappa: np.ndarray  # float64 [n] odds factor per unit of a page's evidence for each cluster
+    fit: FeatureFit = DEFAULT_FIT  # block gap, keep rates, recency decay
 
 
 def query_lookup(query_cluster: np.ndarray) -> np.ndarray:
@@ -213,8 +265,9 @@ def query_lookup(query_cluster: np.ndarray) -> np.ndarray:
 
 def cluster_lookup(weights: dict) -> Clusters | None:
     """The Clusters of a policy's float32 `query_cluster` [L] and `cluster_kappa` [n] weights
-    (a policy without `cluster_kappa` filters with INTENT_KAPPA for every cluster); cached in
-    `weights` (None: no clusters). ValueError if the two disagree on the number of clusters."""
+    and its FeatureFit (under FIT_KEY; the defaults for a policy without one; a policy without
+    `cluster_kappa` filters with INTENT_KAPPA for every cluster); cached in `weights` (None: no
+    clusters). ValueError if the two disagree on the number of clusters."""
     if "_cl" not in weights:
         qc = weights.get("query_cluster")
         if qc is None:
@@ -226,21 +279,16 @@ def cluster_lookup(weights: dict) -> Clusters | None:
             kappa = np.full(n, INTENT_KAPPA) if kap is None else np.asarray(kap, np.float64)
             if kappa.shape != (n,):
                 raise ValueError(f"cluster_kappa has shape {kappa.shape}, {n} clusters need ({n},)")
-            weights["_cl"] = Clusters(lookup, kappa)
+            fit = weights.get(FIT_KEY)
+            ff = DEFAULT_FIT if fit is None else FeatureFit.from_array(fit)
+            weights["_cl"] = Clusters(lookup, kappa, ff)
     return weights["_cl"]
 
 
-def cluster_kappa(ids: np.ndarray, scores: np.ndarray, lookup: np.ndarray) -> np.ndarray:
-    """float32 [n] the intent filter's odds factor of each cluster: INTENT_KAPPA x the uniform
-    share 1/n over the cluster's share of the evidence of the page views ids / scores [V,k]
-    (one row per view, so pages count by traffic), that share floored at KAPPA_FLOOR / n.
-
-    A page's likelihood ratio for an interest is inverse to how often such pages are seen
-    anyway: in the simulator 1 + a / (1 - a) / pop(s), off-interest views being popular pages;
-    in real traffic a page of a cluster everyone reads says less about this reader than one of
-    a niche. A flat factor lets the busiest clusters win on off-interest pages; scaled this
-    way the fixed ranking fitted on the logs closes more of the gap to bayes_window
-    (docs/decisions.md)."""
+def cluster_share(ids: np.ndarray, scores: np.ndarray, lookup: np.ndarray) -> np.ndarray:
+    """float64 [n] each cluster's share of the evidence of the page views ids / scores [V,k]
+    (one row per view, so pages count by traffic; each view's clustered scores sum to 1, a view
+    with none does not count)."""
     n = max(int(lookup.max()) + 1, 1)
     ids = np.asarray(ids, np.int64)
     sc = np.where(ids >= 0, np.asarray(scores, np.float64), 0.0)
@@ -249,8 +297,26 @@ def cluster_kappa(ids: np.ndarray, scores: np.ndarray, lookup: np.ndarray) -> np
     share = sc / np.maximum(sc.sum(1, keepdims=True), 1e-12)  # each view's evidence sums to 1
     used = sc.sum(1) > 0
     ok = (cid >= 0) & used[:, None]
-    pop = np.bincount(cid[ok], weights=share[ok], minlength=n)[:n] / max(int(used.sum()), 1)
-    return (INTENT_KAPPA / n / np.maximum(pop, KAPPA_FLOOR / n)).astype(np.float32)
+    return np.bincount(cid[ok], weights=share[ok], minlength=n)[:n] / max(int(used.sum()), 1)
+
+
+def kappa_of_share(share: np.ndarray, fit: FeatureFit = DEFAULT_FIT) -> np.ndarray:
+    """float32 [n] the odds factor of each cluster from its share of the evidence:
+    kappa_scale x max(n x share, kappa_floor) ^ -kappa_power. A page's likelihood ratio for an
+    interest falls with how often such pages are seen anyway (a page of a cluster everyone reads
+    says less about this reader than one of a niche); how steeply, and the floor, are fitted."""
+    n = max(len(share), 1)
+    rel = np.maximum(n * np.asarray(share, np.float64), fit.kappa_floor)
+    return (fit.kappa_scale * rel ** (-fit.kappa_power)).astype(np.float32)
+
+
+def cluster_kappa(
+    ids: np.ndarray, scores: np.ndarray, lookup: np.ndarray, fit: FeatureFit = DEFAULT_FIT
+) -> np.ndarray:
+    """float32 [n] the intent filter's odds factor of each cluster over the page views ids /
+    scores [V,k]: kappa_of_share of cluster_share (with the defaults: INTENT_KAPPA x the
+    uniform share 1/n over the cluster's share, floored at KAPPA_FLOOR / n)."""
+    return kappa_of_share(cluster_share(ids, scores, lookup), fit)
 
 
 # The fixed `sim_rank` ranking (evaluate's reference row, and the policy's starting point):

@@ -23,25 +23,22 @@ import numpy as np
 import scipy.sparse as sp
 
 
-def auto_clusters(n_queries: int) -> int:
-    """Default cluster count: 0.8 sqrt(queries seen), within [8, 256] (the simulator's worlds
-    hold about sqrt(queries) / 10 * 8 sub-topics: 36 clusters for its 32 at 2,000 queries)."""
-    return int(np.clip(round(0.8 * np.sqrt(max(n_queries, 1))), 8, 256))
-
-
 def query_clusters(
     ids: np.ndarray,
     scores: np.ndarray,
     n_labels: int,
-    n_clusters: int = 0,
+    n_clusters: int,
     seed: int = 0,
     restarts: int = 16,
     groups: sp.spmatrix | None = None,
 ) -> np.ndarray:
     """float32 [n_labels] cluster of every query id (-1: never predicted on these pages) from the
-    pages' predictions ids [P,k] (-1 = none) and scores [P,k]; n_clusters 0 = auto_clusters;
+    pages' predictions ids [P,k] (-1 = none) and scores [P,k] into n_clusters >= 1 clusters
+    (personalization.fit_filter chooses the count);
     the best (highest summed cosine to the centres) of `restarts` k-means runs; groups: optional
     sparse [G,P] views of the pages by session (see the module docstring)."""
+    if n_clusters < 1:
+        raise ValueError(f"n_clusters must be >= 1, got {n_clusters}")
     ids = np.asarray(ids, np.int64)
     scores = np.asarray(scores, np.float64)
     ok = (ids >= 0) & (ids < n_labels) & (scores > 0)
@@ -58,7 +55,7 @@ def query_clusters(
     if len(seen) == 0:
         return out
     X = X[seen]  # unit rows [n, ...] of the queries predicted on some page
-    k = min(n_clusters or auto_clusters(X.shape[0]), X.shape[0])
+    k = min(n_clusters, X.shape[0])
     rng = np.random.default_rng(seed)
     best_fit, assign = -np.inf, np.zeros(X.shape[0], np.int64)
     for _ in range(restarts):  # k-means is start-sensitive: keep the tightest of a few

@@ -39,10 +39,8 @@ from personalization.features import (
     Clusters,
     EventBatch,
     build_batch,
-    cluster_kappa,
     cluster_lookup,
     log_popularity,
-    query_lookup,
     sim_rank_weights,
     sim_table_from_rows,
 )
@@ -192,26 +190,15 @@ def start_weights(
 def intent_clusters(
     v: VisitLog, train_rows: np.ndarray, val_rows: np.ndarray, cfg: TrainConfig, n_labels: int
 ) -> dict[str, np.ndarray]:
-    """The policy's `query_cluster` [L] (personalization.query_clusters, from the engine's
-    predictions on the pages of the visits this training reads and their sessions; all -1 with
-    cfg.clusters < 0) and `cluster_kappa` [n] (features.cluster_kappa over those visits)."""
-    import scipy.sparse as sp
+    """The policy's `query_cluster` [L], `cluster_kappa` [n] and fitted feature constants
+    (personalization.fit_filter: block gap, keep rates, kappa, recency decay and, with
+    cfg.clusters 0, the cluster count, fitted on these visits' logs; cfg.clusters < 0: none)."""
+    from personalization.fit_filter import fit_intent_filter
 
-    from personalization.query_clusters import query_clusters
-
-    rows = np.concatenate([train_rows, val_rows])
-    if cfg.clusters < 0:
-        qc = np.full(n_labels, -1.0, np.float32)
-    else:
-        pages, col = np.unique(v.page[rows], return_inverse=True)
-        sess, grp = np.unique(v.session[rows], return_inverse=True)
-        groups = sp.csr_matrix((np.ones(len(rows)), (grp, col)), shape=(len(sess), len(pages)))
-        qc = query_clusters(
-            v.IDS[pages], v.SC[pages], n_labels, cfg.clusters, cfg.seed, groups=groups
-        )
-    viewed = v.page[rows]
-    kappa = cluster_kappa(v.IDS[viewed], v.SC[viewed], query_lookup(qc))
-    return {"query_cluster": qc, "cluster_kappa": kappa}
+    weights, _ = fit_intent_filter(
+        v, train_rows, val_rows, cfg.K, cfg.ttl_s, n_labels, cfg.clusters, cfg.seed
+    )
+    return weights
 
 
 AUTO_SUPPORT = 0.9  # objective "auto": dr when the logger explored this share of candidates

@@ -51,7 +51,7 @@ class TrainConfig:
     ttl_s: float = WINDOW.ttl_s  # states older than this before a visit are out of its window
     sim_dim: int = SIM_DIM  # size of the query vectors of the sim_* features (0 = off)
     # query clusters behind the intent_mass / page_cluster_share features
-    # (personalization.query_clusters): 0 = auto (0.8 sqrt(queries predicted)), -1 = off
+    # (personalization.query_clusters): 0 = chosen by personalization.fit_filter, -1 = off
     clusters: int = 0
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
     # "fitted": start as a logistic fit of the logged clicks on the hand features (fit_start);

@@ -16,7 +16,7 @@ from personalization.features import (
     cluster_lookup,
     pad_states,
 )
-from personalization.query_clusters import auto_clusters, query_clusters
+from personalization.query_clusters import query_clusters
 
 
 def _loop_intent(cl, kappa, ids, sc, mask, starts, cand):
@@ -131,7 +131,8 @@ def test_query_clusters_recover_planted_groups():
         assert (cl[g * per : (g + 1) * per] == first[g]).all()
     again = query_clusters(np.array(ids), np.array(sc), L, n_clusters=G, seed=0)
     np.testing.assert_array_equal(cl, again)
-    assert auto_clusters(2000) == 36 and auto_clusters(10) == 8 and auto_clusters(10**6) == 256
+    with pytest.raises(ValueError, match="n_clusters"):
+        query_clusters(np.array(ids), np.array(sc), L, n_clusters=0)
 
 
 def test_query_clusters_join_what_sessions_view_together():
