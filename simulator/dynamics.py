@@ -11,6 +11,7 @@ inventory in every run (bootstrap logs, the closed loop, the live stream).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 
@@ -113,7 +114,7 @@ class CatalogueDays:
     day each page and query first exists."""
 
     page_pop: np.ndarray
-    page_from: np.ndarray  # int64 [P]
+    page_from: np.ndarray  # int64 [P] the run's first day with the page (very negative: always)
     query_from: np.ndarray  # int64 [Q]
 
     def day_of(self, ts: np.ndarray, origin: float) -> np.ndarray:
@@ -121,19 +122,25 @@ class CatalogueDays:
         return np.clip(d, 0, len(self.page_pop) - 1)
 
 
-def catalogue_days(world: World, cat: Catalogue, days: int) -> CatalogueDays:
-    """Per day popularity (a log-normal random walk with popularity_drift per day) and the new
-    inventory: new_share of the pages appear on day new_from_day, with the queries that only
-    they link to."""
+def catalogue_days(world: World, cat: Catalogue, days: int, origin: float) -> CatalogueDays:
+    """Per day of a run starting at `origin` (UTC midnight): popularity (a log-normal random
+    walk with popularity_drift per day) and the new inventory: new_share of the pages exist
+    from the date new_from, with the queries that only they link to."""
     rng = np.random.default_rng([_world_seed(world), cat.seed, 19])
     P = world.n_pages
+    is_new = rng.random(P) < cat.new_share  # drawn first: the same pages whatever `days`
     steps = rng.normal(0.0, cat.popularity_drift, (max(days - 1, 0), P))
     logw = np.concatenate([np.zeros((1, P)), np.cumsum(steps, 0)], 0)
-    page_from = np.where(rng.random(P) < cat.new_share, cat.new_from_day, 0).astype(np.int64)
+    first = 0
+    if cat.new_from:
+        t_new = datetime.strptime(cat.new_from, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
+        first = int(np.ceil((t_new - origin) / DAY))  # the run's first day with it (may be < 0)
+    page_from = np.where(is_new, first, np.iinfo(np.int32).min)
+    page_from = page_from.astype(np.int64)
     lp = world.link_pages()
     query_from = np.full(world.n_queries, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(query_from, world.link_query, page_from[lp])
-    query_from[query_from == np.iinfo(np.int64).max] = 0  # unlinked queries: always there
+    query_from[query_from == np.iinfo(np.int64).max] = np.iinfo(np.int32).min  # unlinked
     alive = np.arange(days)[:, None] >= page_from[None, :]
     pop = world.page_pop[None, :] * np.exp(logw) * alive
     return CatalogueDays(pop, page_from, query_from)

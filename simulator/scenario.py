@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -105,13 +106,14 @@ class ClickModel:
 @dataclass(frozen=True)
 class Catalogue:
     """popularity_drift: standard deviation per day of a log-normal random walk of every page's
-    popularity (0: fixed). new_share: share of the pages that do not exist before day
-    new_from_day of the run (0-based), with the queries only they link to: new inventory that
-    an engine trained on the earlier days does not know."""
+    popularity from the run's first day (0: fixed). new_share: share of the pages that do not
+    exist before the UTC date new_from (YYYY-MM-DD), with the queries only they link to: new
+    inventory that an engine trained on logs of earlier days does not know. A date, not a day
+    of the run, so every run on the world (bootstrap logs, closed loop) agrees on it."""
 
     popularity_drift: float = 0.0
     new_share: float = 0.0
-    new_from_day: int = 1
+    new_from: str = ""
     seed: int = 0
 
 
@@ -142,6 +144,14 @@ DEFAULT = Scenario()
 
 def _unit(v: float) -> bool:
     return 0.0 <= v <= 1.0
+
+
+def _is_date(v: str) -> bool:
+    try:
+        datetime.strptime(v, "%Y-%m-%d")
+    except ValueError:
+        return False
+    return True
 
 
 # field -> (check, what it must be); a value is checked after its type
@@ -181,7 +191,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "click.fatigue.factor": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
     "catalogue.popularity_drift": (lambda v: 0.0 <= v <= 2.0, "must be in [0, 2]"),
     "catalogue.new_share": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
-    "catalogue.new_from_day": (lambda v: v >= 0, "must be >= 0"),
+    "catalogue.new_from": (lambda v: v == "" or _is_date(v), "must be a date YYYY-MM-DD"),
 }
 
 
@@ -240,6 +250,8 @@ def scenario_from_dict(data: dict, src: str = "scenario") -> Scenario:
     sc = _build(Scenario, data, "", src)
     if not sc.name:
         raise ScenarioError(f"{src}: name: must not be empty")
+    if sc.catalogue.new_share > 0 and not sc.catalogue.new_from:
+        raise ScenarioError(f"{src}: catalogue.new_from: required when new_share > 0")
     return sc
 
 

@@ -146,7 +146,7 @@ def _draw_by(rng, w: np.ndarray, n: int) -> np.ndarray:
 
 
 def _search_clicks_by_day(world: World, rng, t0: float, s: LogSettings, per_day: int):
-    cat = catalogue_days(world, s.scenario.catalogue, s.days)
+    cat = catalogue_days(world, s.scenario.catalogue, s.days, t0)
     lp = world.link_pages()
     pages, queries, times = [], [], []
     for d in range(s.days):  # one vectorised draw per day
@@ -312,7 +312,8 @@ def simulate_sessions(
         start = _follow_starts(rng, user, start, offset[end] if len(user) else start, sh)
     ts = start[v_session] + csum - csum[first][v_session]  # this order of float additions
     if not static:
-        cat = catalogue_days(world, s.scenario.catalogue, s.days + int((t0 - origin) // DAY) + 1)
+        days = s.days + int((t0 - origin) // DAY) + 1
+        cat = catalogue_days(world, s.scenario.catalogue, days, origin)
         page = _pages(world, rng, vi, on, user[v_session], s, cat, cat.day_of(ts, origin))
     return Sessions(user, intent, start, v_session, v_pos, page, on, ts, vi, last)
 

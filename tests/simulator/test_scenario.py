@@ -116,6 +116,27 @@ def test_fatigue_lowers_a_repeated_querys_click_probability_by_its_factor(world,
     assert sim["scenario"]["click"]["fatigue"] == {"window": 5, "factor": 0.4}
 
 
+def test_new_inventory_exists_only_from_its_date(world, tmp_path):
+    from simulator.dynamics import catalogue_days
+    from simulator.scenario import Catalogue
+
+    cat = Catalogue(new_share=0.2, new_from="2026-01-08", popularity_drift=0.1)
+    s = with_scenario(
+        LogSettings(days=6, seed=3, search_clicks_per_day=3000), Scenario(catalogue=cat)
+    )
+    simulate_logs(world, tmp_path / "l", s)
+    days = catalogue_days(world, cat, 6, _start_ts(s.start))
+    new = {world.page_url[p] for p in np.flatnonzero(days.page_from == 3)}
+    assert 0.15 < len(new) / world.n_pages < 0.25
+    t_new = _start_ts("2026-01-08")
+    for kind in ("page_views", "search_clicks"):
+        recs = list(read_log(tmp_path / "l", kind))
+        before = [r["url"] in new for r in recs if r["ts"] < t_new]
+        after = [r["url"] in new for r in recs if r["ts"] >= t_new]
+        assert before and not any(before), kind
+        assert np.mean(after) > 0.05, kind
+
+
 def test_session_shape_pauses_and_sessions_minutes_apart(world):
     sh = SessionShape(mean_views=4.0, pause_share=0.2, follow_share=0.5, follow_gap_mean_s=120.0)
     s = with_scenario(LogSettings(days=4, seed=1), Scenario(sessions=sh))
