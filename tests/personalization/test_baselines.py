@@ -87,3 +87,62 @@ def test_baselines_are_fitted_on_the_training_period_only(data):
     assert np.array_equal(again.fitted, base.fitted)
     assert np.all(base.fitted[-N_INTENT:] == 0)  # the intent filter's features left out
     assert np.any(base.fitted[:-N_INTENT] != 0)
+
+
+class TopicJudge:
+    """A click model over the synthetic log's topics (the evaluation's judge interface): 0.3
+    for a query of the visit's intent topic, 0.02 otherwise."""
+
+    def __init__(self, v, q_topic, intent, fatigue=(0, 1.0)):
+        self.q_topic, self.fatigue = q_topic, fatigue
+        self.visit_intent = intent[v.session]
+
+    def p_click(self, rows, q, intent=None):
+        q = np.asarray(q)
+        it = self.visit_intent[rows] if intent is None else np.asarray(intent)
+        it = it if q.ndim == 1 else it[:, None] if it.ndim == 1 else it.argmax(1)[:, None]
+        return np.where(q >= 0, np.where(self.q_topic[np.maximum(q, 0)] == it, 0.3, 0.02), 0.0)
+
+    def window_posterior(self, v, rows, K, ttl_s):
+        return np.full((len(rows), int(self.q_topic.max()) + 1), 1.0)
+
+
+def _evaluate(data, exploration, fatigue=(0, 1.0)):
+    from personalization.evaluate import Truth, evaluate_policies
+
+    v, q_topic, intent, train, test = data
+    policy = SimpleNamespace(
+        weights={"sim_table": None, "sim_norm": np.array([0.0, 1.0], np.float32)},
+        logits=lambda b: 3.0 * b.feats[..., F["score_current"]],
+    )
+    log_pop = np.zeros(v.n_labels, np.float32)
+    base = fit_baselines(policy, v, train, K, TTL, log_pop)
+    truth = Truth({f"s{i}": int(x) for i, x in enumerate(intent)}, q_topic)
+    judge = TopicJudge(v, q_topic, intent, fatigue)
+    return evaluate_policies(
+        policy, v, test, log_pop, K, TTL, truth, progress=False, judge=judge,
+        baselines=base, exploration=exploration,
+    )  # fmt: skip
+
+
+def test_served_ctr_is_the_greedy_one_without_exploration_and_pays_for_exploring(data):
+    greedy = _evaluate(data, (0.0, 1.0))
+    for name in ("gru", "top1", "session_knn", "fitted_no_intent", "intent_rule"):
+        m = greedy.metrics[name]
+        assert m["served_ctr"] == pytest.approx(m["actual_ctr"]), name
+    explored = _evaluate(data, (1.0, 1e12))  # all exploration, uniform over the candidates
+    uniform = explored.metrics["top1"]["served_ctr"]
+    for name in ("gru", "session_knn", "intent_rule"):
+        assert explored.metrics[name]["served_ctr"] == pytest.approx(uniform, rel=1e-6), name
+    # the session-kNN's greedy choice beats choosing at random among the same candidates
+    assert greedy.metrics["session_knn"]["actual_ctr"] > uniform
+
+
+def test_fatigue_tires_each_policy_by_its_own_repeats(data):
+    fresh = _evaluate(data, (0.0, 1.0))
+    tired = _evaluate(data, (0.0, 1.0), fatigue=(3, 0.5))
+    for name in ("top1", "session_knn"):
+        a, b = fresh.per_visit[name]["actual_ctr"], tired.per_visit[name]["actual_ctr"]
+        ratio = b / np.where(a > 0, a, 1.0)
+        assert np.all(np.isclose(ratio, 1.0) | np.isclose(ratio, 0.5)), name
+        assert np.isclose(ratio, 0.5).any(), name
