@@ -63,11 +63,11 @@ def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
 
 def _fmt_table(metrics: dict, cols: list[str]) -> str:
     width = [max(12, len(c)) + 1 for c in cols]
-    head = f"{'policy':<15}" + "".join(f"{c:>{w}}" for c, w in zip(cols, width, strict=True))
+    head = f"{'policy':<17}" + "".join(f"{c:>{w}}" for c, w in zip(cols, width, strict=True))
     lines = [head, "-" * len(head)]
     for p, m in metrics.items():
         lines.append(
-            f"{p:<15}"
+            f"{p:<17}"
             + "".join(f"{m.get(c, float('nan')):>{w}.4f}" for c, w in zip(cols, width, strict=True))
         )
     return "\n".join(lines)
