@@ -93,11 +93,11 @@ def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
 
 def _fmt_table(metrics: dict, cols: list[str]) -> str:
     width = [max(12, len(c)) + 1 for c in cols]
-    head = f"{'policy':<15}" + "".join(f"{c:>{w}}" for c, w in zip(cols, width, strict=True))
+    head = f"{'policy':<17}" + "".join(f"{c:>{w}}" for c, w in zip(cols, width, strict=True))
     lines = [head, "-" * len(head)]
     for p, m in metrics.items():
         lines.append(
-            f"{p:<15}"
+            f"{p:<17}"
             + "".join(f"{m.get(c, float('nan')):>{w}.4f}" for c, w in zip(cols, width, strict=True))
         )
     return "\n".join(lines)
@@ -111,8 +111,11 @@ def run_evaluation(
     from personalization.evaluate import check_held_out, evaluate_policies, summarize, value_summary
     from personalization.train import split_rows
 
-    _, rows, t_split = split_rows(v, val_frac)
+    train_rows, rows, t_split = split_rows(v, val_frac)
     check_held_out(policy.manifest, policy.version, t_split, val_frac)
+    from personalization.baselines import fit_baselines
+
+    strong = fit_baselines(policy, v, train_rows, policy.K, policy.ttl_s, policy.weights["log_pop"])
     res = evaluate_policies(
         policy,
         v,
@@ -124,6 +127,7 @@ def run_evaluation(
         progress=progress,
         oracle=oracle,
         judge=judge,
+        baselines=strong,
     )
     out = {
         "held_out_visits": res.n_visits,
@@ -133,6 +137,7 @@ def run_evaluation(
         "K": policy.K,
         "metrics": res.metrics,
         "lift": {},
+        "baselines": strong.report,
     }
     for metric in ("intent_hit", "click_hit", "ips_ctr"):
         s = summarize(res, metric) if metric in res.per_visit["gru"] else {}
@@ -151,8 +156,10 @@ def print_value(val: dict) -> None:
     """The table that decides: actual CTR (simulator), SNIPS / DR (logs), support, ESS."""
     pol = val["policies"]
     judged = "actual_ctr" in pol["gru"]
+    served = "served_ctr" in pol["gru"]
     head = (
-        f"{'policy':<15}{'intent_hit':>11}"
+        f"{'policy':<17}{'intent_hit':>11}"
+        + (f"{'served_ctr':>11}" if served else "")
         + (f"{'actual_ctr':>11}{'95% CI':>18}" if judged else "")
         + f"{'SNIPS':>8}{'DR':>8}{'DR 95% CI':>18}{'support':>9}{'ESS':>8}"
         + (f"{'DR covers':>10}" if judged else "")
@@ -162,7 +169,9 @@ def print_value(val: dict) -> None:
     order = sorted(pol, key=lambda p: -pol[p].get("actual_ctr", pol[p].get("dr", 0.0)))
     for p in order:
         r = pol[p]
-        line = f"{p:<15}{r['intent_hit']:>11.4f}"
+        line = f"{p:<17}{r['intent_hit']:>11.4f}"
+        if served:
+            line += f"{r['served_ctr']:>11.4f}" if "served_ctr" in r else f"{'':>11}"
         if judged:
             line += f"{r['actual_ctr']:>11.4f}{_interval(r['actual_ctr_ci95']):>18}"
         if "dr" in r:
@@ -190,6 +199,13 @@ def print_value(val: dict) -> None:
             f"{val.get('gap_closed', float('nan')):.2f} (>= 0.5), intent hit - sim_rank "
             f"{t['intent_hit_minus_sim_rank']:+.4f} (>= -0.01)"
         )
+        if "served_ratio_vs_best" in t:
+            click.echo(
+                f"as served (actual_ctr column is the greedy choice's): gru / best baseline "
+                f"({val['served_best_baseline']}) = {t['served_ratio_vs_best']:.3f}, paired "
+                f"lower bound {t['served_paired_lo_vs_best']:+.4f}; headroom knows_intent / "
+                f"best = {t.get('headroom', float('nan')):.3f}"
+            )
 
 
 def print_report(rep: dict) -> None:
@@ -728,3 +744,13 @@ def evaluate(logs, models, policy_dirs, world, val_frac, n_boot, json_out, oracl
             )
     if json_out:
         json_out.write_text(json.dumps(reps[0] if len(reps) == 1 else reps, indent=1) + "\n")
+
+
+def _register_bench() -> None:
+    """`astec personalize bench` (personalization.cli_bench_policy)."""
+    from personalization.cli_bench_policy import bench
+
+    personalize.add_command(bench)
+
+
+_register_bench()

@@ -22,15 +22,24 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import click
 import numpy as np
 
 from engine.clicklog import ClickLogWriter
-from simulator.clickmodel import DEFAULT_PARAMS, click_probability
-from simulator.traffic import DAY, LogSettings, _start_ts, simulate_sessions
+from simulator.cli_simulate import resolve_scenario, scenario_option
+from simulator.clickmodel import ClickParams, click_probability, fatigue
+from simulator.scenario import Scenario
+from simulator.traffic import (
+    DAY,
+    LogSettings,
+    _start_ts,
+    settings_record,
+    simulate_sessions,
+    with_scenario,
+)
 
 log = logging.getLogger(__name__)
 
@@ -261,10 +270,12 @@ def run_loop(
     progress: bool = False,
     echo=print,
     retrain: bool = True,
+    scenario: Scenario | None = None,
 ) -> list[dict]:
     """Run `rounds` of serve -> log -> retrain; returns one record per round. `policy_dir` is a
     GRU policy or one of LOGGERS (a fixed ranking, exploring over the GRU's candidates);
-    without `retrain` every round serves it (logs for a first GRU)."""
+    without `retrain` every round serves it (logs for a first GRU). The traffic follows
+    `scenario` (default: the world's, simulator.scenario.world_scenario)."""
     from engine.predictor import Predictor
     from personalization import policy as P
     from personalization.cli_policy import resolve_predictor_dir
@@ -272,9 +283,11 @@ def run_loop(
     from personalization.train import TrainConfig, promotion_check, publish, train_policy
     from personalization.visits import load_visits
     from personalization.window import WINDOW
+    from simulator.scenario import world_scenario
     from simulator.world import load_world
 
     world = load_world(world_dir)
+    sc = scenario if scenario is not None else world_scenario(world_dir)
     out = Path(out)
     if (out / "loop.json").exists():
         raise FileExistsError(f"{out}: already holds a loop run (loop.json); choose a new --out")
@@ -295,11 +308,14 @@ def run_loop(
     )
     cfg = replace(cfg, K=policy.K)
     logs, registry = out / "logs", out / "gru"
-    sim_settings = LogSettings(seed=seed, epsilon=eps)
+    sim_settings = with_scenario(LogSettings(seed=seed, epsilon=eps), sc)
+    params = ClickParams.from_scenario(sc.click)
+    fat = sc.click.fatigue
     sim = {
         "world": str(Path(world_dir).resolve()),
-        "settings": {**asdict(sim_settings), "loop": True},
-        "click_model": DEFAULT_PARAMS.to_dict(),
+        "settings": {**settings_record(sim_settings), "loop": True},
+        "click_model": params.to_dict(),
+        "scenario": sc.to_dict(),
     }
     logs.mkdir(exist_ok=True)
     (logs / "simulation.json").write_text(json.dumps(sim, indent=1) + "\n")
@@ -309,13 +325,22 @@ def run_loop(
     for rnd in range(rounds):
         clock = time.perf_counter()
         ss = simulate_sessions(
-            world, rng, t0 + rnd * days * DAY, replace(sim_settings, days=days), last_intent
+            world,
+            rng,
+            t0 + rnd * days * DAY,
+            replace(sim_settings, days=days),
+            last_intent,
+            origin=t0,
         )
         last_intent = ss.last_intent
         shown, prop, greedy, cands = _serve_round(world, predictor, policy, ss, 10, eps, temp, rng)
         intent = ss.v_intent
-        p_shown = click_probability(shown, intent, ss.v_page, world=world)
-        p_greedy = click_probability(greedy, intent, ss.v_page, world=world)
+        p_shown = click_probability(shown, intent, ss.v_page, world=world, params=params)
+        p_greedy = click_probability(greedy, intent, ss.v_page, world=world, params=params)
+        if fat.window > 0:  # each sequence tires its users by its own repeats (within the round)
+            vu = ss.user[ss.v_session]
+            p_shown = p_shown * fatigue(vu, ss.v_ts, shown, fat.window, fat.factor)
+            p_greedy = p_greedy * fatigue(vu, ss.v_ts, greedy, fat.window, fat.factor)
         clicked = rng.random(len(shown)) < p_shown
         _write_round(
             logs,
@@ -428,6 +453,7 @@ def run_loop(
 @click.option("--epochs", default=2, show_default=True, help="Policy epochs per retrain.")
 @click.option("--rows-per-epoch", default=30_000, show_default=True)
 @click.option("--seed", default=0, show_default=True)
+@scenario_option(" Default: the world's (world.json), else the default scenario.")
 @click.option(
     "--retrain/--no-retrain",
     default=True,
@@ -449,10 +475,13 @@ def loop_cmd(
     epochs,
     rows_per_epoch,
     seed,
+    scenario,
     retrain,
 ):
     """Closed loop: serve (exploring) -> log -> retrain, with the actual CTR of each round."""
     from personalization.train import TrainConfig
+
+    sc = resolve_scenario(scenario, world_dir)
 
     if policy_dir not in LOGGERS and not Path(policy_dir).is_dir():
         raise click.BadParameter(
@@ -477,6 +506,7 @@ def loop_cmd(
         train_cfg=cfg,
         echo=click.echo,
         retrain=retrain,
+        scenario=sc,
     )
     click.echo(
         f"{'round':>5} {'policy':<28} {'served CTR':>10} {'greedy CTR':>10} {'visits':>7}  next"

@@ -16,6 +16,15 @@ Metrics (per visit, then averaged):
   click_R@5, click_MRR   rank of the clicked query in the policy's ranking (same visits)
   ips_ctr        inverse-propensity estimate of the policy's click-through rate from the logged
                  epsilon-greedy impressions (0 credit when the logger never showed the choice)
+  actual_ctr     (simulated logs) the exact click probability of the greedy choice
+  served_ctr     (simulated logs) the expected click probability as served: the epsilon-mixture
+                 of the greedy choice and the softmax of the policy's key (logits; a baseline's
+                 ranking key) at the stream's exploration (personalization.policy.EPSILON,
+                 TEMPERATURE), cold-start visits exploring over 8 x score_current like the GRU
+With strong baselines (personalization.baselines, fitted on the training period only):
+session_knn, fitted_no_intent and intent_rule are baselines beside the four.
+With a scenario that tires users (ad fatigue), each policy's choices tire its own users: a
+choice repeating one of the user's previous `window` greedy choices earns the factor.
 A bootstrap over users gives a 95% interval of the relative lift of gru over the best baseline.
 """
 
@@ -39,6 +48,7 @@ POLICIES = ("gru", "top1", "most_frequent", "popularity")
 BASELINES = POLICIES[1:]  # intent-hit baselines (the old protocol)
 REFERENCES = ("sim_rank",)  # a fixed ranking: a baseline for CTR (VALUE_BASELINES)
 VALUE_BASELINES = ("top1", "most_frequent", "popularity", "sim_rank")
+STRONG_BASELINES = ("session_knn", "fitted_no_intent", "intent_rule")  # personalization.baselines
 ORACLES = ("oracle", "oracle_no_user")  # --oracle rows (personalization.oracle)
 # with a click judge (simulated logs): the best CTR on the same candidates knowing the visit's
 # intent, and the Bayes-optimal CTR given the window's true page sub-topics (uniform prior)
@@ -197,20 +207,29 @@ def evaluate_policies(
     progress: bool = True,
     oracle=None,
     judge=None,
+    baselines=None,
+    exploration: tuple[float, float] | None = None,
 ) -> EvalResult:
     """Score every policy on the visits `rows` (see the module docstring for the metrics);
     plus the REFERENCES rows and, with `oracle` (personalization.oracle.OracleModel), the
-    ORACLES rows."""
+    ORACLES rows; with `baselines` (personalization.baselines.Baselines) STRONG_BASELINES.
+    `exploration` (epsilon, temperature) of the served CTR: default the stream's."""
     from personalization.oracle import oracle_keys
+    from personalization.policy import EPSILON, TEMPERATURE
     from personalization.scoring import softmax_masked
     from personalization.train import make_batch
 
+    eps, temp = exploration or (EPSILON, TEMPERATURE)
     names = (
         POLICIES
         + REFERENCES
+        + (STRONG_BASELINES if baselines is not None else ())
         + (ORACLES if oracle is not None else ())
         + (VALUE_ORACLES if judge is not None else ())
     )
+    served_names = POLICIES + REFERENCES + (STRONG_BASELINES if baselines is not None else ())
+    soft_p: dict[str, list[np.ndarray]] = {p: [] for p in served_names}  # eps-part terms
+    cand_all: list[np.ndarray] = []
     per: dict[str, dict[str, list[np.ndarray]]] = {
         p: {
             m: []
@@ -256,17 +275,27 @@ def evaluate_policies(
         cold = b.state_mask.sum(1) <= 1
         n_cold += int(cold.sum())
         colds.append(cold)
-        orders = {name: _ranks(key, b.cand_mask) for name, key in baseline_keys(b).items()}
+        keys = baseline_keys(b)
+        orders = {name: _ranks(key, b.cand_mask) for name, key in keys.items()}
 
         # this batch's arrays bound now, not looked up when called (ruff B023)
         ranked_or_top1 = partial(_ranks_or_top1, mask=b.cand_mask, cold=cold, top1=orders["top1"])
-        orders["sim_rank"] = ranked_or_top1(sim_rank_key(b, policy.weights["sim_norm"]))
-        orders["gru"] = ranked_or_top1(softmax_masked(policy.logits(b)))
+        keys["sim_rank"] = sim_rank_key(b, policy.weights["sim_norm"])
+        keys["gru"] = policy.logits(b)
+        orders["sim_rank"] = ranked_or_top1(keys["sim_rank"])
+        orders["gru"] = ranked_or_top1(softmax_masked(keys["gru"]))
+        if baselines is not None:
+            for name, key in baselines.keys(b, v, r, K, ttl_s).items():
+                keys[name] = key
+                orders[name] = ranked_or_top1(key)
         if oracle is not None:
             for name, key in oracle_keys(oracle, v, r, b.cand_ids, K, ttl_s).items():
                 orders[name] = ranked_or_top1(key + 1e-6 * b.feats[..., F["mean_score_window"]])
         if judge is not None:
             p_true = judge.p_click(r, b.cand_ids)
+            cand_all.append(b.cand_ids)
+            for name in served_names:
+                soft_p[name].append(_explore_part(keys[name], b, cold, temp) * p_true)
             orders["knows_intent"] = ranked_or_top1(
                 np.where(b.cand_mask, p_true, -1.0) + 1e-6 * b.feats[..., F["mean_score_window"]]
             )
@@ -311,11 +340,37 @@ def evaluate_policies(
         p: {m: np.concatenate(x).astype(np.float64) for m, x in d.items() if x}
         for p, d in per.items()
     }
+    if judge is not None and len(rows):
+        rows_a = np.asarray(rows)
+        chosen_c = {p: np.concatenate(c) for p, c in chosen_all.items()}
+        window, factor = judge.fatigue
+        cands = _pad_concat(cand_all, -1)
+        for p in names:
+            pv = per_visit[p]
+            tired = None
+            if window > 0:
+                prev = _previous_choices(v.user[rows_a], v.ts[rows_a], chosen_c[p], window)
+                again = (chosen_c[p][:, None] == prev).any(1) & (chosen_c[p] >= 0)
+                pv["actual_ctr"] = pv["actual_ctr"] * np.where(again, factor, 1.0)
+                tired = (cands[:, :, None] == prev[:, None, :]).any(2) & (cands >= 0)
+            if p in soft_p:
+                sp_ = _pad_concat(soft_p[p], 0.0)
+                if tired is not None:
+                    sp_ = sp_ * np.where(tired, factor, 1.0)
+                pv["served_ctr"] = (1.0 - eps) * pv["actual_ctr"] + eps * sp_.sum(1)
     metrics = {}
     for p, pv in per_visit.items():
         m: dict[str, float] = {}
         hc = pv["has_click"].astype(bool)
-        for k in ("intent_hit", "intent_R@5", "intent_MRR", "ips_ctr", "actual_ctr", "in_support"):
+        for k in (
+            "intent_hit",
+            "intent_R@5",
+            "intent_MRR",
+            "ips_ctr",
+            "actual_ctr",
+            "served_ctr",
+            "in_support",
+        ):
             if k in pv:
                 m[k] = float(pv[k].mean())
         for k in ("click_hit", "click_R@5", "click_MRR"):
@@ -335,6 +390,45 @@ def evaluate_policies(
         x_chosen={p: np.concatenate(x) for p, x in xs_all.items() if x},
         x_shown=np.concatenate(x_shown_all) if x_shown_all else None,
     )
+
+
+def _explore_part(key: np.ndarray, b: EventBatch, cold: np.ndarray, temp: float) -> np.ndarray:
+    """[B, C] softmax(key / temperature) over the candidates: the exploring share's choice
+    probabilities (cold-start visits: over 8 x score_current, the GRU's cold-start logits)."""
+    from personalization.scoring import softmax_masked
+
+    lg = np.where(cold[:, None], 8.0 * b.feats[..., F["score_current"]], key)
+    lg = np.where(b.cand_mask, lg, -np.inf)
+    has = b.cand_mask.any(1)
+    lg[~has, 0] = 0.0
+    out = softmax_masked(lg / max(temp, 1e-6))
+    out[~has] = 0.0
+    return out
+
+
+def _pad_concat(parts: list[np.ndarray], fill) -> np.ndarray:
+    """Row-concatenate [B_i, C_i] arrays, padding the columns to the widest."""
+    C = max((p.shape[1] for p in parts), default=0)
+    return (
+        np.concatenate(
+            [np.pad(p, ((0, 0), (0, C - p.shape[1])), constant_values=fill) for p in parts]
+        )
+        if parts
+        else np.zeros((0, 0))
+    )
+
+
+def _previous_choices(user, ts, chosen, window: int) -> np.ndarray:
+    """[N, window] the same user's previous `window` choices (time order; -1 where none)."""
+    o = np.lexsort((ts, user))
+    u, c = user[o], chosen[o]
+    prev = np.full((len(o), window), -1, np.int64)
+    for lag in range(1, window + 1):  # one vectorised shift per lag
+        same = u[lag:] == u[:-lag]
+        prev[lag:, lag - 1] = np.where(same, c[:-lag], -1)
+    out = np.empty_like(prev)
+    out[o] = prev
+    return out
 
 
 def _reward_features(b: EventBatch, q: np.ndarray) -> np.ndarray:
@@ -367,6 +461,9 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
         if judged:
             est, lo, hi = mean_ci(d["actual_ctr"], users, n_boot, seed)
             rec.update(actual_ctr=est, actual_ctr_ci95=[lo, hi])
+            if "served_ctr" in d:
+                est, lo, hi = mean_ci(d["served_ctr"], users, n_boot, seed)
+                rec.update(served_ctr=est, served_ctr_ci95=[lo, hi])
         if has.any():
             rec.update(
                 off_policy(
@@ -388,7 +485,8 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
                 )
         out["policies"][p] = rec
     if judged:
-        for bname in VALUE_BASELINES:
+        bases = [b for b in VALUE_BASELINES + STRONG_BASELINES if b in res.per_visit]
+        for bname in bases:
             out["vs_baselines"][bname] = paired_bootstrap(
                 res.per_visit["gru"]["actual_ctr"],
                 res.per_visit[bname]["actual_ctr"],
@@ -397,8 +495,18 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
                 seed,
             )
         pol = out["policies"]
-        best = max(VALUE_BASELINES, key=lambda n: pol[n]["actual_ctr"])
+        best = max(bases, key=lambda n: pol[n]["actual_ctr"])
         out["best_baseline"] = best
+        if "served_ctr" in pol["gru"]:  # the targets are judged on what is served
+            sbest = max(bases, key=lambda n: pol[n]["served_ctr"])
+            out["served_best_baseline"] = sbest
+            out["served_vs_best"] = paired_bootstrap(
+                res.per_visit["gru"]["served_ctr"],
+                res.per_visit[sbest]["served_ctr"],
+                users,
+                n_boot,
+                seed,
+            )
         if "bayes_window" in pol:
             gap = pol["bayes_window"]["actual_ctr"] - pol[best]["actual_ctr"]
             out["gap_closed"] = (
@@ -411,6 +519,16 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
             "paired_lo_vs_best": out["vs_baselines"][best]["diff_ci95"][0],
             "intent_hit_minus_sim_rank": pol["gru"]["intent_hit"] - pol["sim_rank"]["intent_hit"],
         }
+        if "served_best_baseline" in out:
+            sb = out["served_best_baseline"]
+            out["targets"].update(
+                served_ratio_vs_best=pol["gru"]["served_ctr"] / max(pol[sb]["served_ctr"], 1e-12),
+                served_paired_lo_vs_best=out["served_vs_best"]["diff_ci95"][0],
+            )
+        if "knows_intent" in pol:
+            out["targets"]["headroom"] = pol["knows_intent"]["actual_ctr"] / max(
+                pol[best]["actual_ctr"], 1e-12
+            )
     return out
 
 

@@ -50,6 +50,9 @@ class ClickJudge:
     visit_page: np.ndarray  # int64 [N] VisitLog page index per visit
     persist: float = 0.0  # the simulator's intent chain (personalization.intent_filter)
     drift: float = 0.0
+    # the scenario's ad fatigue (window, factor): a repeat within the user's last `window`
+    # impressions is clicked at `factor` times its probability (applied per policy sequence)
+    fatigue: tuple[int, float] = (0, 1.0)
 
     @property
     def n_labels(self) -> int:
@@ -176,6 +179,7 @@ def load_judge(world_dir: str | Path, log_dir: str | Path, v, label_names: list[
     log_lr = np.log1p(a / (1 - a) / np.maximum(spop, 1e-300))
     visit_intent = _visit_intents(v, log_dir / "truth" / "intents.jsonl")
     persist, drift = chain_settings(sim)
+    fat = sim.get("scenario", {}).get("click", {}).get("fatigue", {})
     return ClickJudge(
         params,
         q_sub,
@@ -189,6 +193,7 @@ def load_judge(world_dir: str | Path, log_dir: str | Path, v, label_names: list[
         v.page,
         persist,
         drift,
+        (int(fat.get("window", 0)), float(fat.get("factor", 1.0))),
     )
 
 

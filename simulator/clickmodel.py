@@ -7,7 +7,9 @@ Assumptions (the personalization is judged against these):
 2. Relevance to the page just viewed matters less: a query that leads to the page adds a small
    bonus, one of the page's sub-topic a smaller one.
 3. Popular (head) queries of a sub-topic are a little more clickable than its tail.
-4. Clicks are independent Bernoulli draws given (query, intent, page); no position or fatigue bias.
+4. Clicks are independent Bernoulli draws given (query, intent, page); no position bias. A
+   scenario may add ad fatigue (simulator.scenario.Fatigue): a query shown again within the
+   user's last n impressions is clicked with its probability times a factor (`fatigue`).
 
 So on an off-intent page (a news article in the middle of a shopping session) the page's own top
 query is a poor choice; a query from an earlier on-intent page is better. The best query depends
@@ -38,8 +40,44 @@ class ClickParams:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_scenario(cls, click) -> ClickParams:
+        """The weights of a simulator.scenario.ClickModel (its fatigue applies per user,
+        through `fatigue`)."""
+        return cls(
+            click.base,
+            click.intent,
+            click.intent_same_topic,
+            click.page,
+            click.page_same_subtopic,
+            click.pop,
+        )
+
 
 DEFAULT_PARAMS = ClickParams()
+
+
+def repeated_within(user, ts, query, window: int) -> np.ndarray:
+    """bool per impression: the same query was shown to the same user within their previous
+    `window` impressions (in time order; query -1 = nothing shown, never a repeat)."""
+    user, ts, query = np.asarray(user), np.asarray(ts), np.asarray(query, np.int64)
+    out = np.zeros(len(query), bool)
+    if window <= 0 or len(query) == 0:
+        return out
+    shown = query >= 0
+    idx = np.flatnonzero(shown)
+    o = idx[np.lexsort((ts[idx], user[idx]))]
+    u, q = user[o], query[o]
+    rep = np.zeros(len(o), bool)
+    for lag in range(1, window + 1):  # one vectorised comparison per lag
+        rep[lag:] |= (u[lag:] == u[:-lag]) & (q[lag:] == q[:-lag])
+    out[o] = rep
+    return out
+
+
+def fatigue(user, ts, query, window: int, factor: float) -> np.ndarray:
+    """The fatigue multiplier per impression: `factor` on a repeat (repeated_within), else 1."""
+    return np.where(repeated_within(user, ts, query, window), factor, 1.0)
 
 
 def _head_score(world: World) -> np.ndarray:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,7 +36,17 @@ import numpy as np
 from tqdm import tqdm
 
 from engine.clicklog import ClickLogWriter
-from simulator.clickmodel import DEFAULT_PARAMS, ClickParams, click_probability
+from simulator.clickmodel import ClickParams, click_probability, fatigue
+from simulator.dynamics import (
+    background_mix,
+    catalogue_days,
+    follow_kernel,
+    interest_table,
+    is_static,
+    transition_kernel,
+)
+from simulator.scenario import DEFAULT as DEFAULT_SCENARIO
+from simulator.scenario import Scenario
 from simulator.world import World, _compact_left, _row_dups, sample_in_ranges
 
 log = logging.getLogger(__name__)
@@ -58,6 +68,28 @@ class LogSettings:
     history: int = 5  # pages of the session whose queries are candidates
     per_page: int = 3  # top queries per page in the candidate set
     writer_id: str = "sim"
+    # the rest of the traffic's structure (simulator.scenario); on_intent, persist, drift and
+    # mean_session_views above are the scenario's once with_scenario has applied it
+    scenario: Scenario = DEFAULT_SCENARIO
+
+
+def with_scenario(s: LogSettings, sc: Scenario) -> LogSettings:
+    """`s` driven by scenario `sc` (its intent chain and session length)."""
+    return replace(
+        s,
+        scenario=sc,
+        on_intent=sc.intent.on_intent,
+        persist=sc.intent.persist,
+        drift=sc.intent.drift,
+        mean_session_views=sc.sessions.mean_views,
+    )
+
+
+def settings_record(s: LogSettings) -> dict:
+    """simulation.json's `settings` (the scenario is recorded beside them)."""
+    d = asdict(s)
+    d.pop("scenario")
+    return d
 
 
 def _start_ts(day: str) -> float:
@@ -83,8 +115,12 @@ def _write(out: Path, kind: str, records, total: int, writer_id: str) -> int:
 
 
 def simulate_search_clicks(world: World, rng, t0: float, s: LogSettings):
-    """(page, query, ts) arrays of search clicks: links drawn by page popularity x link share."""
+    """(page, query, ts) arrays of search clicks: links drawn by page popularity x link share
+    (per day, of the pages and queries that exist that day, when the scenario's catalogue
+    changes over time)."""
     per_day = s.search_clicks_per_day or 5 * world.n_pages
+    if not is_static(s.scenario.catalogue):
+        return _search_clicks_by_day(world, rng, t0, s, per_day)
     n = int(per_day * s.days)
     lp = world.link_pages()
     w = world.page_pop[lp] * world.link_weight
@@ -104,6 +140,33 @@ def simulate_search_clicks(world: World, rng, t0: float, s: LogSettings):
     return page, query, ts
 
 
+def _draw_by(rng, w: np.ndarray, n: int) -> np.ndarray:
+    c = np.cumsum(w)
+    return np.minimum(np.searchsorted(c, rng.random(n) * c[-1], side="right"), len(w) - 1)
+
+
+def _search_clicks_by_day(world: World, rng, t0: float, s: LogSettings, per_day: int):
+    cat = catalogue_days(world, s.scenario.catalogue, s.days, t0)
+    lp = world.link_pages()
+    pages, queries, times = [], [], []
+    for d in range(s.days):  # one vectorised draw per day
+        n = int(per_day)
+        q_alive = cat.query_from <= d
+        w = cat.page_pop[d][lp] * world.link_weight * q_alive[world.link_query]
+        pick = _draw_by(rng, w, n)
+        page, query = lp[pick], world.link_query[pick].astype(np.int64)
+        noisy = rng.random(n) < s.noise
+        k = int(noisy.sum())
+        query[noisy] = _draw_by(rng, world.query_pop * q_alive, k)
+        page[noisy] = _draw_by(rng, cat.page_pop[d], k)
+        pages.append(page)
+        queries.append(query)
+        times.append(t0 + (d + rng.random(n)) * DAY)
+    ts = np.concatenate(times)
+    o = np.argsort(ts, kind="stable")
+    return np.concatenate(pages)[o], np.concatenate(queries)[o], ts[o]
+
+
 @dataclass
 class Sessions:
     user: np.ndarray  # per session
@@ -120,8 +183,12 @@ class Sessions:
 
 def draw_interest(world: World, user: np.ndarray, rng) -> np.ndarray:
     """One of each user's interests (sub-topic ids), by weight (each user's weights sum to 1)."""
+    return _interest_of(world, user, rng.random(len(user)))
+
+
+def _interest_of(world: World, user: np.ndarray, u: np.ndarray) -> np.ndarray:
     C = np.cumsum(world.interest_weight)
-    idx = np.searchsorted(C, user + rng.random(len(user)), side="right")
+    idx = np.searchsorted(C, user + u, side="right")
     idx = np.clip(idx, world.interest_indptr[user], world.interest_indptr[user + 1] - 1)
     return world.interest_subtopic[idx].astype(np.int64)
 
@@ -135,62 +202,175 @@ def _intents(
     v_pos: np.ndarray,
     s: LogSettings,
     last_intent: np.ndarray | None,
+    origin: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first intent per session, intent per view, last intent per user): a session continues
-    the user's previous session's final intent with probability persist, views drift."""
+    the user's previous session's final intent with probability persist, else redraws; views
+    redraw with probability drift. A redraw follows the scenario's transition kernel from the
+    current intent with probability transitions.share, else is a fresh draw from the user's
+    interests (of that day, when they drift). Each user's redraws are a chain, walked one step
+    for all users at once."""
+    ip = s.scenario.intent
     n_sess, V = len(user), len(v_session)
-    fresh_s = draw_interest(world, user, rng)
-    fresh_v = draw_interest(world, user[v_session], rng)
+    u_s = rng.random(n_sess)  # the fresh draws' uniforms (draw_interest's, in its order)
+    u_v = rng.random(V)
+    if ip.interest_change > 0:
+        table = interest_table(
+            world, ip, s.days + int((start.max(initial=origin) - origin) // DAY) + 1, s.seed
+        )
+        d_s = np.floor((start - origin) / DAY).astype(np.int64)
+        fresh_s = table.draw(user, d_s, u_s)
+        fresh_v = table.draw(user[v_session], d_s[v_session], u_v)
+    else:
+        fresh_s = _interest_of(world, user, u_s)
+        fresh_v = _interest_of(world, user[v_session], u_v)
     switch = (v_pos > 0) & (rng.random(V) < s.drift)
+    keep = rng.random(n_sess) < s.persist
+    tr = ip.transitions
+    kernel = None
+    if tr.share > 0:
+        kernel = transition_kernel(world, tr)
+        k_s, pick_s = rng.random(n_sess) < tr.share, rng.random(n_sess)
+        k_v, pick_v = rng.random(V) < tr.share, rng.random(V)
+    # events in each user's time order: session starts (kind 0) and switches (kind 1)
+    sw = np.flatnonzero(switch)
+    ev_sess = np.concatenate([np.arange(n_sess), v_session[sw]])
+    ev_pos = np.concatenate([np.zeros(n_sess, np.int64), v_pos[sw]])
+    ev_id = np.concatenate([np.arange(n_sess), sw])  # session id, or view id
+    ev_kind = np.concatenate([np.zeros(n_sess, np.int8), np.ones(len(sw), np.int8)])
+    ev_user = user[ev_sess]
+    order = np.lexsort((ev_pos, start[ev_sess], ev_user))
+    rank = np.arange(len(order)) - np.searchsorted(ev_user[order], ev_user[order])
+    by_rank = order[np.argsort(rank, kind="stable")]
+    bounds = np.searchsorted(np.sort(rank), np.arange(int(rank.max(initial=-1)) + 2))
+    prev = np.full(world.n_users, -1, np.int64) if last_intent is None else last_intent.copy()
+    init = np.empty(n_sess, np.int64)
+    sw_intent = np.full(V, -1, np.int64)
+    for r in range(len(bounds) - 1):  # each user's r-th event, all users at once
+        e = by_rank[bounds[r] : bounds[r + 1]]
+        p = prev[ev_user[e]]
+        start_ev = ev_kind[e] == 0
+        i = ev_id[e]
+        si, vi = np.where(start_ev, i, 0), np.where(start_ev, 0, i)
+        new = np.where(start_ev, fresh_s[si], fresh_v[vi])
+        if kernel is not None:
+            follow = np.where(start_ev, k_s[si], k_v[vi]) & (p >= 0)
+            nxt = follow_kernel(
+                kernel, tr.weights, np.maximum(p, 0), np.where(start_ev, pick_s[si], pick_v[vi])
+            )
+            new = np.where(follow, nxt, new)
+        new = np.where(start_ev & keep[si] & (p >= 0), p, new)
+        init[i[start_ev]] = new[start_ev]
+        sw_intent[i[~start_ev]] = new[~start_ev]
+        prev[ev_user[e]] = new
     # the last switch at or before each view (-1: none yet in its session)
     at = np.where(switch, np.arange(V), -1)
-    first = np.concatenate([[0], np.flatnonzero(np.diff(v_session)) + 1])
     seg = np.maximum.accumulate(np.where(v_pos == 0, np.arange(V), at))
     last_sw = np.where(switch[seg], seg, -1)  # seg is the session's first view or a switch
-    # the intent a session ends on, if it switched: the last view's switch draw
-    end_view = np.concatenate([first[1:], [V]]) - 1 if n_sess else np.zeros(0, np.int64)
-    end_sw = last_sw[end_view]
-    prev = np.full(world.n_users, -1, np.int64) if last_intent is None else last_intent.copy()
-    order = np.lexsort((start, user))
-    rank = np.arange(n_sess) - np.searchsorted(user[order], user[order])
-    keep = rng.random(n_sess) < s.persist
-    init = np.empty(n_sess, np.int64)
-    for r in range(int(rank.max(initial=-1)) + 1):  # each user's r-th session, all users at once
-        k = order[rank == r]
-        p = prev[user[k]]
-        init[k] = np.where(keep[k] & (p >= 0), p, fresh_s[k])
-        prev[user[k]] = np.where(end_sw[k] >= 0, fresh_v[np.maximum(end_sw[k], 0)], init[k])
-    v_intent = np.where(last_sw >= 0, fresh_v[np.maximum(last_sw, 0)], init[v_session])
+    v_intent = np.where(last_sw >= 0, sw_intent[np.maximum(last_sw, 0)], init[v_session])
     return init, v_intent, prev
 
 
 def simulate_sessions(
-    world: World, rng, t0: float, s: LogSettings, last_intent: np.ndarray | None = None
+    world: World,
+    rng,
+    t0: float,
+    s: LogSettings,
+    last_intent: np.ndarray | None = None,
+    origin: float | None = None,
 ) -> Sessions:
     """Browsing sessions with a latent intent each (persisting across a user's sessions from
-    `last_intent`, per user, when given, and drifting within them); views in session order."""
+    `last_intent`, per user, when given, and drifting within them); views in session order.
+    `origin` is the run's first day (default t0): the scenario's day-to-day changes count days
+    from it."""
+    sh = s.scenario.sessions
+    origin = t0 if origin is None else origin
     n_sess = rng.poisson(world.user_activity * s.days)
     user = np.repeat(np.arange(world.n_users), n_sess)
     start = t0 + rng.random(len(user)) * (s.days * DAY - 2 * 3600)
-    length = np.minimum(1 + rng.geometric(1.0 / (s.mean_session_views - 1), len(user)), 60)
+    length = np.minimum(
+        1 + rng.geometric(1.0 / (s.mean_session_views - 1), len(user)), sh.max_views
+    )
     v_session = np.repeat(np.arange(len(user)), length)
     first = np.concatenate([[0], np.cumsum(length)[:-1]])
     v_pos = np.arange(len(v_session)) - first[v_session]
-    intent, vi, last = _intents(world, rng, user, start, v_session, v_pos, s, last_intent)
+    intent, vi, last = _intents(world, rng, user, start, v_session, v_pos, s, last_intent, origin)
     on = rng.random(len(v_session)) < s.on_intent
-    # on-intent views: a page of the view's intent subtopic by popularity; else a popular page
+    static = is_static(s.scenario.catalogue)
+    if static:  # the original order of draws: pages, then gaps
+        page = _pages(world, rng, vi, on, user[v_session], s, None, None)
+    gaps = sh.min_gap_s + rng.exponential(sh.mean_gap_s, len(v_session))
+    if sh.pause_share > 0:
+        pause = rng.random(len(v_session)) < sh.pause_share
+        long = sh.pause_min_s + rng.exponential(sh.pause_mean_s, len(v_session))
+        gaps = np.where(pause, long, gaps)
+    gaps[v_pos == 0] = 0.0
+    csum = np.cumsum(gaps)
+    offset = csum - csum[first][v_session]
+    if sh.follow_share > 0:
+        end = np.concatenate([first[1:], [len(v_session)]]) - 1 if len(user) else first
+        start = _follow_starts(rng, user, start, offset[end] if len(user) else start, sh)
+    ts = start[v_session] + csum - csum[first][v_session]  # this order of float additions
+    if not static:
+        days = s.days + int((t0 - origin) // DAY) + 1
+        cat = catalogue_days(world, s.scenario.catalogue, days, origin)
+        page = _pages(world, rng, vi, on, user[v_session], s, cat, cat.day_of(ts, origin))
+    return Sessions(user, intent, start, v_session, v_pos, page, on, ts, vi, last)
+
+
+def _follow_starts(rng, user, start, duration, sh) -> np.ndarray:
+    """Session starts where, with probability follow_share, a session begins minutes after the
+    end of the user's previous one (the others keep their start, after that end)."""
+    n = len(user)
+    follow = rng.random(n) < sh.follow_share
+    gap = sh.follow_gap_s + rng.exponential(sh.follow_gap_mean_s, n)
+    order = np.lexsort((start, user))
+    rank = np.arange(n) - np.searchsorted(user[order], user[order])
+    prev_end = np.full(int(user.max(initial=-1)) + 1, -np.inf)
+    out = start.copy()
+    for r in range(int(rank.max(initial=-1)) + 1):  # each user's r-th session, all at once
+        k = order[rank == r]
+        pe = prev_end[user[k]]
+        has = np.isfinite(pe)
+        out[k] = np.where(
+            follow[k] & has,
+            pe + gap[k],
+            np.maximum(start[k], np.where(has, pe, -np.inf) + sh.min_gap_s),
+        )
+        prev_end[user[k]] = out[k] + duration[k]
+    return out
+
+
+def _pages(world: World, rng, vi, on, v_user, s: LogSettings, cat, day) -> np.ndarray:
+    """On-intent views: a page of the view's intent sub-topic by popularity; off-intent views a
+    popular page from anywhere, or of the user's background mix (scenario intent.off_intent).
+    With a changing catalogue (cat, day per view), popularity and existence are that day's."""
+    ip = s.scenario.intent
     order = np.argsort(world.page_subtopic, kind="stable")
     sub_sorted = world.page_subtopic[order]
     bounds = np.searchsorted(sub_sorted, np.arange(world.n_subtopics + 1))
     lo, hi = bounds[vi], bounds[vi + 1]
-    on &= hi > lo
-    lo, hi = np.where(on, lo, 0), np.where(on, hi, world.n_pages)
-    page = order[sample_in_ranges(rng, world.page_pop[order], lo, hi)]
-    gaps = 3.0 + rng.exponential(40.0, len(v_session))
-    gaps[v_pos == 0] = 0.0
-    csum = np.cumsum(gaps)
-    ts = start[v_session] + csum - csum[first][v_session]
-    return Sessions(user, intent, start, v_session, v_pos, page, on, ts, vi, last)
+    on = on & (hi > lo)
+    if ip.off_intent == "background":
+        bg = background_mix(world, ip)
+        b = bg[v_user, rng.integers(0, bg.shape[1], len(v_user))]
+        lo = np.where(on, lo, bounds[b])
+        hi = np.where(on, hi, bounds[b + 1])
+        ranged = on | (hi > lo)
+    else:
+        ranged = on
+    lo, hi = np.where(ranged, lo, 0), np.where(ranged, hi, world.n_pages)
+    if cat is None:
+        return order[sample_in_ranges(rng, world.page_pop[order], lo, hi)]
+    page = np.empty(len(vi), np.int64)
+    for d in np.unique(day).tolist():  # one vectorised draw per day
+        m = np.flatnonzero(day == d)
+        w = cat.page_pop[d][order]
+        cw = np.concatenate([[0.0], np.cumsum(w)])
+        empty = cw[hi[m]] - cw[lo[m]] <= 0  # none of its pages exists yet: anywhere
+        a, b = np.where(empty, 0, lo[m]), np.where(empty, world.n_pages, hi[m])
+        page[m] = order[sample_in_ranges(rng, w, a, b)]
+    return page
 
 
 def logging_policy(world: World, ss: Sessions, rng, s: LogSettings):
@@ -218,11 +398,13 @@ def simulate_logs(
     world: World,
     out: str | Path,
     settings: LogSettings | None = None,
-    params: ClickParams = DEFAULT_PARAMS,
+    params: ClickParams | None = None,
     world_dir: str | None = None,
 ) -> dict:
-    """Simulate and write all logs; returns the counts written to simulation.json."""
+    """Simulate and write all logs; returns the counts written to simulation.json. The click
+    weights are `params` when given, else the scenario's."""
     s = settings or LogSettings()
+    params = params or ClickParams.from_scenario(s.scenario.click)
     out = Path(out)
     if (out / "simulation.json").exists():
         raise FileExistsError(
@@ -250,6 +432,9 @@ def simulate_logs(
     ss = simulate_sessions(world, rng, t0, s)
     cand, shown, prop = logging_policy(world, ss, rng, s)
     p_click = click_probability(shown, ss.v_intent, ss.v_page, world=world, params=params)
+    fat = s.scenario.click.fatigue
+    if fat.window > 0:
+        p_click = p_click * fatigue(ss.user[ss.v_session], ss.v_ts, shown, fat.window, fat.factor)
     clicked = rng.random(len(shown)) < p_click
     order = np.argsort(ss.v_ts, kind="stable")
     uid = [world.user_id(u) for u in ss.user.tolist()]
@@ -345,8 +530,9 @@ def simulate_logs(
             )
     summary = {
         "world": world_dir,
-        "settings": asdict(s),
+        "settings": settings_record(s),
         "click_model": params.to_dict(),
+        "scenario": s.scenario.to_dict(),
         "counts": {
             "search_clicks": n_search,
             "sessions": len(ss.user),

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from stream.traffic_options import traffic_options
+from stream.traffic_options import scenario_options, traffic_options
 
 
 def settings_options(f):
@@ -277,13 +277,27 @@ def metrics(settings):
     show_default=True,
     help="Seconds to wait for the last ad queries after sending.",
 )
-def simulate(settings, world_dir, rate, duration, warmup, seed, drain):
+@scenario_options
+def simulate(settings, world_dir, rate, duration, warmup, seed, drain, scenario, known_model):
     """Produce page views from simulated users; answer ad queries with clicks (click model)."""
-    from stream.live_sim import run_simulation
+    from simulator.cli_simulate import resolve_scenario
+    from stream.live_sim import known_words, run_simulation
 
+    sc = resolve_scenario(scenario, world_dir)
+    known = known_words(known_model) if known_model else None
     ensure_topics_or_fail(settings)
     click.echo(
         json.dumps(
-            run_simulation(settings, world_dir, rate, duration, seed, drain, warmup_s=warmup)
+            run_simulation(
+                settings,
+                world_dir,
+                rate,
+                duration,
+                seed,
+                drain,
+                warmup_s=warmup,
+                scenario=sc,
+                known=known,
+            )
         )
     )

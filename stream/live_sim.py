@@ -1,11 +1,17 @@
 """`astec stream simulate`: live traffic from a simulated world, and clicks from its click model.
 
-Page views come from the world's browsing-session model (simulator.traffic: a latent intent
-that persists across a user's sessions and drifts within them, on/off-intent pages), replayed
-in time order at --rate events/s with the current time stamped. A second thread reads
-`ad-queries` and, for the events this run produced, draws a click with
-simulator.clickmodel.click_probability(query, the view's intent, page) and produces
-`ad-clicks`. Event -> ad latency is measured on arrival (receive time - event ts).
+Page views come from the world's browsing-session model (simulator.traffic under the run's
+scenario, simulator.scenario: a latent intent that persists across a user's sessions and drifts
+within them, on/off-intent pages), replayed in time order at --rate events/s with the current
+time stamped. A second thread reads `ad-queries` and, for the events this run produced, draws a
+click with simulator.clickmodel.click_probability(query, the view's intent, page) under the
+scenario's click weights (times its fatigue factor when the user was shown the query within
+their last n ads) and produces `ad-clicks`. Event -> ad latency is measured on arrival
+(receive time - event ts).
+
+A page whose title holds no word the model knows gets no ad by design (Settings.no_evidence
+"skip"): given the model's `known` test, such events left without an answer count as `no_ad`,
+the others as `unanswered`.
 """
 
 from __future__ import annotations
@@ -25,15 +31,17 @@ from stream.topics import make_consumer
 log = logging.getLogger(__name__)
 
 
-def plan_views(world, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+def plan_views(world, n: int, seed: int = 0, scenario=None) -> dict[str, np.ndarray]:
     """n page views (user, session, the view's intent, page) in time order from the world's
-    session model."""
-    from simulator.traffic import LogSettings, simulate_sessions
+    session model under `scenario` (simulator.scenario; None: the default)."""
+    from simulator.scenario import DEFAULT
+    from simulator.traffic import LogSettings, simulate_sessions, with_scenario
 
     rng = np.random.default_rng(seed)
     days = 1
     while True:
-        ss = simulate_sessions(world, rng, 0.0, LogSettings(days=days, seed=seed))
+        s = with_scenario(LogSettings(days=days, seed=seed), scenario or DEFAULT)
+        ss = simulate_sessions(world, rng, 0.0, s)
         if len(ss.v_page) >= n or days >= 64:
             break
         days *= 2
@@ -61,9 +69,18 @@ def sim_producer(settings: Settings, client_id: str) -> RdProducer:
 class ClickResponder(threading.Thread):
     """Reads ad queries for this run's events; produces one ad-click (clicked or not) each."""
 
-    def __init__(self, settings: Settings, world, pending: dict, seed: int, run_id: str):
+    def __init__(
+        self, settings: Settings, world, pending: dict, seed: int, run_id: str, scenario=None
+    ):
+        from simulator.clickmodel import ClickParams
+        from simulator.scenario import DEFAULT
+
         super().__init__(daemon=True)
         self.s, self.world, self.pending = settings, world, pending
+        click = (scenario or DEFAULT).click
+        self.params = ClickParams.from_scenario(click)
+        self.fatigue = click.fatigue
+        self.recent: dict[str, list[int]] = {}  # per user: the queries of their last n ads
         self.rng = np.random.default_rng(seed + 1)
         self.qid = {t: i for i, t in enumerate(world.query_text)}
         # no consumer group: it reads its own run's answers from every partition (a group join
@@ -111,6 +128,19 @@ class ClickResponder(threading.Thread):
         for tp in tps:
             self.consumer.position(tp)  # resolve the end offsets now
 
+    def _tired(self, users: list[str], q: np.ndarray) -> np.ndarray:
+        """Fatigue factor per answer (in arrival order): the query was among the user's last
+        `window` ads."""
+        out = np.ones(len(q))
+        n = self.fatigue.window
+        for i, (u, qi) in enumerate(zip(users, q.tolist(), strict=True)):
+            seen = self.recent.setdefault(u, [])
+            if qi >= 0 and qi in seen:
+                out[i] = self.fatigue.factor
+            seen.append(qi)
+            del seen[:-n]
+        return out
+
     def run(self) -> None:
         from simulator.clickmodel import click_probability
 
@@ -141,7 +171,9 @@ class ClickResponder(threading.Thread):
                 self.unknown_queries += int((q < 0).sum())
                 intent = np.array([ev[0] for _, ev in batch], np.int64)
                 page = np.array([ev[1] for _, ev in batch], np.int64)
-                p = click_probability(q, intent, page, world=self.world)
+                p = click_probability(q, intent, page, world=self.world, params=self.params)
+                if self.fatigue.window > 0:
+                    p = p * self._tired([m["user_id"] for m, _ in batch], q)
                 clicked = self.rng.random(len(batch)) < p
                 for (m, _), c in zip(batch, clicked, strict=True):
                     self.producer.send(
@@ -176,21 +208,29 @@ def run_simulation(
     drain_s: float = 15.0,
     progress: bool = True,
     warmup_s: float = 0.0,
+    scenario=None,
+    known=None,
 ) -> dict:
     """Produce rate*(warmup+duration) page views, answer their ad queries with clicks; returns
     figures. The first warmup_s seconds of traffic pay one-time costs (the workers' kernel
-    compilation and first fetches, the group settling): their latency is reported apart."""
+    compilation and first fetches, the group settling): their latency is reported apart.
+    `scenario`: the traffic's (default: the world's). `known(titles) -> bool array`: whether
+    the model knows a word of each title (Predictor.has_evidence); with it, an event left
+    without an ad whose page it does not know counts as no_ad (none by design), not as
+    unanswered."""
     from tqdm import tqdm
 
+    from simulator.scenario import world_scenario
     from simulator.world import load_world
 
     world = load_world(world_dir)
+    sc = scenario if scenario is not None else world_scenario(world_dir)
     n_warm = int(rate * warmup_s)
     n = n_warm + max(1, int(rate * duration))
-    plan = plan_views(world, n, seed)
+    plan = plan_views(world, n, seed, sc)
     run_id = uuid.uuid4().hex[:8]
     pending: dict[str, tuple[int, int]] = {}
-    responder = ClickResponder(settings, world, pending, seed, run_id)
+    responder = ClickResponder(settings, world, pending, seed, run_id, sc)
     responder.wait_assigned()
     responder.start()
     producer = sim_producer(settings, "astec-sim-views")
@@ -235,13 +275,18 @@ def run_simulation(
     idx = np.concatenate(responder.latency_event) if responder.latency_event else np.zeros(0)
     pct = _percentiles(lat[idx >= n_warm])
     warm = _percentiles(lat[idx < n_warm]) if n_warm else {}
+    no_ad = 0
+    if known is not None and pending:
+        left = [world.page_title[page] for _, page in pending.values()]
+        no_ad = int((~np.asarray(known(left), bool)).sum())
     return {
         "page_views": n,
         "warmup_page_views": n_warm,
         "send_s": round(sent_s, 2),
         "rate_achieved": round(n / sent_s, 1),
         "ad_queries": responder.answered,
-        "unanswered": len(pending),
+        "unanswered": len(pending) - no_ad,
+        "no_ad": no_ad if known is not None else None,  # None: the model was not given
         "clicks": responder.clicks,
         "ctr": round(responder.clicks / max(1, responder.answered), 4),
         "unknown_queries": responder.unknown_queries,
@@ -256,3 +301,12 @@ def _percentiles(lat: np.ndarray) -> dict:
         return {"p50": None, "p95": None, "p99": None}
     p50, p95, p99 = np.percentile(lat, [50, 95, 99]).round(1).tolist()
     return {"p50": p50, "p95": p95, "p99": p99}
+
+
+def known_words(model: str):
+    """The `known` test of run_simulation for an engine model path (the predictor's
+    has_evidence: its vectorizers' words and n-grams, and its label names' words)."""
+    from engine.model_paths import resolve_model
+    from stream.model_handle import load_predictor
+
+    return load_predictor(resolve_model(model, prefer="predictor").path).has_evidence

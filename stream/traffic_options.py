@@ -1,6 +1,8 @@
 """The live-traffic options (--rate, --duration, --warmup) of `astec stream simulate`, declared
 once: `astec demo` passes them on to it and takes them with its own defaults, so the ranges and
-help cannot drift apart."""
+help cannot drift apart. `scenario_options` adds the traffic's structure (--scenario, the
+simulator's own option) and the model whose vocabulary tells a page without an ad by design
+(--model)."""
 
 from __future__ import annotations
 
@@ -45,3 +47,19 @@ def traffic_options(
         return f
 
     return apply
+
+
+def scenario_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator adding --scenario (simulator.cli_simulate's) and --model."""
+    from simulator.cli_simulate import scenario_option
+
+    f = click.option(
+        "--model",
+        "known_model",
+        default=None,
+        type=click.Path(exists=True, file_okay=False),
+        help="The engine the workers serve (registry root or predictor directory): a page "
+        "whose title holds no word it knows gets no ad by design, reported as no_ad rather "
+        "than unanswered.",
+    )(f)
+    return scenario_option(" Default: the world's (world.json), else the default scenario.")(f)

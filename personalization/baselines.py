@@ -1,0 +1,139 @@
+"""The strong baselines of `astec personalize evaluate`, built only from the training period of
+the logs (the sessions before the evaluation's split):
+
+  session_knn       V-SKNN over the window's candidates (personalization.session_knn), its k,
+                    recency weighting and click weight chosen on the training period's latest
+                    sessions (the validation carve-out), by logged inverse-propensity CTR
+  fitted_no_intent  a ridge logistic regression of the logged clicks on the hand features of
+                    the shown query, the intent filter's features left out: the policy's fitted
+                    start without the intent filter
+  intent_rule       the fixed hand rule intent_mass + 0.05 score_current
+
+Each gives a ranking key over the batch's candidates; the evaluation applies the same cold-start
+rule to every one (a visit without history gets the current page's top query).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from personalization import session_knn as sknn
+from personalization.features import N_INTENT, EventBatch, F, cluster_lookup
+from personalization.visits import VisitLog
+
+NAMES = ("session_knn", "fitted_no_intent", "intent_rule")
+
+
+@dataclass
+class Baselines:
+    knn: sknn.SessionKNN
+    fitted: np.ndarray  # [N_FEATURES] weights (intent columns 0)
+    fitted_bias: float
+    intent: np.ndarray  # [N_FEATURES] weights of the hand rule
+    report: dict = field(default_factory=dict)
+
+    def keys(self, b: EventBatch, v: VisitLog, rows: np.ndarray, K: int, ttl_s: float) -> dict:
+        """Ranking keys [B, C] (higher = better) of NAMES."""
+        tie = 1e-6 * b.feats[..., F["mean_score_window"]]
+        return {
+            "session_knn": sknn.scores(self.knn, v, rows, b.cand_ids, K, ttl_s) + tie,
+            "fitted_no_intent": b.feats @ self.fitted + self.fitted_bias,
+            "intent_rule": b.feats @ self.intent,
+        }
+
+
+def _batches(policy, v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, log_pop, size=2048):
+    from personalization.train import make_batch
+
+    w = policy.weights
+    for a in range(0, len(rows), size):
+        r = rows[a : a + size]
+        yield (
+            r,
+            make_batch(v, r, K, ttl_s, log_pop, w["sim_table"], w["sim_norm"], cluster_lookup(w)),
+        )
+
+
+def _greedy(key: np.ndarray, b: EventBatch) -> np.ndarray:
+    """Chosen label per visit: the key's best candidate, the top-1 rule on cold start."""
+    cold = b.state_mask.sum(1) <= 1
+    key = np.where(cold[:, None], b.feats[..., F["score_current"]], key)
+    col = np.argmax(np.where(b.cand_mask, key, -np.inf), 1)
+    return np.where(b.cand_mask.any(1), b.cand_ids[np.arange(len(col)), col], -1)
+
+
+def fit_session_knn(
+    policy, v: VisitLog, train_rows: np.ndarray, K: int, ttl_s: float, log_pop, val_frac=0.2
+) -> tuple[sknn.SessionKNN, dict]:
+    """V-SKNN with the configuration that earns the most logged IPS CTR on the latest
+    `val_frac` of the training sessions, refitted on all of them."""
+    from personalization.train import session_start_ts
+
+    start = session_start_ts(v)[train_rows]
+    cut = np.quantile(start, 1.0 - val_frac) if len(start) else 0.0
+    fit_rows, val_rows = train_rows[start < cut], train_rows[start >= cut]
+    batches = list(_batches(policy, v, val_rows, K, ttl_s, log_pop))
+    grid = {}
+    for k in sknn.GRID_K:
+        for decay in sknn.GRID_DECAY:
+            for cw in sknn.GRID_CLICK:
+                model = sknn.build(v, fit_rows, k, decay, cw)
+                chosen = [
+                    _greedy(
+                        sknn.scores(model, v, r, b.cand_ids, K, ttl_s)
+                        + 1e-6 * b.feats[..., F["mean_score_window"]],
+                        b,
+                    )
+                    for r, b in batches
+                ]
+                ch = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+                grid[(k, decay, cw)] = sknn.ips_ctr(v, val_rows, ch)
+    best = max(grid, key=lambda c: grid[c])
+    model = sknn.build(v, train_rows, *best)
+    rep = {
+        "chosen": model.config(),
+        "validation_visits": len(val_rows),
+        "validation_ips_ctr": {
+            f"k={c[0]} {c[1]} click={c[2]:g}": round(x, 5) for c, x in grid.items()
+        },
+    }
+    return model, rep
+
+
+def fit_no_intent(
+    policy, v: VisitLog, train_rows: np.ndarray, K: int, ttl_s: float, log_pop, n=60_000, seed=0
+) -> tuple[np.ndarray, float]:
+    """Ridge logistic regression of the logged clicks on the shown query's hand features
+    without the intent filter's (the last N_INTENT columns)."""
+    from personalization.value import fit_logistic
+
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(train_rows, min(n, len(train_rows)), replace=False))
+    X, y = [], []
+    for r, b in _batches(policy, v, rows, K, ttl_s, log_pop, 4096):
+        shown = v.shown[r]
+        eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
+        has = np.flatnonzero(eq.any(1))
+        X.append(b.feats[has, eq[has].argmax(1)][:, :-N_INTENT])
+        y.append(v.clicked[r][has])
+    Xa = np.concatenate(X).astype(np.float64) if X else np.zeros((0, 1))
+    ya = np.concatenate(y).astype(np.float64) if y else np.zeros(0)
+    w = np.zeros(Xa.shape[1] + N_INTENT, np.float32)
+    if len(ya) == 0 or ya.min() == ya.max():
+        return w, 0.0
+    th = fit_logistic(Xa, ya, l2=1e-3)
+    w[:-N_INTENT] = th[:-1]
+    return w, float(th[-1])
+
+
+def fit_baselines(
+    policy, v: VisitLog, train_rows: np.ndarray, K: int, ttl_s: float, log_pop
+) -> Baselines:
+    """Every strong baseline from the training visits `train_rows` (never the evaluated ones)."""
+    from personalization.train import intent_rank_weights
+
+    knn, rep = fit_session_knn(policy, v, train_rows, K, ttl_s, log_pop)
+    w, bias = fit_no_intent(policy, v, train_rows, K, ttl_s, log_pop)
+    return Baselines(knn, w, bias, intent_rank_weights(), {"session_knn": rep})
