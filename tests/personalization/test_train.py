@@ -172,6 +172,9 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
         "most_frequent",
         "popularity",
         "sim_rank",
+        "session_knn",
+        "fitted_no_intent",
+        "intent_rule",
         "oracle",
         "oracle_no_user",
         "knows_intent",
@@ -180,17 +183,37 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
     m = rep["metrics"]
     # value: the simulator's click model judges every row; knowing the intent bounds them all
     val = rep["value"]["policies"]
-    for p in ("gru", "top1", "most_frequent", "popularity", "sim_rank", "bayes_window"):
+    for p in (
+        "gru",
+        "top1",
+        "most_frequent",
+        "popularity",
+        "sim_rank",
+        "session_knn",
+        "bayes_window",
+    ):
         assert 0 < val[p]["actual_ctr"] <= val["knows_intent"]["actual_ctr"] + 1e-9, (p, val)
         lo, hi = val[p]["dr_ci95"]
         assert lo <= val[p]["dr"] <= hi and 0 <= val[p]["in_support"] <= 1 and val[p]["ess"] > 0
-    assert set(rep["value"]["vs_baselines"]) == {"top1", "most_frequent", "popularity", "sim_rank"}
+    strong = ("session_knn", "fitted_no_intent", "intent_rule")
+    assert set(rep["value"]["vs_baselines"]) == {
+        "top1",
+        "most_frequent",
+        "popularity",
+        "sim_rank",
+        *strong,
+    }
     assert "actual_ctr" in out and "DR" in out and "targets:" in out
     # the Bayes posterior with the world's true parameters bounds every policy on intent hit
     for p in ("gru", "top1", "most_frequent", "popularity", "sim_rank"):
         assert m["oracle"]["intent_hit"] >= m[p]["intent_hit"], (p, m)
     assert m["oracle"]["intent_hit"] <= m["oracle"]["intent_in_candidates"]
-    assert rep["lift"]["intent_hit"]["best_baseline"] in ("top1", "most_frequent", "popularity")
+    assert rep["lift"]["intent_hit"]["best_baseline"] in (
+        "top1",
+        "most_frequent",
+        "popularity",
+        *strong,
+    )
     assert "intent_hit" in rep["metrics"]["gru"] and "intent_hit" in rep["lift"]
     assert rep["held_out_visits"] > 0 and "lift" in out
     bench = json.loads(
