@@ -139,6 +139,7 @@ class RdConsumer:
     def poll(self, timeout_ms: int = 0, max_records: int = 500) -> dict:
         """Up to max_records messages: wait up to timeout_ms for the first, take the rest that are
         already fetched. Returns {TopicPartition: [Record]} in offset order per partition."""
+        from confluent_kafka import KafkaError
         from kafka.structs import TopicPartition
 
         first = self._c.poll(max(0.0, timeout_ms / 1000.0))
@@ -151,7 +152,10 @@ class RdConsumer:
         for m in msgs:
             err = m.error()
             if err is not None:
-                if err.fatal():
+                # a fatal error comes as an error event of code _FATAL whose fatal() is False
+                # (e.g. a static member fenced after its max.poll.interval ran out): the
+                # consumer fetches nothing ever again, so the worker must stop and be restarted
+                if err.fatal() or err.code() == KafkaError._FATAL:
                     raise RuntimeError(f"librdkafka consumer: {err}")
                 log.warning("consumer error: %s", err)
                 continue

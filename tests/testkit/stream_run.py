@@ -4,6 +4,7 @@ the users' state (shared by tests/stream/test_worker_faults.py and test_cluster_
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -133,9 +134,16 @@ def produce_paced(settings, titles, n, users, rate, tag, stop=None):
     return [eid for eid, d in sent if d.done and d.error is None]
 
 
-def collect_ads(settings, want: set, timeout=90.0, answered_at: list | None = None) -> Counter:
+def collect_ads(
+    settings,
+    want: set,
+    timeout=90.0,
+    answered_at: list | None = None,
+    answers: list | None = None,
+) -> Counter:
     """Ad queries per event id, read committed (what the ads pipeline would see); the time each
-    was produced (its `ts`) is appended to `answered_at` when given."""
+    was produced (its `ts`) is appended to `answered_at` when given, (event id, ts) to
+    `answers`."""
     c = make_consumer(settings, [settings.topic_ad_queries], None)
     seen: Counter = Counter()
     deadline = time.monotonic() + timeout
@@ -145,8 +153,38 @@ def collect_ads(settings, want: set, timeout=90.0, answered_at: list | None = No
             seen.update(a["event_id"] for a in ads)
             if answered_at is not None:
                 answered_at.extend(a["ts"] for a in ads)
+            if answers is not None:
+                answers.extend((a["event_id"], a["ts"]) for a in ads)
     c.close()
     return seen
+
+
+def view_partitions(settings, ids: set, timeout=60.0) -> dict:
+    """The `page-views` partition each page view of `ids` landed in (read back from the topic)."""
+    c = make_consumer(settings, [settings.topic_page_views], None)
+    where: dict = {}
+    deadline = time.monotonic() + timeout
+    while not ids <= set(where) and time.monotonic() < deadline:
+        for recs in c.poll(timeout_ms=200).values():
+            for r in recs:
+                where[decode("page_view", r.value, 1 << 20)["event_id"]] = r.partition
+    c.close()
+    return where
+
+
+def partition_gaps(answers: list, partition_of: dict, since: float, until: float) -> dict:
+    """Per partition: the longest time between two answers (ad queries' `ts`) to its page views
+    within [since, until], the window's edges counted (a partition answering nothing in it has
+    the whole window as its gap)."""
+    times: dict = {}
+    for eid, ts in answers:
+        if since <= ts <= until and eid in partition_of:
+            times.setdefault(partition_of[eid], []).append(ts)
+    gaps = {}
+    for p in set(partition_of.values()):
+        t = sorted([since, *times.get(p, []), until])
+        gaps[p] = max(b - a for a, b in itertools.pairwise(t))
+    return gaps
 
 
 def assert_state_exact(settings, users, ids):
