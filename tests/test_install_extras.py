@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from stream.settings import settings_env
-from testkit.stream_load import answered, produce_paced
+from testkit.stream_load import answered
+from testkit.stream_run import produce_paced
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = (

@@ -18,7 +18,8 @@ from stream.schemas import dead_letter, encode
 from stream.settings import settings_env
 from stream.state_store import StateStore, connect
 from stream.topics import make_producer
-from testkit.stream_load import answered, page_view, read_all_messages, worker_thread
+from testkit.stream_load import answered, read_all_messages, worker_thread
+from testkit.stream_run import page_view
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
 

@@ -35,15 +35,8 @@ from stream.model_handle import ModelHandle
 from stream.policy_handle import Top1Policy
 from stream.schemas import dead_letter_raw
 from stream.state_store import RedisUnavailable, StateStore, connect, infra_error
-from testkit.stream_load import (
-    answered,
-    produce_paced,
-    read_all_messages,
-    start_stream,
-    tail,
-    wait_for,
-    worker_thread,
-)
+from testkit.stream_load import answered, read_all_messages, worker_thread
+from testkit.stream_run import produce_paced, start_stream, tail, wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
 PASSWORD = "test-" + uuid.uuid4().hex[:12]

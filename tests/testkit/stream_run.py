@@ -94,6 +94,16 @@ def stored_visits(settings) -> int:
     return sum(int(m["events"]) - int(m["duplicates"]) for m in live_consumers(settings))
 
 
+def page_view(i: int, users: int, title: str, tag: str) -> dict:
+    return {
+        "event_id": f"{tag}-{i}",
+        "user_id": f"u{i % users}",
+        "ts": time.time(),
+        "url": f"https://example.org/{i}",
+        "title": title,
+    }
+
+
 def produce_paced(settings, titles, n, users, rate, tag, stop=None):
     """n page views at ~rate/s; returns the ids of those the broker acknowledged (librdkafka
     retries through a broker restart for up to two minutes; idempotent, as a front end should
@@ -108,17 +118,10 @@ def produce_paced(settings, titles, n, users, rate, tag, stop=None):
     for i in range(n):
         if stop is not None and stop.is_set():
             break
-        eid = f"{tag}-{i}"
-        msg = {
-            "event_id": eid,
-            "user_id": f"u{i % users}",
-            "ts": time.time(),
-            "url": f"https://example.org/{i}",
-            "title": titles[i % len(titles)],
-        }
+        msg = page_view(i, users, titles[i % len(titles)], tag)
         sent.append(
             (
-                eid,
+                msg["event_id"],
                 p.send(
                     settings.topic_page_views, encode("page_view", msg), msg["user_id"].encode()
                 ),
