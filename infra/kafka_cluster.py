@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from infra.services import (
     _terminate,
     _wait_port_free,
     _write_private,
+    format_storage,
     free_port,
     java_binary,
     kafka_classpath,
@@ -149,30 +149,7 @@ def _prepare(data_dir: Path, brokers: int) -> dict:
         _write_private(ndir / "log4j2.properties", _LOG4J2.format(log=ndir / "server.log"))
         if (ndir / "data" / "meta.properties").is_file():
             continue
-        private_dir(ndir / "data")
-        res = subprocess.run(
-            [
-                java,
-                "-Xmx256m",
-                "-cp",
-                cp,
-                f"-Dlog4j2.configurationFile={ndir / 'log4j2.properties'}",
-                "kafka.tools.StorageTool",
-                "format",
-                f"--cluster-id={state['cluster_id']}",
-                "-c",
-                str(props),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if res.returncode != 0:
-            raise ServiceError(
-                f"formatting node {node}'s storage in {ndir / 'data'} failed "
-                f"({res.returncode}): {(res.stderr or res.stdout)[-1500:]}"
-            )
+        format_storage(java, cp, ndir, state["cluster_id"], f"node {node}'s storage")
     return state
 
 

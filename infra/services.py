@@ -357,6 +357,35 @@ def _cluster_id() -> str:
             return cid
 
 
+def format_storage(java: str, cp: str, node_dir: Path, cluster_id: str, what: str) -> None:
+    """Format a KRaft node's storage (node_dir/data) once, from node_dir's server.properties and
+    log4j2.properties; `what` names it in the error."""
+    private_dir(node_dir / "data")
+    res = subprocess.run(
+        [
+            java,
+            "-Xmx256m",
+            "-cp",
+            cp,
+            f"-Dlog4j2.configurationFile={node_dir / 'log4j2.properties'}",
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={cluster_id}",
+            "-c",
+            str(node_dir / "server.properties"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise ServiceError(
+            f"formatting {what} in {node_dir / 'data'} failed "
+            f"({res.returncode}): {(res.stderr or res.stdout)[-1500:]}"
+        )
+
+
 def start_kafka(
     data_dir: Path, port: int | None = None, timeout: float = 120.0
 ) -> tuple[Proc, str]:
@@ -385,30 +414,7 @@ def start_kafka(
     _write_private(kdir / "log4j2.properties", _LOG4J2.format(log=log))
     _write_private(kdir / "state.json", json.dumps(state, indent=2))
     if not (kdir / "data" / "meta.properties").is_file():
-        private_dir(kdir / "data")
-        res = subprocess.run(
-            [
-                java,
-                "-Xmx256m",
-                "-cp",
-                cp,
-                f"-Dlog4j2.configurationFile={kdir / 'log4j2.properties'}",
-                "kafka.tools.StorageTool",
-                "format",
-                f"--cluster-id={state['cluster_id']}",
-                "-c",
-                str(props),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if res.returncode != 0:
-            raise ServiceError(
-                f"formatting the Kafka storage in {kdir / 'data'} failed "
-                f"({res.returncode}): {(res.stderr or res.stdout)[-1500:]}"
-            )
+        format_storage(java, cp, kdir, state["cluster_id"], "the Kafka storage")
     out = kdir / "stdout.log"
     proc = _spawn(
         [
