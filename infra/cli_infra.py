@@ -75,18 +75,21 @@ def up(
 
     The broker's storage (DATA_DIR/kafka/data) is formatted at the first start and kept: topics,
     messages and committed offsets survive `down`/`up` and a crash."""
-    from infra.redis_topologies import start_topology
+    from infra.redis_topologies import start_topology, stop_topology
     from infra.services import ServiceError, start_services
 
+    single = redis_topology == "single"
     try:
         if brokers > 1 and kafka_port:
             raise ServiceError("--kafka-port names one broker's port: leave it out with --brokers")
-        info = start_services(data_dir, kafka_port, redis_port, brokers=brokers)
-        topo = (
-            start_topology(data_dir, redis_topology, info.redis_password)
-            if redis_topology != "single"
-            else None
+        if redis_port and not single:
+            raise ServiceError("--redis-port names the single redis-server's port")
+        if single:
+            stop_topology(data_dir)  # a topology an earlier `up --redis ...` started
+        info = start_services(
+            data_dir, kafka_port, redis_port, brokers=brokers, single_redis=single
         )
+        topo = None if single else start_topology(data_dir, redis_topology, info.redis_password)
     except ServiceError as exc:
         raise click.ClickException(str(exc)) from None
     if create_topics:
@@ -100,10 +103,9 @@ def up(
     for node, proc in enumerate([info.kafka, *info.kafka_nodes], start=1):
         click.echo(f"kafka  node {node} pid {proc.pid}  port {proc.port} (log {proc.log})")
     click.echo(f"kafka  bootstrap {info.kafka_bootstrap} (SASL/PLAIN, user astec)")
-    click.echo(
-        f"redis  pid {info.redis.pid}  port {info.redis.port} (password in "
-        f"{os.path.join(info.data_dir, 'services.json')})"
-    )
+    where = f"(password in {os.path.join(info.data_dir, 'services.json')})"
+    if info.redis is not None:
+        click.echo(f"redis  pid {info.redis.pid}  port {info.redis.port} {where}")
     if topo is not None:
         click.echo(
             f"redis  {topo.kind}: data nodes on ports "
@@ -113,8 +115,7 @@ def up(
                 if topo.sentinels
                 else ""
             )
-            + " (the stream uses it; the single redis-server above stays for the tools that "
-            "restart it)"
+            + f" {where}"
         )
     click.echo(
         f"other astec commands find them with --services-dir {info.data_dir} or "
@@ -177,10 +178,18 @@ def restart(data_dir: str, node: int | None, kill: bool, down_seconds: float) ->
 def status(data_dir: str) -> None:
     """Print (JSON) whether the recorded services run and answer (each Kafka node of a
     cluster, with the brokers it sees); exit 1 when not."""
-    from infra.services import read_info, services_status
+    from infra.redis_topologies import read_topology
+    from infra.services import _is_ours, read_info, services_status
 
     st = services_status(data_dir)
     info = read_info(data_dir)
+    topo = read_topology(data_dir) if info is not None and info.redis is None else None
+    if topo is not None:
+        st["redis"]["nodes"] = [
+            {"pid": p.pid, "port": p.port, "role": role, "alive": _is_ours(p)}
+            for role, procs in (("data", topo.nodes), ("sentinel", topo.sentinels))
+            for p in procs
+        ]
     if info is not None and info.kafka_nodes:
         from infra.kafka_cluster import nodes_status
 

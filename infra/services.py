@@ -60,11 +60,12 @@ class Proc:
 class ServicesInfo:
     data_dir: str
     kafka: Proc
-    redis: Proc
+    redis: Proc | None  # None: Redis is a topology with replicas (infra.redis_topologies)
     redis_password: str
     started_at: float
     kafka_password: str = ""
     kafka_nodes: list[Proc] = field(default_factory=list)  # nodes 2..N of a cluster
+    topology_url: str = ""  # the topology's URL, when redis is None
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -72,6 +73,8 @@ class ServicesInfo:
 
     @property
     def redis_url(self) -> str:
+        if self.redis is None:
+            return self.topology_url
         return f"redis://:{self.redis_password}@127.0.0.1:{self.redis.port}/0"
 
     def to_json(self) -> dict:
@@ -85,21 +88,27 @@ class ServicesInfo:
                 "sasl_password": self.kafka_password,
                 "nodes": [asdict(p) for p in self.kafka_nodes],
             },
-            "redis": {**asdict(self.redis), "url": self.redis_url, "password": self.redis_password},
+            "redis": {
+                **(asdict(self.redis) if self.redis else {}),
+                "url": self.redis_url,
+                "password": self.redis_password,
+            },
         }
 
     @classmethod
     def from_json(cls, d: dict) -> ServicesInfo:
         k = {f: d["kafka"][f] for f in ("pid", "port", "binary", "log")}
-        r = {f: d["redis"][f] for f in ("pid", "port", "binary", "log")}
+        single = "pid" in d["redis"]  # else a topology, named by its URL alone
+        r = {f: d["redis"][f] for f in ("pid", "port", "binary", "log")} if single else {}
         return cls(
             d["data_dir"],
             Proc(**k, marker=d["kafka"].get("marker", "")),
-            Proc(**r, marker=d["redis"].get("marker", "")),
+            Proc(**r, marker=d["redis"].get("marker", "")) if single else None,
             d["redis"]["password"],
             d["started_at"],
             d["kafka"].get("sasl_password", ""),
             [Proc(**p) for p in d["kafka"].get("nodes", [])],
+            "" if single else d["redis"]["url"],
         )
 
 
@@ -256,9 +265,10 @@ def kafka_answers(bootstrap: str, password: str = "", timeout_s: float = 3.0) ->
 
 
 def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
-    import redis
+    """A PING through the URL's topology (one endpoint, Sentinel's primary, or a cluster)."""
+    from stream.redis_connect import redis_client
 
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = redis_client(url, retries=0, socket_timeout=timeout_s)
     try:
         return bool(client.ping())
     finally:
@@ -548,15 +558,17 @@ def start_services(
     redis_port: int | None = None,
     password: str | None = None,
     brokers: int = 1,
+    single_redis: bool = True,
 ) -> ServicesInfo:
     """Start both services (or return the running ones recorded in data_dir); brokers > 1: a
-    cluster of that many Kafka nodes (infra.kafka_cluster)."""
+    cluster of that many Kafka nodes (infra.kafka_cluster). single_redis=False starts no
+    redis-server: the caller starts a topology with replicas (infra.redis_topologies) with the
+    recorded password, and it alone is recorded as the services' Redis."""
     d = private_dir(Path(data_dir).resolve())
     existing = read_info(d)
     if existing is not None:
-        kafka_procs = [existing.kafka, *existing.kafka_nodes]
-        if all(map(_is_ours, kafka_procs)) and _is_ours(existing.redis):
-            return existing
+        if all(map(_is_ours, [existing.kafka, *existing.kafka_nodes])):
+            return _match_redis(existing, single_redis, redis_port)
         stop_services(d)
     password = password or secrets.token_hex(16)
     if brokers > 1:
@@ -567,7 +579,7 @@ def start_services(
         kafka, kafka_password = start_kafka(d, kafka_port)
         nodes = [kafka]
     try:
-        redis_proc = start_redis(d, password, redis_port)
+        redis_proc = start_redis(d, password, redis_port) if single_redis else None
     except ServiceError:
         for node in nodes:
             _terminate(node.pid, timeout=30)
@@ -576,6 +588,22 @@ def start_services(
         str(d), nodes[0], redis_proc, password, time.time(), kafka_password, nodes[1:]
     )
     write_info(info)
+    return info
+
+
+def _match_redis(info: ServicesInfo, single_redis: bool, port: int | None) -> ServicesInfo:
+    """The running services with their Redis as asked: the single redis-server started (again)
+    or stopped, the broker left as it is."""
+    ours = info.redis is not None and _is_ours(info.redis)
+    if single_redis and not ours:
+        info.redis = start_redis(Path(info.data_dir), info.redis_password, port)
+        info.topology_url = ""
+        write_info(info)
+    elif not single_redis and info.redis is not None:
+        if ours:
+            _terminate(info.redis.pid)
+        info.redis = None
+        write_info(info)
     return info
 
 
@@ -591,6 +619,11 @@ def restart_redis(data_dir: str | os.PathLike, kill: bool = False) -> ServicesIn
     info = read_info(d)
     if info is None:
         raise ServiceError(f"{d / SERVICES_FILE}: no services recorded")
+    if info.redis is None:
+        raise ServiceError(
+            f"{d / SERVICES_FILE}: Redis is a topology with replicas here, not one redis-server "
+            "to restart (infra.redis_topologies.kill_node stops one of its nodes)"
+        )
     if _is_ours(info.redis):
         (_kill9 if kill else _terminate)(info.redis.pid)
     _wait_port_free(info.redis.port)
@@ -629,7 +662,8 @@ def stop_services(data_dir: str | os.PathLike) -> list[str]:
         return []
     stopped = []
     kafka = [("kafka", p, 30.0) for p in [info.kafka, *info.kafka_nodes]]
-    for name, proc, grace in [("redis", info.redis, 10.0), *kafka]:
+    redis_proc = [("redis", info.redis, 10.0)] if info.redis else []
+    for name, proc, grace in [*redis_proc, *kafka]:
         if _is_ours(proc):
             _terminate(proc.pid, timeout=grace)
             stopped.append(f"{name} pid {proc.pid} port {proc.port}")
@@ -647,10 +681,19 @@ def services_status(data_dir: str | os.PathLike) -> dict:
         "kafka_bootstrap": info.kafka_bootstrap,
         "redis_url": info.redis_url.replace(info.redis_password, "***"),
     }
-    for name, proc, check in (
+    checks = [
         ("kafka", info.kafka, lambda: kafka_answers(info.kafka_bootstrap, info.kafka_password)),
         ("redis", info.redis, lambda: redis_answers(info.redis_url)),
-    ):
+    ]
+    if info.redis is None:  # a topology: it answers through its URL (its nodes: `infra status`)
+        checks.pop()
+        try:
+            answers = redis_answers(info.redis_url)
+        except Exception:  # noqa: BLE001 - reported, not raised
+            answers = False
+        out["redis"] = {"topology": info.redis_url.split("://", 1)[0], "answers": answers}
+    for name, proc, check in checks:
+        assert proc is not None
         alive = _is_ours(proc)
         try:
             answers = alive and check()
