@@ -287,6 +287,12 @@ def start_cluster(data_dir: str | Path, password: str, primaries: int = 3) -> To
                 f"cluster state ok on node {n.port}",
                 30,
             )
+            # each primary's replica in sync before the cluster is used, as under Sentinel
+            _wait(
+                lambda c=c: c.info("replication")["role"] != "master" or online_replicas(c) >= 1,
+                f"the replica of primary {n.port} in sync",
+                30,
+            )
             c.close()
     except BaseException:
         stop_topology_procs(topo)

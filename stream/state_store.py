@@ -25,16 +25,19 @@ errors a few times; a reply that is Redis' state rather than the command's (READ
 failover, CLUSTERDOWN, LOADING, ...: `infra_error`) raises RedisUnavailable for the whole batch,
 which the worker retries while holding its partitions (stream.worker_health). Where the primary
 has replicas, the batch's pipeline ends with WAIT, and a batch no replica acknowledged is not
-counted as stored (its offsets stay uncommitted), so a failover loses no committed visit.
+counted as stored (its offsets stay uncommitted), so a failover loses no committed visit. On
+Redis Cluster the batch is one pipeline per primary it touches, each ending with its own WAIT.
 `EventWindow` is the same dedupe list on its own, for consumers that write elsewhere (the click
 logger).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -45,6 +48,7 @@ from stream.redis_connect import is_cluster, parse_redis_url, redis_client
 
 log = logging.getLogger(__name__)
 
+REPLICAS_REREAD_S = 10.0  # how often a cluster primary is asked again whether it has a replica
 DEDUP_N = 128  # event ids remembered per user (the replay window; see the module docstring)
 
 # KEYS: states, eids.  ARGV: state bytes, K, state ttl, dedup ttl, want history ("1"/"0"),
@@ -283,6 +287,14 @@ def replica_count(client: Any) -> int:
     return int(info.get("connected_slaves", 0))
 
 
+def _refresh_slots(client: Any, failed_node: str | None = None) -> None:
+    """Re-read a cluster's slot map (after a failover its replica owns the slots), so the
+    batch's retry goes to the current primaries; a cluster that does not answer yet is left
+    to the retry."""
+    with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
+        client.nodes_manager.initialize(last_failed_node_name=failed_node)
+
+
 def _reason(exc: Exception) -> str:
     return f"Redis: {type(exc).__name__}: {exc}"
 
@@ -299,22 +311,84 @@ class StateStore(_Scripted):
     # pipeline, on the connection that wrote): -1 = 1 where the primary has replicas, else 0
     wait_replicas: int = 0
     wait_timeout_ms: int = 1000
+    # cluster primary -> (1 if it has a replica online else 0, when asked): wait_replicas -1
+    _replicas_seen: dict = field(default_factory=dict, init=False, repr=False)
 
     def _replicas_to_wait(self) -> int:
         """wait_replicas, with -1 resolved at the first append (by INFO replication, so a Redis
-        down when the worker starts is waited out like any outage)."""
-        if self.wait_replicas < 0:
-            n = 1 if replica_count(self.client) else 0
-            if n and is_cluster(self.client):
-                n = 0
-            self.wait_replicas = n
-        elif self.wait_replicas and is_cluster(self.client):
-            log.warning(
-                "waiting for replicas is not done on Redis Cluster (a pipeline spans nodes); "
-                "a primary's failover can lose its last writes"
-            )
-            self.wait_replicas = 0
+        down when the worker starts is waited out like any outage). On Cluster -1 stays: it is
+        resolved per primary at each batch (_evalsha_per_primary)."""
+        if self.wait_replicas < 0 and not is_cluster(self.client):
+            self.wait_replicas = 1 if replica_count(self.client) else 0
         return self.wait_replicas
+
+    def _has_replica(self, node: Any) -> int:
+        """1 if the cluster primary has a replica online (its INFO replication, asked again
+        every REPLICAS_REREAD_S and after a failed wait), else 0. The primary is asked, not the
+        slot map: CLUSTER SLOTS leaves out a replica until it has replicated a write."""
+        seen = self._replicas_seen.get(node.name)
+        if seen is None or time.monotonic() - seen[1] > REPLICAS_REREAD_S:
+            primary: Any = self.client.get_redis_connection(node)  # type: ignore[attr-defined]
+            info = primary.info("replication")
+            online = any(
+                info.get(f"slave{i}", {}).get("state") == "online"
+                for i in range(int(info.get("connected_slaves", 0)))
+            )
+            seen = self._replicas_seen[node.name] = (int(online), time.monotonic())
+        return seen[0]
+
+    def _evalsha_per_primary(self, script: str, calls: list[tuple[list, list]]) -> list:
+        """The cluster's batch with a replica wait: one plain pipeline per primary that owns
+        some of the batch's users (their EVALSHAs, then WAIT on that same connection: WAIT
+        covers the writes of the connection it is sent on, and redis-py's cluster pipeline
+        resends a failed command, WAIT included, on another connection, where it would
+        acknowledge nothing). wait_replicas -1 waits for 1 replica on a primary that has one
+        online, else 0 (the primary a failover promoted has none until its old one rejoins).
+        A MOVED reply or a node that does not answer refreshes the slot map; it and a WAIT
+        not acknowledged in time raise for a retry of the whole batch (the appends are
+        idempotent, so the commands that ran on other nodes run again harmlessly)."""
+        client: Any = self.client
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        try:
+            for i, (keys, _) in enumerate(calls):
+                node = client.get_node_from_key(keys[0])
+                groups.setdefault(node.name, (node, []))[1].append(i)
+        except redis.exceptions.SlotNotCoveredError as exc:
+            _refresh_slots(client)
+            raise RedisUnavailable(f"Redis: {exc}") from None
+        for attempt in (0, 1):
+            sha = self._sha(script)
+            results: list = [None] * len(calls)
+            for node, idx in groups.values():
+                try:
+                    n = self.wait_replicas if self.wait_replicas >= 0 else self._has_replica(node)
+                    pipe = client.get_redis_connection(node).pipeline(transaction=False)
+                    for i in idx:
+                        keys, args = calls[i]
+                        pipe.evalsha(sha, len(keys), *keys, *args)
+                    if n:
+                        pipe.execute_command("WAIT", n, self.wait_timeout_ms)
+                    res = _run(pipe)
+                except (redis.ConnectionError, redis.TimeoutError):
+                    self._replicas_seen.pop(node.name, None)
+                    _refresh_slots(client, node.name)
+                    raise
+                if n:
+                    acked = res.pop()
+                    if isinstance(acked, Exception) or int(acked) < n:
+                        self._replicas_seen.pop(node.name, None)  # asked again at the retry
+                        raise RedisUnavailable(
+                            f"Redis: {acked} of {n} replica(s) of {node.name} acknowledged "
+                            f"the batch within {self.wait_timeout_ms} ms"
+                        )
+                for i, r in zip(idx, res, strict=True):
+                    results[i] = r
+            if not any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
+                break
+            self._shas.pop(script, None)  # a node restarted and forgot it: load it again
+            if attempt:
+                raise next(r for r in results if isinstance(r, Exception))
+        return results
 
     @classmethod
     def from_settings(cls, client: Any, settings: Any) -> StateStore:
@@ -379,8 +453,11 @@ class StateStore(_Scripted):
             if n_wait:
                 pipe.execute_command("WAIT", n_wait, self.wait_timeout_ms)
 
-        results = self._evalsha_batch(_APPEND, calls, wait if n_wait else None)
-        if n_wait:
+        if n_wait and is_cluster(self.client):
+            results = self._evalsha_per_primary(_APPEND, calls)
+        else:
+            results = self._evalsha_batch(_APPEND, calls, wait if n_wait else None)
+        if n_wait and not is_cluster(self.client):
             acked = results.pop()
             if isinstance(acked, Exception) or int(acked) < n_wait:
                 # not stored until a replica holds it: retried (the appends are idempotent)

@@ -1,10 +1,10 @@
 """Redis faults that are not an event's fault, on real redis-servers and the real broker:
 infrastructure replies (READONLY from a replica) raised for a retry instead of dead-lettering;
-a batch not stored until a replica acknowledges it (WAIT); a stored state the policy cannot
-decode dead-letters that one event and the worker goes on; Redis down for 20 s: the worker keeps
-its partitions (paused, polling), reports not-ready, loses nothing and drains its lag after;
-the Sentinel primary killed mid-stream: a failover, every committed visit in the state, nothing
-dead-lettered."""
+a batch not stored until a replica acknowledges it (WAIT; on Cluster, on each primary it wrote
+to); a stored state the policy cannot decode dead-letters that one event and the worker goes on;
+Redis down for 20 s: the worker keeps its partitions (paused, polling), reports not-ready, loses
+nothing and drains its lag after; the Sentinel primary, or one Cluster primary, killed
+mid-stream: a failover, every committed visit in the state, nothing dead-lettered."""
 
 from __future__ import annotations
 
@@ -127,6 +127,68 @@ def test_readonly_replica_raises_for_a_retry_and_wait_needs_a_replica(tmp_path):
             _terminate(p.pid)
 
 
+def test_cluster_batch_waits_for_each_primarys_replica(tmp_path):
+    """On Redis Cluster a batch spanning the three primaries is stored once each primary's
+    replica acknowledged it: WAIT is sent on every primary the batch wrote to and each replica
+    holds its users' visits when the append returns. With one replica killed the batch is not
+    counted as stored; once the cluster marks that replica failed, its primary has no replica
+    to wait for and the retry stores the batch."""
+    topo = start_cluster(tmp_path, PASSWORD)
+    try:
+        client = connect(topo.url)
+        store = StateStore(client, "t", wait_replicas=-1, wait_timeout_ms=300)
+        users = [f"u{i}" for i in range(30)]
+        primaries = {client.get_node_from_key(store.states_key(u)).name for u in users}
+        assert len(primaries) == 3
+        before = {p: _waits(topo, p) for p in primaries}
+        fresh, _, errors = store.append_batch_checked(users, [visit(i) for i in range(30)])
+        assert fresh == [True] * 30 and errors == [None] * 30
+        assert all(_waits(topo, p) == before[p] + 1 for p in primaries), "WAIT not sent"
+        for i, u in enumerate(users):  # read on the replica itself, right away
+            r = redis.Redis(port=_replica_port(client, store.states_key(u)), password=PASSWORD)
+            r.execute_command("READONLY")
+            assert [UserState.decode(x).event_id for x in r.lrange(store.states_key(u), 0, -1)] == [
+                f"e{i}"
+            ]
+            r.close()
+
+        # one primary's replica killed: that primary's users are not stored until the
+        # cluster has marked it failed
+        victim = _replica_port(client, store.states_key("u0"))
+        kill_node(next(n for n in topo.nodes if n.port == victim))
+        with pytest.raises(RedisUnavailable, match="0 of 1 replica"):
+            store.append_batch_checked(["u0"], [visit(100)])
+        t0 = time.monotonic()
+        while True:
+            try:
+                fresh, _, errors = store.append_batch_checked(["u0"], [visit(100)])
+                break
+            except RedisUnavailable:
+                assert time.monotonic() - t0 < 30, "the failed replica is still waited for"
+                time.sleep(0.5)
+        assert errors == [None]
+        assert [s.event_id for s in store.history("u0")] == ["e0", "e100"]
+        client.close()
+    finally:
+        stop_topology_procs(topo)
+
+
+def _replica_port(client, key: str) -> int:
+    """The port of the replica of the cluster primary that owns the key (its INFO)."""
+    primary = client.get_redis_connection(client.get_node_from_key(key))
+    return int(primary.info("replication")["slave0"]["port"])
+
+
+def _waits(topo, node_name: str) -> int:
+    """WAIT commands one cluster node has run (INFO commandstats)."""
+    port = int(node_name.rsplit(":", 1)[1])
+    c = redis.Redis(port=port, password=PASSWORD)
+    try:
+        return int(c.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+    finally:
+        c.close()
+
+
 def test_undecodable_stored_state_is_one_dead_letter_and_the_worker_goes_on(
     stream_settings, knn_predictor, stream_corpus, tmp_path
 ):
@@ -238,9 +300,9 @@ def test_primary_kill9_mid_stream_loses_no_committed_visit(
     """`astec stream run` (2 workers) on a Sentinel or Cluster URL; a primary is killed with
     SIGKILL mid-stream. A replica is promoted (by the sentinels, or by the cluster's other
     primaries), the workers follow it: every acknowledged page view is answered, every visit is
-    in its user's state exactly once, nothing is dead-lettered. Under Sentinel each batch waited
-    for a replica before its offsets were committed; on Cluster it does not (see
-    docs/operations.md), and the replica holds what the loopback link had delivered."""
+    in its user's state exactly once, nothing is dead-lettered: each batch waited for a replica
+    (under Sentinel the primary's, on Cluster each written primary's) before its offsets were
+    committed, so the promoted replica holds every committed visit."""
     topo = (start_sentinel if topology == "sentinel" else start_cluster)(tmp_path, PASSWORD)
     s = stream_settings.replace(redis_url=topo.url, state_k=64, metrics_interval_s=0.2)
     users, n = 40, 1600
@@ -272,6 +334,7 @@ def test_primary_kill9_mid_stream_loses_no_committed_visit(
         gap = float(np.diff(np.sort([m["ts"] for m in msgs])).max())
         dead = read_all_messages(s, s.topic_dead_letters, "dead_letter", timeout=3)
         hists = store.histories([f"u{u}" for u in range(users)])
+        waits = sum(_waits(topo, f"127.0.0.1:{node.port}") for node in topo.nodes[1:])
     finally:
         sup.send_signal(signal.SIGTERM)
         rc = sup.wait(60)
@@ -284,6 +347,7 @@ def test_primary_kill9_mid_stream_loses_no_committed_visit(
     assert not [e for e, c in counts.items() if c > 1], "a visit was counted twice"
     assert set(counts) == set(ids), f"{len(set(ids) - set(counts))} visits missing from state"
     assert rc == 0, tail(sup)
+    assert waits > 0, "no batch waited for a replica"
     print(
         f"\n{topology} primary kill -9: {n} events, 0 lost, 0 dead letters, "
         f"{failover_s:.1f}s from the kill to the last answer, longest gap between two answers "
