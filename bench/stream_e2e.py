@@ -309,6 +309,7 @@ def run_bench(
     load_client: str | None = None,
     deliveries: list[str] | None = None,
     log=click.echo,
+    wait_replicas: list[int] | None = None,
 ) -> dict:
     load0 = os.getloadavg()[0]  # the box is shared: say how busy it was
     load_client = load_client or default_client()
@@ -318,10 +319,14 @@ def run_bench(
     ) as wlog:
         traces: list[dict] = []
         runs = []
-        for delivery in deliveries or [settings.delivery]:
+        for delivery, wait in [
+            (d, w)
+            for d in deliveries or [settings.delivery]
+            for w in wait_replicas or [settings.redis_wait_replicas]
+        ]:
             runs.append(
                 _run_mode(
-                    settings,
+                    settings.replace(redis_wait_replicas=wait),
                     model,
                     titles,
                     events,
@@ -374,7 +379,9 @@ def _run_mode(
     traces,
     log,
 ) -> dict:
-    """Saturation, then each paced rate, with the workers in one delivery mode."""
+    """Saturation, then each paced rate, with the workers in one delivery mode and one
+    redis_wait_replicas."""
+    mode = f"{delivery}, redis_wait_replicas {settings.redis_wait_replicas}"
 
     def pipeline() -> _Pipeline:
         return _Pipeline(
@@ -394,7 +401,7 @@ def _run_mode(
     # phase 1: saturation
     with pipeline() as p:
         s, reader = p.s, p.reader
-        log(f"[{delivery}] {workers} workers joined; saturation with {events} events")
+        log(f"[{mode}] {workers} workers joined; saturation with {events} events")
         ids = [f"sat-{i}" for i in range(events)]
         before = _stage_totals(s)
         p.cpu.start()
@@ -419,7 +426,7 @@ def _run_mode(
             "join_s": p.join_s,
         }
         duplicates += reader.duplicates
-    log(f"[{delivery}] saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
+    log(f"[{mode}] saturation: {sat['events_per_s']} events/s ({got}/{events} in {wall:.1f}s)")
 
     # phase 2: paced below saturation, one run per rate, each on fresh topics
     paced = []
@@ -442,6 +449,7 @@ def _run_mode(
             traces.append(
                 {
                     "delivery": delivery,
+                    "redis_wait_replicas": settings.redis_wait_replicas,
                     "rate": r,
                     "columns": ["event_ts", "ad_ts", "received_ts"],
                     "events": arr[:, [1, 2, 0]].round(4).tolist() if arr.size else [],
@@ -466,11 +474,12 @@ def _run_mode(
             }
         )
         log(
-            f"[{delivery}] paced at {r}/s for {send_s:.0f}s: e2a p50 "
+            f"[{mode}] paced at {r}/s for {send_s:.0f}s: e2a p50 "
             f"{paced[-1]['e2a_ms']['p50']} ms, p99 {paced[-1]['e2a_ms']['p99']} ms"
         )
     return {
         "delivery": delivery,
+        "redis_wait_replicas": settings.redis_wait_replicas,
         "saturation": sat,
         "paced": paced,
         "duplicates_on_output": duplicates,
@@ -511,6 +520,15 @@ def _run_mode(
     type=click.Choice(["exactly-once", "at-least-once"]),
     help="Workers' delivery mode; repeat to run both side by side (default: the "
     "`delivery` setting, at-least-once).",
+)
+@click.option(
+    "--wait-replicas",
+    "wait_replicas",
+    multiple=True,
+    type=click.IntRange(-1, 16),
+    help="Workers' redis_wait_replicas (-1: 1 where the primary has a replica; 0: no wait); "
+    "repeat to measure the cost of waiting for a replica in one command (each value runs "
+    "with each --delivery).",
 )
 @click.option(
     "--titles",
@@ -565,6 +583,7 @@ def bench_stream(
     use_running,
     load_client,
     deliveries,
+    wait_replicas,
     brokers,
     out,
     trace,
@@ -591,7 +610,9 @@ def bench_stream(
         )
     res = None
     try:
-        pids = {} if info is None else {"broker": info.kafka.pid, "redis": info.redis.pid}
+        pids = {} if info is None else {"broker": info.kafka.pid}
+        if info is not None and info.redis is not None:  # a topology's nodes are not metered
+            pids["redis"] = info.redis.pid
         if info is not None:
             pids.update({f"broker{i}": p.pid for i, p in enumerate(info.kafka_nodes, start=2)})
         res = run_bench(
@@ -608,6 +629,7 @@ def bench_stream(
             trace,
             load_client,
             list(deliveries),
+            wait_replicas=list(wait_replicas),
         )
     finally:
         if tmp:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stream.settings import settings_env
-from testkit.stream_load import answered
+from testkit.stream_load import read_all_messages
 from testkit.stream_run import produce_paced
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,12 +61,25 @@ def test_a_stream_command_names_the_extra_it_needs():
 def test_worker_install_without_torch_answers_page_views(
     stream_settings, astec_predictor, stream_corpus, tmp_path
 ):
-    """The `stream` extra alone (no torch) runs `astec stream run` on an exported predictor:
-    page views in, ad queries out, from the installed package (not this checkout)."""
+    """The `stream` extra alone (no torch) runs `astec stream run` on an exported predictor and
+    a GRU policy exported here (with torch) to its ONNX graph: page views in, ad queries out,
+    each chosen by the GRU over the user's stored window (not the page's top query), from the
+    installed package (not this checkout)."""
+    from engine.manifest import label_space_of
+    from engine.predictor import Predictor
+    from personalization.train import TrainConfig, publish
+    from testkit.policy_data import policy_weights
+
     venv = Path(os.environ["ASTEC_WORKER_VENV"]).resolve()
     py = venv / "bin" / "python"
     no_torch = subprocess.run([py, "-c", "import torch"], capture_output=True, check=False)
     assert no_torch.returncode != 0, "the worker venv has torch"
+    pred = Predictor.load(astec_predictor)
+    cfg = TrainConfig(hidden=8, query_dim=4, mlp_hidden=8)
+    _, gru = publish(
+        tmp_path / "gru", policy_weights(pred), cfg, {"engine_label_space": label_space_of(pred)}
+    )
+    assert (gru / "model.onnx").is_file()
     s = stream_settings
     env = {
         "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
@@ -74,9 +87,10 @@ def test_worker_install_without_torch_answers_page_views(
         **settings_env(s),
         "ASTEC_LOG_LEVEL": "30",
     }
+    argv = ["stream", "run", "--model", astec_predictor, "--policy", "gru"]
     with (tmp_path / "worker.log").open("wb") as log:
         p = subprocess.Popen(
-            [venv / "bin" / "astec", "stream", "run", "--model", astec_predictor],
+            [venv / "bin" / "astec", *argv, "--policy-model", str(tmp_path / "gru")],
             cwd=tmp_path,  # the installed package, not the checkout's sources
             env=env,
             stdout=log,
@@ -84,10 +98,22 @@ def test_worker_install_without_torch_answers_page_views(
         )
         try:
             ids = produce_paced(s, stream_corpus[0], 200, 20, rate=100, tag="wv")
-            ads = answered(s, ids, timeout=120)
+            want = set(ids)
+            served = read_all_messages(
+                s,
+                s.topic_ad_queries,
+                "ad_query",
+                until=lambda ms: want <= {m["event_id"] for m in ms},
+                timeout=120,
+            )
         finally:
             p.send_signal(signal.SIGTERM)
             rc = p.wait(60)
     out = (tmp_path / "worker.log").read_text(errors="replace")[-2000:]
-    assert set(ids) <= set(ads), out
+    assert want <= {a["event_id"] for a in served}, out
     assert rc == 0, out
+    assert {a["policy"] for a in served} == {"gru"}
+    # the GRU's exploring draw: no event got the page's top query with propensity 1 (the
+    # fallback's), and later visits were ranked with the queries of the user's earlier pages
+    assert max(a["propensity"] for a in served) < 1.0, "an ad came from the top-query fallback"
+    assert max(len(a["candidates"]) for a in served) > s.top_k, "no stored window was read"

@@ -19,7 +19,6 @@ import pytest
 from engine.manifest import label_space_of
 from engine.predictor import Predictor
 from engine.registry import Registry
-from personalization.features import sim_table_from_rows
 from personalization.train import TrainConfig, publish
 from stream.model_handle import ModelHandle
 from stream.policy_handle import make_policy
@@ -28,6 +27,7 @@ from stream.topics import make_consumer, make_producer
 from stream.worker import StreamWorker
 from testkit.astec_cli import astec
 from testkit.paths import STREAM_DATA
+from testkit.policy_data import policy_weights
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -61,20 +61,6 @@ def promote_engine(root: Path, predictor_dir: str) -> str:
     reg.commit(st, {"kind": "astec"})
     reg.promote(st.version)
     return st.version
-
-
-def policy_weights(pred: Predictor) -> dict[str, np.ndarray]:
-    """A GRU policy over the predictor's label ids (untrained weights: what it scores does not
-    matter here, only which ids it reads)."""
-    from personalization.gru import GruPolicyNet
-
-    rows = pred.classifier_rows(np.arange(pred.num_labels))
-    cfg = TrainConfig(hidden=8, query_dim=4, mlp_hidden=8)
-    w = GruPolicyNet(cfg.gru_config(), pred.dim, rows, np.zeros(len(rows), np.float32))
-    weights = w.export_weights()
-    weights["sim_table"] = sim_table_from_rows(rows, 8)
-    weights["sim_norm"] = np.array([0.0, 1.0], np.float32)
-    return weights
 
 
 def permute_policy(w: dict[str, np.ndarray], perm: np.ndarray) -> dict[str, np.ndarray]:

@@ -100,3 +100,18 @@ def window_states(v, row, n):
     return [
         state(r, v.Z[v.page[r]], v.IDS[v.page[r]], v.SC[v.page[r]], v.ts[r] - 30 * r) for r in rows
     ]
+
+
+def policy_weights(pred) -> dict[str, np.ndarray]:
+    """A GRU policy over the predictor's label ids (untrained weights: what it scores does not
+    matter here, only which ids it reads)."""
+    from personalization.features import sim_table_from_rows
+    from personalization.gru import GruPolicyNet
+
+    rows = pred.classifier_rows(np.arange(pred.num_labels))
+    cfg = TrainConfig(hidden=8, query_dim=4, mlp_hidden=8)
+    w = GruPolicyNet(cfg.gru_config(), pred.dim, rows, np.zeros(len(rows), np.float32))
+    weights = w.export_weights()
+    weights["sim_table"] = sim_table_from_rows(rows, 8)
+    weights["sim_norm"] = np.array([0.0, 1.0], np.float32)
+    return weights
