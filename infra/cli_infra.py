@@ -36,7 +36,7 @@ def infra() -> None:
     "--redis-port",
     type=click.IntRange(1, 65535),
     default=None,
-    help="Redis port (default: a free one).",
+    help="The single redis-server's port (default: a free one; not with --redis sentinel|cluster).",
 )
 @click.option(
     "--brokers",
@@ -54,8 +54,9 @@ def infra() -> None:
     default="single",
     show_default=True,
     help="single: one redis-server; sentinel: a primary, two replicas and three sentinels; "
-    "cluster: three primaries with a replica each (infra.redis_topologies). The stream's "
-    "commands find it through services.json.",
+    "cluster: three primaries with a replica each (infra.redis_topologies), started in place "
+    "of the single one (`up` without --redis goes back to it). The stream's commands find it "
+    "through services.json.",
 )
 @click.option(
     "--create-topics/--no-create-topics",
