@@ -46,10 +46,11 @@ class Secret:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("a Secret cannot be changed")
 
-    def __repr__(self) -> str:
-        return "'***'" if self._value else "''"
+    def __str__(self) -> str:
+        return "***" if self._value else ""
 
-    __str__ = __repr__
+    def __repr__(self) -> str:
+        return repr(str(self))
 
     def __bool__(self) -> bool:
         return bool(self._value)
