@@ -381,6 +381,11 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a table of settings at the top level")
     if isinstance(data.get("astec"), dict):
+        beside = sorted(k for k in data if k in SECTIONS)
+        if beside:  # read, they would override [astec]; ignored, they would be lost silently
+            raise ConfigError(
+                f"{p}: section [{beside[0]}] beside [astec]: write it as [astec.{beside[0]}]"
+            )
         data = data["astec"]
     out = {}
     for k, value in data.items():

@@ -108,6 +108,12 @@ def test_config_file_sections_equal_flat_keys(tmp_path):
     a = load_settings(flat, env={}, services_dir=str(tmp_path))
     b = load_settings(sectioned, env={}, services_dir=str(tmp_path))
     assert a == b and b.consumer.group == "g" and b.state.k == 8
+    nested = tmp_path / "nested.toml"
+    nested.write_text('[astec]\nstate_k = 8\n[astec.kafka]\nbootstrap = "b:9092"\n')
+    assert load_settings(nested, env={}, services_dir=str(tmp_path)).kafka.bootstrap == "b:9092"
+    nested.write_text('[astec]\nstate_k = 8\n[kafka]\nbootstrap = "b:9092"\n')
+    with pytest.raises(ConfigError, match=r"nested.toml: section \[kafka\] beside \[astec\]"):
+        load_settings(nested, env={}, services_dir=str(tmp_path))
     sectioned.write_text('[kafka]\nbootstrp = "b:9092"\n')
     with pytest.raises(ConfigError, match=r"sections.toml.*'bootstrp' in \[kafka\]"):
         load_settings(sectioned, env={}, services_dir=str(tmp_path))
