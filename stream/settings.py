@@ -46,6 +46,10 @@ class Secret:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("a Secret cannot be changed")
 
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        # copies, and the Settings a spawned worker process receives, carry the value
+        return (Secret, (self._value,))
+
     def __str__(self) -> str:
         return "***" if self._value else ""
 
@@ -62,7 +66,7 @@ class Secret:
         return hash(self._value)
 
 
-def key(flat: str) -> dict[str, str]:
+def flat_key(flat: str) -> dict[str, str]:
     """Field metadata: the flat key users write for a field whose name differs from it."""
     return {"key": flat}
 
@@ -83,18 +87,18 @@ class KafkaConnection:
     """Where the brokers are and how every consumer, producer and admin client of both client
     libraries authenticates to them."""
 
-    bootstrap: str = field(default="127.0.0.1:9092", metadata=key("kafka_bootstrap"))
+    bootstrap: str = field(default="127.0.0.1:9092", metadata=flat_key("kafka_bootstrap"))
     security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = field(
-        default="PLAINTEXT", metadata=key("kafka_security_protocol")
+        default="PLAINTEXT", metadata=flat_key("kafka_security_protocol")
     )
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = field(
-        default="PLAIN", metadata=key("kafka_sasl_mechanism")
+        default="PLAIN", metadata=flat_key("kafka_sasl_mechanism")
     )
-    sasl_username: str = field(default="", metadata=key("kafka_sasl_username"))
-    sasl_password: Secret = field(default=Secret(), metadata=key("kafka_sasl_password"))
-    ssl_cafile: str = field(default="", metadata=key("kafka_ssl_cafile"))
-    ssl_certfile: str = field(default="", metadata=key("kafka_ssl_certfile"))
-    ssl_keyfile: str = field(default="", metadata=key("kafka_ssl_keyfile"))
+    sasl_username: str = field(default="", metadata=flat_key("kafka_sasl_username"))
+    sasl_password: Secret = field(default=Secret(), metadata=flat_key("kafka_sasl_password"))
+    ssl_cafile: str = field(default="", metadata=flat_key("kafka_ssl_cafile"))
+    ssl_certfile: str = field(default="", metadata=flat_key("kafka_ssl_certfile"))
+    ssl_keyfile: str = field(default="", metadata=flat_key("kafka_ssl_keyfile"))
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -139,23 +143,23 @@ class RedisConnection:
     """Where the users' state lives (the URL holds the password) and how safely it is written."""
 
     # redis:// (one endpoint), redis+sentinel:// or redis+cluster://
-    url: Secret = field(default=Secret("redis://127.0.0.1:6379/0"), metadata=key("redis_url"))
-    key_prefix: str = field(default="astec", metadata=key("redis_key_prefix"))
+    url: Secret = field(default=Secret("redis://127.0.0.1:6379/0"), metadata=flat_key("redis_url"))
+    key_prefix: str = field(default="astec", metadata=flat_key("redis_key_prefix"))
     # replicas that must hold a batch's Redis writes before its offsets are committed (WAIT):
     # -1 = 1 where the primary has replicas (a failover then loses no committed visit), 0 = off,
     # n >= 1; a batch the replicas do not acknowledge within wait_timeout_ms is retried
-    wait_replicas: int = field(default=-1, metadata=key("redis_wait_replicas"))
-    wait_timeout_ms: int = field(default=1000, metadata=key("redis_wait_timeout_ms"))
+    wait_replicas: int = field(default=-1, metadata=flat_key("redis_wait_replicas"))
+    wait_timeout_ms: int = field(default=1000, metadata=flat_key("redis_wait_timeout_ms"))
 
 
 @dataclass(frozen=True, slots=True)
 class Topics:
     """The stream's topics and the shape every stream command requires of them."""
 
-    page_views: str = field(default="page-views", metadata=key("topic_page_views"))
-    ad_queries: str = field(default="ad-queries", metadata=key("topic_ad_queries"))
-    ad_clicks: str = field(default="ad-clicks", metadata=key("topic_ad_clicks"))
-    dead_letters: str = field(default="dead-letters", metadata=key("topic_dead_letters"))
+    page_views: str = field(default="page-views", metadata=flat_key("topic_page_views"))
+    ad_queries: str = field(default="ad-queries", metadata=flat_key("topic_ad_queries"))
+    ad_clicks: str = field(default="ad-clicks", metadata=flat_key("topic_ad_clicks"))
+    dead_letters: str = field(default="dead-letters", metadata=flat_key("topic_dead_letters"))
     partitions: int = 4  # more (16, 32) gained little at 500/s and raised the p99 at 1000/s
     # 0: from the cluster's size when a topic is created (stream.topics.replication_for): 3 (with
     # min.insync.replicas 2) on 3+ brokers, 1 / 1 on one; an existing topic of another replication
@@ -174,10 +178,10 @@ class ConsumerSettings:
     """The workers' consumers (short timeouts: a killed worker's partitions move within the
     session timeout) and how they batch and commit."""
 
-    group: str = field(default="astec-stream", metadata=key("consumer_group"))
+    group: str = field(default="astec-stream", metadata=flat_key("consumer_group"))
     # "confluent" (librdkafka: ~0.2 fewer cores at 200-1,000 events/s) or "kafka-python"
     client: Literal["confluent", "kafka-python"] = field(
-        default="confluent", metadata=key("consumer_client")
+        default="confluent", metadata=flat_key("consumer_client")
     )
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
@@ -190,7 +194,7 @@ class ConsumerSettings:
     # kafka-python consumers: poll sleeps min(poll timeout, retry_backoff_ms) whenever a fetch has
     # just come back empty and no other is in flight, and new records wait out that sleep: its
     # default of 100 ms stalls a paced stream by up to 100 ms
-    retry_backoff_ms: int = field(default=20, metadata=key("consumer_retry_backoff_ms"))
+    retry_backoff_ms: int = field(default=20, metadata=flat_key("consumer_retry_backoff_ms"))
     # at-least-once: offsets of settled batches are committed at most this often (and on
     # shutdown / rebalance); exactly-once: one transaction spans every batch of this long (as
     # Kafka Streams' 100 ms), so its commit's round trips are paid once per interval, not per batch
@@ -208,9 +212,9 @@ class ProducerSettings:
     uncommitted input then replays."""
 
     client: Literal["confluent", "kafka-python"] = field(
-        default="confluent", metadata=key("producer_client")
+        default="confluent", metadata=flat_key("producer_client")
     )
-    linger_ms: int = field(default=2, metadata=key("producer_linger_ms"))
+    linger_ms: int = field(default=2, metadata=flat_key("producer_linger_ms"))
     delivery_timeout_ms: int = 120000
 
     def __post_init__(self) -> None:
@@ -236,8 +240,8 @@ class StateSettings:
     """What each user's state in Redis keeps and for how long: its last k states (a GRU
     policy's window K must be <= k) and the event ids that dedupe replays."""
 
-    k: int = field(default=16, metadata=key("state_k"))
-    ttl_s: int = field(default=30 * 86400, metadata=key("state_ttl_s"))
+    k: int = field(default=16, metadata=flat_key("state_k"))
+    ttl_s: int = field(default=30 * 86400, metadata=flat_key("state_ttl_s"))
     dedup_ttl_s: int = 7 * 86400
     # replay window of the dedupe: the last dedup_n event ids per user (8 bytes each) beside the
     # states; a replay older than that many of the user's visits would be stored again

@@ -3,8 +3,10 @@ code reads sections; secrets never print; both Kafka clients get the same connec
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import pickle
 
 import pytest
 
@@ -142,6 +144,8 @@ def test_secrets_never_print(caplog):
     assert repr(Settings().kafka.sasl_password) == "''"  # unset shows as unset
     assert s.kafka.sasl_password.reveal() == "kafka-pw-7f3a"
     assert s.redis.url.reveal() == FLAT_KEYS["redis_url"]
+    # the workers are spawned processes that receive the settings pickled
+    assert pickle.loads(pickle.dumps(s)) == s == copy.deepcopy(s)
 
 
 @pytest.mark.parametrize(
