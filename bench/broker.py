@@ -82,7 +82,7 @@ def probe(
 ) -> list[dict]:
     """One row per topic size: broker CPU per message and produce->consume latency at `rate`
     msgs/s, one message per produce request (so per message = per request), on partition 0.
-    `opts` are kafka-python's connection and security options (Settings.kafka_python_options).
+    `opts` are kafka-python's connection and security options (Settings.kafka.kafka_python_options).
 
     `sizes` count messages in the whole probe topic, spread evenly over its `partitions`."""
     import numpy as np
@@ -259,7 +259,7 @@ def bench_broker(services_dir, sizes, messages, rate, partitions, fill_batch, id
         raise click.BadParameter(
             f"not a list of integers: {sizes!r}", param_hint="--sizes"
         ) from None
-    opts = load_settings(services_dir=d).kafka_python_options()
+    opts = load_settings(services_dir=d).kafka.kafka_python_options()
     rows = probe(
         opts, info.kafka.pid, size_list, messages, rate, partitions, fill_batch, idle_messages
     )

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _stage_totals(settings: Settings) -> dict[str, float]:
-    ms = read_all(connect(settings.redis_url), settings.redis_key_prefix)
+    ms = read_all(connect(settings.redis.url.reveal()), settings.redis.key_prefix)
     out = {st: sum(float(m.get(f"{st}_s", 0)) for m in ms) for st in STAGES}
     out["events"] = sum(int(m.get("events", 0)) for m in ms)
     out["batches"] = sum(int(m.get("batches", 0)) for m in ms)
@@ -143,7 +143,7 @@ def _send(
     for i, eid in enumerate(ids):
         uid = f"bu{i % users}"
         producer.send(
-            settings.topic_page_views,
+            settings.topics.page_views,
             uid.encode(),
             encode(
                 "page_view",
@@ -247,10 +247,10 @@ class _Pipeline:
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                ms = read_all(connect(s.redis_url), s.redis_key_prefix)
+                ms = read_all(connect(s.redis.url.reveal()), s.redis.key_prefix)
                 if (
                     len(ms) >= self.workers
-                    and sum(int(m["partitions"]) for m in ms) >= s.partitions
+                    and sum(int(m["partitions"]) for m in ms) >= s.topics.partitions
                 ):
                     break
                 if self.sup.poll() is not None:
@@ -347,12 +347,12 @@ def run_bench(
         Path(trace).write_text(json.dumps({"paced": traces}) + "\n")
     return {
         "workers": workers,
-        "partitions": settings.partitions,
+        "partitions": settings.topics.partitions,
         "batch_max": batch_max,
-        "poll_timeout_ms": settings.poll_timeout_ms,
-        "consumer_retry_backoff_ms": settings.consumer_retry_backoff_ms,
-        "consumer_client": settings.consumer_client,
-        "producer_client": settings.producer_client,
+        "poll_timeout_ms": settings.consumer.poll_timeout_ms,
+        "consumer_retry_backoff_ms": settings.consumer.retry_backoff_ms,
+        "consumer_client": settings.consumer.client,
+        "producer_client": settings.producer.client,
         "model": model,
         "cpu_count": os.cpu_count(),
         "load_client": load_client,

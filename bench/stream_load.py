@@ -89,13 +89,13 @@ class AdReader(threading.Thread):
             self.consumer = RdConsumer(
                 settings,
                 [],
-                f"astec-bench-reader-{settings.topic_ad_queries}",
+                f"astec-bench-reader-{settings.topics.ad_queries}",
                 "astec-bench-reader",
             )
-            self.consumer.assign_from_start(settings.topic_ad_queries, settings.partitions)
+            self.consumer.assign_from_start(settings.topics.ad_queries, settings.topics.partitions)
         else:
             self.consumer = make_consumer(
-                settings, [settings.topic_ad_queries], None, max_poll_records=5000
+                settings, [settings.topics.ad_queries], None, max_poll_records=5000
             )
         self.stop_event = threading.Event()
         self.arrivals: dict[str, tuple[float, float, float]] = {}  # eid -> (recv, event_ts, ad ts)

@@ -116,7 +116,7 @@ def dashboard(models_dir, port, host, config_file, redis_url, policy_dir, logs_d
     env = {**os.environ, **settings_env(settings)}
     # given paths travel as env; otherwise the app does the same lookup beside the models
     # (and can say so on the page); printed here so the command line shows what was found
-    models = Path(settings.models_dir)
+    models = Path(settings.ops.models_dir)
     if policy_dir:
         env[POLICY_ENV] = str(Path(policy_dir).resolve())
     if logs_dir:
@@ -132,8 +132,8 @@ def dashboard(models_dir, port, host, config_file, redis_url, policy_dir, logs_d
             err=True,
         )
     click.echo(
-        f"dashboard: http://{host}:{port}  (models {settings.models_dir}, Redis "
-        f"{mask_url(settings.redis_url)})",
+        f"dashboard: http://{host}:{port}  (models {settings.ops.models_dir}, Redis "
+        f"{mask_url(settings.redis.url.reveal())})",
         err=True,
     )
     try:

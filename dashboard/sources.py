@@ -75,17 +75,17 @@ def load_sources(env: dict | None = None) -> Sources:
 
     env = dict(os.environ if env is None else env)
     s = load_settings(env=env)
-    models = Path(s.models_dir).expanduser()
+    models = Path(s.ops.models_dir).expanduser()
     policy, logs = env.get(POLICY_ENV), env.get(LOGS_ENV)
     policy_dir = Path(policy).expanduser() if policy else find_policy(models)
     logs_dir = Path(logs).expanduser() if logs else find_logs(models)
     bench = tuple(Path(b).expanduser() for b in env.get(BENCH_ENV, "").split(os.pathsep) if b)
     return Sources(
         models_dir=models,
-        redis_url=s.redis_url,
-        prefix=s.redis_key_prefix,
+        redis_url=s.redis.url.reveal(),
+        prefix=s.redis.key_prefix,
         policy_dir=policy_dir,
-        metrics_interval_s=s.metrics_interval_s,
+        metrics_interval_s=s.ops.metrics_interval_s,
         logs_dir=logs_dir,
         bench_files=bench,
         policy_how="given" if policy else ("found next to the models" if policy_dir else ""),

@@ -133,7 +133,7 @@ def _wait_workers(services: Path, supervisor: subprocess.Popen, workers: int) ->
     from stream.state_store import connect
 
     s = load_settings(services_dir=str(services))
-    client = connect(s.redis_url)
+    client = connect(s.redis.url.reveal())
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if supervisor.poll() is not None:
@@ -142,8 +142,8 @@ def _wait_workers(services: Path, supervisor: subprocess.Popen, workers: int) ->
             ours = {c.pid for c in psutil.Process(supervisor.pid).children(recursive=True)}
         except psutil.NoSuchProcess:
             ours = set()
-        ms = [m for m in read_all(client, s.redis_key_prefix) if int(m["pid"]) in ours]
-        if partitions_shared(ms, workers, s.partitions):
+        ms = [m for m in read_all(client, s.redis.key_prefix) if int(m["pid"]) in ours]
+        if partitions_shared(ms, workers, s.topics.partitions):
             return
         time.sleep(0.5)
     click.echo("the workers have not shared the partitions within 120 s; sending anyway", err=True)

@@ -271,7 +271,7 @@ def leader_of(settings, topic: str, partition: int) -> int:
     """The node id leading `topic`[partition] now (-1: none)."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({**settings.librdkafka_options(), "log_level": 0})
+    admin = AdminClient({**settings.kafka.librdkafka_options(), "log_level": 0})
     meta = admin.list_topics(topic, timeout=10)
     return int(meta.topics[topic].partitions[partition].leader)
 

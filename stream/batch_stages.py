@@ -255,7 +255,7 @@ def choose_stage(batch: Batch, out: Outbox, *, policy: Policy) -> None:
 
 def _no_ad_without_evidence(batch: Batch) -> None:
     """No ad for a page the model knows nothing of, though the policy could pick one from the
-    user's earlier pages: the page gives no reason for it (Settings.no_evidence)."""
+    user's earlier pages: the page gives no reason for it (Settings.prediction.no_evidence)."""
     if len(batch.known) == len(batch.query):
         batch.query = np.where(batch.known, batch.query, -1)
 
@@ -298,14 +298,14 @@ def default_stages(
 ) -> list[tuple[str, Stage]]:
     """The pipeline, each stage under its metric name (stream.consumer_metrics.STAGES)."""
     return [
-        ("decode", functools.partial(decode_stage, max_bytes=settings.max_message_bytes)),
+        ("decode", functools.partial(decode_stage, max_bytes=settings.topics.max_message_bytes)),
         (
             "predict",
             functools.partial(
                 predict_stage,
                 model=model,
-                top_k=settings.top_k,
-                skip_unknown=settings.no_evidence == "skip",
+                top_k=settings.prediction.top_k,
+                skip_unknown=settings.prediction.no_evidence == "skip",
             ),
         ),
         (
@@ -315,6 +315,8 @@ def default_stages(
         ("policy", functools.partial(choose_stage, policy=policy)),
         (
             "kafka",
-            functools.partial(emit_stage, topic=settings.topic_ad_queries, policy_name=policy.name),
+            functools.partial(
+                emit_stage, topic=settings.topics.ad_queries, policy_name=policy.name
+            ),
         ),
     ]

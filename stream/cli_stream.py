@@ -243,15 +243,16 @@ def metrics(settings):
     from stream.state_store import connect, redis_address
 
     try:
-        snaps = read_all(connect(settings.redis_url, retries=1), settings.redis_key_prefix)
+        snaps = read_all(connect(settings.redis.url.reveal(), retries=1), settings.redis.key_prefix)
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as e:
         raise click.ClickException(
-            f"no Redis answers at {redis_address(settings.redis_url)} ({e}): start one with "
+            f"no Redis answers at {redis_address(settings.redis.url.reveal())} ({e}): start one "
+            "with "
             "`astec infra up` or set REDIS_URL (or --services-dir)"
         ) from None
     if not snaps:
         click.echo(
-            f"no consumer has published metrics under '{settings.redis_key_prefix}' in the last "
+            f"no consumer has published metrics under '{settings.redis.key_prefix}' in the last "
             "minutes: is `astec stream run` running against this Redis?",
             err=True,
         )

@@ -99,18 +99,20 @@ def run_click_logger(
             signal.signal(sig, lambda *_: stop_event.set())
     wid = f"{socket.gethostname()}-{os.getpid()}"
     topics: dict[str, tuple[str, str, Callable[[dict], dict]]] = {
-        settings.topic_ad_queries: ("ad_query", "ad_impressions", _impression),
-        settings.topic_ad_clicks: ("ad_click", "ad_clicks", _click),
+        settings.topics.ad_queries: ("ad_query", "ad_impressions", _impression),
+        settings.topics.ad_clicks: ("ad_click", "ad_clicks", _click),
     }
     consumer = make_consumer(
         settings,
         list(topics),
-        f"{settings.consumer_group}-click-log",
+        f"{settings.consumer.group}-click-log",
         client_id=f"astec-clicklog-{wid}",
     )
     producer = make_producer(settings)
-    r = connect(settings.redis_url)
-    window = EventWindow(r, settings.dedup_n if dedup_n is None else dedup_n, settings.dedup_ttl_s)
+    r = connect(settings.redis.url.reveal())
+    window = EventWindow(
+        r, settings.state.dedup_n if dedup_n is None else dedup_n, settings.state.dedup_ttl_s
+    )
     writers = {
         kind: ClickLogWriter(log_dir, kind, writer_id=wid, fsync=True)
         for _, kind, _ in topics.values()
@@ -123,7 +125,7 @@ def run_click_logger(
         counts["dead_letters"] += 1
         futures.append(
             producer.send(
-                settings.topic_dead_letters,
+                settings.topics.dead_letters,
                 key=rec.key[:1024] if rec.key else None,
                 value=dead_letter(
                     rec.value, reason, rec.topic, rec.partition, rec.offset, f"click-log-{wid}"
@@ -182,7 +184,7 @@ def _log_new(
     """Write the records of one kind that their users' dedupe windows have not seen, durably,
     then remember them; returns (written, duplicates)."""
     ids = list(items)
-    keys = [user_key(settings.redis_key_prefix, u, f"clicklog:{kind}") for u, _ in ids]
+    keys = [user_key(settings.redis.key_prefix, u, f"clicklog:{kind}") for u, _ in ids]
     new, dups = [], 0
     for i, s in enumerate(window.seen(keys, [e for _, e in ids])):
         if isinstance(s, str):  # Redis refused this record's lookup (not an outage or OOM)

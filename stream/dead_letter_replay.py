@@ -58,10 +58,10 @@ def replay_dead_letters(
 
     from stream.topics import make_producer
 
-    topic = settings.topic_dead_letters
+    topic = settings.topics.dead_letters
     c = Consumer(
         {
-            **settings.librdkafka_options(),
+            **settings.kafka.librdkafka_options(),
             "group.id": f"astec-replay-{int(time.time() * 1000)}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",

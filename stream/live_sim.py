@@ -9,9 +9,9 @@ scenario's click weights (times its fatigue factor when the user was shown the q
 their last n ads) and produces `ad-clicks`. Event -> ad latency is measured on arrival
 (receive time - event ts).
 
-A page whose title holds no word the model knows gets no ad by design (Settings.no_evidence
-"skip"): given the model's `known` test, such events left without an answer count as `no_ad`,
-the others as `unanswered`.
+A page whose title holds no word the model knows gets no ad by design
+(Settings.prediction.no_evidence "skip"): given the model's `known` test, such events left
+without an answer count as `no_ad`, the others as `unanswered`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def sim_producer(settings: Settings, client_id: str) -> RdProducer:
     """The simulator's producers are librdkafka's, like the workers': kafka-python's computed
     each batch's CRC-32C in Python and ran its sender as a Python thread, and the simulator took
     ~30% of a core at 100 page views/s on the demo's 2 shared cores."""
-    return RdProducer(settings, client_id, settings.producer_linger_ms)
+    return RdProducer(settings, client_id, settings.producer.linger_ms)
 
 
 class ClickResponder(threading.Thread):
@@ -93,7 +93,7 @@ class ClickResponder(threading.Thread):
             None,
             auto_offset_reset="latest",
             max_poll_records=2000,
-            fetch_max_wait_ms=max(1, settings.fetch_wait_max_ms),
+            fetch_max_wait_ms=max(1, settings.consumer.fetch_wait_max_ms),
             check_crcs=False,
         )
         self.producer = sim_producer(settings, "astec-sim-clicks")
@@ -111,7 +111,7 @@ class ClickResponder(threading.Thread):
         produced, so no answer of this run is missed."""
         from kafka.structs import TopicPartition
 
-        topic = self.s.topic_ad_queries
+        topic = self.s.topics.ad_queries
         deadline = time.monotonic() + timeout
         parts = None
         while not parts and time.monotonic() < deadline:
@@ -177,7 +177,7 @@ class ClickResponder(threading.Thread):
                 clicked = self.rng.random(len(batch)) < p
                 for (m, _), c in zip(batch, clicked, strict=True):
                     self.producer.send(
-                        self.s.topic_ad_clicks,
+                        self.s.topics.ad_clicks,
                         key=m["user_id"].encode(),
                         value=encode(
                             "ad_click",
@@ -243,7 +243,7 @@ def run_simulation(
             pending[eid] = (int(plan["intent"][i]), page)
             uid = world.user_id(u)
             producer.send(
-                settings.topic_page_views,
+                settings.topics.page_views,
                 key=uid.encode(),
                 value=encode(
                     "page_view",

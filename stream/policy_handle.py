@@ -227,17 +227,17 @@ def check_window(settings: Settings, k: int, topk: int | None, where: str) -> No
     queries per page) fits the stream: Redis keeps state_k states per user, so a window of more
     would never fill; and the policy's features count queries among each page's top_k, so it
     must see as many as it was trained on (topk None: a version that did not record it)."""
-    if k > settings.state_k:
+    if k > settings.state.k:
         raise PolicyMismatch(
             f"{where}: the GRU policy reads K={k} states per user but the stream keeps "
-            f"state_k={settings.state_k}: set state_k >= {k} (config file or ASTEC_STATE_K) "
-            f"or train the policy with --K {settings.state_k} or less"
+            f"state_k={settings.state.k}: set state_k >= {k} (config file or ASTEC_STATE_K) "
+            f"or train the policy with --K {settings.state.k} or less"
         )
-    if topk is not None and topk != settings.top_k:
+    if topk is not None and topk != settings.prediction.top_k:
         raise PolicyMismatch(
             f"{where}: the GRU policy was trained on topk={topk} queries per page but the "
-            f"stream predicts top_k={settings.top_k}: set top_k = {topk} (config file or "
-            f"ASTEC_TOP_K) or train the policy with --topk {settings.top_k}"
+            f"stream predicts top_k={settings.prediction.top_k}: set top_k = {topk} (config file "
+            f"or ASTEC_TOP_K) or train the policy with --topk {settings.prediction.top_k}"
         )
 
 

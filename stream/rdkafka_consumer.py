@@ -50,7 +50,7 @@ class RdConsumer:
         static = {"group.instance.id": instance_id} if instance_id else {}
         self._c = Consumer(
             {
-                **settings.librdkafka_options(),
+                **settings.kafka.librdkafka_options(),
                 **static,
                 "group.id": group_id,
                 "partition.assignment.strategy": "cooperative-sticky",
@@ -58,12 +58,12 @@ class RdConsumer:
                 "client.id": client_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
-                "session.timeout.ms": settings.session_timeout_ms,
-                "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+                "session.timeout.ms": settings.consumer.session_timeout_ms,
+                "heartbeat.interval.ms": settings.consumer.heartbeat_interval_ms,
                 "max.poll.interval.ms": max(
-                    settings.max_poll_interval_ms, settings.session_timeout_ms
+                    settings.consumer.max_poll_interval_ms, settings.consumer.session_timeout_ms
                 ),
-                "fetch.wait.max.ms": max(1, settings.fetch_wait_max_ms),
+                "fetch.wait.max.ms": max(1, settings.consumer.fetch_wait_max_ms),
                 "enable.partition.eof": False,
                 "socket.nagle.disable": True,
                 "logger": logging.getLogger("stream.librdkafka"),

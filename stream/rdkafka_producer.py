@@ -62,7 +62,7 @@ class Delivery:
 
 
 class RdProducer:
-    """Idempotent, acks=all, retried without limit within settings.delivery_timeout_ms (a leader
+    """Idempotent, acks=all, retried without limit within producer.delivery_timeout_ms (a leader
     election or a broker restart is waited out; the broker drops the retries' duplicates), the
     same batching as stream.topics.make_producer, murmur2 partitioner (a key's partition is the
     one kafka-python and Java clients pick); `librdkafka` adds or overrides librdkafka settings.
@@ -76,15 +76,15 @@ class RdProducer:
 
         self._p = Producer(
             {
-                **settings.librdkafka_options(),
+                **settings.kafka.librdkafka_options(),
                 "client.id": client_id,
                 "acks": "all",
                 "enable.idempotence": True,
-                "message.timeout.ms": settings.delivery_timeout_ms,
+                "message.timeout.ms": settings.producer.delivery_timeout_ms,
                 "linger.ms": linger_ms,
                 "batch.size": 65536,
                 "max.in.flight.requests.per.connection": 5,
-                "message.max.bytes": max(1048576, 4 * settings.max_message_bytes),
+                "message.max.bytes": max(1048576, 4 * settings.topics.max_message_bytes),
                 "partitioner": "murmur2_random",
                 # small requests must not wait out Nagle + delayed ACK (~40 ms on loopback):
                 # they doubled a transaction commit's time, and the plain produce's tail with it

@@ -53,7 +53,7 @@ def run_workers(
 ) -> int:
     """Supervise n_workers processes until SIGTERM/SIGINT; returns the number of restarts.
 
-    Worker i serves Prometheus metrics on settings.metrics_port + i (0: none)."""
+    Worker i serves Prometheus metrics on settings.ops.metrics_port + i (0: none)."""
     ctx = mp.get_context("spawn")
     host = socket.gethostname()
     stopping = False
@@ -61,11 +61,11 @@ def run_workers(
 
     def start(i: int) -> SpawnProcess:
         cid = f"{host}-w{i}-{int(time.time() * 1000) % 10**8}"
-        port = settings.metrics_port + i if settings.metrics_port else 0
+        port = settings.ops.metrics_port + i if settings.ops.metrics_port else 0
         # the slot's transactional id outlives a worker's crash, so its restarted successor
         # fences it and aborts the transaction it left open; the supervisor's pid keeps two
         # supervisors of one group on one host apart
-        txn_id = f"{settings.consumer_group}-{host}-{os.getpid()}-w{i}"
+        txn_id = f"{settings.consumer.group}-{host}-{os.getpid()}-w{i}"
         # the slot's static group membership: a worker restarted within the session timeout
         # gets the slot's partitions back without moving anything
         instance_id = f"{host}-{os.getpid()}-w{i}"

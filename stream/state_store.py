@@ -395,13 +395,13 @@ class StateStore(_Scripted):
         """The store as the settings describe it (prefix, K, TTLs, N, replica wait)."""
         return cls(
             client,
-            settings.redis_key_prefix,
-            settings.state_k,
-            settings.state_ttl_s,
-            settings.dedup_ttl_s,
-            settings.dedup_n,
-            settings.redis_wait_replicas,
-            settings.redis_wait_timeout_ms,
+            settings.redis.key_prefix,
+            settings.state.k,
+            settings.state.ttl_s,
+            settings.state.dedup_ttl_s,
+            settings.state.dedup_n,
+            settings.redis.wait_replicas,
+            settings.redis.wait_timeout_ms,
         )
 
     def states_key(self, user_id: str) -> str:

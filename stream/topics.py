@@ -28,7 +28,7 @@ def check_kafka(settings: Settings, timeout_s: float = 5.0) -> None:
 
     errors: list = []
     conf: dict[str, Any] = {
-        **settings.librdkafka_options(),
+        **settings.kafka.librdkafka_options(),
         "error_cb": errors.append,
         "log_level": 0,
         "logger": logging.getLogger("stream.librdkafka.check"),
@@ -43,12 +43,12 @@ def check_kafka(settings: Settings, timeout_s: float = 5.0) -> None:
         except KafkaException:
             admin.poll(0)  # error callbacks are served here
             refused = any(e.code() == KafkaError._AUTHENTICATION for e in errors)
-    where = settings.kafka_bootstrap
+    where = settings.kafka.bootstrap
     if refused:
         raise KafkaUnavailable(
             f"the Kafka broker at {where} refused the credentials of user "
-            f"{settings.kafka_sasl_username!r} ({settings.kafka_security_protocol}, "
-            f"{settings.kafka_sasl_mechanism}): check KAFKA_SASL_USERNAME / KAFKA_SASL_PASSWORD "
+            f"{settings.kafka.sasl_username!r} ({settings.kafka.security_protocol}, "
+            f"{settings.kafka.sasl_mechanism}): check KAFKA_SASL_USERNAME / KAFKA_SASL_PASSWORD "
             f"or the services directory (`astec infra env`)"
         )
     raise KafkaUnavailable(
@@ -66,24 +66,24 @@ def replication_for(settings: Settings, brokers: int) -> tuple[int, int]:
     """(replication factor, min.insync.replicas) for new topics: the settings' where set, else
     3 / 2 on a cluster of 3+ brokers (a write survives one broker lost; an election never drops
     an acknowledged one), min(brokers, 3) / 1 on smaller ones."""
-    rf = settings.replication_factor or min(3, max(1, brokers))
-    isr = settings.min_insync_replicas or max(1, rf - 1)
+    rf = settings.topics.replication_factor or min(3, max(1, brokers))
+    isr = settings.topics.min_insync_replicas or max(1, rf - 1)
     return rf, min(isr, rf)
 
 
 def ensure_topics(
     settings: Settings, topics: list[str] | None = None, timeout_s: float = 20.0
 ) -> None:
-    """Create the stream's topics unless they exist (settings.partitions each, replication and
-    min.insync.replicas from replication_for); raise TopicMismatch when an existing one has
+    """Create the stream's topics unless they exist (settings.topics.partitions each, replication
+    and min.insync.replicas from replication_for); raise TopicMismatch when an existing one has
     another partition count or replication factor than the settings give."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     check_kafka(settings, min(timeout_s, 5.0))
-    wanted = topics or settings.topics()
+    wanted = topics or settings.topics.names()
     conf: dict[str, Any] = {
-        **settings.librdkafka_options(),
+        **settings.kafka.librdkafka_options(),
         "log_level": 0,
         "logger": logging.getLogger("stream.librdkafka.admin"),
     }
@@ -94,7 +94,9 @@ def ensure_topics(
     if missing:
         futures = admin.create_topics(
             [
-                NewTopic(t, settings.partitions, rf, config={"min.insync.replicas": str(isr)})
+                NewTopic(
+                    t, settings.topics.partitions, rf, config={"min.insync.replicas": str(isr)}
+                )
                 for t in missing
             ],
             request_timeout=timeout_s,
@@ -113,7 +115,7 @@ def ensure_topics(
             break
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"topics {sorted(absent)} not visible on {settings.kafka_bootstrap} "
+                f"topics {sorted(absent)} not visible on {settings.kafka.bootstrap} "
                 f"after {timeout_s}s"
             )
         time.sleep(0.1)
@@ -122,12 +124,12 @@ def ensure_topics(
         replicas = {len(p.replicas) for p in parts.values()}
         # derived (replication_factor 0): fewer than the cluster's size calls for is refused,
         # more is a cluster with a broker down right now
-        wrong_rf = replicas != {rf} if settings.replication_factor else min(replicas) < rf
-        if len(parts) != settings.partitions or wrong_rf:
+        wrong_rf = replicas != {rf} if settings.topics.replication_factor else min(replicas) < rf
+        if len(parts) != settings.topics.partitions or wrong_rf:
             raise TopicMismatch(
-                f"topic {t!r} on {settings.kafka_bootstrap} has {len(parts)} partitions with "
+                f"topic {t!r} on {settings.kafka.bootstrap} has {len(parts)} partitions with "
                 f"replication {'/'.join(map(str, sorted(replicas)))}, the settings expect "
-                f"{settings.partitions} with replication {rf} (partitions / "
+                f"{settings.topics.partitions} with replication {rf} (partitions / "
                 f"replication_factor): recreate the topic or change the settings"
             )
 
@@ -138,25 +140,25 @@ def make_producer(settings: Settings, **overrides):
     from kafka import KafkaProducer
 
     cfg = dict(
-        **settings.kafka_python_options(),
+        **settings.kafka.kafka_python_options(),
         acks="all",
         enable_idempotence=True,
-        delivery_timeout_ms=settings.delivery_timeout_ms,
+        delivery_timeout_ms=settings.producer.delivery_timeout_ms,
         linger_ms=2,
         max_in_flight_requests_per_connection=5,
         batch_size=65536,
-        max_request_size=max(1048576, 4 * settings.max_message_bytes),
+        max_request_size=max(1048576, 4 * settings.topics.max_message_bytes),
     )
     cfg.update(overrides)
     return KafkaProducer(**cfg)
 
 
 def make_stream_producer(settings: Settings, client_id: str, transactional_id: str | None = None):
-    """The workers' producer: librdkafka unless settings.producer_client is "kafka-python"
+    """The workers' producer: librdkafka unless settings.producer.client is "kafka-python"
     (both with kafka-python's send / flush / close and futures); transactional (exactly-once)
     when given a transactional id (librdkafka only)."""
-    if settings.producer_client == "kafka-python":
-        return make_producer(settings, client_id=client_id, linger_ms=settings.producer_linger_ms)
+    if settings.producer.client == "kafka-python":
+        return make_producer(settings, client_id=client_id, linger_ms=settings.producer.linger_ms)
     from stream.rdkafka_producer import RdProducer
 
     txn = (
@@ -168,7 +170,7 @@ def make_stream_producer(settings: Settings, client_id: str, transactional_id: s
             # read-committed readers of the partitions it wrote for at most this long; its
             # messages' produce timeout cannot exceed it
             "transaction.timeout.ms": TXN_TIMEOUT_MS,
-            "message.timeout.ms": min(TXN_TIMEOUT_MS, settings.delivery_timeout_ms),
+            "message.timeout.ms": min(TXN_TIMEOUT_MS, settings.producer.delivery_timeout_ms),
             # back-to-back transactions: the next one's AddOffsetsToTxn / AddPartitionsToTxn is
             # refused (CONCURRENT_TRANSACTIONS) until the broker has written the previous one's
             # markers, and retried after retry.backoff.ms: librdkafka's 100 ms default put that
@@ -177,7 +179,7 @@ def make_stream_producer(settings: Settings, client_id: str, transactional_id: s
             "retry.backoff.max.ms": 500,
         }
     )
-    return RdProducer(settings, client_id, settings.producer_linger_ms, **txn)
+    return RdProducer(settings, client_id, settings.producer.linger_ms, **txn)
 
 
 def make_consumer(settings: Settings, topics: list[str], group_id: str | None, **overrides):
@@ -186,19 +188,19 @@ def make_consumer(settings: Settings, topics: list[str], group_id: str | None, *
     from kafka import KafkaConsumer
 
     cfg = dict(
-        **settings.kafka_python_options(),
+        **settings.kafka.kafka_python_options(),
         group_id=group_id,
         isolation_level="read_committed",
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        session_timeout_ms=settings.session_timeout_ms,
-        heartbeat_interval_ms=settings.heartbeat_interval_ms,
-        max_poll_interval_ms=settings.max_poll_interval_ms,
-        max_poll_records=settings.batch_max,
+        session_timeout_ms=settings.consumer.session_timeout_ms,
+        heartbeat_interval_ms=settings.consumer.heartbeat_interval_ms,
+        max_poll_interval_ms=settings.consumer.max_poll_interval_ms,
+        max_poll_records=settings.consumer.batch_max,
         # the broker answers a fetch as soon as a record arrives: a long wait costs no latency,
         # a short one makes every idle consumer send ~50 empty fetches a second
-        fetch_max_wait_ms=max(1, settings.fetch_wait_max_ms),
-        retry_backoff_ms=max(1, settings.consumer_retry_backoff_ms),
+        fetch_max_wait_ms=max(1, settings.consumer.fetch_wait_max_ms),
+        retry_backoff_ms=max(1, settings.consumer.retry_backoff_ms),
         # a topic created just before the subscription may be missing from the first
         # metadata: the group then assigns nothing until the next refresh (5 min by
         # default), so refresh often
@@ -217,11 +219,11 @@ def make_stream_consumer(
     instance_id: str | None = None,
     on_lost: Callable[[set], None] | None = None,
 ):
-    """The workers' group consumer on `settings.consumer_client`, subscribed to `topic`, with
+    """The workers' group consumer on `settings.consumer.client`, subscribed to `topic`, with
     cooperative-sticky assignment and, given `instance_id`, static membership;
     `on_revoke(partitions)` runs before partitions move to another member, `on_lost(partitions)`
     when they already have."""
-    if settings.consumer_client == "kafka-python":
+    if settings.consumer.client == "kafka-python":
         from kafka import ConsumerRebalanceListener
         from kafka.coordinator.assignors.cooperative_sticky import (
             CooperativeStickyAssignor,

@@ -128,12 +128,12 @@ class Clients:
                 p.init_transactions()
             return p
 
-        redis_client = connect(settings.redis_url)
+        redis_client = connect(settings.redis.url.reveal())
         producer = new_producer()
         consumer = make_stream_consumer(
             settings,
-            settings.topic_page_views,
-            settings.consumer_group,
+            settings.topics.page_views,
+            settings.consumer.group,
             client_id,
             on_revoke=on_revoke,
             instance_id=instance_id,
@@ -167,8 +167,8 @@ class StreamWorker:
         self.cid = consumer_id or f"{socket.gethostname()}-{os.getpid()}"
         self.exactly_once = settings.delivery == "exactly-once"
         if self.exactly_once and "kafka-python" in (
-            settings.producer_client,
-            settings.consumer_client,
+            settings.producer.client,
+            settings.consumer.client,
         ):
             raise ValueError(
                 "delivery = exactly-once needs the confluent (librdkafka) consumer and "
@@ -180,7 +180,7 @@ class StreamWorker:
         # predecessor and aborts the transaction it left open (which would otherwise hold back
         # read-committed readers of the partitions it wrote until the transaction timed out)
         self.transactional_id = (
-            transactional_id or f"{settings.consumer_group}-{self.cid}"
+            transactional_id or f"{settings.consumer.group}-{self.cid}"
             if self.exactly_once
             else None
         )
@@ -201,7 +201,7 @@ class StreamWorker:
         self.aborted = 0  # transactions aborted and replayed (exactly-once)
         self.txn: OpenTxn | None = None  # the open transaction (exactly-once)
         # committed well before the broker would abort it (transaction.timeout.ms)
-        self.txn_span_s = min(self.s.commit_interval_ms, TXN_TIMEOUT_MS // 4) / 1000.0
+        self.txn_span_s = min(self.s.consumer.commit_interval_ms, TXN_TIMEOUT_MS // 4) / 1000.0
         self.transactions = 0  # committed (exactly-once)
         # raised by a rebalance callback (a failed produce, a fenced producer): raised again
         # on the worker's own loop, where it stops the worker without committing
@@ -214,7 +214,7 @@ class StreamWorker:
         self.inflight: deque[InFlight] = deque()
         self.health = WorkerHealth(self)  # Redis outages held in the group; /healthz, /readyz
         self.prom = (
-            PromExporter(metrics_port, self.cid, settings.metrics_host, self.health)
+            PromExporter(metrics_port, self.cid, settings.ops.metrics_host, self.health)
             if metrics_port
             else None
         )
@@ -239,11 +239,19 @@ class StreamWorker:
                 # with batches awaiting acks, poll again within poll_timeout_ms to settle them;
                 # polling faster only wakes the loop and kafka-python's I/O threads more often,
                 # which raises a paced stream's p99
-                wait = self.s.poll_timeout_ms if self.inflight else self.s.poll_timeout_ms * 5
+                wait = (
+                    self.s.consumer.poll_timeout_ms
+                    if self.inflight
+                    else self.s.consumer.poll_timeout_ms * 5
+                )
                 if self.txn is not None:  # wake up in time to commit it
                     due = self.txn.t_begin + self.txn_span_s
-                    wait = min(self.s.poll_timeout_ms, int((due - time.monotonic()) * 1000))
-                polled = self.consumer.poll(timeout_ms=max(1, wait), max_records=self.s.batch_max)
+                    wait = min(
+                        self.s.consumer.poll_timeout_ms, int((due - time.monotonic()) * 1000)
+                    )
+                polled = self.consumer.poll(
+                    timeout_ms=max(1, wait), max_records=self.s.consumer.batch_max
+                )
                 self._raise_failure()
                 self.health.polled()
                 records = [r for rs in polled.values() for r in rs]
@@ -401,7 +409,8 @@ class StreamWorker:
             n += 1
         self.pending_offsets.update(offsets)
         if self.pending_offsets and (
-            block or time.monotonic() - self._last_commit >= self.s.commit_interval_ms / 1000.0
+            block
+            or time.monotonic() - self._last_commit >= self.s.consumer.commit_interval_ms / 1000.0
         ):
             self.commit_pending(wait=block)
         return n
@@ -467,7 +476,7 @@ class StreamWorker:
 
     def _maybe_publish(self, force: bool = False) -> None:
         now = time.monotonic()
-        if force or now - self._last_publish >= self.s.metrics_interval_s:
+        if force or now - self._last_publish >= self.s.ops.metrics_interval_s:
             self._last_publish = now
             self.metrics.model_version = self.model.version
             self.metrics.partitions = len(self.consumer.assignment())
@@ -477,7 +486,7 @@ class StreamWorker:
             lag = getattr(self.consumer, "lag", None)
             self.metrics.lag = lag() if lag is not None else None
             try:
-                publish(self.redis, self.s.redis_key_prefix, self.metrics)
+                publish(self.redis, self.s.redis.key_prefix, self.metrics)
             except redis.RedisError as exc:
                 log.warning("%s: metrics not published: %s", self.cid, exc)
 
@@ -491,7 +500,7 @@ class StreamWorker:
             self._unassigned_since = now
         idle = now - self._unassigned_since
         if (
-            idle > self.s.session_timeout_ms / 1000.0
+            idle > self.s.consumer.session_timeout_ms / 1000.0
             and now - self._last_unassigned_warning >= 60.0
         ):
             self._last_unassigned_warning = now
@@ -499,9 +508,9 @@ class StreamWorker:
                 "%s: no partition of %s assigned for %.0fs (more workers in group %s "
                 "than partitions, or the group cannot rebalance)",
                 self.cid,
-                self.s.topic_page_views,
+                self.s.topics.page_views,
                 idle,
-                self.s.consumer_group,
+                self.s.consumer.group,
             )
 
     # ---- one batch ----------------------------------------------------------------------
@@ -515,7 +524,7 @@ class StreamWorker:
         event's fault (Redis or the broker unreachable) raises or is retried."""
         t0 = t = time.perf_counter()
         stages = {"predict": 0.0}
-        out = Outbox(self.producer.send, self.s.topic_dead_letters, self.cid)
+        out = Outbox(self.producer.send, self.s.topics.dead_letters, self.cid)
         batch = Batch(list(records))
         for name, stage in self.stages:
             if not batch and name != "decode":
@@ -588,6 +597,6 @@ def worker_main(
         consumer_id,
         model.version,
         policy.name,
-        settings.consumer_group,
+        settings.consumer.group,
     )
     worker.run()

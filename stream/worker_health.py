@@ -124,7 +124,7 @@ class WorkerHealth:
         oldest = min((b.t0 for b in w.inflight), default=None)
         checks = {
             "assigned": bool(w.consumer.assignment()),
-            "polling": now - self.last_poll < max(w.s.max_poll_interval_ms / 1000.0, 1.0),
+            "polling": now - self.last_poll < max(w.s.consumer.max_poll_interval_ms / 1000.0, 1.0),
             "redis": self.redis_down_since is None,
             "broker": oldest is None or time.perf_counter() - oldest < BROKER_STALL_S,
             "running": not w.stop_event.is_set(),

@@ -17,7 +17,7 @@ def test_probe_spreads_the_log_over_partitions_and_counts_batches(services):
     if info is None:
         pytest.skip("services given by the environment: no broker PID to read CPU from")
     rows = probe(
-        services.kafka_python_options(),
+        services.kafka.kafka_python_options(),
         info.kafka.pid,
         [0, 300],
         messages=20,

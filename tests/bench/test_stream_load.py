@@ -30,7 +30,7 @@ def _read_all(settings, topic, n):
 def test_confluent_load_producer_delivers_everything_to_the_kafka_python_partition(stream_settings):
     pytest.importorskip("confluent_kafka")
     s = stream_settings
-    a, b = s.topic_page_views + "-ck", s.topic_page_views + "-kp"
+    a, b = s.topics.page_views + "-ck", s.topics.page_views + "-kp"
     ensure_topics(s, [a, b])
     keys = [f"user{i % 37}".encode() for i in range(300)]
     for topic, prod in ((a, ConfluentProducer(s)), (b, KafkaPythonProducer(s))):
@@ -58,7 +58,9 @@ def test_rdkafka_producer_reports_an_undelivered_message_as_an_error():
     from stream.settings import Settings
 
     p = RdProducer(
-        Settings(kafka_bootstrap=f"127.0.0.1:{free_port()}"), "test", **{"message.timeout.ms": 300}
+        Settings().replace(kafka_bootstrap=f"127.0.0.1:{free_port()}"),
+        "test",
+        **{"message.timeout.ms": 300},
     )  # nobody listens there
     d = p.send("page-views", b"v", b"k")
     assert not d.is_done
@@ -83,12 +85,12 @@ def test_ad_reader_records_every_ad_query_once_and_counts_replays(stream_setting
     if client == "confluent":
         pytest.importorskip("confluent_kafka")
     s = stream_settings
-    ensure_topics(s, [s.topic_ad_queries])
+    ensure_topics(s, [s.topics.ad_queries])
     prod = KafkaPythonProducer(s)
     ids = [f"e{i}" for i in range(200)]
     for i, e in enumerate(ids + ids[:7]):  # the first 7 are produced twice (a replay)
         prod.send(
-            s.topic_ad_queries,
+            s.topics.ad_queries,
             f"u{i % 23}".encode(),
             json.dumps({"event_id": e, "event_ts": 1.0, "ts": 2.0}).encode(),
         )
@@ -118,8 +120,8 @@ def test_rdkafka_consumer_commit_refusal_is_a_commit_failure(stream_settings, mo
     from stream.rdkafka_consumer import RdConsumer
 
     s = stream_settings
-    ensure_topics(s, [s.topic_page_views])
-    c = RdConsumer(s, [s.topic_page_views], s.consumer_group, "test-commit")
+    ensure_topics(s, [s.topics.page_views])
+    c = RdConsumer(s, [s.topics.page_views], s.consumer.group, "test-commit")
     try:
 
         def refuse(*_a, **_k):  # what librdkafka raises once the group moved on without us
@@ -129,7 +131,7 @@ def test_rdkafka_consumer_commit_refusal_is_a_commit_failure(stream_settings, mo
             c, "_c", type("C", (), {"commit": staticmethod(refuse), "close": c._c.close})()
         )
         with pytest.raises(CommitFailedError, match=r"ILLEGAL_GENERATION|generation"):
-            c.commit({TopicPartition(s.topic_page_views, 0): OffsetAndMetadata(5, None, -1)})
+            c.commit({TopicPartition(s.topics.page_views, 0): OffsetAndMetadata(5, None, -1)})
         c.commit({})  # nothing to commit: no request at all
     finally:
         c.close()

@@ -130,7 +130,7 @@ def test_users_page_lists_states_with_names(
     make_registry(tmp_path / "models", astec_predictor)
     pred = Predictor.load(astec_predictor)
     ids, scores = store_visits(s, pred, stream_corpus[0][10:13], "alice", k=16)
-    app_env(tmp_path / "models", s.redis_url, s.redis_key_prefix)
+    app_env(tmp_path / "models", s.redis.url.reveal(), s.redis.key_prefix)
     at = run_page("Users")
     assert any("alice" in c for c in texts(at.caption))
     at.text_input(key="user_id").input("alice").run()
@@ -208,7 +208,7 @@ def test_offline_metrics_peers_pk_and_frequency_bins(
 
 def test_stream_health_page_totals(app_env, redis_settings, tmp_path):
     s = redis_settings
-    app_env(tmp_path, s.redis_url, s.redis_key_prefix)
+    app_env(tmp_path, s.redis.url.reveal(), s.redis.key_prefix)
     at = run_page("Stream health")
     assert any("No consumer has published metrics" in t for t in texts(at.info))
     publish_metrics(s, "w-1", "v7", 40, 4)
@@ -226,7 +226,7 @@ def test_stream_health_page_totals(app_env, redis_settings, tmp_path):
 
 def test_stream_health_plots_the_series_over_time(app_env, redis_settings, tmp_path):
     s = redis_settings
-    app_env(tmp_path, s.redis_url, s.redis_key_prefix)
+    app_env(tmp_path, s.redis.url.reveal(), s.redis.key_prefix)
     now = time.time()
     publish_series(s, "w-1", [(20, i % 7 == 0, [10.0 + i] * 20) for i in range(40)], now - 80)
     publish_series(s, "w-2", [(10, 0, [12.0] * 10) for i in range(40)], now - 80)
@@ -252,7 +252,7 @@ def test_users_page_titles_clicks_from_the_click_log(
     titles = stream_corpus[0][30:34]
     store_visits(s, pred, titles, "erin", k=16)
     write_click_log(tmp_path / "demo/live-logs", "erin", titles, 1.7e9, clicked=(2,))
-    app_env(tmp_path / "demo/models/engine", s.redis_url, s.redis_key_prefix)
+    app_env(tmp_path / "demo/models/engine", s.redis.url.reveal(), s.redis.key_prefix)
     at = run_page("Users")
     sidebar = " ".join(c.value for c in at.sidebar.caption)
     assert "live-logs" in sidebar and "found next to the models" in sidebar
@@ -270,7 +270,7 @@ def test_users_page_titles_clicks_from_the_click_log(
 def test_stream_health_after_the_workers_stopped(app_env, redis_settings, tmp_path):
     """`astec demo --keep-services` stops the workers: their last minutes stay on the page."""
     s = redis_settings
-    app_env(tmp_path, s.redis_url, s.redis_key_prefix)
+    app_env(tmp_path, s.redis.url.reveal(), s.redis.key_prefix)
     publish_series(s, "w-old", [(30, 0, [12.0] * 30) for _ in range(30)], time.time() - 1500)
     at = run_page("Stream health")
     assert m_value(at, "Consumers (live/stale)") == "0/1"

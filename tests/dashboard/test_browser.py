@@ -294,7 +294,7 @@ def demo_dashboard(astec_predictor, gru_root, evaluation_json, services, stream_
         )
     }
     env.update(
-        ASTEC_SERVICES_DIR=str(tmp_path / "no-services"), ASTEC_REDIS_KEY_PREFIX=s.redis_key_prefix
+        ASTEC_SERVICES_DIR=str(tmp_path / "no-services"), ASTEC_REDIS_KEY_PREFIX=s.redis.key_prefix
     )
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -308,7 +308,7 @@ def demo_dashboard(astec_predictor, gru_root, evaluation_json, services, stream_
                 "--port",
                 str(port),
                 "--redis-url",
-                s.redis_url,
+                s.redis.url.reveal(),
                 "--bench",
                 str(tmp_path / "peers.json"),
             ],

@@ -118,8 +118,8 @@ def test_user_states_read_back_with_names_and_choice(
     pred = Predictor.load(astec_predictor)
     titles = stream_corpus[0][:6]
     ids, scores = store_visits(s, pred, titles, "u1", k=4)
-    client = redis_client(s.redis_url)
-    states, bad = users.read_states(client, s.redis_key_prefix, "u1")
+    client = redis_client(s.redis.url.reveal())
+    states, bad = users.read_states(client, s.redis.key_prefix, "u1")
     assert bad == 0 and [st.event_id for st in states] == ["u1-e2", "u1-e3", "u1-e4", "u1-e5"]
     vs = users.visits(states, pred.label_names, policy=None, top=3)
     names = pred.label_names
@@ -130,22 +130,22 @@ def test_user_states_read_back_with_names_and_choice(
     rows = users.visit_rows(vs)
     assert rows[0]["event"] == "u1-e5"  # newest first
     assert rows[0]["time (UTC)"] == "2023-11-14 22:13:25"  # 1.7e9 + 5
-    assert "u1" in users.recent_users(client, s.redis_key_prefix)
+    assert "u1" in users.recent_users(client, s.redis.key_prefix)
     # a record the stream did not write is counted, not fatal
-    client.lpush(users.states_key(s.redis_key_prefix, "u1"), b"garbage")
-    states, bad = users.read_states(client, s.redis_key_prefix, "u1")
+    client.lpush(users.states_key(s.redis.key_prefix, "u1"), b"garbage")
+    states, bad = users.read_states(client, s.redis.key_prefix, "u1")
     assert bad == 1 and len(states) == 4
-    assert users.read_states(client, s.redis_key_prefix, "nobody") == ([], 0)
+    assert users.read_states(client, s.redis.key_prefix, "nobody") == ([], 0)
 
 
 # ---- stream health -----------------------------------------------------------------------------
 def test_consumer_health_totals_versions_and_staleness(redis_settings):
     s = redis_settings
-    client = redis_client(s.redis_url)
-    assert health.consumer_health(client, s.redis_key_prefix).rows == []
+    client = redis_client(s.redis.url.reveal())
+    assert health.consumer_health(client, s.redis.key_prefix).rows == []
     publish_metrics(s, "w-a", "v1", 100, 3)
     publish_metrics(s, "w-b", "v2", 50, 2)
-    h = health.consumer_health(client, s.redis_key_prefix)
+    h = health.consumer_health(client, s.redis.key_prefix)
     assert [r["consumer"] for r in h.rows] == ["w-a", "w-b"]
     assert (h.events, h.dead_letters, h.stale) == (150, 5, 0)
     assert h.versions == {"v1": 1, "v2": 1}
@@ -155,11 +155,11 @@ def test_consumer_health_totals_versions_and_staleness(redis_settings):
     assert a["no_query"] == 2 and a["batch_ms_p50"] == 20
     assert "updated_at" not in a and "predict_s" not in a  # shown as age_s / stage chart
     # a field a newer worker publishes is shown too, after the known columns
-    client.hset(f"{s.redis_key_prefix}:metrics:consumer:w-a", "inflight_batches", "3")
-    a = health.consumer_health(client, s.redis_key_prefix).rows[0]
+    client.hset(f"{s.redis.key_prefix}:metrics:consumer:w-a", "inflight_batches", "3")
+    a = health.consumer_health(client, s.redis.key_prefix).rows[0]
     assert list(a)[-1] == "inflight_batches" and a["inflight_batches"] == 3
     assert h.stages[0]["predict"] == 0.5 and h.stages[0]["redis"] == 0.25
-    later = health.consumer_health(client, s.redis_key_prefix, now=time.time() + 60)
+    later = health.consumer_health(client, s.redis.key_prefix, now=time.time() + 60)
     assert later.stale == 2 and {r["status"] for r in later.rows} == {"stale"}
     assert later.events_per_s == 0.0
 
@@ -170,11 +170,11 @@ def test_consumer_without_samples_publishes_nan_shown_as_no_value(redis_settings
     from stream.consumer_metrics import ConsumerMetrics, publish
 
     s = redis_settings
-    client = redis_client(s.redis_url)
-    publish(client, s.redis_key_prefix, ConsumerMetrics("w-idle", model_version="v1"))
-    raw = client.hgetall(f"{s.redis_key_prefix}:metrics:consumer:w-idle")
+    client = redis_client(s.redis.url.reveal())
+    publish(client, s.redis.key_prefix, ConsumerMetrics("w-idle", model_version="v1"))
+    raw = client.hgetall(f"{s.redis.key_prefix}:metrics:consumer:w-idle")
     assert raw[b"e2a_ms_p50"] == b"nan" and raw[b"batch_ms_p99"] == b"nan"
-    row = health.consumer_health(client, s.redis_key_prefix).rows[0]
+    row = health.consumer_health(client, s.redis.key_prefix).rows[0]
     assert row["e2a_ms_p50"] is None and row["batch_ms_p99"] is None and row["events"] == 0
 
 
@@ -212,8 +212,10 @@ def test_users_chosen_query_by_a_trained_gru_policy(redis_settings, tmp_path):
     publish(tmp_path / "gru", weights, CFG, {"engine_version": "synthetic", "train": report})
     s = redis_settings
     states = window_states(v, 40, 6)
-    StateStore(connect(s.redis_url), s.redis_key_prefix, k=16).append_batch(["g"] * 6, states)
-    back, _ = users.read_states(redis_client(s.redis_url), s.redis_key_prefix, "g")
+    StateStore(connect(s.redis.url.reveal()), s.redis.key_prefix, k=16).append_batch(
+        ["g"] * 6, states
+    )
+    back, _ = users.read_states(redis_client(s.redis.url.reveal()), s.redis.key_prefix, "g")
     policy = users.load_policy(tmp_path / "gru")
     assert policy is not None and users.load_policy(tmp_path / "absent") is None
     names = [f"q{i}" for i in range(v.n_labels)]
@@ -231,15 +233,15 @@ def test_metrics_series_is_capped_expiring_and_per_interval(redis_settings):
     from stream.consumer_metrics import SERIES_TTL_S, read_all, read_series, series_key
 
     s = redis_settings
-    client = redis_client(s.redis_url)
+    client = redis_client(s.redis.url.reveal())
     t0 = time.time() - 100
     pts = [(10, 0, [5.0] * 10)] * 5 + [(10, 1, [100.0] * 9 + [400.0])] + [(0, 0, [])]
     publish_series(s, "w-1", pts, t0, series_len=4)
-    key = series_key(s.redis_key_prefix, "w-1")
+    key = series_key(s.redis.key_prefix, "w-1")
     assert client.llen(key) == 4  # capped: the 7 publishes keep 4 points
     assert 0 < client.ttl(key) <= SERIES_TTL_S  # and it expires
-    assert 0 < client.ttl(f"{s.redis_key_prefix}:metrics:consumers") <= SERIES_TTL_S
-    series = read_series(client, s.redis_key_prefix)["w-1"]
+    assert 0 < client.ttl(f"{s.redis.key_prefix}:metrics:consumers") <= SERIES_TTL_S
+    series = read_series(client, s.redis.key_prefix)["w-1"]
     assert [p["t"] for p in series] == pytest.approx([t0 + 2 * i for i in range(3, 7)], abs=0.01)
     assert [p["events"] for p in series] == [40, 50, 60, 60]
     assert series[-3]["e2a_ms_p50"] == 5.0  # percentiles of that interval only
@@ -247,7 +249,7 @@ def test_metrics_series_is_capped_expiring_and_per_interval(redis_settings):
     assert series[-1]["e2a_ms_p50"] is None and series[-1]["n_e2a"] == 0
     assert series[-1]["dead_letters"] == 1 and "lag" not in series[-1]
     # the snapshot `astec stream metrics` prints keeps its fields and cumulative percentiles
-    snap = read_all(client, s.redis_key_prefix)[0]
+    snap = read_all(client, s.redis.key_prefix)[0]
     for k in (
         "events",
         "events_per_s",
@@ -264,7 +266,7 @@ def test_metrics_series_is_capped_expiring_and_per_interval(redis_settings):
     assert snap["events"] == "60" and float(snap["e2a_ms_p50"]) == 5.0
     # a point that is not JSON (written by something else) is skipped, not fatal
     client.lpush(key, b"not json")
-    assert len(read_series(client, s.redis_key_prefix)["w-1"]) == 4
+    assert len(read_series(client, s.redis.key_prefix)["w-1"]) == 4
 
 
 def test_series_frame_rates_and_lag(redis_settings):
@@ -275,10 +277,10 @@ def test_series_frame_rates_and_lag(redis_settings):
     from stream.consumer_metrics import publish
     from stream.state_store import connect
 
-    publish(connect(s.redis_url), s.redis_key_prefix, m)
+    publish(connect(s.redis.url.reveal()), s.redis.key_prefix, m)
     publish_series(s, "w-b", [(10, 0, [30.0] * 10)] * 10, now - 30, step=2.0)
-    client = redis_client(s.redis_url)
-    f = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now)
+    client = redis_client(s.redis.url.reveal())
+    f = health.series_frame(client, s.redis.key_prefix, window_s=600, now=now)
     a = f[f["consumer"] == "w-a"]
     assert a["events_per_s"].iloc[1:10].tolist() == [10.0] * 9  # 20 events per 2 s
     assert a["lag"].dropna().tolist() == [7]
@@ -286,11 +288,11 @@ def test_series_frame_rates_and_lag(redis_settings):
     assert {"w-a", "w-b", "all"} <= set(wide.columns)
     assert wide["all"].dropna().max() == pytest.approx(15.0)
     assert health.fleet(f, "e2a_ms_p99", how="max").max() == pytest.approx(30.0)
-    old = health.series_frame(client, s.redis_key_prefix, window_s=600, now=now + 3000)
+    old = health.series_frame(client, s.redis.key_prefix, window_s=600, now=now + 3000)
     assert old.empty
     # once the workers stopped, the window can end at their last point instead of now
     last = health.series_frame(
-        client, s.redis_key_prefix, window_s=600, now=now + 3000, anchor_last=True
+        client, s.redis.key_prefix, window_s=600, now=now + 3000, anchor_last=True
     )
     assert set(last["consumer"]) == {"w-a", "w-b"} and len(last) == 21
 
@@ -347,7 +349,7 @@ def test_user_visits_show_titles_shown_query_and_clicks(
     assert sorted(imps) == ["carol-e0", "carol-e1", "carol-e2"]
     assert imps["carol-e1"]["clicked"] and not imps["carol-e0"]["clicked"]
     assert [c["query"] for c in clicks] == ["shown-1"]
-    states, _ = users.read_states(redis_client(s.redis_url), s.redis_key_prefix, "carol")
+    states, _ = users.read_states(redis_client(s.redis.url.reveal()), s.redis.key_prefix, "carol")
     rows = users.visit_rows(users.visits(states, pred.label_names, None, logged=imps))
     assert [r["title"] for r in rows[1:]] == titles[:3][::-1]  # newest first
     assert rows[0]["title"].startswith("(not in the click log; title hash ")

@@ -62,8 +62,11 @@ def test_data_survives_down_up_and_kill9(tmp_path):
     assert up.exit_code == 0, up.output
     try:
         s = load_settings(services_dir=str(d), env={})
-        assert s.kafka_security_protocol == "SASL_PLAINTEXT" and s.kafka_sasl_password
-        assert s.kafka_sasl_password not in up.output and s.kafka_sasl_password not in repr(s)
+        assert s.kafka.security_protocol == "SASL_PLAINTEXT" and s.kafka.sasl_password.reveal()
+        assert (
+            s.kafka.sasl_password.reveal() not in up.output
+            and s.kafka.sasl_password.reveal() not in repr(s)
+        )
         topic, group = f"keep-{uuid.uuid4().hex[:6]}", "keep-group"
         ensure_topics(s, [topic])
         _produce(s, topic, [b"a", b"b"])
@@ -111,7 +114,7 @@ def test_data_survives_down_up_and_kill9(tmp_path):
         # `infra status` finds the JVM (its command line has no port) and prints no password
         st = runner.invoke(cli, ["infra", "status", "--data-dir", str(d)])
         assert st.exit_code == 0 and json.loads(st.output)["kafka"]["answers"], st.output
-        assert s.kafka_sasl_password not in st.output
+        assert s.kafka.sasl_password.reveal() not in st.output
     finally:
         stop_services(d)
 
@@ -127,8 +130,8 @@ def test_wrong_password_is_one_clear_error_without_retry_storm(services, tmp_pat
     # `astec stream run` with the wrong password: one line, exit 1, no worker started
     env = {
         **os.environ,
-        "KAFKA_BOOTSTRAP": services.kafka_bootstrap,
-        "REDIS_URL": services.redis_url,
+        "KAFKA_BOOTSTRAP": services.kafka.bootstrap,
+        "REDIS_URL": services.redis.url.reveal(),
         "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
         "KAFKA_SASL_USERNAME": "astec",
         "KAFKA_SASL_PASSWORD": "not-the-password",

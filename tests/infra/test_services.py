@@ -32,8 +32,8 @@ def test_infra_up_status_down(tmp_path):
 
         # Redis: loopback, password required, AOF on; settings find the services via the dir
         settings = load_settings(services_dir=str(data_dir), env={})
-        assert settings.kafka_bootstrap == f"127.0.0.1:{info['kafka']['port']}"
-        client = redis.Redis.from_url(settings.redis_url)
+        assert settings.kafka.bootstrap == f"127.0.0.1:{info['kafka']['port']}"
+        client = redis.Redis.from_url(settings.redis.url.reveal())
         assert client.config_get("appendonly")["appendonly"] == "yes"
         assert client.config_get("bind")["bind"] == "127.0.0.1"
         with pytest.raises(redis.AuthenticationError):
@@ -61,11 +61,11 @@ def test_settings_precedence(tmp_path):
         env={"KAFKA_BOOTSTRAP": "broker-b:9092", "ASTEC_STATE_K": "32"},
         services_dir=str(tmp_path),
     )
-    assert s.kafka_bootstrap == "broker-b:9092"  # env beats file
-    assert s.partitions == 12  # file beats default
-    assert s.state_k == 32
-    assert s.redis_url == "redis://127.0.0.1:6379/0"
-    assert load_settings(cfg, env={}, state_k=4, services_dir=str(tmp_path)).state_k == 4
+    assert s.kafka.bootstrap == "broker-b:9092"  # env beats file
+    assert s.topics.partitions == 12  # file beats default
+    assert s.state.k == 32
+    assert s.redis.url.reveal() == "redis://127.0.0.1:6379/0"
+    assert load_settings(cfg, env={}, state_k=4, services_dir=str(tmp_path)).state.k == 4
 
 
 def test_settings_errors_name_source_and_field(tmp_path):
@@ -82,7 +82,7 @@ def test_settings_errors_name_source_and_field(tmp_path):
     assert (
         load_settings(
             env={"ASTEC_PRODUCER_CLIENT": "kafka-python"}, services_dir=str(tmp_path)
-        ).producer_client
+        ).producer.client
         == "kafka-python"
     )
     with pytest.raises(ConfigError, match=r"ASTEC_CONSUMER_CLIENT.*'consumer_client'.*'rdkafka'"):
@@ -95,9 +95,9 @@ def test_consumer_retry_backoff_reaches_every_consumer(tmp_path):
     from stream.topics import make_consumer
 
     s = load_settings(env={"ASTEC_CONSUMER_RETRY_BACKOFF_MS": "7"}, services_dir=str(tmp_path))
-    assert s.consumer_retry_backoff_ms == 7
+    assert s.consumer.retry_backoff_ms == 7
     assert (
-        Settings().consumer_retry_backoff_ms < 100
+        Settings().consumer.retry_backoff_ms < 100
     )  # kafka-python's default stalled paced streams
     c = make_consumer(s.replace(kafka_bootstrap="127.0.0.1:1"), [], None, api_version=(2, 5))
     try:
@@ -113,5 +113,5 @@ def test_deploy_example_config_loads(tmp_path):
     s = load_settings(
         path, env={"REDIS_URL": "redis://:pw@redis.internal:6379/0"}, services_dir=str(tmp_path)
     )
-    assert s.kafka_bootstrap.count(",") == 2 and s.replication_factor == 3
-    assert s.redis_url == "redis://:pw@redis.internal:6379/0"
+    assert s.kafka.bootstrap.count(",") == 2 and s.topics.replication_factor == 3
+    assert s.redis.url.reveal() == "redis://:pw@redis.internal:6379/0"

@@ -253,7 +253,7 @@ def test_worker_runs_its_stages_on_injected_clients_and_commits_settled_offsets(
     from stream.settings import Settings
     from stream.worker import Clients, StreamWorker
 
-    s = Settings(top_k=K, commit_interval_ms=0)
+    s = Settings().replace(top_k=K, commit_interval_ms=0)
     model, policy = Model(), Top1Policy()
 
     def append(user_ids, states, with_history):
@@ -271,7 +271,7 @@ def test_worker_runs_its_stages_on_injected_clients_and_commits_settled_offsets(
     assert {tp.partition: o for tp, o in b.offsets.items()} == {0: 6}
     assert {tp.partition: o for tp, o in b.first.items()} == {0: 0}
     topics = [t for t, _ in producer.sent]
-    assert topics.count(s.topic_ad_queries) == 5 and topics.count(s.topic_dead_letters) == 1
+    assert topics.count(s.topics.ad_queries) == 5 and topics.count(s.topics.dead_letters) == 1
     w.inflight.append(b)
     assert w.settle() == 1 and consumer.commits == [{0: 6}]
     assert w.metrics.events == 5 and w.metrics.dead_letters == 1

@@ -96,10 +96,10 @@ def produce(settings, n, users, rate, tag):
             "policy": "top1",
             "model_version": "v1",
         }
-        sent.append(p.send(settings.topic_ad_queries, encode("ad_query", q), uid.encode()))
+        sent.append(p.send(settings.topics.ad_queries, encode("ad_query", q), uid.encode()))
         c = {"event_id": eid, "user_id": uid, "query": q["query"], "ts": time.time()}
         c["clicked"] = i % 3 == 0
-        sent.append(p.send(settings.topic_ad_clicks, encode("ad_click", c), uid.encode()))
+        sent.append(p.send(settings.topics.ad_clicks, encode("ad_click", c), uid.encode()))
         if c["clicked"]:
             clicked.add(eid)
         if i % 10 == 0:
@@ -107,7 +107,7 @@ def produce(settings, n, users, rate, tag):
         if len(replay) > 3:  # answered again a few events later
             r = replay.pop(0)
             r = {**r, "ts": time.time()}
-            sent.append(p.send(settings.topic_ad_queries, encode("ad_query", r), uid.encode()))
+            sent.append(p.send(settings.topics.ad_queries, encode("ad_query", r), uid.encode()))
         ahead = (i + 1) / rate - (time.monotonic() - t0)
         if ahead > 0:
             time.sleep(ahead)

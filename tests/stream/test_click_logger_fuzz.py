@@ -163,7 +163,7 @@ def test_fuzzed_ad_queries_and_clicks_are_each_logged_once_or_dead_lettered(
     from stream.rdkafka_producer import RdProducer
 
     p = RdProducer(s, "fuzz-clicks", 2)
-    topic = {"ad_impressions": s.topic_ad_queries, "ad_clicks": s.topic_ad_clicks}
+    topic = {"ad_impressions": s.topics.ad_queries, "ad_clicks": s.topics.ad_clicks}
     for i, (kind, raw) in enumerate(msgs):
         p.send(topic[kind], raw, rng.choice([b"k", None, str(i).encode()]))
     p.flush(60)
@@ -209,7 +209,7 @@ def test_fuzzed_ad_queries_and_clicks_are_each_logged_once_or_dead_lettered(
     n_valid = sum(1 for k, raw in msgs if _expected(k, raw) is not None)
     assert counts["duplicates"] == n_valid - len(want["ad_impressions"]) - len(want["ad_clicks"])
 
-    dead = _read_all(s, s.topic_dead_letters, n_dead)
+    dead = _read_all(s, s.topics.dead_letters, n_dead)
     assert len(dead) == n_dead
     reasons = [decode("dead_letter", r, 1 << 22)["reason"] for r in dead]
     for expect in ("lone surrogate", "seconds since the epoch", "'url' is empty", "longer than"):
@@ -227,12 +227,12 @@ def test_fuzzed_ad_queries_and_clicks_are_each_logged_once_or_dead_lettered(
 
     # the dedupe keys: one list per user and kind, each capped at N, each expiring, and none
     # readable as another user's key
-    r = connect(s.redis_url)
+    r = connect(s.redis.url.reveal())
     users = {u for k in want for u, _ in want[k]}
     pattern = re.compile(
-        re.escape(s.redis_key_prefix) + r":\{user:([^{}:]*)\}:clicklog:(ad_impressions|ad_clicks)$"
+        re.escape(s.redis.key_prefix) + r":\{user:([^{}:]*)\}:clicklog:(ad_impressions|ad_clicks)$"
     )
-    keys = [k.decode() for k in r.scan_iter(f"{s.redis_key_prefix}:*", count=1000)]
+    keys = [k.decode() for k in r.scan_iter(f"{s.redis.key_prefix}:*", count=1000)]
     assert keys
     encoded = {key_part(u) for u in users}
     for k in keys:
@@ -250,7 +250,7 @@ def test_click_logger_keeps_the_dedup_n_of_its_settings(stream_settings, tmp_pat
 
     p = RdProducer(s, "dedup-n", 2)
     for i in range(10):
-        p.send(s.topic_ad_queries, encode("ad_query", {**_query(rng, i, "dn"), "user_id": "d"}))
+        p.send(s.topics.ad_queries, encode("ad_query", {**_query(rng, i, "dn"), "user_id": "d"}))
     p.flush(30)
     p.close()
     counts: dict = {}
@@ -270,8 +270,8 @@ def test_click_logger_keeps_the_dedup_n_of_its_settings(stream_settings, tmp_pat
         stop.set()
         t.join(30)
     assert counts["ad_impressions"] == 10
-    key = f"{s.redis_key_prefix}:{{user:d}}:clicklog:ad_impressions"
-    assert connect(s.redis_url).llen(key) == 4
+    key = f"{s.redis.key_prefix}:{{user:d}}:clicklog:ad_impressions"
+    assert connect(s.redis.url.reveal()).llen(key) == 4
 
 
 def _read_all(s, topic, n, timeout=60.0):

@@ -85,11 +85,11 @@ def busiest_partition(settings) -> int:
     """The page-views partition holding the most messages now."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({**settings.librdkafka_options(), "group.id": "probe"})
+    c = Consumer({**settings.kafka.librdkafka_options(), "group.id": "probe"})
     try:
         ends = [
-            c.get_watermark_offsets(TopicPartition(settings.topic_page_views, p), timeout=10)[1]
-            for p in range(settings.partitions)
+            c.get_watermark_offsets(TopicPartition(settings.topics.page_views, p), timeout=10)[1]
+            for p in range(settings.topics.partitions)
         ]
     finally:
         c.close()
@@ -119,7 +119,7 @@ def test_kill9_of_the_busiest_partitions_leader_loses_no_acknowledged_view(
     cluster, stream_corpus, astec_predictor, delivery
 ):
     s = cluster_settings(cluster, state_k=64, batch_max=64, delivery=delivery)
-    tag = s.consumer_group[-8:]
+    tag = s.consumer.group[-8:]
     users, n, rate = 50, 3000, 150
     sup = start_stream(s, astec_predictor)
     result: dict = {}
@@ -136,7 +136,7 @@ def test_kill9_of_the_busiest_partitions_leader_loses_no_acknowledged_view(
         wait_for(
             lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 600, 90, "events flowing"
         )
-        victim = leader_of(s, s.topic_page_views, busiest_partition(s))
+        victim = leader_of(s, s.topics.page_views, busiest_partition(s))
         answered_before = sum(int(m["events"]) for m in live_consumers(s))
         t_kill = time.time()
         kill_node(cluster, victim)  # SIGKILL
@@ -170,7 +170,7 @@ def test_kill9_of_the_busiest_partitions_leader_loses_no_acknowledged_view(
     else:
         # per worker: its batches in flight (max_in_flight + 1 of batch_max) and one commit
         # interval of the traffic, if a produce timed out and the worker replayed
-        bound = 2 * (5 * s.batch_max + rate * s.commit_interval_ms / 1000)
+        bound = 2 * (5 * s.consumer.batch_max + rate * s.consumer.commit_interval_ms / 1000)
         assert dup <= bound, f"{dup} duplicates > {bound}"
     assert_state_exact(s, users, ids)
     assert rc == 0, tail(sup)
@@ -191,7 +191,7 @@ def test_scale_2_to_4_to_2_workers_mid_stream_at_least_once(
     prod = threading.Thread(
         target=lambda: result.update(
             ids=produce_paced(
-                s, stream_corpus[0], n, users, rate, s.consumer_group[-8:], stop=enough
+                s, stream_corpus[0], n, users, rate, s.consumer.group[-8:], stop=enough
             )
         )
     )
@@ -229,7 +229,7 @@ def test_scale_2_to_4_to_2_workers_mid_stream_at_least_once(
     assert not missing, f"{len(missing)} page views lost"
     dup = sum(seen.values()) - len(seen)
     print(f"\nscale 2 -> 4 -> 2 (at-least-once): {len(ids)} views, 0 lost, {dup} duplicates")
-    assert dup <= 5 * s.batch_max, f"{dup} duplicates > one worker's batches in flight"
+    assert dup <= 5 * s.consumer.batch_max, f"{dup} duplicates > one worker's batches in flight"
     assert_state_exact(s, users, ids)
     assert rc == 0, tail(first)
 
@@ -247,7 +247,7 @@ def test_sigstop_of_the_busiest_partitions_leader_for_30s_at_least_once(
     result: dict = {}
     prod = threading.Thread(
         target=lambda: result.update(
-            ids=produce_paced(s, stream_corpus[0], n, users, rate, s.consumer_group[-8:])
+            ids=produce_paced(s, stream_corpus[0], n, users, rate, s.consumer.group[-8:])
         )
     )
     pid, stopped = 0, False
@@ -258,7 +258,7 @@ def test_sigstop_of_the_busiest_partitions_leader_for_30s_at_least_once(
         wait_for(
             lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 500, 90, "events flowing"
         )
-        victim = leader_of(s, s.topic_page_views, busiest_partition(s))
+        victim = leader_of(s, s.topics.page_views, busiest_partition(s))
         pid = node_procs(read_info(cluster))[victim].pid
         answered_before = sum(int(m["events"]) for m in live_consumers(s))
         t_stop = time.time()
@@ -289,7 +289,7 @@ def test_sigstop_of_the_busiest_partitions_leader_for_30s_at_least_once(
     )
     # per worker: its batches in flight (max_in_flight + 1 of batch_max) and one commit
     # interval of the traffic, replayed if it was evicted or a produce timed out
-    bound = 2 * (5 * s.batch_max + rate * s.commit_interval_ms / 1000)
+    bound = 2 * (5 * s.consumer.batch_max + rate * s.consumer.commit_interval_ms / 1000)
     assert dup <= bound, f"{dup} duplicates > {bound}"
     assert gap < frozen_s, "the stream waited for the frozen node instead of its successor"
     assert_state_exact(s, users, ids)
@@ -325,7 +325,7 @@ def test_rolling_restart_of_3_workers_under_load_at_least_once(
     prod = threading.Thread(
         target=lambda: result.update(
             ids=produce_paced(
-                s, stream_corpus[0], n, users, rate, s.consumer_group[-8:], stop=enough
+                s, stream_corpus[0], n, users, rate, s.consumer.group[-8:], stop=enough
             )
         )
     )
@@ -385,10 +385,10 @@ def test_rolling_restart_of_3_workers_under_load_at_least_once(
         + ", ".join(f"p{p} {g:.2f} s" for p, g in sorted(gaps.items()))
     )
     assert not moved, f"partitions moved on a restart: {moved}"
-    assert max(gaps.values()) < s.session_timeout_ms / 1000, gaps
+    assert max(gaps.values()) < s.consumer.session_timeout_ms / 1000, gaps
     # per killed worker: its batches in flight (max_in_flight + 1 of batch_max) and one commit
     # interval of the traffic, settled but not committed
-    bound = 3 * (5 * s.batch_max + rate * s.commit_interval_ms / 1000)
+    bound = 3 * (5 * s.consumer.batch_max + rate * s.consumer.commit_interval_ms / 1000)
     assert dup <= bound, f"{dup} duplicates > {bound}"
     assert_state_exact(s, users, ids)
     assert rc == 0, tail(sup)

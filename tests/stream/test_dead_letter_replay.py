@@ -27,9 +27,9 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
 def _dead(settings, raw: bytes, reason: str, offset: int):
     p = make_producer(settings)
     p.send(
-        settings.topic_dead_letters,
+        settings.topics.dead_letters,
         key=b"u",
-        value=dead_letter(raw, reason, settings.topic_page_views, 0, offset, "w-old"),
+        value=dead_letter(raw, reason, settings.topics.page_views, 0, offset, "w-old"),
     ).get(timeout=30)
     p.close()
 
@@ -59,17 +59,17 @@ def test_replay_sends_matching_dead_letters_once_and_counts_no_visit_twice(
     assert res.exit_code == 0, res.output
     dry = json.loads(res.output.strip().splitlines()[-1])
     assert (dry["read"], dry["matched"], dry["repeated_in_run"], dry["sent"]) == (4, 2, 1, 0)
-    assert read_all_messages(s, s.topic_page_views, "page_view", timeout=2) == []
+    assert read_all_messages(s, s.topics.page_views, "page_view", timeout=2) == []
 
     from stream.dead_letter_replay import replay_dead_letters
 
     first = replay_dead_letters(s, "Redis")
     again = replay_dead_letters(s, "Redis")
-    assert first["sent"] == again["sent"] == 2 and first["by_topic"] == {s.topic_page_views: 2}
+    assert first["sent"] == again["sent"] == 2 and first["by_topic"] == {s.topics.page_views: 2}
     sent = Counter(
         m["event_id"]
         for m in read_all_messages(
-            s, s.topic_page_views, "page_view", until=lambda m: len(m) >= 4, timeout=30
+            s, s.topics.page_views, "page_view", until=lambda m: len(m) >= 4, timeout=30
         )
     )
     assert sent == {"rp-0": 2, "rp-1": 2}  # the predict failure is not replayed
@@ -83,7 +83,7 @@ def test_replay_sends_matching_dead_letters_once_and_counts_no_visit_twice(
     finally:
         w.stop()
         t.join(30)
-    store = StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
+    store = StateStore(connect(s.redis.url.reveal()), s.redis.key_prefix, s.state.k)
     stored = Counter(v.event_id for h in store.histories(["u0", "u1"]) for v in h)
     assert stored == {"rp-0": 1, "rp-1": 1}, "a replayed visit was stored twice"
     assert w.metrics.duplicates == 2

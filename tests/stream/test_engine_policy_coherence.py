@@ -88,13 +88,13 @@ def views(titles, n, users, tag, t0):
 def produce(settings, msgs):
     p = make_producer(settings)
     for m in msgs:
-        p.send(settings.topic_page_views, key=m["user_id"].encode(), value=encode("page_view", m))
+        p.send(settings.topics.page_views, key=m["user_id"].encode(), value=encode("page_view", m))
     p.flush()
     p.close()
 
 
 def read_ads(settings, event_ids: set[str], timeout=90.0) -> dict[str, dict]:
-    c = make_consumer(settings, [settings.topic_ad_queries], None)
+    c = make_consumer(settings, [settings.topics.ad_queries], None)
     out: dict[str, dict] = {}
     deadline = time.monotonic() + timeout
     while not event_ids <= out.keys() and time.monotonic() < deadline:
@@ -126,7 +126,7 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
     t = threading.Thread(target=worker.run, daemon=True)
     t.start()
     tag, titles, t0 = uuid.uuid4().hex, stream_corpus[0], time.time()
-    metric = f"{s.redis_key_prefix}:metrics:consumer:w-coherence"
+    metric = f"{s.redis.key_prefix}:metrics:consumer:w-coherence"
     try:
         before = views(titles, 60, 10, tag + "a", t0)
         produce(s, before)
@@ -136,7 +136,7 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
         during = views(titles[3:], 60, 10, tag + "b", t0 + 1000)
         produce(s, during)
         ads_b = read_ads(s, {m["event_id"] for m in during})
-        time.sleep(s.metrics_interval_s + 1.0)
+        time.sleep(s.ops.metrics_interval_s + 1.0)
         refused_metric = int(worker.redis.hget(metric, "refused_versions") or 0)
         refused = dict(policy.refused)
         pol_b, _ = publish(
@@ -151,13 +151,15 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
         worker.stop()
         t.join(30)
     assert len(ads_a) == len(before) and len(ads_b) == len(during) and len(ads_c) == len(after)
-    assert any(len(a["candidates"]) > s.top_k for a in ads_a.values())  # the GRU's window
+    assert any(
+        len(a["candidates"]) > s.prediction.top_k for a in ads_a.values()
+    )  # the GRU's window
     # engine B under policy A: every page gets its own top query under engine B, nothing else
-    top_b = pred_b.predict([m["title"] for m in during], s.top_k)[0]
+    top_b = pred_b.predict([m["title"] for m in during], s.prediction.top_k)[0]
     for m, ids in zip(during, top_b, strict=True):
         a = ads_b[m["event_id"]]
         assert a["model_version"] == engine_b and a["query"] == pred_b.label_names[ids[0]]
-        assert a["propensity"] == 1.0 and len(a["candidates"]) <= s.top_k
+        assert a["propensity"] == 1.0 and len(a["candidates"]) <= s.prediction.top_k
         assert a["source_visits_ago"] == 0 and a["source_event_id"] == m["event_id"]
         assert a["margin"] == 0.0  # the page's own top query
     assert list(refused) == [pol_a] and "label space" in refused[pol_a] and refused_metric == 1
@@ -170,7 +172,9 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
     seen: dict[str, set[str]] = {}
     user_of = {m["event_id"]: m["user_id"] for m in during + after}
     titles_b = [m["title"] for m in during + after]
-    wide = pred_b.predict(titles_b, 2 * s.top_k)[0]  # twice top_k: no near-tie at the edge
+    wide = pred_b.predict(titles_b, 2 * s.prediction.top_k)[
+        0
+    ]  # twice top_k: no near-tie at the edge
     for i, (m, ids) in enumerate(zip(during + after, wide, strict=True)):
         seen.setdefault(m["user_id"], set()).update(pred_b.label_names[j] for j in ids)
         if i >= len(during):
@@ -180,4 +184,6 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
             # where the query came from: one of the user's visits under engine B, and the
             # greedy policy's probability of it is at least that of the page's top query
             assert user_of[a["source_event_id"]] == m["user_id"] and a["margin"] >= 0.0
-    assert any(len(a["candidates"]) > s.top_k for a in ads_c.values())  # the window again
+    assert any(
+        len(a["candidates"]) > s.prediction.top_k for a in ads_c.values()
+    )  # the window again

@@ -59,13 +59,13 @@ def _views(titles, n, users, tag):
 def _produce(settings, msgs):
     p = make_producer(settings)
     for m in msgs:
-        p.send(settings.topic_page_views, key=m["user_id"].encode(), value=encode("page_view", m))
+        p.send(settings.topics.page_views, key=m["user_id"].encode(), value=encode("page_view", m))
     p.flush()
     p.close()
 
 
 def _read(settings, n, timeout=90.0):
-    c = make_consumer(settings, [settings.topic_ad_queries], None)
+    c = make_consumer(settings, [settings.topics.ad_queries], None)
     out, deadline = [], time.monotonic() + timeout
     while len(out) < n and time.monotonic() < deadline:
         for recs in c.poll(timeout_ms=200).values():

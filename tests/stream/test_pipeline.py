@@ -46,12 +46,12 @@ def produce(settings, msgs, raw: list[bytes] = ()):
     for m in msgs:
         fresh = {**m, "ts": time.time()}
         p.send(
-            settings.topic_page_views,
+            settings.topics.page_views,
             key=fresh["user_id"].encode(),
             value=encode("page_view", fresh),
         )
     for r in raw:
-        p.send(settings.topic_page_views, key=b"bad", value=r)
+        p.send(settings.topics.page_views, key=b"bad", value=r)
     p.flush()
     p.close()
 
@@ -95,7 +95,7 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
     port = free_port()
     w, t = start_worker(s, astec_predictor, "w-test-0", metrics_port=port)
     try:
-        got = read_topic(s, s.topic_ad_queries, len(msgs))
+        got = read_topic(s, s.topics.ad_queries, len(msgs))
         time.sleep(0.2)
         prom = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
@@ -114,10 +114,10 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
         assert {r.key for r in got} <= {f"u{i}".encode() for i in range(25)}
 
     # user state: last K visits per user, newest last, each with its features and top-k
-    store = StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
+    store = StateStore(connect(s.redis.url.reveal()), s.redis.key_prefix, s.state.k)
     hist = store.history("u3")
     mine = [m for m in msgs if m["user_id"] == "u3"]
-    assert [h.event_id for h in hist] == [m["event_id"] for m in mine][-s.state_k :]
+    assert [h.event_id for h in hist] == [m["event_id"] for m in mine][-s.state.k :]
     assert hist[-1].z.shape == (pred.dim,) and hist[-1].query_ids.shape == (10,)
     z_now = pred.features([mine[-1]["title"]])[0]
     assert np.allclose(
@@ -126,7 +126,7 @@ def test_every_event_yields_one_ad_query_and_state(stream_settings, astec_predic
     assert store.client.ttl(store.states_key("u3")) > 0
 
     # metrics for the dashboard
-    snap = [m for m in read_all(store.client, s.redis_key_prefix) if m["consumer"] == "w-test-0"]
+    snap = [m for m in read_all(store.client, s.redis.key_prefix) if m["consumer"] == "w-test-0"]
     assert snap and int(snap[0]["events"]) == len(msgs)
     assert snap[0]["model_version"] == pred.version and float(snap[0]["e2a_ms_p99"]) > 0
     # the same figures on the Prometheus endpoint
@@ -147,14 +147,14 @@ def test_two_workers_split_partitions(stream_settings, astec_predictor, stream_c
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # wait until the group settled on both members
             a = [w.consumer.assignment() for w, _ in workers]
-            if all(a) and len(a[0] | a[1]) == s.partitions and not (a[0] & a[1]):
+            if all(a) and len(a[0] | a[1]) == s.topics.partitions and not (a[0] & a[1]):
                 break
             time.sleep(0.2)
         a0, a1 = (w.consumer.assignment() for w, _ in workers)
-        assert a0 and a1 and not (a0 & a1) and len(a0 | a1) == s.partitions
+        assert a0 and a1 and not (a0 & a1) and len(a0 | a1) == s.topics.partitions
         msgs = page_views(stream_corpus[0], 200, users=40)
         produce(s, msgs)
-        got = read_topic(s, s.topic_ad_queries, len(msgs))
+        got = read_topic(s, s.topics.ad_queries, len(msgs))
     finally:
         for w, _ in workers:
             w.stop()
@@ -176,15 +176,15 @@ def test_bad_messages_go_to_dead_letters_and_stream_goes_on(
         b"{not json",
         b"\xff\xfe\x00garbage",
         json.dumps({"v": 1, "event_id": "x"}).encode(),
-        encode("page_view", {**good[0], "title": "x" * (s.max_message_bytes + 10)}),
+        encode("page_view", {**good[0], "title": "x" * (s.topics.max_message_bytes + 10)}),
         json.dumps({**good[0], "v": 99}).encode(),
     ]
     produce(s, good[:25], raw=bad)
     produce(s, good[25:])
     w, t = start_worker(s, astec_predictor, "w-dlq")
     try:
-        got = read_topic(s, s.topic_ad_queries, len(good))
-        dls = read_topic(s, s.topic_dead_letters, len(bad))
+        got = read_topic(s, s.topics.ad_queries, len(good))
+        dls = read_topic(s, s.topics.dead_letters, len(bad))
     finally:
         w.stop()
         t.join(30)
@@ -196,7 +196,7 @@ def test_bad_messages_go_to_dead_letters_and_stream_goes_on(
     reasons = " | ".join(d["reason"] for d in letters)
     for expected in ("not JSON", "not UTF-8", "missing field 'user_id'", "oversized", "version 99"):
         assert expected in reasons
-    assert all(d["source_topic"] == s.topic_page_views for d in letters)
+    assert all(d["source_topic"] == s.topics.page_views for d in letters)
     assert w.metrics.dead_letters == len(bad)
 
 
@@ -227,16 +227,16 @@ def test_hot_reload_switches_between_batches_and_refuses_broken(
     w, t = start_worker(s, reg.root, "w-reload")
     try:
         produce(s, page_views(stream_corpus[0], 20, tag="a"))
-        first = read_topic(s, s.topic_ad_queries, 20)
+        first = read_topic(s, s.topics.ad_queries, 20)
         v2 = add_version()
         # loaded and warmed on the watcher's thread, swapped in before the next batch
         wait_until(lambda: w.model.watcher._latest == v2, "v2 loaded in the background")
         produce(s, page_views(stream_corpus[0], 20, tag="b"))
-        second = read_topic(s, s.topic_ad_queries, 40)
+        second = read_topic(s, s.topics.ad_queries, 40)
         v3 = add_version(broken=True)
         wait_until(lambda: v3 in w.model.refused, "v3 refused in the background")
         produce(s, page_views(stream_corpus[0], 20, tag="c"))
-        third = read_topic(s, s.topic_ad_queries, 60)
+        third = read_topic(s, s.topics.ad_queries, 60)
     finally:
         w.stop()
         t.join(30)
@@ -273,9 +273,9 @@ def offset_run(stream_settings, astec_predictor, titles, cid, delivery, interval
     msgs = page_views(titles, 120)
     produce(s, msgs)
     w, t = start_worker(s, astec_predictor, cid)
-    tps = [TopicPartition(s.topic_page_views, p) for p in range(s.partitions)]
+    tps = [TopicPartition(s.topics.page_views, p) for p in range(s.topics.partitions)]
     probe = KafkaConsumer(
-        **s.kafka_python_options(), group_id=s.consumer_group, enable_auto_commit=False
+        **s.kafka.kafka_python_options(), group_id=s.consumer.group, enable_auto_commit=False
     )
     run = OffsetRun(s, msgs, w, lambda: sum(probe.committed(tp) or 0 for tp in tps))
     try:
@@ -295,7 +295,7 @@ def test_offsets_committed_at_interval_and_on_graceful_stop(
     with offset_run(
         stream_settings, astec_predictor, stream_corpus[0], "w-commit", "at-least-once"
     ) as run:
-        read_topic(run.settings, run.settings.topic_ad_queries, len(run.msgs))
+        read_topic(run.settings, run.settings.topics.ad_queries, len(run.msgs))
         time.sleep(0.5)
         # all 120 events answered in batches of <= 16, yet nothing committed yet (interval 60 s)
         assert run.committed() == 0
@@ -317,10 +317,10 @@ def test_exactly_once_transaction_spans_the_commit_interval(
             lambda: w.txn is not None and sum(b.events for b in w.txn.batches) == len(run.msgs),
             "all page views processed inside the open transaction",
         )
-        assert len(w.txn.batches) >= len(run.msgs) // s.batch_max  # many batches, one txn
+        assert len(w.txn.batches) >= len(run.msgs) // s.consumer.batch_max  # many batches, one txn
         assert run.committed() == 0
-        assert read_topic(s, s.topic_ad_queries, 1, timeout=1) == []
-        got = read_topic(s, s.topic_ad_queries, len(run.msgs), timeout=30)
+        assert read_topic(s, s.topics.ad_queries, 1, timeout=1) == []
+        got = read_topic(s, s.topics.ad_queries, len(run.msgs), timeout=30)
         committed = run.committed()
         assert w.transactions == 1 and not run.worker.pending_offsets
     assert len(got) == len(run.msgs) and committed == len(run.msgs)

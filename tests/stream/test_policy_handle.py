@@ -74,7 +74,7 @@ def test_window_checks_name_both_settings_and_the_fix():
     from stream.policy_handle import PolicyMismatch, check_window
     from stream.settings import Settings
 
-    s = Settings(state_k=16, top_k=10)
+    s = Settings().replace(state_k=16, top_k=10)
     check_window(s, 16, 10, "gru/v1")  # fits: K = state_k, topk = top_k
     check_window(s, 8, None, "gru/v1")  # a version that did not record its topk
     with pytest.raises(PolicyMismatch) as e:
@@ -96,9 +96,9 @@ def test_gru_that_does_not_fit_the_stream_fails_at_start_and_is_refused_on_reloa
     root = tmp_path / "gru"
     v1 = tiny_gru(root, K=8, topk=10)
     with pytest.raises(PolicyMismatch, match="state_k=4"):
-        make_policy("gru", root, settings=Settings(state_k=4))
+        make_policy("gru", root, settings=Settings().replace(state_k=4))
     with pytest.raises(PolicyMismatch, match="top_k=3"):
-        make_policy("gru", root, settings=Settings(top_k=3))
+        make_policy("gru", root, settings=Settings().replace(top_k=3))
     pol = make_policy("gru", root, settings=Settings(), check_every_s=0.0)
     assert pol.version == v1 and pol.gru.K == 8 and pol.gru.topk == 10
     v2 = tiny_gru(root, K=32)  # more states than the stream keeps: refused, v1 kept

@@ -196,7 +196,7 @@ def test_undecodable_stored_state_is_one_dead_letter_and_the_worker_goes_on(
     user's event is dead-lettered with the reason, the user's window starts afresh, every other
     event is answered, and the worker runs on."""
     s = stream_settings
-    store = StateStore.from_settings(connect(s.redis_url), s)
+    store = StateStore.from_settings(connect(s.redis.url.reveal()), s)
     store.client.lpush(store.states_key("u0"), b"\xffnot-a-state")
     w, t = worker_thread(
         s,
@@ -208,7 +208,7 @@ def test_undecodable_stored_state_is_one_dead_letter_and_the_worker_goes_on(
         titles = stream_corpus[0]
         ids = produce_paced(s, titles, 40, 4, rate=400, tag="h1")
         dead = read_all_messages(
-            s, s.topic_dead_letters, "dead_letter", until=lambda m: len(m) >= 1, timeout=30
+            s, s.topics.dead_letters, "dead_letter", until=lambda m: len(m) >= 1, timeout=30
         )
         ads = answered(s, [i for i in ids if not i.endswith("-0")], timeout=60)
         assert t.is_alive()
@@ -246,7 +246,9 @@ def test_redis_down_20s_worker_keeps_its_partitions_and_loses_nothing(
     result: dict = {}
     assignments: list[int] = []
     try:
-        wait_for(lambda: len(w.consumer.assignment()) == s.partitions, 60, "partitions assigned")
+        wait_for(
+            lambda: len(w.consumer.assignment()) == s.topics.partitions, 60, "partitions assigned"
+        )
         assert urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status == 200
         prod = threading.Thread(
             target=lambda: result.update(
@@ -278,7 +280,9 @@ def test_redis_down_20s_worker_keeps_its_partitions_and_loses_nothing(
         w.stop()
         t.join(30)
         _terminate(node.pid)
-    assert min(assignments) == s.partitions, "the worker lost its partitions during the outage"
+    assert min(assignments) == s.topics.partitions, (
+        "the worker lost its partitions during the outage"
+    )
     assert members == 1, "the worker left the group during the outage"
     assert 503 in ready_codes and body["redis"] is False and body["assigned"] is True
     assert ready_after == 200 and alive == 200
@@ -308,7 +312,7 @@ def test_primary_kill9_mid_stream_loses_no_committed_visit(
     users, n = 40, 1600
     sup = start_stream(s, astec_predictor, workers=2)
     result: dict = {}
-    store = StateStore.from_settings(connect(s.redis_url), s)
+    store = StateStore.from_settings(connect(s.redis.url.reveal()), s)
     try:
         wait_for(lambda: len(_live_ids(store, s)) >= 2, 90, "both workers publishing")
         prod = threading.Thread(
@@ -324,7 +328,7 @@ def test_primary_kill9_mid_stream_loses_no_committed_visit(
         want = set(result["ids"])
         msgs = read_all_messages(
             s,
-            s.topic_ad_queries,
+            s.topics.ad_queries,
             "ad_query",
             until=lambda ms: want <= {m["event_id"] for m in ms},
             timeout=120,
@@ -332,7 +336,7 @@ def test_primary_kill9_mid_stream_loses_no_committed_visit(
         ads = Counter(m["event_id"] for m in msgs)
         failover_s = time.monotonic() - t_kill
         gap = float(np.diff(np.sort([m["ts"] for m in msgs])).max())
-        dead = read_all_messages(s, s.topic_dead_letters, "dead_letter", timeout=3)
+        dead = read_all_messages(s, s.topics.dead_letters, "dead_letter", timeout=3)
         hists = store.histories([f"u{u}" for u in range(users)])
         waits = sum(_waits(topo, f"127.0.0.1:{node.port}") for node in topo.nodes[1:])
     finally:
@@ -360,13 +364,13 @@ def _group_members(s) -> int:
     from confluent_kafka import ConsumerGroupState
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(s.librdkafka_options())
-    group = admin.describe_consumer_groups([s.consumer_group])[s.consumer_group].result(10)
+    admin = AdminClient(s.kafka.librdkafka_options())
+    group = admin.describe_consumer_groups([s.consumer.group])[s.consumer.group].result(10)
     return len(group.members) if group.state == ConsumerGroupState.STABLE else 0
 
 
 def _live_ids(store: StateStore, s) -> list:
-    return list(store.client.smembers(f"{s.redis_key_prefix}:metrics:consumers"))
+    return list(store.client.smembers(f"{s.redis.key_prefix}:metrics:consumers"))
 
 
 def _stored(store: StateStore, users: int) -> int:

@@ -53,7 +53,9 @@ def test_user_state_binary_round_trip_is_compact():
 @pytest.mark.services
 def test_store_appends_once_per_event_keeps_last_k(stream_settings):
     s = stream_settings
-    store = StateStore(connect(s.redis_url), s.redis_key_prefix, k=5, ttl_s=60, dedup_ttl_s=60)
+    store = StateStore(
+        connect(s.redis.url.reveal()), s.redis.key_prefix, k=5, ttl_s=60, dedup_ttl_s=60
+    )
     states = [state(i) for i in range(8)]
     fresh, _ = store.append_batch(["alice"] * 8, states)
     assert fresh == [True] * 8
@@ -117,7 +119,9 @@ def test_hostile_ids_cannot_forge_another_users_keys(stream_settings):
     """An id holding `}` or `:` used to close the hash tag: user "v}:seen:e1" owned the key of
     user "v"'s dedupe entry for e1, and a WRONGTYPE error stopped the worker's partition."""
     s = stream_settings
-    store = StateStore(connect(s.redis_url), s.redis_key_prefix, k=5, ttl_s=60, dedup_ttl_s=60)
+    store = StateStore(
+        connect(s.redis.url.reveal()), s.redis.key_prefix, k=5, ttl_s=60, dedup_ttl_s=60
+    )
     forged = ["v}:seen:e1", "v}:states", "{user:v}", "v:", "%76"]  # %76 is "v" percent-encoded
     keys = {store.states_key(u) for u in ["v", *forged]} | {
         store.eids_key(u) for u in ["v", *forged]
@@ -147,7 +151,9 @@ def test_dedupe_list_is_capped_at_n_and_replays_inside_it_append_nothing(stream_
     """Memory per user does not grow with the user's events: N hashes, K states, both with a
     TTL. A replay of the user's last N events is refused; older ids are forgotten by design."""
     s = stream_settings
-    store = StateStore(connect(s.redis_url), s.redis_key_prefix, k=4, ttl_s=60, dedup_ttl_s=30)
+    store = StateStore(
+        connect(s.redis.url.reveal()), s.redis.key_prefix, k=4, ttl_s=60, dedup_ttl_s=30
+    )
     store.dedup_n = 10
     states = [state(i) for i in range(25)]
     fresh, _ = store.append_batch(["carol"] * 25, states)
@@ -164,7 +170,7 @@ def test_dedupe_list_is_capped_at_n_and_replays_inside_it_append_nothing(stream_
     # the same event id for another user is that user's event
     assert store.append_batch(["dave"], [state(24)])[0] == [True]
     # no per-event key is left behind
-    assert sorted(r.scan_iter(f"{s.redis_key_prefix}:*")) == sorted(
+    assert sorted(r.scan_iter(f"{s.redis.key_prefix}:*")) == sorted(
         k.encode()
         for k in [store.states_key(u) for u in ("carol", "dave")]
         + [store.eids_key(u) for u in ("carol", "dave")]
@@ -174,8 +180,8 @@ def test_dedupe_list_is_capped_at_n_and_replays_inside_it_append_nothing(stream_
 @pytest.mark.services
 def test_event_window_seen_then_remember(stream_settings):
     s = stream_settings
-    w = EventWindow(connect(s.redis_url), n=3, ttl_s=60)
-    keys = [user_key(s.redis_key_prefix, u, "clicklog:test") for u in ("a", "a", "b}:x")]
+    w = EventWindow(connect(s.redis.url.reveal()), n=3, ttl_s=60)
+    keys = [user_key(s.redis.key_prefix, u, "clicklog:test") for u in ("a", "a", "b}:x")]
     assert w.seen(keys, ["e1", "e2", "e1"]) == [False, False, False]
     assert w.remember(keys, ["e1", "e2", "e1"]) == [True, True, True]
     assert w.remember(keys[:1], ["e1"]) == [False]
@@ -190,8 +196,8 @@ def test_out_of_memory_raises_and_evicting_policy_is_reported(stream_settings, c
     """noeviction + maxmemory reached: the append raises RedisOutOfMemory (the worker retries
     it like an outage) instead of dropping the dedupe; an evicting policy is logged as an error."""
     s = stream_settings
-    r = connect(s.redis_url)
-    store = StateStore(r, s.redis_key_prefix, k=4, ttl_s=60, dedup_ttl_s=60)
+    r = connect(s.redis.url.reveal())
+    store = StateStore(r, s.redis.key_prefix, k=4, ttl_s=60, dedup_ttl_s=60)
     store.append_batch(["erin"], [state(1)])  # script loaded while memory is free
     old = r.config_get("maxmemory")["maxmemory"], r.config_get("maxmemory-policy")
     try:
@@ -220,7 +226,7 @@ def test_memory_bench_accounts_every_key_and_dedupe_does_not_grow_with_events(st
     while the old layout's per-event keys double with them."""
     from bench.redis_memory import measure
 
-    r = connect(stream_settings.redis_url)
+    r = connect(stream_settings.redis.url.reveal())
     rows = {
         (layout, n): measure(r, layout, n, 20, k=4, dedup_n=8, dim=16, top_k=3)
         for layout in ("new", "old")

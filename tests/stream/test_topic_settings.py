@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
 def _admin(settings):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(settings.librdkafka_options())
+    return AdminClient(settings.kafka.librdkafka_options())
 
 
 def test_replication_follows_the_cluster_size(services):
@@ -41,10 +41,10 @@ def test_topics_created_with_replication_and_min_isr_of_the_cluster(stream_setti
     admin = _admin(stream_settings)
     meta = admin.list_topics(timeout=10)
     rf, isr = replication_for(stream_settings, len(meta.brokers))
-    t = meta.topics[stream_settings.topic_page_views]
-    assert len(t.partitions) == stream_settings.partitions
+    t = meta.topics[stream_settings.topics.page_views]
+    assert len(t.partitions) == stream_settings.topics.partitions
     assert {len(p.replicas) for p in t.partitions.values()} == {rf}
-    res = ConfigResource(ConfigResource.Type.TOPIC, stream_settings.topic_page_views)
+    res = ConfigResource(ConfigResource.Type.TOPIC, stream_settings.topics.page_views)
     cfg = admin.describe_configs([res])[res].result(10)
     assert cfg["min.insync.replicas"].value == str(isr)
 
@@ -66,7 +66,7 @@ def test_stream_run_refuses_a_topic_with_other_partitions_in_one_line(
     with pytest.raises(
         TopicMismatch, match="replication 1, the settings expect 4 with replication 3"
     ):
-        ensure_topics(s.replace(replication_factor=3), [s.topic_page_views])
+        ensure_topics(s.replace(replication_factor=3), [s.topics.page_views])
     res = subprocess.run(
         [sys.executable, "-m", "infra.cli", "stream", "run", "--model", astec_predictor],
         cwd=REPO,
@@ -78,5 +78,5 @@ def test_stream_run_refuses_a_topic_with_other_partitions_in_one_line(
     )
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert f"page-views-{tag}' on {s.kafka_bootstrap} has 2 partitions" in res.stderr
+    assert f"page-views-{tag}' on {s.kafka.bootstrap} has 2 partitions" in res.stderr
     assert "worker" not in res.stdout + res.stderr  # refused before any worker started

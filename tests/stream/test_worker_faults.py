@@ -85,7 +85,7 @@ def test_kill9_worker_mid_stream_loses_nothing_counts_nothing_twice(
     else:
         # at most what the victim had answered but not committed: its batches in flight (up to
         # max_in_flight + 1 of batch_max) and one commit interval of its share of the traffic
-        bound = 5 * s.batch_max + 250 * s.commit_interval_ms / 1000
+        bound = 5 * s.consumer.batch_max + 250 * s.consumer.commit_interval_ms / 1000
         assert dup <= bound, f"{dup} duplicates > {bound}"
     assert_state_exact(s, users, ids)
     assert rc == 0, tail(sup)
@@ -129,7 +129,7 @@ def test_broker_kill9_and_restart_mid_stream_loses_no_acknowledged_event(
     missing = set(ids) - set(seen)
     assert not missing, f"{len(missing)} acknowledged events lost"
     assert sum(seen.values()) == len(seen), "duplicate ad queries after the broker restart"
-    store = StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
+    store = StateStore(connect(s.redis.url.reveal()), s.redis.key_prefix, s.state.k)
     stored = Counter(
         st.event_id for h in store.histories([f"u{u}" for u in range(users)]) for st in h
     )
@@ -192,7 +192,7 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
         assert dup == 0, "an event answered twice across the rebalance"
     else:
         # the batches one worker can have unacknowledged: max_in_flight + 1 of batch_max
-        assert dup <= 5 * s.batch_max, f"{dup} duplicates > the in-flight bound"
+        assert dup <= 5 * s.consumer.batch_max, f"{dup} duplicates > the in-flight bound"
     assert len(busy) == 2, "the added worker took no traffic"
     assert_state_exact(s, users, ids)
     assert rcs == [0, 0]
@@ -220,7 +220,7 @@ def test_redis_kill9_mid_stream_keeps_state_and_consumers_reconnect(
     )
 
     def store() -> StateStore:
-        return StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
+        return StateStore(connect(s.redis.url.reveal()), s.redis.key_prefix, s.state.k)
 
     try:
         wait_sharing(s, 2)

@@ -112,7 +112,7 @@ def test_fuzzed_page_views_are_each_answered_or_dead_lettered(
 
     p = RdProducer(s, "fuzz", 2)
     for i, raw in enumerate(raws):
-        p.send(s.topic_page_views, raw, rng.choice([b"k", None, str(i).encode()]))
+        p.send(s.topics.page_views, raw, rng.choice([b"k", None, str(i).encode()]))
     p.flush(60)
     p.close()
 
@@ -130,8 +130,8 @@ def test_fuzzed_page_views_are_each_answered_or_dead_lettered(
         w.stop()
         t.join(30)
     assert not t.is_alive()
-    answered = _read_all(s, s.topic_ad_queries, w.metrics.events - w.metrics.no_query)
-    dead = _read_all(s, s.topic_dead_letters, w.metrics.dead_letters)
+    answered = _read_all(s, s.topics.ad_queries, w.metrics.events - w.metrics.no_query)
+    dead = _read_all(s, s.topics.dead_letters, w.metrics.dead_letters)
     assert w.metrics.events + w.metrics.dead_letters == len(raws)
     assert len(answered) + w.metrics.no_query == w.metrics.events
     assert len(dead) == w.metrics.dead_letters > 0
@@ -140,7 +140,7 @@ def test_fuzzed_page_views_are_each_answered_or_dead_lettered(
     assert all("failed:" not in r for r in reasons), [r for r in reasons if "failed:" in r][:3]
 
     # hostile ids never reached another user's key: each stored state belongs to its user
-    store = StateStore(connect(s.redis_url), s.redis_key_prefix, s.state_k)
+    store = StateStore(connect(s.redis.url.reveal()), s.redis.key_prefix, s.state.k)
     ads = [decode("ad_query", r, 1 << 22) for r in answered]
     by_user: dict = {}
     for a in ads:

@@ -52,7 +52,7 @@ def store_visits(settings, predictor, titles, user, k=4):
         )
         for i, t in enumerate(titles)
     ]
-    store = StateStore(connect(settings.redis_url), settings.redis_key_prefix, k=k)
+    store = StateStore(connect(settings.redis.url.reveal()), settings.redis.key_prefix, k=k)
     store.append_batch([user] * len(states), states)
     return ids, scores
 
@@ -66,7 +66,7 @@ def publish_metrics(settings, cid, version, events, dead):
     m.record_batch(
         events, dead, 1, 0.02, np.linspace(5, 50, events), {"predict": 0.5, "redis": 0.25}
     )
-    publish(connect(settings.redis_url), settings.redis_key_prefix, m)
+    publish(connect(settings.redis.url.reveal()), settings.redis.key_prefix, m)
 
 
 class FakeClock:
@@ -91,13 +91,13 @@ def publish_series(settings, cid, points, t0, step=2.0, version="v1", series_len
     from stream.state_store import connect
 
     clock = FakeClock(t0)
-    client = connect(settings.redis_url)
+    client = connect(settings.redis.url.reveal())
     with mock.patch.object(sm, "time", clock):
         m = m or sm.ConsumerMetrics(cid, policy="gru", model_version=version)
         for events, dead, lat in points:
             m.record_batch(events, dead, 0, 0.01, np.asarray(lat, float), {"predict": 0.01})
             kw = {} if series_len is None else {"series_len": series_len}
-            sm.publish(client, settings.redis_key_prefix, m, **kw)
+            sm.publish(client, settings.redis.key_prefix, m, **kw)
             clock.t += step
     return m
 

@@ -28,7 +28,7 @@ def answered(settings, ids, timeout=90.0) -> Counter:
     want = set(ids)
     msgs = read_all_messages(
         settings,
-        settings.topic_ad_queries,
+        settings.topics.ad_queries,
         "ad_query",
         until=lambda ms: want <= {m["event_id"] for m in ms},
         timeout=timeout,

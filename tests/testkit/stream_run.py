@@ -66,7 +66,7 @@ def live_consumers(settings) -> list[dict]:
     """Metrics of the consumers whose process still runs."""
     return [
         m
-        for m in read_all(connect(settings.redis_url), settings.redis_key_prefix)
+        for m in read_all(connect(settings.redis.url.reveal()), settings.redis.key_prefix)
         if running(int(m["pid"]))
     ]
 
@@ -84,7 +84,7 @@ def wait_sharing(settings, workers: int, timeout: float = 90) -> None:
     """Until the live consumers have settled (stream.consumer_metrics.partitions_shared)."""
 
     def shared() -> bool:
-        return partitions_shared(live_consumers(settings), workers, settings.partitions)
+        return partitions_shared(live_consumers(settings), workers, settings.topics.partitions)
 
     wait_for(shared, timeout, f"{workers} worker(s) sharing the partitions")
 
@@ -123,7 +123,7 @@ def produce_paced(settings, titles, n, users, rate, tag, stop=None):
             (
                 msg["event_id"],
                 p.send(
-                    settings.topic_page_views, encode("page_view", msg), msg["user_id"].encode()
+                    settings.topics.page_views, encode("page_view", msg), msg["user_id"].encode()
                 ),
             )
         )
@@ -147,7 +147,7 @@ def collect_ads(
     """Ad queries per event id, read committed (what the ads pipeline would see); the time each
     was produced (its `ts`) is appended to `answered_at` when given, (event id, ts) to
     `answers`."""
-    c = make_consumer(settings, [settings.topic_ad_queries], None)
+    c = make_consumer(settings, [settings.topics.ad_queries], None)
     seen: Counter = Counter()
     deadline = time.monotonic() + timeout
     while not want <= set(seen) and time.monotonic() < deadline:
@@ -164,7 +164,7 @@ def collect_ads(
 
 def view_partitions(settings, ids: set, timeout=60.0) -> dict:
     """The `page-views` partition each page view of `ids` landed in (read back from the topic)."""
-    c = make_consumer(settings, [settings.topic_page_views], None)
+    c = make_consumer(settings, [settings.topics.page_views], None)
     where: dict = {}
     deadline = time.monotonic() + timeout
     while not ids <= set(where) and time.monotonic() < deadline:
@@ -192,7 +192,9 @@ def partition_gaps(answers: list, partition_of: dict, since: float, until: float
 
 def assert_state_exact(settings, users, ids):
     """Every visit is in its user's state exactly once (state_k holds a user's whole stream)."""
-    store = StateStore(connect(settings.redis_url), settings.redis_key_prefix, settings.state_k)
+    store = StateStore(
+        connect(settings.redis.url.reveal()), settings.redis.key_prefix, settings.state.k
+    )
     stored = [s.event_id for h in store.histories([f"u{u}" for u in range(users)]) for s in h]
     counts = Counter(stored)
     assert not [e for e, c in counts.items() if c > 1], "a visit was counted twice"
