@@ -322,7 +322,7 @@ def run_bench(
         for delivery, wait in [
             (d, w)
             for d in deliveries or [settings.delivery]
-            for w in wait_replicas or [settings.redis_wait_replicas]
+            for w in wait_replicas or [settings.redis.wait_replicas]
         ]:
             runs.append(
                 _run_mode(
@@ -381,7 +381,7 @@ def _run_mode(
 ) -> dict:
     """Saturation, then each paced rate, with the workers in one delivery mode and one
     redis_wait_replicas."""
-    mode = f"{delivery}, redis_wait_replicas {settings.redis_wait_replicas}"
+    mode = f"{delivery}, redis_wait_replicas {settings.redis.wait_replicas}"
 
     def pipeline() -> _Pipeline:
         return _Pipeline(
@@ -449,7 +449,7 @@ def _run_mode(
             traces.append(
                 {
                     "delivery": delivery,
-                    "redis_wait_replicas": settings.redis_wait_replicas,
+                    "redis_wait_replicas": settings.redis.wait_replicas,
                     "rate": r,
                     "columns": ["event_ts", "ad_ts", "received_ts"],
                     "events": arr[:, [1, 2, 0]].round(4).tolist() if arr.size else [],
@@ -479,7 +479,7 @@ def _run_mode(
         )
     return {
         "delivery": delivery,
-        "redis_wait_replicas": settings.redis_wait_replicas,
+        "redis_wait_replicas": settings.redis.wait_replicas,
         "saturation": sat,
         "paced": paced,
         "duplicates_on_output": duplicates,

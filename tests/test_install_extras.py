@@ -101,7 +101,7 @@ def test_worker_install_without_torch_answers_page_views(
             want = set(ids)
             served = read_all_messages(
                 s,
-                s.topic_ad_queries,
+                s.topics.ad_queries,
                 "ad_query",
                 until=lambda ms: want <= {m["event_id"] for m in ms},
                 timeout=120,
@@ -116,4 +116,6 @@ def test_worker_install_without_torch_answers_page_views(
     # the GRU's exploring draw: no event got the page's top query with propensity 1 (the
     # fallback's), and later visits were ranked with the queries of the user's earlier pages
     assert max(a["propensity"] for a in served) < 1.0, "an ad came from the top-query fallback"
-    assert max(len(a["candidates"]) for a in served) > s.top_k, "no stored window was read"
+    assert max(len(a["candidates"]) for a in served) > s.prediction.top_k, (
+        "no stored window was read"
+    )

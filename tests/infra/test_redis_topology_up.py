@@ -36,8 +36,8 @@ def test_infra_up_with_a_topology_starts_no_single_redis(tmp_path, topology, nod
 
         # the stream's settings find the topology, and it stores
         s = load_settings(services_dir=str(d), env={})
-        assert s.redis_url == topo["url"]
-        client = connect(s.redis_url)
+        assert s.redis.url.reveal() == topo["url"]
+        client = connect(s.redis.url.reveal())
         client.set("{t}:k", b"v")
         assert client.get("{t}:k") == b"v"
         client.close()
