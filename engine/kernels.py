@@ -86,6 +86,40 @@ def residual_features(vv, RT, RrT, D, has_rr):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def graph_hits(labels, dist, members_indptr, members, k):
+    """(ids int64 [k'], sims float32 [k']) of one hnswlib answer (labels [1, kq] of distinct
+    vectors, inner-product distances [1, kq], best first): sims = 1 - distance, and each
+    distinct vector expanded to its original ids in ascending order (members_indptr of size 1:
+    no duplicates) keeping the first k, as AnnSearch.query does for a batch."""
+    kq = labels.shape[1]
+    if members_indptr.size <= 1:
+        ids = np.empty(kq, np.int64)
+        sims = np.empty(kq, np.float32)
+        for j in range(kq):
+            ids[j] = np.int64(labels[0, j])
+            sims[j] = _F1 - dist[0, j]
+        return ids, sims
+    total = 0
+    for j in range(kq):
+        u = np.int64(labels[0, j])
+        total += members_indptr[u + 1] - members_indptr[u]
+    n = min(total, k)
+    ids = np.empty(n, np.int64)
+    sims = np.empty(n, np.float32)
+    m = 0
+    for j in range(kq):
+        u = np.int64(labels[0, j])
+        s = _F1 - dist[0, j]
+        for p in range(members_indptr[u], members_indptr[u + 1]):
+            if m == n:
+                return ids, sims
+            ids[m] = members[p]
+            sims[m] = s
+            m += 1
+    return ids, sims
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def shortlist(
     pids,
     psims,

@@ -54,6 +54,7 @@ class PredictorError(ManifestError):
 SMALL_BATCH = 16  # batches below this size take the single-text kernels text by text
 _NO_IDS = np.zeros((1, 0), np.int64)  # an absent index's (ids, sims) for one query
 _NO_SIMS = np.zeros((1, 0), np.float32)
+_NO_MEMBERS = np.zeros(1, np.int64)  # members_indptr of an index without duplicate vectors
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -115,6 +116,19 @@ class AnnSearch:
     @property
     def unique(self) -> int:
         return self.count if self.members_indptr is None else self.members_indptr.size - 1
+
+    def query_one(self, q: np.ndarray, k: int, threads: int = 1):
+        """query for one query q [1, D] as flat (ids [k'], sims [k']): the single-text path,
+        hnswlib's answer turned into ids and similarities by one compiled kernel (no numpy
+        calls per title); an exact table goes through query."""
+        k = min(int(k), self.count)
+        if self.hnsw is None or k <= 0:
+            ids, sims = self.query(q, k, threads)
+            return ids[0], sims[0]
+        labels, dist = self.hnsw.knn_query(q, k=min(k, self.unique), num_threads=threads)
+        if self.members_indptr is None or self.members is None:
+            return kernels.graph_hits(labels, dist, _NO_MEMBERS, _NO_MEMBERS, k)
+        return kernels.graph_hits(labels, dist, self.members_indptr, self.members, k)
 
     def query(self, Q: np.ndarray, k: int, threads: int = 1):
         """(ids int64 [n, k'], sims float32 [n, k']) best first, k' = min(k, count)."""
@@ -367,26 +381,26 @@ class ServingLearner:
         vv, q = kernels.bag_features(idx, val, self.E, D)
         z, zr = kernels.residual_features(vv, self._RT, self._RrT, D, has_rr)
         acc, mu = self._scratch()
-        none = (_NO_IDS, _NO_SIMS)
+        none = (_NO_IDS[0], _NO_SIMS[0])
         pid, psim = (
-            self.points.query(q, self.knn, threads)
+            self.points.query_one(q, self.knn, threads)
             if self.knn > 0 and self.points is not None
             else none
         )
         cid, csim = (
-            self.centres.query(q, self.kmu, threads)
+            self.centres.query_one(q, self.kmu, threads)
             if self.kmu > 0 and self.centres is not None
             else none
         )
         try:
             c, s = kernels.shortlist(
-                pid[0],
-                psim[0],
+                pid,
+                psim,
                 self.point_indptr,
                 self.point_labels,
                 self.point_values,
-                cid[0],
-                csim[0],
+                cid,
+                csim,
                 self.centre_owner,
                 self.prior,
                 self.prior_score,

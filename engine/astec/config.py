@@ -280,8 +280,9 @@ class SearchParams:
     candidates: int = 300  # shortlisted labels scored per text
     # the cheapest of (knn, kmu) x these fractions within `tolerance` points of the full search's
     # validation objective: the search is most of a prediction's cost, and what a smaller one
-    # costs in accuracy depends on the data
-    fractions: tuple[float, ...] = (1 / 3, 1 / 2, 1.0)
+    # costs in accuracy depends on the data (a fine grid at the small end: each step there is a
+    # tenth of a title's time; each fraction costs one scoring of the validation split)
+    fractions: tuple[float, ...] = (1 / 10, 1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 1.0)
     tolerance: float = 0.25
     graph_m: int = 16  # HNSW degree of the indexes prediction searches (0: as training)
     batch: int = 2048  # texts per batch of Astec.predict

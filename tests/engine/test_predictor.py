@@ -3,6 +3,7 @@ corrupt directories refused, the API the stream and GRU code rely on, and the CL
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -369,3 +370,43 @@ def test_export_without_sparse_ranker_serves_gamma_one(built, tmp_path):
     assert same5 >= 0.99 and close >= 0.99, (same5, close)
     ids_r, _ = Predictor.load(d / "predictor").predict(test, k=10)
     assert not np.array_equal(ids_r, ids_p)  # the ranker did change the answers
+
+
+def test_single_query_hits_match_the_batch_search():
+    """The single-text path turns hnswlib's answer into ids and similarities in a compiled
+    kernel; the batch path does it with numpy. Both must give the same ids in the same order
+    and the same similarities, also when duplicate vectors map one graph node to several ids
+    (a group cut at k) and for an exact table."""
+    import hnswlib
+
+    from engine.predictor import AnnSearch
+
+    rng = np.random.default_rng(3)
+    U, D = 400, 24
+    X = rng.normal(size=(U, D)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    sizes = rng.integers(1, 4, U)  # 1-3 original ids per distinct vector
+    indptr = np.zeros(U + 1, np.int64)
+    np.cumsum(sizes, out=indptr[1:])
+    members = rng.permutation(int(indptr[-1])).astype(np.int64)
+    for a, b in itertools.pairwise(indptr):
+        members[a:b].sort()  # ascending original ids per distinct vector
+    graph = hnswlib.Index(space="ip", dim=D)
+    graph.init_index(max_elements=U, M=8, ef_construction=50, random_seed=0)
+    graph.add_items(X, np.arange(U))
+    graph.set_ef(1)
+    searches = [
+        AnnSearch(count=int(indptr[-1]), hnsw=graph, members_indptr=indptr, members=members),
+        AnnSearch(count=U, hnsw=graph),
+        AnnSearch(count=U, vectors=X),
+    ]
+    Q = rng.normal(size=(30, D)).astype(np.float32)
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    for ann in searches:
+        for k in (1, 5, 14, U + 50):
+            for q in Q:
+                ids, sims = ann.query(q[None], k)
+                ids1, sims1 = ann.query_one(q[None], k)
+                assert ids1.dtype == np.int64 and sims1.dtype == np.float32
+                np.testing.assert_array_equal(ids1, ids[0])
+                np.testing.assert_array_equal(sims1, sims[0])
