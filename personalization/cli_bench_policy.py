@@ -41,9 +41,19 @@ def _run(args: list[str], log: Path, echo) -> None:
 
 
 def run_world(
-    work: Path, scenario: str, wseed: int, seeds: int, size: tuple, days: int, n_boot: int, echo
-) -> list[dict]:
-    """The pipeline on one world; returns evaluate's report per training seed."""
+    work: Path,
+    scenario: str,
+    wseed: int,
+    seeds: int,
+    size: tuple,
+    days: int,
+    n_boot: int,
+    echo,
+    ablation: bool = True,
+    threads: int = 1,
+) -> tuple[list[dict], list[dict]]:
+    """The pipeline on one world; returns evaluate's report per training seed, of the policy
+    and (ablation) of the same policy trained with --no-recurrence (else an empty list)."""
     q, p, u = size
     work.mkdir(parents=True, exist_ok=True)
     W, s = str(work), str(wseed)
@@ -67,19 +77,54 @@ def run_world(
          "0.3", "--seed", s, "--out", f"{W}/mf"],
         work / "loop.log", echo,
     )  # fmt: skip
-    train_args = ["personalize", "train", "--logs", f"{W}/mf/logs", "--models", f"{W}/engine",
-                  "--out", f"{W}/gru", "--holdout", "0.2", "--quiet"]  # fmt: skip
-    for k in range(seeds):
-        train_args += ["--seed", str(k)]
-    _run(train_args, work / "train.log", echo)
-    versions = sorted((work / "gru" / "versions").iterdir())[-seeds:]
+    versions = []
+    for name, extra in [("gru", [])] + ([("gru_norec", ["--no-recurrence"])] if ablation else []):
+        train_args = ["personalize", "train", "--logs", f"{W}/mf/logs", "--models",
+                      f"{W}/engine", "--out", f"{W}/{name}", "--holdout", "0.2", "--quiet",
+                      "--threads", str(threads), *extra]  # fmt: skip
+        for k in range(seeds):
+            train_args += ["--seed", str(k)]
+        _run(train_args, work / f"train-{name}.log", echo)
+        versions += sorted((work / name / "versions").iterdir())[-seeds:]
+    tag = "evaluate-ablation" if ablation else "evaluate"
     ev = ["personalize", "evaluate", "--logs", f"{W}/mf/logs", "--models", f"{W}/engine",
-          "--bootstrap", str(n_boot), "--json-out", f"{W}/evaluate.json", "--quiet"]  # fmt: skip
+          "--bootstrap", str(n_boot), "--json-out", f"{W}/{tag}.json", "--quiet"]  # fmt: skip
     for v in versions:
         ev += ["--policy", str(v)]
-    _run(ev, work / "evaluate.log", echo)
-    reps = json.loads((work / "evaluate.json").read_text())
-    return reps if isinstance(reps, list) else [reps]
+    _run(ev, work / f"{tag}.log", echo)
+    reps = json.loads((work / f"{tag}.json").read_text())
+    reps = reps if isinstance(reps, list) else [reps]
+    return reps[:seeds], reps[seeds:]
+
+
+def recurrence_table(runs: list[dict], norec: list[dict], n_boot: int) -> str:
+    """Per run: the policy's served CTR against the same policy without recurrence, paired on
+    the same held-out visits and clustered by user (personalization.value.paired_bootstrap)."""
+    import numpy as np
+
+    from personalization.value import paired_bootstrap
+
+    lines = [
+        "| world | seed | with recurrence (served) | without | ratio | paired lower bound "
+        "| ratio, greedy | lower bound, greedy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r, n in zip(runs, norec, strict=True):
+        a, b = r["gru_per_visit"], n["gru_per_visit"]
+        if a["user"] != b["user"]:
+            raise click.ClickException("the two policies were evaluated on different visits")
+        users = np.asarray(a["user"])
+        cells = []
+        for k in ("served_ctr", "actual_ctr"):
+            x, y = np.asarray(a[k]), np.asarray(b[k])
+            pb = paired_bootstrap(x, y, users, n_boot, 0)
+            cells.append((x.mean(), y.mean(), x.mean() / max(y.mean(), 1e-12), pb["diff_ci95"][0]))
+        (sx, sy, sr, slo), (_, _, gr, glo) = cells
+        lines.append(
+            f"| {r['world_seed']} | {r['train_seed']} | {sx:.4f} | {sy:.4f} | {sr:.3f} "
+            f"| {slo:+.4f} | {gr:.3f} | {glo:+.4f} |"
+        )
+    return "\n".join(lines)
 
 
 def tables(runs: list[dict]) -> str:
@@ -148,18 +193,44 @@ def tables(runs: list[dict]) -> str:
 @click.option("--users", type=click.IntRange(1, None), default=300, show_default=True)
 @click.option("--days", type=click.IntRange(1, None), default=8, show_default=True)
 @click.option("--bootstrap", "n_boot", type=click.IntRange(10, 100000), default=1000)
+@click.option(
+    "--ablation/--no-ablation",
+    default=True,
+    show_default=True,
+    help="Also train each seed with --no-recurrence and print the policy with / without its "
+    "recurrent part (paired on the same held-out visits).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Threads of each `astec personalize train`.",
+)
 def bench(
-    scenario, worlds, seeds, first_world_seed, out, queries, pages, users, days, n_boot
+    scenario,
+    worlds,
+    seeds,
+    first_world_seed,
+    out,
+    queries,
+    pages,
+    users,
+    days,
+    n_boot,
+    ablation,
+    threads,
 ) -> None:
-    """The documented pipeline on N worlds x M training seeds of a scenario; one table."""
+    """The documented pipeline on N worlds x M training seeds of a scenario; one table (and,
+    with --ablation, the policy with / without its recurrent part)."""
     from simulator.cli_simulate import resolve_scenario
 
     sc = resolve_scenario(scenario)
-    runs = []
+    runs, norec = [], []
     for w in range(worlds):
         wseed = first_world_seed + w
         click.echo(f"world {wseed} ({sc.name})", err=True)
-        reps = run_world(
+        reps, ablated = run_world(
             out / f"{sc.name}-w{wseed}",
             scenario,
             wseed,
@@ -168,11 +239,19 @@ def bench(
             days,
             n_boot,
             lambda m: click.echo(m, err=True),
+            ablation,
+            threads,
         )
         for k, rep in enumerate(reps):
             runs.append({"world_seed": wseed, "train_seed": k, **rep})
+        for k, rep in enumerate(ablated):
+            norec.append({"world_seed": wseed, "train_seed": k, **rep})
     text = tables(runs)
+    if ablation:
+        text += "\n\nwith / without recurrence:\n\n" + recurrence_table(runs, norec, n_boot)
     (out / f"bench-{sc.name}.md").write_text(text + "\n")
     (out / f"bench-{sc.name}.json").write_text(json.dumps(runs, indent=1) + "\n")
+    if ablation:
+        (out / f"bench-{sc.name}-no-recurrence.json").write_text(json.dumps(norec, indent=1) + "\n")
     click.echo(f"scenario {sc.name}: {worlds} worlds x {seeds} training seeds")
     click.echo(text)

@@ -144,6 +144,15 @@ def run_evaluation(
         if s:
             out["lift"][metric] = s
     out["value"] = value_summary(res, v, n_boot)
+    g = res.per_visit["gru"]
+    if "actual_ctr" in g:  # per held-out visit, for paired comparisons of two policies
+        import numpy as np
+
+        keys = [k for k in ("actual_ctr", "served_ctr") if k in g]
+        out["gru_per_visit"] = {
+            "user": np.asarray(res.users).tolist(),
+            **{k: np.asarray(g[k], float).round(7).tolist() for k in keys},
+        }
     return out
 
 
@@ -398,6 +407,28 @@ def personalize() -> None:
     show_default=True,
     help="Epochs of the reward model (objective dr).",
 )
+@click.option(
+    "--recurrence/--no-recurrence",
+    default=_d("recurrence"),
+    show_default=True,
+    help="--no-recurrence: the same policy without its GRU (same features, same training; its "
+    "user vector is a learnt constant), to measure what the sequence model earns.",
+)
+@click.option(
+    "--residual-sd",
+    type=click.FloatRange(0.0, 1.0),
+    default=_d("residual_sd"),
+    show_default=True,
+    help="sd of the scorer's residual output weights when training starts (0: the residual "
+    "starts at zero). The selection's `start` is always the exact fitted ranking.",
+)
+@click.option(
+    "--freeze-start/--train-start",
+    default=_d("freeze_start"),
+    show_default=True,
+    help="Objective dr: keep the start's fitted linear ranking fixed and train only the "
+    "residual (GRU, query vectors, scorer) on top of it.",
+)
 @click.option("--threads", type=click.IntRange(1, 64), default=_d("threads"), show_default=True)
 @click.option(
     "--seed",
@@ -447,6 +478,9 @@ def train(
     init,
     objective,
     reward_epochs,
+    recurrence,
+    residual_sd,
+    freeze_start,
     threads,
     seeds,
     promote,
@@ -478,6 +512,9 @@ def train(
         seed=seeds[0],
         objective=objective,
         reward_epochs=reward_epochs,
+        recurrence=recurrence,
+        residual_sd=residual_sd,
+        freeze_start=freeze_start,
     )
     from personalization.train import resolve_auto
 

@@ -145,15 +145,16 @@ def features(
     keep_block,
     n_features,
 ):
-    """(feats [B, C, n_features] float32, zz [B, K, D + 1] float32) of `features.build_batch`:
-    its column order (FEATURE_NAMES), its weights and its padding rules, one event at a time."""
+    """(feats [B, C, n_features] float32, zz [B, K, D + 2 + n] float32) of
+    `features.build_batch`: its column order (FEATURE_NAMES), its weights and its padding rules,
+    one event at a time; zz is the GRU's input (features.gru_input_dim)."""
     B, K, k = ids.shape
     D = z.shape[2]
     C = cand.shape[1]
     d = sim_table.shape[1]
     n_cl = kappa.shape[0]
     feats = np.zeros((B, C, n_features), np.float32)
-    zz = np.zeros((B, K, D + 1), np.float32)
+    zz = np.zeros((B, K, D + 2 + n_cl), np.float32)
     Sc = np.zeros((K, C), np.float32)  # score of each candidate in each state
     Pr = np.zeros((K, C), np.float32)  # its presence
     Rk = np.zeros(C, np.float32)
@@ -285,7 +286,9 @@ def features(
                 if g >= 0:
                     feats[b, c, n_features - 2] = np.float32(belief[g] / tot)
                     feats[b, c, n_features - 1] = np.float32(E[K - 1, g])
-        # the GRU's inputs: unit page features (zeros in padding), then the block-start flag
+        # the GRU's inputs (zeros in padding): unit page features, the block-start flag, the
+        # log of the minutes to the next state (0 on the current page) and the page's share of
+        # evidence per query cluster (the intent filter's E; zeros without clusters)
         for t in range(K):
             if not mask[b, t]:
                 continue
@@ -296,6 +299,12 @@ def features(
             for e in range(D):
                 zz[b, t, e] = z[b, t, e] / nrm
             zz[b, t, D] = _F1 if starts[t] else _F0
+            if t < K - 1:
+                gap = max(ts[b, t + 1] - ts[b, t], 0.0)
+                zz[b, t, D + 1] = np.float32(np.log1p(gap / 60.0))
+            if has_clusters:
+                for e in range(n_cl):
+                    zz[b, t, D + 2 + e] = np.float32(E[t, e])
     return feats, zz
 
 

@@ -118,12 +118,24 @@ def recency_weights(K: int, gamma: float) -> np.ndarray:
 class EventBatch:
     """Padded arrays for B events with up to K states each (slot K-1 = current page)."""
 
-    z: np.ndarray  # float32 [B, K, D+1]: L2-normalised page features, then a 1 where
-    # the state starts a block (long gap before it); zeros in padding
+    z: np.ndarray  # float32 [B, K, gru_input_dim(D, n)]: the GRU's input per state: the
+    # L2-normalised page features, a 1 where the state starts a block (long gap before it),
+    # log1p(minutes to the next state) (0 on the current page) and the page's share of evidence
+    # per query cluster (n = the policy's clusters, 1 zero column without); zeros in padding
     state_mask: np.ndarray  # bool [B, K], True for real states (right-aligned)
     cand_ids: np.ndarray  # int64 [B, C], candidate query ids, -1 in padding
     cand_mask: np.ndarray  # bool [B, C]
     feats: np.ndarray  # float32 [B, C, N_FEATURES]
+
+
+def gru_input_dim(D: int, n_clusters: int) -> int:
+    """Width of EventBatch.z for D page features and n_clusters query clusters (0 = none)."""
+    return D + 2 + max(n_clusters, 1)
+
+
+def page_feature_dim(z_dim: int, n_clusters: int) -> int:
+    """D of a GRU input of width z_dim (the inverse of gru_input_dim)."""
+    return z_dim - 2 - max(n_clusters, 1)
 
 
 def pad_states(seqs: list[tuple[np.ndarray, ...]], K: int) -> tuple[np.ndarray, ...]:

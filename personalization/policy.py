@@ -24,7 +24,13 @@ import numpy as np
 
 from personalization.artifact import PolicyFileError, load_policy
 from personalization.explain import margins, page_top, sources
-from personalization.features import EventBatch, build_batch, cluster_lookup, pad_states
+from personalization.features import (
+    EventBatch,
+    build_batch,
+    cluster_lookup,
+    pad_states,
+    page_feature_dim,
+)
 from personalization.scoring import candidate_logits, softmax_masked
 from personalization.state import serving_window
 from personalization.window import WINDOW
@@ -208,7 +214,9 @@ class GruPolicy:
 
     @property
     def feature_dim(self) -> int:
-        return int(self.weights["gru.w_ih"].shape[1]) - 1  # + the block-start channel
+        cl = cluster_lookup(self.weights)
+        n = 0 if cl is None else len(cl.kappa)
+        return page_feature_dim(int(self.weights["gru.w_ih"].shape[1]), n)
 
     @property
     def n_labels(self) -> int:

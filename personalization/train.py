@@ -279,6 +279,13 @@ def data_range(v: VisitLog, holdout: float) -> dict:
     }
 
 
+def _query_cluster(sim: tuple) -> np.ndarray | None:
+    """The policy's query_cluster [L] (-1 = none) from the (sim_table, sim_norm, Clusters)
+    triple the batches are built with; None without clusters."""
+    cl = sim[2]
+    return None if cl is None else cl.lookup[:-1]
+
+
 def _tensors(b: EventBatch):
     return (
         torch.from_numpy(b.z),
@@ -439,7 +446,9 @@ def train_policy(
         return weights, report
     if cfg.objective != "losses":
         raise ValueError(f"objective must be 'dr' or 'losses', got {cfg.objective!r}")
-    net = GruPolicyNet(cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop)
+    net = GruPolicyNet(
+        cfg.gru_config(), classifier_rows.shape[1], rows_n, log_pop, _query_cluster(sim)
+    )
     history: list[dict] = []
     best, best_state = np.inf, None
     t0 = time.perf_counter()
@@ -458,6 +467,8 @@ def train_policy(
         history.append({"epoch": 0, **val, "elapsed_s": round(time.perf_counter() - t0, 1)})
         log.info("start (%s): %s", cfg.init, json.dumps(history[-1]))
         keep_if_best(val)
+        if cfg.residual_sd > 0:  # the start was scored exactly; training starts off zero
+            torch.nn.init.normal_(net.mlp2.weight, std=cfg.residual_sd)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for epoch in range(cfg.epochs):
         net.train()
@@ -752,9 +763,12 @@ def _train_dr(
         raise ValueError("objective dr starts from a fixed ranking: init 'fitted' or 'sim_rank'")
     w_start, b_start, start = start_weights(v, train_rows, cfg, log_pop, sim)
 
-    def fresh():
-        net = GruPolicyNet(cfg.gru_config(), D, rows_n, log_pop)
-        net.start_at(w_start, b_start)
+    def fresh(residual_sd: float = 0.0):
+        """The start (residual_sd 0: exactly the linear ranking the selection scores as
+        `start`), or a net to train from it (cfg.residual_sd: the residual starts non-zero)."""
+        net = GruPolicyNet(cfg.gru_config(), D, rows_n, log_pop, _query_cluster(sim))
+        net.start_at(w_start, b_start, residual_sd)
+        net.lin.weight.requires_grad_(not cfg.freeze_start)
         return net
 
     def batches(perm):
@@ -767,7 +781,7 @@ def _train_dr(
         return perm[: cfg.rows_per_epoch] if cfg.rows_per_epoch else perm
 
     # 1. reward model: click log-loss of every logged impression among the candidates
-    rnet = fresh()
+    rnet = fresh(cfg.residual_sd)
     opt = torch.optim.Adam(rnet.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     rcfg = TrainConfig(
         **{**asdict(cfg), "w_click": 1.0, "w_later_click": 0.0, "w_ips": 0.0, "w_future": 0.0}
@@ -821,7 +835,7 @@ def _train_dr(
     users = v.user[val_rows]
     # 2. policy: listwise, maximise the DR value of softmax(logits / T) over the candidates,
     # starting from the better (validation DR) of the fixed ranking and the reward model
-    net = fresh()
+    net = fresh(cfg.residual_sd)
     if val_terms["reward_greedy"].mean() > val_terms["start"].mean():
         net.load_state_dict(rnet.state_dict())
     cands = {

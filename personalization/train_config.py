@@ -18,6 +18,7 @@ class GruConfig:
     hidden: int = 32  # GRU hidden size H
     query_dim: int = 16  # size Q of the user / query vectors
     mlp_hidden: int = 32  # scorer hidden size M
+    recurrence: bool = True  # False: the GRU is not run (its state stays 0): the ablation
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -32,6 +33,15 @@ class TrainConfig:
     hidden: int = GruConfig.hidden
     query_dim: int = GruConfig.query_dim
     mlp_hidden: int = GruConfig.mlp_hidden
+    # False: the same policy without its recurrent part (same features, same training), to
+    # measure what the sequence model earns
+    recurrence: bool = GruConfig.recurrence
+    # sd of the scorer's residual output weights at the start of training (0: the residual
+    # starts at zero and the GRU gets no gradient until it grows)
+    residual_sd: float = 0.05
+    # objective dr: True keeps the start's linear ranking (lin.w) as fitted, so the reward
+    # model and the policy move only the residual (GRU, query vectors, scorer MLP, bias)
+    freeze_start: bool = True
     epochs: int = 4
     rows_per_epoch: int = 60_000  # visits sampled per epoch (0 = all); bounds CPU time
     val_rows: int = 20_000  # held-out visits scored for model selection (0 = all)
@@ -77,5 +87,9 @@ class TrainConfig:
 
     def gru_config(self) -> GruConfig:
         return GruConfig(
-            K=self.K, hidden=self.hidden, query_dim=self.query_dim, mlp_hidden=self.mlp_hidden
+            K=self.K,
+            hidden=self.hidden,
+            query_dim=self.query_dim,
+            mlp_hidden=self.mlp_hidden,
+            recurrence=self.recurrence,
         )

@@ -28,7 +28,7 @@ def _states(n=8, L=20, D=8):
 def _policy(tmp_path, L=20, D=8):
     import torch
 
-    from personalization.features import sim_table_from_rows
+    from personalization.features import F, sim_table_from_rows
     from personalization.gru import GruPolicyNet
     from personalization.policy import GruPolicy
     from personalization.train import TrainConfig, publish
@@ -39,6 +39,7 @@ def _policy(tmp_path, L=20, D=8):
     w = GruPolicyNet(cfg.gru_config(), D, rows, np.zeros(L, np.float32)).export_weights()
     w["sim_table"], w["sim_norm"] = sim_table_from_rows(rows, 4), np.array([0, 1], np.float32)
     w["mlp.w2"] = np.random.default_rng(1).normal(size=w["mlp.w2"].shape).astype(np.float32)
+    w["lin.w"][F["in_current"]] = -3.0  # earlier visits' queries win where the page has others
     return GruPolicy.load(publish(tmp_path / "gru", w, cfg, {})[1], backend="numpy")
 
 

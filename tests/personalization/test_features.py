@@ -8,9 +8,12 @@ import pytest
 from personalization.features import (
     FEATURE_NAMES,
     RECENCY_GAMMA,
+    Clusters,
     F,
     build_batch,
+    gru_input_dim,
     pad_states,
+    query_lookup,
     sim_table_from_rows,
 )
 
@@ -65,11 +68,41 @@ def test_score_features_match_their_definition():
             got = {name: b.feats[r, c, F[name]] for name in names}
             assert got == pytest.approx(want, abs=1e-5)
         assert not b.feats[r, ~b.cand_mask[r]].any()
-        # the GRU's inputs: unit page features of the real states, the block-start flag last
+        # the GRU's inputs: unit page features of the real states, the block-start flag, the
+        # log of the minutes to the next state (0 on the current page), then the cluster
+        # evidence (one zero column without clusters)
+        assert b.z.shape == (len(seqs), K, gru_input_dim(D, 0))
         zr = b.z[r, K - n :]
-        np.testing.assert_allclose(np.linalg.norm(zr[:, :-1], axis=1), 1.0, rtol=1e-5)
+        np.testing.assert_allclose(np.linalg.norm(zr[:, :D], axis=1), 1.0, rtol=1e-5)
         assert not b.z[r, : K - n].any()
-        np.testing.assert_array_equal(zr[:, -1], starts)
+        np.testing.assert_array_equal(zr[:, D], starts)
+        gaps = np.r_[np.diff(seq[3]), 0.0]
+        np.testing.assert_allclose(zr[:, D + 1], np.log1p(gaps / 60.0), rtol=1e-5)
+        assert not zr[:, D + 2 :].any()
+
+
+def test_the_gru_reads_each_pages_share_of_evidence_per_query_cluster():
+    """With clusters, each real state's last columns of z are its predicted queries' score
+    shares per cluster (the intent filter's evidence): what lets the GRU follow a user from
+    one interest to the next."""
+    rng = np.random.default_rng(5)
+    L, K, k, D, n_cl = 30, 5, 4, 3, 4
+    qc = rng.integers(-1, n_cl, L).astype(np.float32)  # some queries in no cluster
+    cl = Clusters(query_lookup(qc), np.ones(n_cl))
+    seqs = []
+    for n in (5, 2):
+        ids = np.stack([rng.choice(L, k, replace=False) for _ in range(n)])
+        ts = 1.7e9 + 60.0 * np.arange(n)
+        seqs.append((rng.random((n, D)).astype(np.float32), ids, rng.random((n, k)), ts))
+    z, ids, sc, mask, ts = pad_states(seqs, K)
+    b = build_batch(z, ids, sc, mask, np.zeros(L, np.float32), ts, clusters=cl)
+    assert b.z.shape == (2, K, gru_input_dim(D, n_cl))
+    for r in range(2):
+        for t in np.flatnonzero(mask[r]):
+            g = qc[ids[r, t]].astype(int)
+            want = np.bincount(g[g >= 0], weights=sc[r, t][g >= 0], minlength=n_cl)
+            want = want / max(want.sum(), 1e-9)
+            np.testing.assert_allclose(b.z[r, t, D + 2 :], want, rtol=1e-5, atol=1e-6)
 
 
 def _loop_sims(T, norm, ids, mask, in_block, cand):

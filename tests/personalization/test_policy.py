@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from personalization.artifact import ONNX, WEIGHTS, PolicyFileError
+from personalization.features import cluster_lookup
 from personalization.policy import NO_QUERY, GruPolicy
 from personalization.train import make_batch, publish, split_rows, train_policy
 from testkit.paths import REPO
@@ -112,9 +113,19 @@ def test_torch_numpy_onnx_agree(trained, world, registry):
         rows_w.shape[1],
         rows_w / np.linalg.norm(rows_w, axis=1, keepdims=True),
         weights["log_pop"],
+        weights.get("query_cluster"),
     )
     net.load_state_dict({**net.state_dict(), **_state_from_weights(net, weights)})
-    b = make_batch(v, np.arange(5, 400), CFG.K, CFG.ttl_s, weights["log_pop"])
+    b = make_batch(
+        v,
+        np.arange(5, 400),
+        CFG.K,
+        CFG.ttl_s,
+        weights["log_pop"],
+        weights["sim_table"],
+        weights["sim_norm"],
+        cluster_lookup(dict(weights)),
+    )
     with torch.no_grad():
         lt = net(
             *[torch.from_numpy(x) for x in (b.z, b.state_mask, b.cand_ids, b.cand_mask, b.feats)]
@@ -126,6 +137,41 @@ def test_torch_numpy_onnx_agree(trained, world, registry):
     assert np.abs(lt[fin] - ln[fin]).max() < 1e-4
     assert np.abs(lo[fin] - ln[fin]).max() < 1e-4
     assert log_popularity(np.array([0, 1, 3])).max() == pytest.approx(1.0)
+
+
+def test_without_recurrence_the_history_reaches_the_policy_only_through_its_features(
+    trained, world, tmp_path
+):
+    """--no-recurrence: the same scorer with the GRU off. Served (ONNX and numpy) its logits
+    do not move when the GRU's inputs change and the hand features stay, while the full
+    policy's, whose recurrent part was trained from a non-zero start, do."""
+    import dataclasses
+
+    v, rows_w, _, _ = world
+    cfg = dataclasses.replace(CFG, recurrence=False)
+    w_off, rep = train_policy(v, rows_w, cfg, progress=False)
+    assert rep["config"]["recurrence"] is False
+    assert not np.any(w_off["gru.w_ih"]) and not np.any(w_off["user.w"])
+    _, path = publish(tmp_path / "off", w_off, cfg, {"engine_version": "synthetic", "train": rep})
+    _, path_on = publish(tmp_path / "on", trained[0], CFG, {"engine_version": "synthetic"})
+    for p, moves in ((path, False), (path_on, True)):
+        for backend in ("onnx", "numpy"):
+            pol = GruPolicy.load(p, backend=backend)
+            b = make_batch(
+                v,
+                np.arange(5, 400),
+                CFG.K,
+                CFG.ttl_s,
+                pol.weights["log_pop"],
+                pol.weights["sim_table"],
+                pol.weights["sim_norm"],
+                cluster_lookup(pol.weights),
+            )
+            before = pol.logits(b)
+            b.z = np.ascontiguousarray(b.z[::-1])  # other rows' sequences, same hand features
+            after = pol.logits(b)
+            fin = np.isfinite(before)
+            assert (np.abs(after[fin] - before[fin]).max() > 1e-4) == moves, (p, backend)
 
 
 def _state_from_weights(net, w):
@@ -146,10 +192,15 @@ def _state_from_weights(net, w):
         "mlp2.bias": t(w["mlp.b2"]),
         "lin.weight": t(w["lin.w"][None]),
     }
-    # solve query_proj from the exported table: rows_n @ P^T = table (least squares, exact here)
+    # solve query_proj and the cluster vectors from the exported table:
+    # [rows_n, one-hot cluster] @ [P^T; emb] = table (least squares, exact here)
     rows = net.rows.numpy()
-    P, *_ = np.linalg.lstsq(rows, w["query_table"], rcond=None)
-    sd["query_proj.weight"] = t(P.T.astype(np.float32))
+    n_cl = net.cluster_emb.weight.shape[0] - 1
+    on = net.qc_on.numpy()
+    X = np.concatenate([rows, np.eye(n_cl + 1, dtype=np.float32)[net.qc.numpy()] * on], 1)
+    sol, *_ = np.linalg.lstsq(X, w["query_table"], rcond=None)
+    sd["query_proj.weight"] = t(sol[: rows.shape[1]].T.astype(np.float32))
+    sd["cluster_emb.weight"] = t(sol[rows.shape[1] :].astype(np.float32))
     return sd
 
 

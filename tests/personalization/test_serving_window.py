@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from personalization.features import cluster_lookup
+from personalization.features import F, cluster_lookup
 from personalization.policy import GruPolicy
 from personalization.scoring import candidate_logits, softmax_masked
 from personalization.state import UserState, serving_window, space_tag
@@ -34,6 +34,9 @@ def served(world, tmp_path_factory):
     w, _ = train_policy(v, rows_w, cfg, progress=False)
     w = dict(w)
     w["mlp.w2"] = np.random.default_rng(1).normal(size=w["mlp.w2"].shape).astype(np.float32)
+    # and earlier visits' queries a chance against the current page's (sources of both kinds)
+    w["lin.w"] = w["lin.w"].copy()
+    w["lin.w"][F["in_current"]] -= 2.0
     _, path = publish(tmp_path_factory.mktemp("gru"), w, cfg, {})
     return GruPolicy.load(path), w, cfg
 

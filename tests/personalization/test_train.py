@@ -298,14 +298,14 @@ def test_sim_rank_start_is_the_fixed_ranking_and_competes_for_best_epoch(tmp_pat
 def test_fitted_start_is_the_logistic_fit_of_the_logged_clicks(tmp_path):
     """init="fitted": the start is a ridge logistic regression of the logged clicks on the
     shown query's hand features (refitting it by hand gives the same weights), the policy ranks
-    by it before any step (lr 0), and it competes as epoch 0; the DR trainer scores it as
-    'start'."""
+    by it before any step (lr 0, the residual started at zero), and it competes as epoch 0; the
+    DR trainer scores it as 'start'."""
     from personalization.features import cluster_lookup
     from personalization.train import make_batch
     from personalization.value import fit_logistic
 
     v, rows_w, _q_topic, _intent = synthetic_visits(n_users=60, seed=6)
-    cfg = dataclasses.replace(HELD, epochs=1, lr=0.0, init="fitted")
+    cfg = dataclasses.replace(HELD, epochs=1, lr=0.0, init="fitted", residual_sd=0.0)
     w, rep = train_policy(v, rows_w, cfg, progress=False)
     assert rep["init"] == "fitted" and rep["best_epoch"] == 0
     train_rows, _, _ = split_rows(v, cfg.val_frac, rep["holdout_split_ts"])
