@@ -58,8 +58,9 @@ def check_kafka(settings: Settings, timeout_s: float = 5.0) -> None:
 
 
 class TopicMismatch(RuntimeError):
-    """An existing topic's partitions or replication differ from the settings: one line naming
-    the topic, what it has and what the settings expect (never silently used as it is)."""
+    """An existing topic's partitions or replication differ from the settings, or its
+    min.insync.replicas is below theirs: one line naming the topic, what it has and what the
+    settings expect (never silently used as it is)."""
 
 
 def replication_for(settings: Settings, brokers: int) -> tuple[int, int]:
@@ -76,7 +77,9 @@ def ensure_topics(
 ) -> None:
     """Create the stream's topics unless they exist (settings.partitions each, replication and
     min.insync.replicas from replication_for); raise TopicMismatch when an existing one has
-    another partition count or replication factor than the settings give."""
+    another partition count or replication factor than the settings give, or a lower
+    min.insync.replicas (acks=all would then acknowledge a write held by fewer replicas than
+    the settings promise: a leader lost could lose it)."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -129,6 +132,24 @@ def ensure_topics(
                 f"replication {'/'.join(map(str, sorted(replicas)))}, the settings expect "
                 f"{settings.partitions} with replication {rf} (partitions / "
                 f"replication_factor): recreate the topic or change the settings"
+            )
+    _check_min_isr(admin, settings, wanted, isr, timeout_s)
+
+
+def _check_min_isr(admin, settings: Settings, topics: list[str], isr: int, timeout_s: float):
+    """Refuse a topic whose min.insync.replicas (its own or the broker default) is below `isr`;
+    a higher one is stricter, and accepted."""
+    from confluent_kafka.admin import ConfigResource
+
+    res = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+    for r, fut in admin.describe_configs(res, request_timeout=timeout_s).items():
+        entry = fut.result(timeout_s).get("min.insync.replicas")
+        have = int(entry.value) if entry is not None and entry.value else 1
+        if have < isr:
+            raise TopicMismatch(
+                f"topic {r.name!r} on {settings.kafka_bootstrap} has min.insync.replicas "
+                f"{have}, the settings expect at least {isr} (min_insync_replicas): raise the "
+                f"topic's min.insync.replicas or change the settings"
             )
 
 
