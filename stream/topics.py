@@ -138,16 +138,41 @@ def ensure_topics(
 
 def _check_min_isr(admin, settings: Settings, topics: list[str], isr: int, timeout_s: float):
     """Refuse a topic whose min.insync.replicas (its own or the broker default) is below `isr`;
-    a higher one is stricter, and accepted."""
+    a higher one is stricter, and accepted. A topic just created may not be known yet to the
+    broker answering (UNKNOWN_TOPIC_OR_PART): asked again until timeout_s. Where the
+    credentials may not describe configs, one warning says the check was skipped."""
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import ConfigResource
 
-    res = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
-    for r, fut in admin.describe_configs(res, request_timeout=timeout_s).items():
-        entry = fut.result(timeout_s).get("min.insync.replicas")
-        have = int(entry.value) if entry is not None and entry.value else 1
+    deadline = time.monotonic() + timeout_s
+    for t in topics:
+        res = ConfigResource(ConfigResource.Type.TOPIC, t)
+        while True:
+            try:
+                entry = admin.describe_configs([res])[res].result(timeout_s)
+                break
+            except KafkaException as exc:
+                code = exc.args[0].code()
+                if code == KafkaError.UNKNOWN_TOPIC_OR_PART and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                if code in (
+                    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+                ):
+                    logging.getLogger(__name__).warning(
+                        "min.insync.replicas of topic %r not checked: %s", t, exc.args[0].str()
+                    )
+                    entry = None
+                    break
+                raise
+        if entry is None:
+            continue
+        cfg = entry.get("min.insync.replicas")
+        have = int(cfg.value) if cfg is not None and cfg.value else 1
         if have < isr:
             raise TopicMismatch(
-                f"topic {r.name!r} on {settings.kafka_bootstrap} has min.insync.replicas "
+                f"topic {t!r} on {settings.kafka_bootstrap} has min.insync.replicas "
                 f"{have}, the settings expect at least {isr} (min_insync_replicas): raise the "
                 f"topic's min.insync.replicas or change the settings"
             )
