@@ -114,11 +114,13 @@ class RdProducer:
     def begin_transaction(self) -> None:
         self._call(self._p.begin_transaction)
 
-    def commit_transaction(self, offsets: dict, consumer, timeout: float = 120.0) -> None:
+    def commit_transaction(self, offsets: dict, group_metadata, timeout: float = 120.0) -> None:
         """Commit the produced messages together with the consumer's input offsets
-        ({TopicPartition: next offset}). Retriable errors (a broker restarting) are retried for
-        up to `timeout` seconds; a transaction the broker can no longer commit (its messages
-        timed out, the group moved on) is aborted and TransactionAborted raised."""
+        ({TopicPartition: next offset}) under `group_metadata` (the consumer's
+        consumer_group_metadata(): the broker refuses offsets of a stale generation).
+        Retriable errors (a broker restarting) are retried for up to `timeout` seconds; a
+        transaction the broker can no longer commit (its messages timed out, the group moved
+        on) is aborted and TransactionAborted raised."""
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as CkTopicPartition
 
@@ -131,7 +133,7 @@ class RdProducer:
         while True:
             try:
                 if step == "offsets":
-                    self._p.send_offsets_to_transaction(parts, consumer.group_metadata(), 10.0)
+                    self._p.send_offsets_to_transaction(parts, group_metadata, 10.0)
                     step = "commit"
                 self._p.commit_transaction(10.0)
                 return

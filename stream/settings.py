@@ -276,9 +276,10 @@ class Settings:
     # at-least-once: offsets are committed after the outputs are acknowledged; a crash can repeat
     # ad queries (never lose one; the click logger dedupes by event id). exactly-once: a worker's
     # ad queries, dead letters and input offsets commit in one Kafka transaction (readers see
-    # committed data only). At-least-once is the default: with one transaction per
-    # commit_interval_ms exactly-once spends about twice at-least-once's Kafka time per event
-    # (`astec bench stream --delivery ...` measures both; docs/benchmarks-stream.md)
+    # committed data only). At-least-once is the default: exactly-once's answers become visible
+    # when their transaction commits, up to commit_interval_ms (plus a commit) later, and at low
+    # rates it spent 1.3-2.7x at-least-once's Kafka time per event (`astec bench stream
+    # --delivery ...` measures both; docs/benchmarks-stream.md)
     delivery: Literal["at-least-once", "exactly-once"] = "at-least-once"
     # where `astec infra up` recorded the loopback services it started (services.json)
     services_dir: str = DEFAULT_SERVICES_DIR

@@ -58,8 +58,9 @@ def check_kafka(settings: Settings, timeout_s: float = 5.0) -> None:
 
 
 class TopicMismatch(RuntimeError):
-    """An existing topic's partitions or replication differ from the settings: one line naming
-    the topic, what it has and what the settings expect (never silently used as it is)."""
+    """An existing topic's partitions or replication differ from the settings, or its
+    min.insync.replicas is below theirs: one line naming the topic, what it has and what the
+    settings expect (never silently used as it is)."""
 
 
 def replication_for(settings: Settings, brokers: int) -> tuple[int, int]:
@@ -74,9 +75,11 @@ def replication_for(settings: Settings, brokers: int) -> tuple[int, int]:
 def ensure_topics(
     settings: Settings, topics: list[str] | None = None, timeout_s: float = 20.0
 ) -> None:
-    """Create the stream's topics unless they exist (settings.topics.partitions each, replication
-    and min.insync.replicas from replication_for); raise TopicMismatch when an existing one has
-    another partition count or replication factor than the settings give."""
+    """Create the stream's topics unless they exist (settings.topics.partitions each,
+    replication and min.insync.replicas from replication_for); raise TopicMismatch when an
+    existing one has another partition count or replication factor than the settings give, or a
+    lower min.insync.replicas (acks=all would then acknowledge a write held by fewer replicas than
+    the settings promise: a leader lost could lose it)."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -131,6 +134,49 @@ def ensure_topics(
                 f"replication {'/'.join(map(str, sorted(replicas)))}, the settings expect "
                 f"{settings.topics.partitions} with replication {rf} (partitions / "
                 f"replication_factor): recreate the topic or change the settings"
+            )
+    _check_min_isr(admin, settings, wanted, isr, timeout_s)
+
+
+def _check_min_isr(admin, settings: Settings, topics: list[str], isr: int, timeout_s: float):
+    """Refuse a topic whose min.insync.replicas (its own or the broker default) is below `isr`;
+    a higher one is stricter, and accepted. A topic just created may not be known yet to the
+    broker answering (UNKNOWN_TOPIC_OR_PART): asked again until timeout_s. Where the
+    credentials may not describe configs, one warning says the check was skipped."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import ConfigResource
+
+    deadline = time.monotonic() + timeout_s
+    for t in topics:
+        res = ConfigResource(ConfigResource.Type.TOPIC, t)
+        while True:
+            try:
+                entry = admin.describe_configs([res])[res].result(timeout_s)
+                break
+            except KafkaException as exc:
+                code = exc.args[0].code()
+                if code == KafkaError.UNKNOWN_TOPIC_OR_PART and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                if code in (
+                    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+                ):
+                    logging.getLogger(__name__).warning(
+                        "min.insync.replicas of topic %r not checked: %s", t, exc.args[0].str()
+                    )
+                    entry = None
+                    break
+                raise
+        if entry is None:
+            continue
+        cfg = entry.get("min.insync.replicas")
+        have = int(cfg.value) if cfg is not None and cfg.value else 1
+        if have < isr:
+            raise TopicMismatch(
+                f"topic {t!r} on {settings.kafka.bootstrap} has min.insync.replicas "
+                f"{have}, the settings expect at least {isr} (min_insync_replicas): raise the "
+                f"topic's min.insync.replicas or change the settings"
             )
 
 

@@ -8,10 +8,15 @@ are built from the settings or injected.
 
 Exactly-once (`delivery = "exactly-once"`): one Kafka transaction spans every batch polled
 within `commit_interval_ms` (as Kafka Streams), holding their ad queries, dead letters and input
-offsets (Kafka's consume-transform-produce): its commit's round trips are paid once per interval
-rather than per batch. A crash or a refused commit aborts it: read-committed readers never see
-its messages and its batches are processed again, so the output holds each answer once. Redis
-state is idempotent by event id, so the replay never appends a visit twice.
+offsets (Kafka's consume-transform-produce). Its commit runs on a thread of its own
+(stream.txn_commit) while the worker polls and predicts the next interval's batches, whose
+messages are held in memory until that commit returned: then the next transaction begins with
+them. A commit slower than an interval makes the next transaction span longer; the worker waits
+for a commit only before a rebalance and on stop (a wait on its loop longer than
+max.poll.interval would get it evicted from the group).
+A crash or a refused commit aborts it: read-committed readers never see its messages, the held
+messages are dropped, and both intervals' batches are processed again, so the output holds each
+answer once. Redis state is idempotent by event id, so the replay never appends a visit twice.
 
 At-least-once: the broker's acknowledgement wait overlaps the next batch (at most
 `max_in_flight` batches, settled strictly in order); settled offsets are committed every
@@ -22,6 +27,7 @@ Rebalances (cooperative-sticky, static membership per worker slot): before parti
 the worker drains every batch in flight and commits (at-least-once), or commits its open
 transaction (exactly-once), so the next owner neither repeats nor skips an answer; partitions
 lost (the member was evicted) drop their uncommitted offsets and the next owner replays them.
+Exactly-once, either way, first waits for the commit in flight.
 SIGTERM/SIGINT: finish the batch, commit, close.
 """
 
@@ -52,10 +58,14 @@ from stream.rdkafka_producer import TransactionAborted
 from stream.settings import Settings
 from stream.state_store import StateStore, connect
 from stream.topics import TXN_TIMEOUT_MS, make_stream_consumer, make_stream_producer
+from stream.txn_commit import BackgroundCommit
 from stream.worker_health import WorkerHealth
 
 log = logging.getLogger(__name__)
-TXN_STALL_S = 20.0  # a transaction commit blocked this long is stuck (_commit_or_replace)
+TXN_STALL_S = 20.0  # a transaction commit blocked this long is stuck (_reap_commit)
+# while a transaction commits, the loop polls at least this often to see it return (the next
+# interval's held messages wait for it)
+COMMIT_CHECK_MS = 5
 
 
 @dataclass
@@ -86,18 +96,27 @@ def offset_range(records) -> tuple[dict, dict]:
 
 @dataclass
 class OpenTxn:
-    """Exactly-once: the batches of the transaction open since `t_begin` (monotonic)."""
+    """Exactly-once: the batches of the transaction open since `t_begin` (monotonic).
+
+    `held` is None once the producer's transaction has begun (messages go to the producer);
+    while the previous transaction still commits it holds this one's messages instead."""
 
     t_begin: float
     batches: list = field(default_factory=list)
     offsets: dict = field(default_factory=dict)  # TopicPartition -> next offset to read
     first: dict = field(default_factory=dict)  # TopicPartition -> where an abort rewinds to
+    held: list | None = None  # (topic, key, value) not produced yet
 
     def add(self, b: InFlight) -> None:
         self.batches.append(b)
         self.offsets.update(b.offsets)  # later batches carry later offsets
         for tp, o in b.first.items():
             self.first.setdefault(tp, o)
+
+    def hold(self, topic: str, key: bytes | None = None, value: bytes | None = None) -> None:
+        """Outbox.send while the previous transaction commits: keep the message for later."""
+        assert self.held is not None
+        self.held.append((topic, key, value))
 
 
 @dataclass
@@ -200,6 +219,8 @@ class StreamWorker:
         self.stages = stages or default_stages(settings, model, policy, self._append_with_backoff)
         self.aborted = 0  # transactions aborted and replayed (exactly-once)
         self.txn: OpenTxn | None = None  # the open transaction (exactly-once)
+        self.committing: BackgroundCommit | None = None  # the previous one, committing
+        self._committing_txn: OpenTxn | None = None
         # committed well before the broker would abort it (transaction.timeout.ms)
         self.txn_span_s = min(self.s.consumer.commit_interval_ms, TXN_TIMEOUT_MS // 4) / 1000.0
         self.transactions = 0  # committed (exactly-once)
@@ -244,7 +265,9 @@ class StreamWorker:
                     if self.inflight
                     else self.s.consumer.poll_timeout_ms * 5
                 )
-                if self.txn is not None:  # wake up in time to commit it
+                if self.committing is not None:  # see it return soon
+                    wait = min(wait, COMMIT_CHECK_MS)
+                elif self.txn is not None:  # wake up in time to commit it
                     due = self.txn.t_begin + self.txn_span_s
                     wait = min(
                         self.s.consumer.poll_timeout_ms, int((due - time.monotonic()) * 1000)
@@ -256,10 +279,7 @@ class StreamWorker:
                 self.health.polled()
                 records = [r for rs in polled.values() for r in rs]
                 if self.exactly_once:
-                    if records:
-                        self.add_to_transaction(records)
-                    if self.txn is not None and self._txn_due():
-                        self.commit_transaction()
+                    self.transaction_step(records)
                 else:
                     if records:
                         self._between_batches()
@@ -268,8 +288,7 @@ class StreamWorker:
                 self._maybe_publish()
             # graceful stop: everything acknowledged and committed
             if self.exactly_once:
-                if self.txn is not None:
-                    self.commit_transaction()
+                self.commit_transaction()
             else:
                 self.settle(block=True)
         finally:
@@ -293,7 +312,9 @@ class StreamWorker:
         try:
             if not self.exactly_once:
                 self.producer.flush(timeout=10)
-            self.producer.close(timeout=10)
+            c = self.committing  # a commit still in flight (the loop raised) shares the producer
+            if c is None or c.wait(TXN_STALL_S - c.age()):
+                self.producer.close(timeout=10)
         finally:
             self.consumer.close(autocommit=False)
             self.redis.close()
@@ -304,14 +325,29 @@ class StreamWorker:
     def _txn_due(self) -> bool:
         return self.txn is not None and time.monotonic() - self.txn.t_begin >= self.txn_span_s
 
+    def transaction_step(self, records) -> None:
+        """Exactly-once, once per poll: the batch into the open transaction; the commit in
+        flight seen to its end if it returned; the open transaction's commit started when its
+        interval is over and the previous one returned (until then it goes on growing)."""
+        if records:
+            self.add_to_transaction(records)
+        self._reap_commit()
+        if self._txn_due() and self.committing is None:
+            self._start_commit()
+
     def add_to_transaction(self, records) -> None:
         """Process a batch inside the open transaction (opening one, after swapping in a newly
-        promoted model, when none is)."""
+        promoted model, when none is). While the previous transaction commits, its messages
+        are held, to be produced once that commit returned."""
         if self.txn is None:
             self._between_batches()
-            self.producer.begin_transaction()
             self.txn = OpenTxn(time.monotonic())
-        self.txn.add(self.process(records))
+            if self.committing is None:
+                self.producer.begin_transaction()
+            else:
+                self.txn.held = []
+        send = self.txn.hold if self.txn.held is not None else self.producer.send
+        self.txn.add(self.process(records, send))
 
     def process_transaction(self, records) -> bool:
         """One batch as a transaction of its own (committed at once). Returns whether it
@@ -320,71 +356,107 @@ class StreamWorker:
         return self.commit_transaction()
 
     def commit_transaction(self) -> bool:
-        """Commit the open transaction's outputs with its batches' input offsets, or (refused)
-        abort it and rewind its partitions to be processed again. Returns whether it
-        committed."""
+        """Commit everything at once (graceful stop, rebalance): wait for the commit in flight,
+        then commit the open transaction and wait for it. A refused commit aborts and rewinds
+        its partitions (and the open transaction's) to be processed again. Returns whether
+        everything committed."""
+        ok = self._reap_commit(block=True) is not False
+        if self.txn is None:
+            return ok
+        self._start_commit()
+        return self._reap_commit(block=True) is True
+
+    def _start_commit(self) -> None:
+        """Start committing the open transaction (its outputs with its batches' input offsets)
+        on a thread of its own; the next batches go into a new one, held until it returned."""
         txn, self.txn = self.txn, None
-        if txn is None:
-            return False
-        t_commit = time.perf_counter()
-        try:
-            self._commit_or_replace(txn.offsets)
-        except TransactionAborted as exc:
-            self.aborted += 1
-            log.warning("%s: %s; replaying %d batches", self.cid, exc, len(txn.batches))
-            self.consumer.rewind(txn.first)
-            return False
-        self.transactions += 1
-        wait = (time.perf_counter() - t_commit) / len(txn.batches)
-        for b in txn.batches:
-            self._record(b, wait)
-        return True
+        assert txn is not None and txn.held is None and self.committing is None
+        producer, offsets = self.producer, txn.offsets
+        # the group generation now, not when the commit gets through: if the group moves on
+        # meanwhile (this member evicted), the broker refuses the offsets and the interval replays
+        group = self.consumer.group_metadata()
+        self._committing_txn = txn
+        self.committing = BackgroundCommit(lambda: producer.commit_transaction(offsets, group))
 
-    def _record(self, b: InFlight, kafka_wait_s: float) -> None:
-        """A settled batch into the metrics: its ack (or commit) wait counts as the kafka stage,
-        its events' latency runs from their timestamps to now."""
-        now_pc, now = time.perf_counter(), time.time()
-        b.stages["kafka"] = b.stages.get("kafka", 0.0) + kafka_wait_s
-        e2a = (now - b.event_ts) * 1000.0
-        self.metrics.record_batch(b.events, b.dead, b.duplicates, now_pc - b.t0, e2a, b.stages)
-        if self.prom:
-            self.prom.observe(b.events, b.dead, now_pc - b.t0, e2a, self.model.version)
-
-    def _commit_or_replace(self, offsets: dict) -> None:
-        """Commit the open transaction with `offsets` on the committer thread.
+    def _reap_commit(self, block: bool = False) -> bool | None:
+        """See the commit in flight to its end: None while it runs (block=False) or when none
+        is; True when it committed (its batches recorded, the open transaction's held messages
+        produced into a new transaction); False when it was refused and aborted (it and the open
+        transaction rewound, the held messages dropped).
 
         librdkafka's send_offsets_to_transaction can block far past its timeout when the group
         coordinator went away (confluentinc/librdkafka#5456 and #5511; here, every time the
         broker is killed and restarts mid-transaction). A commit stuck for TXN_STALL_S is given
         up: a new producer with the same transactional id fences the stuck one, the broker
-        aborts its transaction, and TransactionAborted makes the batch replay. The stuck call's
-        thread is left to end on its own (it fails once fenced)."""
-        done = threading.Event()
-        outcome: list = []
-
-        def commit() -> None:
-            try:
-                self.producer.commit_transaction(offsets, self.consumer)
-                outcome.append(None)
-            except BaseException as exc:  # noqa: BLE001 - re-raised on the worker's thread
-                outcome.append(exc)
-            done.set()
-
-        # a daemon thread per commit (~0.1 ms against a ~7 ms commit): a stuck one must never
-        # keep the process from exiting
-        threading.Thread(target=commit, name="astec-txn-commit", daemon=True).start()
-        if done.wait(TXN_STALL_S):
-            if outcome[0] is not None:
-                raise outcome[0]
-            return
-        log.error(
-            "%s: transaction commit stuck for %.0fs in librdkafka; replacing the producer "
-            "(same transactional id) and replaying the batch",
+        aborts its transaction and both intervals replay. The stuck call's thread is left to end
+        on its own (it fails once fenced)."""
+        c, txn = self.committing, self._committing_txn
+        if c is None or txn is None:
+            return None
+        t_wait = time.perf_counter()
+        if block:
+            c.wait(TXN_STALL_S - c.age())
+        error: BaseException | None
+        if c.done.is_set():
+            error = c.error
+        elif not block and c.age() < TXN_STALL_S:
+            return None
+        else:
+            log.error(
+                "%s: transaction commit stuck for %.0fs in librdkafka; replacing the producer "
+                "(same transactional id) and replaying the interval",
+                self.cid,
+                TXN_STALL_S,
+            )
+            self.producer = self.clients.producer = self.clients.new_producer()
+            error = TransactionAborted(f"commit stuck for {TXN_STALL_S:.0f}s; producer replaced")
+        self.committing = self._committing_txn = None
+        waited = time.perf_counter() - t_wait if block else 0.0
+        if error is None:
+            self.transactions += 1
+            for b in txn.batches:
+                self._record(b, waited / len(txn.batches), c.t_done)
+            if self.txn is not None:
+                self._produce_held(self.txn)
+            return True
+        if not isinstance(error, TransactionAborted):
+            raise error  # fenced or fatal: the worker stops, its restart replays
+        self.aborted += 1
+        nxt, self.txn = self.txn, None
+        log.warning(
+            "%s: %s; replaying %d batches",
             self.cid,
-            TXN_STALL_S,
+            error,
+            len(txn.batches) + (len(nxt.batches) if nxt else 0),
         )
-        self.producer = self.clients.producer = self.clients.new_producer()
-        raise TransactionAborted(f"commit stuck for {TXN_STALL_S:.0f}s; producer replaced")
+        rewind = dict(txn.first)  # the earlier interval's first offsets come first
+        for tp, o in (nxt.first if nxt else {}).items():
+            rewind.setdefault(tp, o)
+        self.consumer.rewind(rewind)
+        return False
+
+    def _produce_held(self, txn: OpenTxn) -> None:
+        """Begin the producer's transaction for `txn` and produce the messages it held (the
+        time counts as its batches' Kafka time)."""
+        t = time.perf_counter()
+        self.producer.begin_transaction()
+        for topic, key, value in txn.held or ():
+            self.producer.send(topic, key=key, value=value)
+        txn.held = None
+        share = (time.perf_counter() - t) / max(1, len(txn.batches))
+        for b in txn.batches:
+            b.stages["kafka"] = b.stages.get("kafka", 0.0) + share
+
+    def _record(self, b: InFlight, kafka_wait_s: float, now: float | None = None) -> None:
+        """A settled batch into the metrics: its ack (or commit) wait counts as the kafka stage,
+        its events' latency runs from their timestamps to `now` (when its outputs became
+        visible; default the present)."""
+        now_pc, now = time.perf_counter(), time.time() if now is None else now
+        b.stages["kafka"] = b.stages.get("kafka", 0.0) + kafka_wait_s
+        e2a = (now - b.event_ts) * 1000.0
+        self.metrics.record_batch(b.events, b.dead, b.duplicates, now_pc - b.t0, e2a, b.stages)
+        if self.prom:
+            self.prom.observe(b.events, b.dead, now_pc - b.t0, e2a, self.model.version)
 
     def settle(self, block: bool = False) -> int:
         """Commit the offsets of the oldest batches whose messages are all acknowledged.
@@ -433,8 +505,10 @@ class StreamWorker:
 
     def drop_lost(self, lost: set) -> None:
         """Partitions already owned by another member (this one was evicted): their offsets
-        are not committed (the new owner replays from the last commit); an open transaction is
-        aborted and its partitions still owned are rewound."""
+        are not committed (the new owner replays from the last commit); the open transaction
+        is aborted (one still holding its messages is dropped) and its partitions still owned
+        are rewound. A commit in flight is left to end: it carries the group generation of its
+        start, so the broker refuses it if the group moved on, and it is replayed then."""
         self.pending_offsets = {tp: o for tp, o in self.pending_offsets.items() if tp not in lost}
         for b in self.inflight:
             b.offsets = {tp: o for tp, o in b.offsets.items() if tp not in lost}
@@ -442,7 +516,8 @@ class StreamWorker:
             txn, self.txn = self.txn, None
             log.warning("%s: partitions lost; aborting the open transaction", self.cid)
             try:
-                self.producer.abort_transaction()
+                if txn.held is None:  # a transaction still holding its messages sent nothing
+                    self.producer.abort_transaction()
             except Exception as exc:  # noqa: BLE001 - raised again on the worker's loop
                 self._failure = exc
                 return
@@ -514,17 +589,18 @@ class StreamWorker:
             )
 
     # ---- one batch ----------------------------------------------------------------------
-    def process(self, records) -> InFlight:
+    def process(self, records, send: Callable[..., Any] | None = None) -> InFlight:
         """Everything of a batch up to handing the ad queries to the producer (no ack wait):
         the stages of stream.batch_stages in order, each timed under its metric name.
 
         No single event can stop the worker: whatever fails while handling one event (its
         decoding, prediction, state, Redis write, policy or produce) sends that event to the
         dead letters with the reason, and the rest of the batch goes on. Only what is not an
-        event's fault (Redis or the broker unreachable) raises or is retried."""
+        event's fault (Redis or the broker unreachable) raises or is retried. `send` (default
+        the producer's) takes the batch's messages."""
         t0 = t = time.perf_counter()
         stages = {"predict": 0.0}
-        out = Outbox(self.producer.send, self.s.topics.dead_letters, self.cid)
+        out = Outbox(send or self.producer.send, self.s.topics.dead_letters, self.cid)
         batch = Batch(list(records))
         for name, stage in self.stages:
             if not batch and name != "decode":

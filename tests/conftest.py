@@ -19,6 +19,7 @@ import pytest
 from stream.settings import Settings, load_settings
 from testkit.astec_cli import astec
 from testkit.corpora import KnnPredictor, read_stream_corpus
+from testkit.own_topics import own_topics
 from testkit.paths import STREAM_DATA
 
 
@@ -43,15 +44,7 @@ def stream_settings(services: Settings) -> Settings:
     """The session's services with fresh topics, consumer group and Redis key prefix."""
     from stream.topics import ensure_topics
 
-    tag = uuid.uuid4().hex[:8]
-    s = services.replace(
-        topic_page_views=f"page-views-{tag}",
-        topic_ad_queries=f"ad-queries-{tag}",
-        topic_ad_clicks=f"ad-clicks-{tag}",
-        topic_dead_letters=f"dead-letters-{tag}",
-        consumer_group=f"astec-test-{tag}",
-        redis_key_prefix=f"astec-test-{tag}",
-    )
+    s = own_topics(services)
     ensure_topics(s)
     return s
 

@@ -322,6 +322,75 @@ def test_exactly_once_transaction_spans_the_commit_interval(
         assert read_topic(s, s.topics.ad_queries, 1, timeout=1) == []
         got = read_topic(s, s.topics.ad_queries, len(run.msgs), timeout=30)
         committed = run.committed()
-        assert w.transactions == 1 and not run.worker.pending_offsets
+        # the commit returns on its own thread; the worker notes it at its next poll
+        wait_until(lambda: w.transactions == 1, "the commit seen by the worker")
+        assert not run.worker.pending_offsets
     assert len(got) == len(run.msgs) and committed == len(run.msgs)
     assert run.after_stop == len(run.msgs)
+
+
+class SlowCommit:
+    """The worker's real transactional producer, each commit held back `delay_s` first; with
+    `refuse`, the first commit is aborted instead (as when the broker refuses one)."""
+
+    def __init__(self, producer, delay_s: float, refuse: bool):
+        self._p, self.delay_s, self.refuse = producer, delay_s, refuse
+
+    def __getattr__(self, name):
+        return getattr(self._p, name)
+
+    def commit_transaction(self, offsets, group_metadata):
+        from stream.rdkafka_producer import TransactionAborted
+
+        time.sleep(self.delay_s)
+        if self.refuse:
+            self.refuse = False
+            self._p.abort_transaction()
+            raise TransactionAborted("transaction aborted: refused by the test")
+        self._p.commit_transaction(offsets, group_metadata)
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["committed", "refused"])
+def test_exactly_once_next_interval_is_processed_while_a_commit_runs(
+    stream_settings, astec_predictor, stream_corpus, refused
+):
+    """Exactly-once: while one interval's transaction commits (held back 4 s here) the worker
+    goes on answering the next interval's page views, holding their ad queries; a read-committed
+    reader sees them once that commit returned. If it is refused instead, both intervals are
+    processed again: every page view still answered exactly once, no visit stored twice."""
+    s = stream_settings.replace(delivery="exactly-once", commit_interval_ms=1000, batch_max=16)
+    first, second = page_views(stream_corpus[0], 40), page_views(stream_corpus[0], 40)
+    model = ModelHandle.open(astec_predictor, background=True)
+    w = StreamWorker(s, model, Top1Policy(), "w-eos-overlap")
+    w.producer = SlowCommit(w.producer, 4.0, refused)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        produce(s, first)
+        wait_until(lambda: w.committing is not None, "the first interval's commit started")
+        commit, txn = w.committing, w._committing_txn
+        assert sum(b.events for b in txn.batches) == len(first)
+        produce(s, second)
+        wait_until(
+            lambda: (
+                w.txn is not None
+                and w.txn.held is not None
+                and sum(b.events for b in w.txn.batches) == len(second)
+            ),
+            "the second interval answered while the first commits",
+            timeout=30,
+        )
+        assert not commit.done.is_set(), "the commit returned before the test could look"
+        got = read_topic(s, s.topics.ad_queries, 2 * len(first), timeout=60)
+        wait_until(lambda: w.txn is None and w.committing is None, "everything committed")
+    finally:
+        w.stop()
+        t.join(30)
+    ids = [decode("ad_query", r.value, 1 << 20)["event_id"] for r in got]
+    assert sorted(ids) == sorted(m["event_id"] for m in first + second)  # each exactly once
+    assert len(read_topic(s, s.topics.ad_queries, len(ids) + 1, timeout=3)) == len(ids)
+    assert w.aborted == (1 if refused else 0)
+    store = StateStore(connect(s.redis.url.reveal()), s.redis.key_prefix, s.state.k)
+    for u in {m["user_id"] for m in first + second}:
+        stored = [h.event_id for h in store.history(u)]
+        assert len(stored) == len(set(stored)) == 4  # 80 visits over 20 users, none twice

@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 
 import pytest
 
 from stream.settings import settings_env
 from stream.topics import TopicMismatch, ensure_topics, replication_for
+from testkit.own_topics import own_topics
 from testkit.paths import REPO
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
@@ -52,14 +52,8 @@ def test_topics_created_with_replication_and_min_isr_of_the_cluster(stream_setti
 def test_stream_run_refuses_a_topic_with_other_partitions_in_one_line(
     services, astec_predictor, tmp_path
 ):
-    tag = uuid.uuid4().hex[:8]
-    s = services.replace(
-        topic_page_views=f"page-views-{tag}",
-        topic_ad_queries=f"ad-queries-{tag}",
-        topic_ad_clicks=f"ad-clicks-{tag}",
-        topic_dead_letters=f"dead-letters-{tag}",
-        consumer_group=f"astec-test-{tag}",
-    )
+    s = own_topics(services)
+    tag = s.consumer.group[-8:]
     ensure_topics(s.replace(partitions=2))  # made earlier by someone with other settings
     with pytest.raises(TopicMismatch, match=rf"page-views-{tag}' .* has 2 partitions"):
         ensure_topics(s)
