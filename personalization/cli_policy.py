@@ -82,6 +82,12 @@ def _load_visits(logs: Path, models: Path, k: int, progress: bool = True):
         f"({time.perf_counter() - t:.1f}s)",
         err=True,
     )
+    if v.session_gap_s is not None:
+        click.echo(
+            f"  no session ids in the logs: sessions cut at gaps over {v.session_gap_s:.0f}s "
+            "(the valley of the users' gaps between views)",
+            err=True,
+        )
     for kind, r in v.reports.items():
         if r["corrupt"]:
             click.echo(

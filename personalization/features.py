@@ -46,6 +46,7 @@ INTENT_KAPPA = 20.0
 KAPPA_FLOOR = 0.5
 INTENT_KEEP_BLOCK = 0.7
 INTENT_KEEP = 0.95
+INTENT_SCORE_WEIGHT = 0.05
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class FeatureFit:
     put share e(c) of their score in cluster c multiplies the belief in c by 1 + kappa(c) e(c),
     kappa(c) = kappa_scale x max(n x the cluster's share of the views' evidence,
     kappa_floor) ^ -kappa_power over n clusters (`cluster_kappa`); recency_gamma: the decay of
-    recency_score's weights."""
+    recency_score's weights; intent_score_weight: the weight of score_current beside
+    intent_mass's 1 in the fixed intent ranking (personalization.train.intent_rank_weights)."""
 
     block_gap_s: float = float(BLOCK_GAP_S)
     keep: float = INTENT_KEEP
@@ -69,13 +71,15 @@ class FeatureFit:
     kappa_floor: float = KAPPA_FLOOR
     kappa_power: float = 1.0
     recency_gamma: float = RECENCY_GAMMA
+    intent_score_weight: float = INTENT_SCORE_WEIGHT
 
     def to_array(self) -> np.ndarray:
-        """float64 [7] in field order (how a weights dict carries it, under FIT_KEY)."""
+        """float64 [8] in field order (how a weights dict carries it, under FIT_KEY)."""
         return np.array([getattr(self, f) for f in FIT_FIELDS], np.float64)
 
     @classmethod
     def from_array(cls, a: np.ndarray) -> FeatureFit:
+        """From to_array's values (a shorter array: the fields it lacks at their defaults)."""
         return cls(*(float(x) for x in np.asarray(a, np.float64).reshape(-1)))
 
     def to_json(self) -> dict:
@@ -83,14 +87,17 @@ class FeatureFit:
 
     @classmethod
     def from_json(cls, d: object) -> FeatureFit:
-        """From a manifest's `feature_fit` (None: an older policy, the defaults); ValueError
-        naming the field that is missing or out of range."""
+        """From a manifest's `feature_fit` (None: an older policy, the defaults; a field fitted
+        only by later versions, OPTIONAL_FIELDS, missing: its default); ValueError naming the
+        field that is missing or out of range."""
         if d is None:
             return cls()
         if not isinstance(d, dict):
             raise ValueError(f"field 'feature_fit' must be an object, got {type(d).__name__}")
         vals = {}
         for f in FIT_FIELDS:
+            if f in OPTIONAL_FIELDS and f not in d:
+                continue
             x = d.get(f)
             if isinstance(x, bool) or not isinstance(x, int | float) or not np.isfinite(x):
                 raise ValueError(f"field 'feature_fit.{f}' must be a finite number, got {x!r}")
@@ -101,10 +108,16 @@ class FeatureFit:
         for f in ("block_gap_s", "kappa_scale", "kappa_floor"):
             if vals[f] <= 0:
                 raise ValueError(f"field 'feature_fit.{f}' must be > 0, got {vals[f]}")
+        if vals.get("intent_score_weight", 0.0) < 0:
+            raise ValueError(
+                f"field 'feature_fit.intent_score_weight' must be >= 0, "
+                f"got {vals['intent_score_weight']}"
+            )
         return cls(**vals)
 
 
 FIT_FIELDS = tuple(FeatureFit.__dataclass_fields__)
+OPTIONAL_FIELDS = ("intent_score_weight",)  # absent from the manifests of earlier fits
 FIT_KEY = "_feature_fit"  # a weights dict's FeatureFit.to_array() (the manifest holds the JSON)
 DEFAULT_FIT = FeatureFit()
 

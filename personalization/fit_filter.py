@@ -2,10 +2,9 @@
 
 Nothing here reads how the traffic was generated: each constant is what the logs support.
 
-- The block gap (what separates two "sessions" of one user): a two-component Gaussian mixture
-  on the log of the gaps between a user's consecutive visits in the training period; the gap
-  where the two components' weighted densities cross (gaps inside a sitting and gaps between
-  sittings form two modes in any browsing log; where they cross is the least ambiguous cut).
+- The block gap (what separates two "sessions" of one user): the valley of the gaps between a
+  user's consecutive visits in the training period (personalization.gap_valley: a
+  two-component Gaussian mixture on the log gaps, cut where the components cross).
 - The intent filter's keep rates within and across blocks and its odds factor (kappa's scale,
   floor and power): by how well the filter's belief from a window's earlier pages predicts
   the interest of its last page, against a uniform belief, on the validation windows. The
@@ -20,6 +19,9 @@ Nothing here reads how the traffic was generated: each constant is what the logs
   costs milliseconds; the continuous constants by Nelder-Mead from a neutral start.
 - recency_score's decay: the same likelihood with the recency-weighted score of the shown
   query in place of the filter's belief, by a bounded scalar search.
+- The intent ranking's weight of the current page's score beside the filter's belief
+  (train.intent_rank_weights): the same likelihood with the ranking's key of the shown query
+  as the one feature, by a bounded scalar search on its log.
 """
 
 from __future__ import annotations
@@ -38,17 +40,19 @@ from personalization.features import (
     query_lookup,
     recency_weights,
 )
+from personalization.gap_valley import gap_valley
 from personalization.visits import VisitLog
 
 log = logging.getLogger(__name__)
 
-MIN_GAPS = 20  # fewer gaps between visits than this: nothing to fit a block gap on
 MIN_CLICKS = 5  # fewer clicks on either side: nothing to fit the likelihood on
 MAX_EVALS = 150  # filter settings tried for the chosen cluster count
 GRID_EVALS = 50  # ... and for each count of the grid (on GRID_ROWS visits a side)
 GRID_ROWS = 4000
 MAX_ROWS = 10000  # visits a side the final fit reads
-GRID_RESTARTS = 4  # k-means restarts per count of the grid (the chosen count gets the default)
+# k-means restarts per count of the grid (the chosen count gets query_clusters' default): a
+# compute knob (a tighter optimum of the same objective, at proportional cost), not fitted
+GRID_RESTARTS = 4
 
 
 @dataclass
@@ -93,42 +97,12 @@ def subsample(w: Windows, n: int, seed: int) -> Windows:
 
 
 def fit_block_gap(v: VisitLog, rows: np.ndarray) -> float | None:
-    """Seconds: where the two components of a Gaussian mixture on the log gaps between the
-    users' consecutive visits among `rows` cross (None: too few gaps or no second mode)."""
+    """Seconds: the valley (gap_valley) of the gaps between the users' consecutive visits
+    among `rows` (None: too few gaps or no second mode)."""
     rows = np.sort(np.asarray(rows, np.int64))
     prev = rows - 1
     ok = (prev >= 0) & (v.user[np.maximum(prev, 0)] == v.user[rows])
-    gaps = v.ts[rows[ok]] - v.ts[prev[ok]]
-    x = np.log1p(np.maximum(gaps, 0.0))
-    if len(x) < MIN_GAPS or np.ptp(x) <= 0:
-        return None
-    lo, hi = np.quantile(x, [0.25, 0.75])
-    mu = np.array([lo, hi])
-    sd = np.full(2, max(x.std(), 1e-3))
-    w = np.array([0.5, 0.5])
-    for _ in range(200):  # EM
-        dens = w / sd * np.exp(-0.5 * ((x[:, None] - mu) / sd) ** 2)
-        r = dens / np.maximum(dens.sum(1, keepdims=True), 1e-300)
-        n = r.sum(0)
-        if (n < 1e-6).any():
-            return None
-        w_new = n / len(x)
-        mu_new = (r * x[:, None]).sum(0) / n
-        sd_new = np.sqrt((r * (x[:, None] - mu_new) ** 2).sum(0) / n) + 1e-3
-        done = np.abs(mu_new - mu).max() < 1e-6
-        w, mu, sd = w_new, mu_new, sd_new
-        if done:
-            break
-    a, b = np.argsort(mu)
-    grid = np.linspace(mu[a], mu[b], 2001)  # the crossing between the two means
-
-    def logd(i):
-        return np.log(w[i] / sd[i]) - 0.5 * ((grid - mu[i]) / sd[i]) ** 2
-
-    above = logd(b) >= logd(a)
-    if not above.any() or above.all():
-        return None
-    return float(np.expm1(grid[int(np.argmax(above))]))
+    return gap_valley(v.ts[rows[ok]] - v.ts[prev[ok]])
 
 
 def _logistic(X: np.ndarray, y: np.ndarray, ridge: float = 1e-3, iters: int = 25) -> np.ndarray:
@@ -254,31 +228,64 @@ def fit_filter_constants(
     return _filter_fit(res.x, fit)
 
 
+def filter_mass(share: np.ndarray, lookup: np.ndarray, w: Windows, fit: FeatureFit) -> np.ndarray:
+    """float64 [B] the filter's belief under `fit` in the shown query's cluster at each window."""
+    from personalization.feature_kernels import intent_mass
+
+    kappa = kappa_of_share(share, fit).astype(np.float64)
+    m, _ = intent_mass(
+        w.ids,
+        w.scores,
+        w.mask,
+        w.ts,
+        fit.block_gap_s,
+        lookup,
+        kappa,
+        fit.keep,
+        fit.keep_block,
+        lookup[w.shown],
+    )
+    return m
+
+
 def filter_click_loglik(
     share: np.ndarray, lookup: np.ndarray, tr: Windows, va: Windows, fit: FeatureFit
 ) -> float:
     """Validation click log-likelihood (click_loglik) of the filter's belief in the shown
     query's cluster under `fit`."""
-    from personalization.feature_kernels import intent_mass
+    return click_loglik(
+        filter_mass(share, lookup, tr, fit), filter_mass(share, lookup, va, fit), tr, va
+    )
 
-    kappa = kappa_of_share(share, fit).astype(np.float64)
 
-    def mass(w: Windows) -> np.ndarray:
-        m, _ = intent_mass(
-            w.ids,
-            w.scores,
-            w.mask,
-            w.ts,
-            fit.block_gap_s,
-            lookup,
-            kappa,
-            fit.keep,
-            fit.keep_block,
-            lookup[w.shown],
-        )
-        return m
+def intent_rank_loglik(
+    weight: float, mass_tr: np.ndarray, mass_va: np.ndarray, tr: Windows, va: Windows
+) -> float:
+    """Validation mean log-likelihood of the clicks under a logistic model (fitted on the
+    training visits) of the intent ranking's key intent_mass + weight x score_current of the
+    shown query."""
 
-    return click_loglik(mass(tr), mass(va), tr, va)
+    def design(m: np.ndarray, w: Windows) -> np.ndarray:
+        return np.column_stack([np.ones(len(m)), m + weight * w.score_shown[:, -1]])
+
+    beta = _logistic(design(mass_tr, tr), tr.clicked)
+    return _loglik(design(mass_va, va), va.clicked, beta)
+
+
+def fit_intent_score_weight(
+    mass_tr: np.ndarray, mass_va: np.ndarray, tr: Windows, va: Windows
+) -> float:
+    """intent_score_weight maximising intent_rank_loglik (bounded search on its log over
+    [1e-3, 10]): the ranking's mix of the filter's belief and the page's score is what best
+    predicts the clicks."""
+    from scipy.optimize import minimize_scalar
+
+    res = minimize_scalar(
+        lambda x: -intent_rank_loglik(float(np.exp(x)), mass_tr, mass_va, tr, va),
+        bounds=(np.log(1e-3), np.log(10.0)),
+        method="bounded",
+    )
+    return float(np.exp(res.x))
 
 
 def cluster_grid(n_queries: int) -> list[int]:
@@ -366,7 +373,14 @@ def fit_intent_filter(
         fit = fit_filter_constants(share, lookup, pages_va, fit)
         report["val_page_score"] = page_score(share, lookup, pages_va, fit)
         if enough:
-            report["val_click_loglik"] = filter_click_loglik(share, lookup, tr, va, fit)
+            m_tr, m_va = filter_mass(share, lookup, tr, fit), filter_mass(share, lookup, va, fit)
+            report["val_click_loglik"] = click_loglik(m_tr, m_va, tr, va)
+            isw = fit_intent_score_weight(m_tr, m_va, tr, va)
+            report["intent_score_weight_val_click_loglik"] = {
+                "fitted": intent_rank_loglik(isw, m_tr, m_va, tr, va),
+                "unfitted": intent_rank_loglik(fit.intent_score_weight, m_tr, m_va, tr, va),
+            }
+            fit = replace(fit, intent_score_weight=isw)
     kappa = kappa_of_share(share, fit)
     report["clusters"] = int(lookup.max()) + 1
     report["feature_fit"] = fit.to_json()

@@ -58,7 +58,10 @@ def query_clusters(
     k = min(n_clusters, X.shape[0])
     rng = np.random.default_rng(seed)
     best_fit, assign = -np.inf, np.zeros(X.shape[0], np.int64)
-    for _ in range(restarts):  # k-means is start-sensitive: keep the tightest of a few
+    # `restarts` is a compute knob, not a model constant: more runs only find a tighter optimum
+    # of the same objective (never a different model), at proportional cost, so it is set, not
+    # fitted (k-means is start-sensitive: keep the tightest of a few)
+    for _ in range(restarts):
         fit, a = _spherical_kmeans(X, k, rng)
         if fit > best_fit:
             best_fit, assign = fit, a

@@ -36,8 +36,10 @@ from tqdm import tqdm
 
 from personalization.artifact import save_policy
 from personalization.features import (
+    DEFAULT_FIT,
     Clusters,
     EventBatch,
+    FeatureFit,
     build_batch,
     cluster_lookup,
     log_popularity,
@@ -157,19 +159,15 @@ def fit_start(
     return th[:-1].astype(np.float32), float(th[-1])
 
 
-# The fixed `intent` ranking (--init intent): the filtered belief in the candidate's query
-# cluster plus 0.05 x its Astec score on the current page; chosen on tuning worlds by actual
-# CTR, near bayes_window's (docs/decisions.md).
-INTENT_RANK = {"intent_mass": 1.0, "score_current": 0.05}
-
-
-def intent_rank_weights() -> np.ndarray:
-    """[N_FEATURES] weights of the fixed intent ranking (INTENT_RANK)."""
+def intent_rank_weights(fit: FeatureFit = DEFAULT_FIT) -> np.ndarray:
+    """[N_FEATURES] weights of the fixed `intent` ranking (--init intent, the intent_rule
+    baseline): the filtered belief in the candidate's query cluster plus the policy's fitted
+    `intent_score_weight` x its Astec score on the current page (personalization.fit_filter)."""
     from personalization.features import N_FEATURES, F
 
     w = np.zeros(N_FEATURES, np.float32)
-    for name, c in INTENT_RANK.items():
-        w[F[name]] = c
+    w[F["intent_mass"]] = 1.0
+    w[F["score_current"]] = fit.intent_score_weight
     return w
 
 
@@ -181,7 +179,8 @@ def start_weights(
         w, bias = fit_start(v, rows, cfg, log_pop, sim, seed=cfg.seed)
         return w, bias, {"init": "fitted", "init_weights": w.tolist(), "init_bias": bias}
     if cfg.init in ("sim_rank", "intent"):
-        w0 = sim_rank_weights(sim[1]) if cfg.init == "sim_rank" else intent_rank_weights()
+        fit = DEFAULT_FIT if sim[2] is None else sim[2].fit
+        w0 = sim_rank_weights(sim[1]) if cfg.init == "sim_rank" else intent_rank_weights(fit)
         scale, bias = calibrate_ranking(v, rows, cfg, log_pop, sim, w0, seed=cfg.seed)
         return scale * w0, bias, {"init": cfg.init, "init_scale": scale, "init_bias": bias}
     raise ValueError(f"init must be 'fitted', 'sim_rank', 'intent' or 'random', got {cfg.init!r}")
@@ -439,6 +438,7 @@ def train_policy(
             **rng_info,
             **rep,
             "train_visits": len(train_rows),
+            "session_gap_s": v.session_gap_s,
             "val_visits": len(val_rows),
         }
         weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
@@ -533,6 +533,7 @@ def train_policy(
         **rng_info,
         **start,
         "train_visits": len(train_rows),
+        "session_gap_s": v.session_gap_s,
         "val_visits": len(val_rows),
         "epochs": history,
         "best_epoch": int(history[int(np.argmin([h["val_objective"] for h in history]))]["epoch"]),

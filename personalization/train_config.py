@@ -65,8 +65,9 @@ class TrainConfig:
     clusters: int = 0
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
     # "fitted": start as a logistic fit of the logged clicks on the hand features (fit_start);
-    # "intent": the fixed ranking INTENT_RANK (click-calibrated); the start is also a candidate
-    # of the best-epoch selection. "random": torch's init. "auto" (default): see resolve_auto.
+    # "intent": the fixed intent ranking (train.intent_rank_weights, click-calibrated); the
+    # start is also a candidate of the best-epoch selection. "random": torch's init. "auto"
+    # (default): see resolve_auto.
     init: str = "auto"
     # "losses": the weighted losses above, epochs chosen by their validation sum.
     # "dr": a reward model P(click | window, candidate) fitted on every logged impression, then

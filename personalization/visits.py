@@ -24,10 +24,10 @@ from tqdm import tqdm
 
 from engine.clicklog import ReadReport, ad_outcomes, read_log
 from engine.manifest import label_space_of
+from personalization.features import BLOCK_GAP_S
+from personalization.gap_valley import gap_valley
 
 log = logging.getLogger(__name__)
-
-SESSION_GAP_S = 30 * 60
 
 
 @dataclass
@@ -59,6 +59,9 @@ class VisitLog:
     logged_indptr: np.ndarray | None = None  # int64 [N+1] CSR: candidates the logger chose among
     logged_ids: np.ndarray | None = None  # int64 label ids (-1: a name the engine lacks)
     logged_prob: np.ndarray | None = None  # float64: logger's probability of each (NaN: unlogged)
+    # seconds: the gap that started a new session where the logs had no session ids (the valley
+    # of the log's own gaps, personalization.gap_valley); None: sessions are the logged ones
+    session_gap_s: float | None = None
 
     @property
     def n(self) -> int:
@@ -119,19 +122,27 @@ class VisitLog:
         return ids, sc
 
 
-def _session_codes(user: np.ndarray, ts: np.ndarray, sid: list[str | None]) -> np.ndarray:
-    """Session index per visit: the logged session_id, else a new session after a 30 min gap."""
+def session_codes(
+    user: np.ndarray, ts: np.ndarray, sid: list[str | None]
+) -> tuple[np.ndarray, float | None]:
+    """(session index per visit, the gap that cut them): the logged session_id where every view
+    has one (gap None), else a new session after a gap at the valley of the users' gaps
+    between consecutive views (gap_valley; the features' default block gap without a valley)."""
     n = len(ts)
     new = np.ones(n, bool)
+    gap = None
     if n > 1:
         same_user = user[1:] == user[:-1]
         have = np.array([s is not None for s in sid])
         if have.all():
             same = np.array([a == b for a, b in zip(sid[1:], sid[:-1], strict=True)])
         else:
-            same = (ts[1:] - ts[:-1]) <= SESSION_GAP_S
+            d = ts[1:] - ts[:-1]
+            gap = gap_valley(d[same_user])
+            gap = float(BLOCK_GAP_S) if gap is None else gap
+            same = d <= gap
         new[1:] = ~(same_user & same)
-    return np.cumsum(new) - 1
+    return np.cumsum(new) - 1, gap
 
 
 def load_visits(
@@ -165,7 +176,7 @@ def load_visits(
     views = [views[i] for i in order]
     user, ts = user[order], ts[order]
     sid = [v.get("session_id") for v in views]
-    session = _session_codes(user, ts, sid)
+    session, session_gap_s = session_codes(user, ts, sid)
     session_ids = [
         sid[i] or f"{views[i]['user_id']}/{i}"
         for i in np.flatnonzero(np.r_[True, session[1:] != session[:-1]])
@@ -289,6 +300,7 @@ def load_visits(
         reports={k_: r.to_dict() for k_, r in reports.items()},
         engine_version=str(getattr(predictor, "version", "")),
         label_space=label_space_of(predictor),
+        session_gap_s=session_gap_s,
     )
 
 

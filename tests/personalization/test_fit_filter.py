@@ -1,6 +1,7 @@
 """The features' constants follow the logs they are fitted on: traffic whose sessions persist
 more, drift less or whose views come further apart gives keep rates and a block gap that move
-the same way; a trained policy stores what was fitted and serving reads exactly that back."""
+the same way; logs without session ids are cut into sessions where their own gaps split; a
+trained policy stores what was fitted and serving reads exactly that back."""
 
 import json
 
@@ -12,7 +13,9 @@ from personalization.features import DEFAULT_FIT, FIT_KEY, FeatureFit, cluster_l
 from personalization.fit_filter import fit_block_gap, fit_intent_filter
 from personalization.policy import GruPolicy
 from personalization.train import make_batch, publish, split_rows, train_policy
-from simulator.traffic import LogSettings
+from personalization.visits import session_codes
+from simulator.scenario import load_scenario
+from simulator.traffic import LogSettings, with_scenario
 from simulator.world import generate_world
 from testkit.policy_data import CFG, synthetic_visits
 from testkit.traffic_visits import traffic_visits
@@ -64,6 +67,51 @@ def test_fitted_block_gap_follows_the_gaps_and_separates_sessions(fits):
         assert (gap[new_session] >= fit.block_gap_s).mean() > 0.6, name
         gaps[name] = fit.block_gap_s
     assert gaps["fickle"] > 2 * gaps["steady"], gaps
+
+
+@pytest.fixture(scope="module")
+def scenario_fits(world):
+    """`default` (views 3 s + Exp(40 s) apart, sessions hours apart, drift 0.05) against
+    `short-memory` (30-minute pauses inside 10% of sessions, 30% of sessions starting minutes
+    after the last, drift 0.3), fitted as a policy's training fits them."""
+    out = {}
+    for name in ("default", "short-memory"):
+        s = with_scenario(LogSettings(days=5, seed=1, epsilon=0.5), load_scenario(name))
+        out[name] = _fit(world, s, 1.0)
+    return out
+
+
+def test_sessions_of_logs_without_ids_follow_their_gaps(scenario_fits):
+    """Logs without session ids are cut where their own gaps split: sessions that start minutes
+    after the last pull the cut down, and the cut finds the sessions that generated the views
+    (which the fit never saw) at least as well as a fixed 30 minutes does."""
+    gaps = {}
+    for name, (v, _, _) in scenario_fits.items():
+        codes, gap = session_codes(v.user, v.ts, [None] * v.n)
+        assert gap is not None, name
+        same_user = v.user[1:] == v.user[:-1]
+        true_new = (v.session[1:] != v.session[:-1])[same_user]
+        fitted_new = (codes[1:] != codes[:-1])[same_user]
+        fixed_new = np.diff(v.ts)[same_user] > 30 * 60
+        assert (fitted_new == true_new).mean() >= (fixed_new == true_new).mean(), name
+        gaps[name] = gap
+    assert gaps["default"] > 1.15 * gaps["short-memory"], gaps
+    # with session ids logged, they are the sessions and no gap is fitted
+    v = scenario_fits["default"][0]
+    codes, gap = session_codes(v.user, v.ts, [v.session_ids[s] for s in v.session])
+    assert gap is None and (np.diff(codes) != 0).sum() == (np.diff(v.session) != 0).sum()
+
+
+def test_fitted_constants_follow_the_scenarios(scenario_fits):
+    """Interests that drift within sessions keep less of the belief between views; the intent
+    ranking's weight of the page's score is fitted, and the validation clicks prefer it to the
+    weight the hand rule set."""
+    default, short = scenario_fits["default"][1], scenario_fits["short-memory"][1]
+    assert default.keep > short.keep, (default, short)
+    for name, (_, fit, report) in scenario_fits.items():
+        ll = report["intent_score_weight_val_click_loglik"]
+        assert ll["fitted"] > ll["unfitted"], (name, ll)
+        assert fit.intent_score_weight != DEFAULT_FIT.intent_score_weight, name
 
 
 def test_block_gap_needs_gaps():
