@@ -139,6 +139,18 @@ def test_a_policy_serves_exactly_the_constants_it_was_fitted_with(tmp_path):
     (path / MANIFEST).write_text(json.dumps(manifest))
     old = cluster_lookup(GruPolicy.load(path).weights)
     assert old is not None and old.fit == DEFAULT_FIT
+    # one fitted before the intent ranking's weight was: that weight at what it was trained with
+    manifest["feature_fit"] = {
+        k: x for k, x in fitted.to_json().items() if k != "intent_score_weight"
+    }
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    older = cluster_lookup(GruPolicy.load(path).weights)
+    assert older is not None and older.fit.keep == fitted.keep
+    assert older.fit.intent_score_weight == DEFAULT_FIT.intent_score_weight
+    manifest["feature_fit"] = {**fitted.to_json(), "intent_score_weight": -1.0}
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(PolicyFileError, match=r"feature_fit\.intent_score_weight"):
+        GruPolicy.load(path)
     manifest["feature_fit"] = {**fitted.to_json(), "keep": 1.5}
     (path / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(PolicyFileError, match=r"feature_fit\.keep"):
