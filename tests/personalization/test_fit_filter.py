@@ -102,6 +102,36 @@ def test_sessions_of_logs_without_ids_follow_their_gaps(scenario_fits):
     assert gap is None and (np.diff(codes) != 0).sum() == (np.diff(v.session) != 0).sum()
 
 
+def test_logs_without_session_ids_are_cut_where_their_gaps_split(astec_predictor, tmp_path):
+    """The simulator's logs read back through the engine with their session ids and with the
+    ids stripped: the sessions cut at the logs' own valley are almost exactly the logged ones
+    (default traffic: sessions hours apart), and the cut is what the reader reports."""
+    from engine.predictor import Predictor
+    from personalization.visits import load_visits
+    from simulator.traffic import simulate_logs
+    from simulator.world import save_world, world_from_dataset
+    from testkit.paths import STREAM_DATA
+
+    world = world_from_dataset(STREAM_DATA, n_users=100, seed=3)
+    save_world(world, tmp_path / "world")
+    logs = tmp_path / "logs"
+    simulate_logs(world, logs, LogSettings(days=3, seed=3), world_dir=str(tmp_path / "world"))
+    pred = Predictor.load(astec_predictor)
+    logged = load_visits(logs, pred, progress=False)
+    assert logged.session_gap_s is None
+    for part in (logs / "page_views").rglob("part-*.jsonl"):
+        recs = [json.loads(line) for line in part.read_text().splitlines() if line.strip()]
+        assert all(r.pop("session_id", None) is not None for r in recs)
+        part.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    cut = load_visits(logs, pred, progress=False)
+    assert cut.session_gap_s is not None and cut.event_ids == logged.event_ids
+    same_user = logged.user[1:] == logged.user[:-1]
+    new_logged = (np.diff(logged.session) != 0)[same_user]
+    new_cut = (np.diff(cut.session) != 0)[same_user]
+    assert new_logged.sum() > 50
+    assert (new_cut == new_logged).mean() > 0.98, cut.session_gap_s
+
+
 def test_fitted_constants_follow_the_scenarios(scenario_fits):
     """Interests that drift within sessions keep less of the belief between views; the intent
     ranking's weight of the page's score is fitted, and the validation clicks prefer it to the
