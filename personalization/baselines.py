@@ -7,8 +7,7 @@ the logs (the sessions before the evaluation's split):
   fitted_no_intent  a ridge logistic regression of the logged clicks on the hand features of
                     the shown query, the intent filter's features left out: the policy's fitted
                     start without the intent filter
-  intent_rule       the fixed rule intent_mass + w score_current, w the policy's fitted
-                    `intent_score_weight` (personalization.fit_filter)
+  intent_rule       the fixed hand rule intent_mass + 0.05 score_current
 
 Each gives a ranking key over the batch's candidates; the evaluation applies the same cold-start
 rule to every one (a visit without history gets the current page's top query).
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from personalization import session_knn as sknn
-from personalization.features import DEFAULT_FIT, N_INTENT, EventBatch, F, cluster_lookup
+from personalization.features import N_INTENT, EventBatch, F, cluster_lookup
 from personalization.visits import VisitLog
 
 NAMES = ("session_knn", "fitted_no_intent", "intent_rule")
@@ -137,6 +136,4 @@ def fit_baselines(
 
     knn, rep = fit_session_knn(policy, v, train_rows, K, ttl_s, log_pop)
     w, bias = fit_no_intent(policy, v, train_rows, K, ttl_s, log_pop)
-    cl = cluster_lookup(policy.weights)  # the intent ranking with the policy's fitted weight
-    rank = intent_rank_weights(DEFAULT_FIT if cl is None else cl.fit)
-    return Baselines(knn, w, bias, rank, {"session_knn": rep})
+    return Baselines(knn, w, bias, intent_rank_weights(), {"session_knn": rep})
