@@ -82,6 +82,13 @@ def test_infra_commands_address_one_node_or_all(cluster):
     assert [n["port"] for n in st["kafka_nodes"]] == ports  # clients configured before find it
 
 
+def replay_bound(s, workers: int, rate: float) -> float:
+    """Duplicates at-least-once may show when `workers` workers each replay what they had not
+    committed: their batches in flight (max_in_flight + 1 of batch_max) and one commit interval
+    of the traffic at `rate` events/s."""
+    return workers * (5 * s.consumer.batch_max + rate * s.consumer.commit_interval_ms / 1000)
+
+
 def busiest_partition(settings) -> int:
     """The page-views partition holding the most messages now."""
     from confluent_kafka import Consumer, TopicPartition
@@ -175,9 +182,7 @@ def test_kill9_of_the_busiest_partitions_leader_loses_no_acknowledged_view(
     if delivery == "exactly-once":
         assert dup == 0
     else:
-        # per worker: its batches in flight (max_in_flight + 1 of batch_max) and one commit
-        # interval of the traffic, if a produce timed out and the worker replayed
-        bound = 2 * (5 * s.consumer.batch_max + rate * s.consumer.commit_interval_ms / 1000)
+        bound = replay_bound(s, 2, rate)  # a produce timed out and the worker replayed
         assert dup <= bound, f"{dup} duplicates > {bound}"
     assert_state_exact(s, users, ids)
     assert rc == 0, tail(sup)
@@ -300,9 +305,7 @@ def test_sigstop_of_the_busiest_partitions_leader_for_30s(
     if delivery == "exactly-once":
         assert dup == 0
     else:
-        # per worker: its batches in flight (max_in_flight + 1 of batch_max) and one commit
-        # interval of the traffic, replayed if it was evicted or a produce timed out
-        bound = 2 * (5 * s.consumer.batch_max + rate * s.consumer.commit_interval_ms / 1000)
+        bound = replay_bound(s, 2, rate)  # evicted, or a produce timed out
         assert dup <= bound, f"{dup} duplicates > {bound}"
     assert gap < frozen_s, "the stream waited for the frozen node instead of its successor"
     assert_state_exact(s, users, ids)
@@ -399,9 +402,7 @@ def test_rolling_restart_of_3_workers_under_load_at_least_once(
     )
     assert not moved, f"partitions moved on a restart: {moved}"
     assert max(gaps.values()) < s.consumer.session_timeout_ms / 1000, gaps
-    # per killed worker: its batches in flight (max_in_flight + 1 of batch_max) and one commit
-    # interval of the traffic, settled but not committed
-    bound = 3 * (5 * s.consumer.batch_max + rate * s.consumer.commit_interval_ms / 1000)
+    bound = replay_bound(s, 3, rate)  # each killed worker's settled, uncommitted output
     assert dup <= bound, f"{dup} duplicates > {bound}"
     assert_state_exact(s, users, ids)
     assert rc == 0, tail(sup)
