@@ -22,12 +22,13 @@ from engine.registry import Registry
 from personalization.train import TrainConfig, publish
 from stream.model_handle import ModelHandle
 from stream.policy_handle import make_policy
-from stream.schemas import decode, encode
-from stream.topics import make_consumer, make_producer
+from stream.schemas import decode
+from stream.topics import make_consumer
 from stream.worker import StreamWorker
 from testkit.astec_cli import astec
 from testkit.paths import STREAM_DATA
 from testkit.policy_data import policy_weights
+from testkit.stream_run import produce_views
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -85,14 +86,6 @@ def views(titles, n, users, tag, t0):
     ]
 
 
-def produce(settings, msgs):
-    p = make_producer(settings)
-    for m in msgs:
-        p.send(settings.topics.page_views, key=m["user_id"].encode(), value=encode("page_view", m))
-    p.flush()
-    p.close()
-
-
 def read_ads(settings, event_ids: set[str], timeout=90.0) -> dict[str, dict]:
     c = make_consumer(settings, [settings.topics.ad_queries], None)
     out: dict[str, dict] = {}
@@ -129,12 +122,12 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
     metric = f"{s.redis.key_prefix}:metrics:consumer:w-coherence"
     try:
         before = views(titles, 60, 10, tag + "a", t0)
-        produce(s, before)
+        produce_views(s, before)
         ads_a = read_ads(s, {m["event_id"] for m in before})
         engine_b = promote_engine(engines, perm_dir)
         time.sleep(0.5)
         during = views(titles[3:], 60, 10, tag + "b", t0 + 1000)
-        produce(s, during)
+        produce_views(s, during)
         ads_b = read_ads(s, {m["event_id"] for m in during})
         time.sleep(s.ops.metrics_interval_s + 1.0)
         refused_metric = int(worker.redis.hget(metric, "refused_versions") or 0)
@@ -144,7 +137,7 @@ def test_new_engine_with_moved_label_ids_never_serves_through_the_old_mapping(
         )
         time.sleep(0.5)
         after = views(titles[5:], 60, 10, tag + "c", t0 + 2000)
-        produce(s, after)
+        produce_views(s, after)
         ads_c = read_ads(s, {m["event_id"] for m in after})
         refused_after = dict(policy.refused)
     finally:

@@ -15,9 +15,10 @@ from personalization.artifact import WEIGHTS
 from personalization.train import TrainConfig, publish, train_policy
 from stream.model_handle import ModelHandle
 from stream.policy_handle import make_policy
-from stream.schemas import decode, encode
-from stream.topics import make_consumer, make_producer
+from stream.schemas import decode
+from stream.topics import make_consumer
 from stream.worker import StreamWorker
+from testkit.stream_run import produce_views
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -56,14 +57,6 @@ def _views(titles, n, users, tag):
     ]
 
 
-def _produce(settings, msgs):
-    p = make_producer(settings)
-    for m in msgs:
-        p.send(settings.topics.page_views, key=m["user_id"].encode(), value=encode("page_view", m))
-    p.flush()
-    p.close()
-
-
 def _read(settings, n, timeout=90.0):
     c = make_consumer(settings, [settings.topics.ad_queries], None)
     out, deadline = [], time.monotonic() + timeout
@@ -91,19 +84,19 @@ def test_gru_policy_in_the_stream_with_hot_reload(
     tag = uuid.uuid4().hex[:6]
     try:
         msgs = _views(stream_corpus[0], 120, users=12, tag=tag)
-        _produce(s, msgs)
+        produce_views(s, msgs)
         ads = _read(s, len(msgs))
         assert worker.policy.version == v1
         w2 = dict(w, **{"mlp.b2": w["mlp.b2"] + 0.5})
         v2, _ = publish(root, w2, cfg, {"train": report})
         time.sleep(0.5)
-        _produce(s, _views(stream_corpus[0], 10, users=2, tag=tag + "b"))
+        produce_views(s, _views(stream_corpus[0], 10, users=2, tag=tag + "b"))
         more = _read(s, len(msgs) + 10)
         reloaded = worker.policy.version
         v3, p3 = publish(root, w, cfg, {"train": report})
         (p3 / WEIGHTS).write_bytes(b"not a safetensors file")
         time.sleep(0.5)
-        _produce(s, _views(stream_corpus[0], 10, users=2, tag=tag + "c"))
+        produce_views(s, _views(stream_corpus[0], 10, users=2, tag=tag + "c"))
         _read(s, len(msgs) + 20)
         after_corrupt = worker.policy.version
     finally:

@@ -18,7 +18,7 @@ from stream.consumer_metrics import partitions_shared, read_all
 from stream.schemas import decode, encode
 from stream.settings import settings_env
 from stream.state_store import StateStore, connect
-from stream.topics import make_consumer
+from stream.topics import make_consumer, make_producer
 from testkit.paths import REPO
 
 ROOT = REPO
@@ -102,6 +102,15 @@ def page_view(i: int, users: int, title: str, tag: str) -> dict:
         "url": f"https://example.org/{i}",
         "title": title,
     }
+
+
+def produce_views(settings, msgs: list[dict]) -> None:
+    """Send page views as they are, keyed by user, and wait until the broker has them all."""
+    p = make_producer(settings)
+    for m in msgs:
+        p.send(settings.topics.page_views, key=m["user_id"].encode(), value=encode("page_view", m))
+    p.flush()
+    p.close()
 
 
 def produce_paced(settings, titles, n, users, rate, tag, stop=None):
