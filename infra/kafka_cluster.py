@@ -26,14 +26,12 @@ from typing import Any
 from engine.private_dirs import private_dir
 from infra.services import (
     _LOG4J2,
-    KAFKA_HEAP,
     KAFKA_USER,
     Proc,
     ServiceError,
     _cluster_id,
     _is_ours,
     _kill9,
-    _spawn,
     _terminate,
     _wait_port_free,
     _write_private,
@@ -42,6 +40,7 @@ from infra.services import (
     java_binary,
     kafka_classpath,
     port_in_use,
+    spawn_kafka,
 )
 
 CLUSTER_DIR = "kafka-cluster"
@@ -162,24 +161,7 @@ def _spawn_node(data_dir: Path, node: int) -> Proc:
             raise ServiceError(f"port {port} of Kafka node {node} is in use by another process")
     java = java_binary()
     props = ndir / "server.properties"
-    proc = _spawn(
-        [
-            java,
-            "-Xms128m",
-            f"-Xmx{KAFKA_HEAP}",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
-            "-XX:+ExitOnOutOfMemoryError",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={ndir / 'log4j2.properties'}",
-            f"-Dkafka.logs.dir={ndir}",
-            "-cp",
-            kafka_classpath(),
-            "kafka.Kafka",
-            str(props),
-        ],
-        ndir / "stdout.log",
-    )
+    proc = spawn_kafka(java, kafka_classpath(), ndir, props, ndir / "stdout.log")
     return Proc(proc.pid, me["port"], java, str(ndir / "server.log"), marker=str(props))
 
 

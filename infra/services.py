@@ -367,6 +367,29 @@ def _cluster_id() -> str:
             return cid
 
 
+def spawn_kafka(java: str, cp: str, node_dir: Path, props: Path, out: Path) -> subprocess.Popen:
+    """One Kafka JVM (the single broker or a cluster node) with the bounded heap and its logs in
+    node_dir; stdout and stderr to `out`."""
+    return _spawn(
+        [
+            java,
+            "-Xms128m",
+            f"-Xmx{KAFKA_HEAP}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={node_dir / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={node_dir}",
+            "-cp",
+            cp,
+            "kafka.Kafka",
+            str(props),
+        ],
+        out,
+    )
+
+
 def format_storage(java: str, cp: str, node_dir: Path, cluster_id: str, what: str) -> None:
     """Format a KRaft node's storage (node_dir/data) once, from node_dir's server.properties and
     log4j2.properties; `what` names it in the error."""
@@ -426,24 +449,7 @@ def start_kafka(
     if not (kdir / "data" / "meta.properties").is_file():
         format_storage(java, cp, kdir, state["cluster_id"], "the Kafka storage")
     out = kdir / "stdout.log"
-    proc = _spawn(
-        [
-            java,
-            "-Xms128m",
-            f"-Xmx{KAFKA_HEAP}",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
-            "-XX:+ExitOnOutOfMemoryError",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={kdir / 'log4j2.properties'}",
-            f"-Dkafka.logs.dir={kdir}",
-            "-cp",
-            cp,
-            "kafka.Kafka",
-            str(props),
-        ],
-        out,
-    )
+    proc = spawn_kafka(java, cp, kdir, props, out)
     bootstrap = f"127.0.0.1:{state['port']}"
     try:
         _wait_until(
