@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +14,8 @@ import pytest
 import scipy.sparse as sp
 
 from bench.pecos_worker import topk_ids, topk_pairs
-from testkit.paths import REPO, STREAM_DATA
+from testkit.astec_cli import astec
+from testkit.paths import STREAM_DATA
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -55,40 +54,29 @@ def test_topk_of_pecos_scores_best_first_ties_to_lower_id_padded():
 
 def test_bench_peers_runs_pecos_in_its_own_environment(pecos_env, tmp_path):
     _tiny(tmp_path)
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "infra.cli",
-            "bench",
-            "peers",
-            "--train",
-            "DATA/train.tsv",
-            "--test",
-            "DATA/test.tsv",
-            "--labels",
-            "DATA/labels.txt",
-            "--methods",
-            "pecos,parabel",
-            "--json-out",
-            "peers.json",
-        ],
-        capture_output=True,
-        text=True,
+    out = astec(
+        "bench",
+        "peers",
+        "--train",
+        "DATA/train.tsv",
+        "--test",
+        "DATA/test.tsv",
+        "--labels",
+        "DATA/labels.txt",
+        "--methods",
+        "pecos,parabel",
+        "--json-out",
+        "peers.json",
         timeout=280,
         cwd=tmp_path,
-        env=env,
-        check=False,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
     pecos, parabel = json.loads((tmp_path / "peers.json").read_text())
     assert pecos["method"] == "pecos" and "error" not in pecos, pecos
     assert pecos["P@1"] > 50.0 and pecos["PSP@5"] > 0 and pecos["train_cpu_s"] >= 0.0
     assert pecos["peak_rss_mb"] > 0 and "train_ratio" in pecos and "train_ratio" in parabel
     fastest = min((pecos, parabel), key=lambda r: r["train_s"])["method"]
-    assert f"fastest peer: {fastest}" in res.stdout, res.stdout
-    assert "most accurate peer by P@1:" in res.stdout and "by PSP@5:" in res.stdout
+    assert f"fastest peer: {fastest}" in out, out
+    assert "most accurate peer by P@1:" in out and "by PSP@5:" in out
     # the project's own environment keeps its numpy / scipy: libpecos is not in it
     assert importlib.util.find_spec("pecos") is None
 

@@ -6,17 +6,12 @@ reports the medians of its alternated runs."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from testkit.paths import REPO
+from testkit.astec_cli import astec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-ROOT = REPO
 
 
 def test_bench_peers_takes_paths_relative_to_the_callers_folder(tmp_path):
@@ -30,35 +25,24 @@ def test_bench_peers_takes_paths_relative_to_the_callers_folder(tmp_path):
     (data / "train.tsv").write_text("\n".join(lines[:200]) + "\n")
     (data / "test.tsv").write_text("\n".join(lines[200:]) + "\n")
     (data / "labels.txt").write_text("\n".join(f"label{j}" for j in range(10)) + "\n")
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "infra.cli",
-            "bench",
-            "peers",
-            "--train",
-            "DATA/train.tsv",
-            "--test",
-            "DATA/test.tsv",
-            "--labels",
-            "DATA/labels.txt",
-            "--methods",
-            "parabel,bonsai",
-            "--rounds",
-            "2",
-            "--json-out",
-            "peers.json",
-        ],
-        capture_output=True,
-        text=True,
+    out = astec(
+        "bench",
+        "peers",
+        "--train",
+        "DATA/train.tsv",
+        "--test",
+        "DATA/test.tsv",
+        "--labels",
+        "DATA/labels.txt",
+        "--methods",
+        "parabel,bonsai",
+        "--rounds",
+        "2",
+        "--json-out",
+        "peers.json",
         timeout=280,
         cwd=tmp_path,
-        env=env,
-        check=False,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
     parabel, bonsai = json.loads((tmp_path / "peers.json").read_text())
     for row in (parabel, bonsai):
         assert "error" not in row, row
@@ -67,5 +51,5 @@ def test_bench_peers_takes_paths_relative_to_the_callers_folder(tmp_path):
         assert len(row["train_cpu_s_rounds"]) == 2 and row["train_cpu_s"] >= 0.0, row
     assert parabel["method"] == "parabel" and parabel["P@1"] > 50.0
     assert bonsai["method"] == "bonsai" and bonsai["P@1"] > 50.0
-    assert "medians of 2 rounds" in res.stdout and "train s per round" in res.stdout
-    assert "train CPU s" in res.stdout and "CPU / fastest peer" in res.stdout
+    assert "medians of 2 rounds" in out and "train s per round" in out
+    assert "train CPU s" in out and "CPU / fastest peer" in out
