@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import time
 from pathlib import Path
@@ -45,6 +46,8 @@ from infra.services import (
 
 CLUSTER_DIR = "kafka-cluster"
 QUORUM = 3  # controllers at most (KRaft voters)
+
+log = logging.getLogger(__name__)
 
 
 def cluster_dir(data_dir: Path) -> Path:
@@ -189,6 +192,37 @@ def brokers_seen(port: int, password: str, timeout_s: float = 3.0) -> int:
         return 0
 
 
+class NodeExited(ServiceError):
+    """A node's JVM ended while it was being waited for."""
+
+
+def _why_exited(p: Proc) -> str:
+    """Everything known about a node that ended: its exit status (when this process started
+    it), the last ERROR lines of its server.log and the last lines of its stdout."""
+    try:
+        pid, status = os.waitpid(p.pid, os.WNOHANG)
+        how = (
+            "status unknown"
+            if pid == 0
+            else f"killed by signal {os.WTERMSIG(status)}"
+            if os.WIFSIGNALED(status)
+            else f"exit code {os.WEXITSTATUS(status)}"
+        )
+    except ChildProcessError:
+        how = "status unknown (not started by this process)"
+    log = Path(p.log)
+    out = log.with_name("stdout.log")
+    errors = [
+        line
+        for line in (log.read_text(errors="replace").splitlines() if log.exists() else [])
+        if " ERROR " in line or " FATAL " in line
+    ][-5:]
+    tail = out.read_text(errors="replace").splitlines()[-5:] if out.exists() else []
+    return "\n".join(
+        [f"pid {p.pid} ({how}), log {p.log}", *("  " + s[:400] for s in errors + tail)]
+    )
+
+
 def wait_ready(data_dir: Path, procs: list[Proc], password: str, timeout: float = 240.0) -> None:
     """Until every node answers and lists every broker; one error naming the late nodes' logs."""
     n = len(json.loads((cluster_dir(data_dir) / "state.json").read_text())["nodes"])
@@ -197,9 +231,8 @@ def wait_ready(data_dir: Path, procs: list[Proc], password: str, timeout: float 
     while waiting:
         dead = [p for p in waiting if not _is_ours(p)]
         if dead:
-            raise ServiceError(
-                "Kafka node(s) exited before answering: "
-                + "; ".join(f"pid {p.pid}, log {p.log}" for p in dead)
+            raise NodeExited(
+                "Kafka node(s) exited before answering: " + "; ".join(_why_exited(p) for p in dead)
             )
         waiting = [p for p in waiting if brokers_seen(p.port, password) < n]
         if waiting and time.monotonic() > deadline:
@@ -245,7 +278,18 @@ def restart_node(data_dir: Path, node: int, password: str, down_s: float = 0.0) 
     wait until it answers with every broker listed; returns its new process."""
     time.sleep(down_s)
     proc = _spawn_node(Path(data_dir), node)
-    wait_ready(Path(data_dir), [proc], password)
+    try:
+        wait_ready(Path(data_dir), [proc], password)
+    except NodeExited as first:
+        # once more: a node restarted right after a crash has been seen to end during start-up
+        # under load; a second exit is the error, with both causes
+        log.warning("%s; starting it once more", first)
+        _wait_port_free(proc.port)
+        proc = _spawn_node(Path(data_dir), node)
+        try:
+            wait_ready(Path(data_dir), [proc], password)
+        except NodeExited as second:
+            raise NodeExited(f"{first}\nand again: {second}") from None
     return proc
 
 
