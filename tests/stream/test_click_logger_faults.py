@@ -5,11 +5,8 @@ reads them (ad_outcomes), worker replays included."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -19,32 +16,9 @@ import pytest
 
 from engine.clicklog import ReadReport, ad_outcomes, read_log
 from stream.schemas import encode
-from stream.settings import settings_env
-from testkit.paths import REPO
+from testkit.stream_run import start_astec, tail, wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
-
-ROOT = REPO
-
-
-def start_logger(settings, log_dir, out):
-    """`astec stream log-clicks` as an operator starts it, configured through the environment;
-    its output goes to the file `out` (not a pipe: a chatty logger never blocks)."""
-    env = {**os.environ, **settings_env(settings), "ASTEC_LOG_LEVEL": "30"}
-    p = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "stream", "log-clicks", "--out", str(log_dir)],
-        cwd=ROOT,
-        env=env,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
-    p.out = out
-    return p
-
-
-def output(p) -> str:
-    p.out.seek(0)
-    return p.out.read().decode(errors="replace")
 
 
 def logger_child(sup) -> psutil.Process | None:
@@ -56,15 +30,6 @@ def logger_child(sup) -> psutil.Process | None:
         except psutil.NoSuchProcess:
             continue
     return None
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def lines(log_dir, kind) -> int:
@@ -120,15 +85,10 @@ def produce(settings, n, users, rate, tag):
 def test_kill9_click_logger_mid_stream_logs_each_impression_and_click_once(
     stream_settings, tmp_path
 ):
-    with open(tmp_path / "log-clicks.out", "w+b") as out:
-        _kill9_run(out, stream_settings, tmp_path)
-
-
-def _kill9_run(out, stream_settings, tmp_path):
     s = stream_settings
     log_dir = tmp_path / "log"
     n, users = 3000, 40
-    sup = start_logger(s, log_dir, out)
+    sup = start_astec(s, "stream", "log-clicks", "--out", str(log_dir))
     result: dict = {}
     tag = uuid.uuid4().hex[:6]
     prod = threading.Thread(
@@ -143,6 +103,7 @@ def _kill9_run(out, stream_settings, tmp_path):
         wait_for(lambda: lines(log_dir, "ad_impressions") >= 1500, 60, "impressions logged")
         time.sleep(random.uniform(0, 0.5))  # not always right after a write
         victim = logger_child(sup)
+        assert victim is not None
         victim.send_signal(signal.SIGKILL)  # mid-stream: a poll written, not yet committed, likely
         killed_at = lines(log_dir, "ad_impressions")
         wait_for(
@@ -159,8 +120,8 @@ def _kill9_run(out, stream_settings, tmp_path):
     finally:
         sup.send_signal(signal.SIGTERM)
         rc = sup.wait(90)
-    assert rc == 0, output(sup)[-3000:]
-    counts = json.loads(output(sup).strip().splitlines()[-1])
+    assert rc == 0, tail(sup)
+    counts = json.loads(tail(sup, 10**9).strip().splitlines()[-1])
     assert counts["restarts"] == 1
 
     reports: dict = {}

@@ -24,35 +24,31 @@ from testkit.paths import REPO
 ROOT = REPO
 
 
-def start_stream(settings, predictor, workers=2):
-    """`astec stream run` as a user starts it, configured through the environment."""
-    # a file, not a pipe: a chatty worker never blocks
+def start_astec(settings, *args: str) -> subprocess.Popen:
+    """`astec ARGS...` as a user or operator starts it, configured through the environment; its
+    output goes to a file (`p.log`, read by `tail`), not a pipe: a chatty process never blocks."""
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process (p.log)
     env = {**os.environ, **settings_env(settings), "ASTEC_LOG_LEVEL": "30"}
     p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "infra.cli",
-            "stream",
-            "run",
-            "--workers",
-            str(workers),
-            "--model",
-            predictor,
-        ],
+        [sys.executable, "-m", "infra.cli", *args],
         cwd=ROOT,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    p.log = log
+    p.log = log  # type: ignore[attr-defined]
     return p
 
 
-def tail(p) -> str:
+def start_stream(settings, predictor, workers=2):
+    """`astec stream run` with `workers` workers serving `predictor`."""
+    return start_astec(settings, "stream", "run", "--workers", str(workers), "--model", predictor)
+
+
+def tail(p, chars: int = 3000) -> str:
+    """The last `chars` characters of a process' output (start_astec)."""
     p.log.seek(0)
-    return p.log.read().decode(errors="replace")[-3000:]
+    return p.log.read().decode(errors="replace")[-chars:]
 
 
 def running(pid: int) -> bool:
