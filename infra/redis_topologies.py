@@ -34,6 +34,7 @@ from infra.services import (
     _write_private,
     free_port,
     port_in_use,
+    read_record,
     redis_binary,
 )
 
@@ -339,13 +340,7 @@ def _point_services_at(d: Path, url: str) -> None:
 
 
 def read_topology(data_dir: str | Path) -> Topology | None:
-    path = Path(data_dir) / TOPOLOGY_FILE
-    if not path.is_file():
-        return None
-    try:
-        return Topology.from_json(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ServiceError(f"{path}: malformed Redis topology record: {exc}") from None
+    return read_record(Path(data_dir) / TOPOLOGY_FILE, Topology.from_json, "Redis topology")
 
 
 def stop_topology(data_dir: str | Path) -> list[str]:

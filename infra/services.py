@@ -25,9 +25,10 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.private_dirs import private_dir
 
@@ -544,14 +545,22 @@ def _kill9(pid: int) -> None:
             time.sleep(0.05)
 
 
-def read_info(data_dir: str | os.PathLike) -> ServicesInfo | None:
-    path = Path(data_dir) / SERVICES_FILE
+R = TypeVar("R")
+
+
+def read_record(path: Path, from_json: Callable[[dict], R], what: str) -> R | None:
+    """A JSON record of started processes (None: none recorded); one error naming the file when
+    it does not parse, so a hand-edited or truncated record is never half-trusted."""
     if not path.is_file():
         return None
     try:
-        return ServicesInfo.from_json(json.loads(path.read_text()))
+        return from_json(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError) as exc:
-        raise ServiceError(f"{path}: malformed services record: {exc}") from None
+        raise ServiceError(f"{path}: malformed {what} record: {exc}") from None
+
+
+def read_info(data_dir: str | os.PathLike) -> ServicesInfo | None:
+    return read_record(Path(data_dir) / SERVICES_FILE, ServicesInfo.from_json, "services")
 
 
 def write_info(info: ServicesInfo) -> None:
