@@ -115,3 +115,18 @@ def test_deploy_example_config_loads(tmp_path):
     )
     assert s.kafka.bootstrap.count(",") == 2 and s.topics.replication_factor == 3
     assert s.redis.url.reveal() == "redis://:pw@redis.internal:6379/0"
+
+
+def test_a_malformed_record_is_refused_naming_its_file(tmp_path):
+    """A truncated or hand-edited record of started processes is one error naming the file,
+    never half-trusted (stopping the wrong PIDs)."""
+    from infra.redis_topologies import TOPOLOGY_FILE, read_topology
+    from infra.services import SERVICES_FILE, ServiceError, read_info
+
+    assert read_info(tmp_path) is None and read_topology(tmp_path) is None
+    (tmp_path / SERVICES_FILE).write_text('{"data_dir": "x", "kafka": {"pid": 1')
+    (tmp_path / TOPOLOGY_FILE).write_text('{"kind": "sentinel"}')
+    with pytest.raises(ServiceError, match=f"{SERVICES_FILE}: malformed services record"):
+        read_info(tmp_path)
+    with pytest.raises(ServiceError, match=f"{TOPOLOGY_FILE}: malformed Redis topology record"):
+        read_topology(tmp_path)
