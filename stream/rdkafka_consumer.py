@@ -227,6 +227,22 @@ class RdConsumer:
         """The group generation a transactional producer commits offsets under (fencing)."""
         return self._c.consumer_group_metadata()
 
+    def committed(self, tps, timeout: float = 30.0) -> dict:
+        """{TopicPartition: offset} the group's coordinator holds now for `tps` (those with none
+        left out). Read-committed, so librdkafka asks for stable offsets: a transaction still
+        being completed is waited for, never read half-way."""
+        from confluent_kafka import TopicPartition as CkTopicPartition
+        from kafka.structs import TopicPartition
+
+        got = self._c.committed(
+            [CkTopicPartition(tp.topic, tp.partition) for tp in tps], timeout=timeout
+        )
+        return {
+            TopicPartition(r.topic, r.partition): r.offset
+            for r in got
+            if r.error is None and r.offset >= 0
+        }
+
     def rewind(self, offsets: dict) -> None:
         """Fetch again from {TopicPartition: offset} (an aborted batch's first offsets), for the
         partitions this member still owns; others are replayed by their new owner."""

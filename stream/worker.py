@@ -62,7 +62,10 @@ from stream.txn_commit import BackgroundCommit
 from stream.worker_health import WorkerHealth
 
 log = logging.getLogger(__name__)
-TXN_STALL_S = 20.0  # a transaction commit blocked this long is stuck (_reap_commit)
+# a transaction commit blocked this long is stuck (_reap_commit): the brokers fence a frozen
+# broker after broker.session.timeout.ms (9 s by default) and move its coordinators, so a commit
+# still blocked 3 s past that waits on a broker the cluster has given up
+TXN_STALL_S = 12.0
 # while a transaction commits, the loop polls at least this often to see it return (the next
 # interval's held messages wait for it)
 COMMIT_CHECK_MS = 5
@@ -397,6 +400,7 @@ class StreamWorker:
         if block:
             c.wait(TXN_STALL_S - c.age())
         error: BaseException | None
+        stuck = False
         if c.done.is_set():
             error = c.error
         elif not block and c.age() < TXN_STALL_S:
@@ -409,6 +413,7 @@ class StreamWorker:
                 TXN_STALL_S,
             )
             self.producer = self.clients.producer = self.clients.new_producer()
+            stuck = True
             error = TransactionAborted(f"commit stuck for {TXN_STALL_S:.0f}s; producer replaced")
         self.committing = self._committing_txn = None
         waited = time.perf_counter() - t_wait if block else 0.0
@@ -432,6 +437,11 @@ class StreamWorker:
         rewind = dict(txn.first)  # the earlier interval's first offsets come first
         for tp, o in (nxt.first if nxt else {}).items():
             rewind.setdefault(tp, o)
+        if stuck:
+            # the replaced producer's init fenced the stuck transaction, but the coordinator
+            # completes one whose commit it had already logged: resume where the group's
+            # offsets are now, or that interval's answers would be read twice
+            rewind.update(self.consumer.committed(list(rewind)))
         self.consumer.rewind(rewind)
         return False
 
