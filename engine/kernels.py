@@ -535,3 +535,77 @@ def name_candidates_rows(tptr, tids, indptr, ilab, piece, weight, theta):
             labels[n] = c[q]
             n += 1
     return rows, labels
+
+
+# ---- one title's words -> each consumer's features (engine/title_words.py) --------------------
+@njit(cache=True, nogil=True, boundscheck=False)
+def title_tfidf(wids, unigram, pair_keys, pair_ids, idf, sublinear, bias):
+    """(indices int64 ascending, values float32) of one title from its joint word ids: the
+    TfidfVectorizer.transform_one row (features counted, tf (or 1 + ln tf) times idf, summed
+    and scaled in float64 in ascending id order, then rounded to float32); bias >= 0 appends
+    that feature with value 1 (the sparse ranker's bias)."""
+    n = wids.size
+    W = unigram.size
+    ids = np.empty(2 * n, np.int64)
+    m = 0
+    for j in range(n):
+        w = wids[j]
+        if w >= 0 and unigram[w] >= 0:
+            ids[m] = unigram[w]
+            m += 1
+    if pair_keys.size:
+        for j in range(n - 1):
+            a, b = wids[j], wids[j + 1]
+            if a < 0 or b < 0:
+                continue
+            key = a * W + b
+            p = np.searchsorted(pair_keys, key)
+            if p < pair_keys.size and pair_keys[p] == key:
+                ids[m] = pair_ids[p]
+                m += 1
+    ids = np.sort(ids[:m])
+    extra = 1 if bias >= 0 else 0
+    idx = np.empty(m + extra, np.int64)
+    wt = np.empty(m, np.float64)
+    u = 0
+    j = 0
+    while j < m:
+        f = ids[j]
+        c = 1
+        while j + c < m and ids[j + c] == f:
+            c += 1
+        tf = 1.0 + np.log(np.float64(c)) if sublinear else np.float64(c)
+        idx[u] = f
+        wt[u] = tf * idf[f]
+        u += 1
+        j += c
+    ss = 0.0
+    for j in range(u):
+        ss += wt[j] * wt[j]
+    nrm = np.sqrt(ss)
+    val = np.empty(u + extra, np.float32)
+    for j in range(u):
+        val[j] = np.float32(wt[j] / nrm)
+    if extra:
+        idx[u] = bias
+        val[u] = _F1
+    return idx[: u + extra], val
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def title_name_ids(wids, name_ids):
+    """Sorted unique label-name vocabulary ids of a title's words (LabelText.title_ids)."""
+    out = np.empty(wids.size, np.int64)
+    m = 0
+    for j in range(wids.size):
+        w = wids[j]
+        if w >= 0 and name_ids[w] >= 0:
+            out[m] = name_ids[w]
+            m += 1
+    out = np.sort(out[:m])
+    u = 0
+    for j in range(m):
+        if j == 0 or out[j] != out[j - 1]:
+            out[u] = out[j]
+            u += 1
+    return out[:u]

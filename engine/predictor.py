@@ -40,6 +40,7 @@ from engine.hugepages import huge_pages_for
 from engine.label_text import NAME_ONLY_S, LabelText
 from engine.manifest import Manifest, ManifestError, verify_manifest
 from engine.text import TfidfVectorizer
+from engine.title_words import TitleWords, VocabTable
 
 __all__ = ["ManifestError", "Predictor", "PredictorError"]
 
@@ -590,6 +591,12 @@ class Predictor:
         self.label_text_weight = float(config.get("label_text_weight", 0.0))
         self.label_text_min_match = float(config.get("label_text_min_match", 0.0))
         self.label_text = LabelText(self.label_names) if self.label_text_weight > 0 else None
+        # the single-title path splits a title once for both vectorizers and the name match
+        self.title_words = (
+            TitleWords.build(vectorizer, ranker_vectorizer, self.label_text)
+            if all(TitleWords.covers(v) for v in (vectorizer, ranker_vectorizer) if v)
+            else None
+        )
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
@@ -993,21 +1000,18 @@ class Predictor:
 
     def _one(self, text: str, k: int):
         """(ids [k], scores [k], z [D] of the first learner) of one text."""
-        idx, val = self.vectorizer.transform_one(text)
+        idx, val, ridx, rval, tids = self._title_features(text)
         lt, extra = self.label_text, None
-        if lt is not None:
-            tids = lt.title_ids(text)
-            if self.label_text_min_match > 0:
-                extra = kernels.name_candidates(
-                    tids,
-                    *lt._index(self.label_text_min_match),
-                    lt.piece,
-                    lt.weight,
-                    self.label_text_min_match,
-                )
+        if lt is not None and self.label_text_min_match > 0:
+            extra = kernels.name_candidates(
+                tids,
+                *lt._index(self.label_text_min_match),
+                lt.piece,
+                lt.weight,
+                self.label_text_min_match,
+            )
         parts = [lr.score_one(idx, val, self.threads, extra) for lr in self.learners]
-        if self.ranker_vectorizer is not None:
-            ridx, rval = self._ranker_one(text)
+        if ridx is not None:
             for lr, (c, y, _) in zip(self.learners, parts, strict=True):
                 if lr.sparse is not None:
                     sa = lr.sparse
@@ -1026,6 +1030,25 @@ class Predictor:
             kernels.add_name_match(c, y, tids, lt.piece, lt.weight, self.label_text_weight)
         ids, scores = kernels.top_k(c, y, k)
         return ids, scores, parts[0][2]
+
+    def _title_features(self, text: str):
+        """(idx, val) of the vectorizer, (idx, val) of the ranker's (None, None without one) and
+        the label-name ids (None without the match) of one text, from one split of the text
+        where the vectorizers allow it (engine/title_words.py)."""
+        tw, lt = self.title_words, self.label_text
+        if tw is None:
+            idx, val = self.vectorizer.transform_one(text)
+            rvec = self.ranker_vectorizer
+            ridx, rval = self._ranker_one(text) if rvec is not None else (None, None)
+            return idx, val, ridx, rval, lt.title_ids(text) if lt is not None else None
+        wids = tw.word_ids(text)
+        idx, val = _tfidf(wids, tw.vec, -1)
+        ridx = rval = tids = None
+        if tw.ranker is not None and self.ranker_vectorizer is not None:
+            ridx, rval = _tfidf(wids, tw.ranker, self.ranker_vectorizer.num_features)
+        if tw.name_ids is not None:
+            tids = kernels.title_name_ids(wids, tw.name_ids)
+        return idx, val, ridx, rval, tids
 
     def predict_with_features(self, texts: list[str], k: int = TOP_K):
         """(ids, scores, z) with z the first learner's final features float32 [n, D]."""
@@ -1055,6 +1078,10 @@ class Predictor:
             f"Predictor({str(self.root)!r}, version={self.version!r}, L={self.num_labels}, "
             f"D={self.dim}, learners={len(self.learners)}, backend={self.backend!r})"
         )
+
+
+def _tfidf(wids: np.ndarray, t: VocabTable, bias: int):
+    return kernels.title_tfidf(wids, t.unigram, t.pair_keys, t.pair_ids, t.idf, t.sublinear, bias)
 
 
 def _load_vectorizer(m: Manifest, rel: str) -> TfidfVectorizer:
