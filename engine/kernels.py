@@ -609,3 +609,148 @@ def title_name_ids(wids, name_ids):
             out[u] = out[j]
             u += 1
     return out[:u]
+
+
+# ---- one title end to end, around the two graph searches (one learner, float32 rows) ----------
+@njit(cache=True, nogil=True, boundscheck=False)
+def title_front(
+    wids,
+    theta,
+    nptr,
+    nlab,
+    vuni,
+    vkeys,
+    vids,
+    vidf,
+    vsub,
+    E,
+    D,
+    RT,
+    RrT,
+    has_rr,
+    runi,
+    rkeys,
+    rids,
+    ridf,
+    rsub,
+    rbias,
+    name_ids,
+    piece,
+    weight,
+):
+    """Everything a title needs before the graph searches, in one call (each call costs ~2 us
+    of dispatch): (q [1, D], z, z~, ranker (idx, val), label-name ids, name candidates) from the
+    joint word ids, as title_tfidf, bag_features, residual_features, title_name_ids and
+    name_candidates give them. rbias < 0: no sparse ranker; name_ids empty: no name match;
+    theta <= 0: no name candidates."""
+    idx, val = title_tfidf(wids, vuni, vkeys, vids, vidf, vsub, -1)
+    vv, q = bag_features(idx, val, E, D)
+    z, zr = residual_features(vv, RT, RrT, D, has_rr)
+    ridx = np.empty(0, np.int64)
+    rval = np.empty(0, np.float32)
+    if rbias >= 0:
+        ridx, rval = title_tfidf(wids, runi, rkeys, rids, ridf, rsub, rbias)
+    tids = np.empty(0, np.int64)
+    if name_ids.size:
+        tids = title_name_ids(wids, name_ids)
+    extra = np.empty(0, np.int64)
+    if theta > 0 and tids.size:
+        extra = name_candidates(tids, nptr, nlab, piece, weight, theta)
+    return q, z, zr, ridx, rval, tids, extra
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def title_back(
+    pids,
+    psims,
+    cids,
+    csims,
+    acc,
+    mu,
+    xd,
+    z,
+    zr,
+    ridx,
+    rval,
+    tids,
+    extra,
+    k,
+    centroid_weight,
+    knn_power,
+    shortlist_size,
+    alpha,
+    beta,
+    gamma,
+    delta,
+    point_indptr,
+    point_labels,
+    point_values,
+    centre_owner,
+    prior,
+    prior_score,
+    s_extra,
+    Wc,
+    bc,
+    D,
+    has_rr,
+    wptr,
+    widx,
+    wval,
+    tptr,
+    tslot,
+    tval,
+    slot,
+    hbias,
+    bias_feature,
+    piece,
+    weight,
+):
+    """Everything a title needs after the graph searches, in one call: shortlist, name
+    candidates joined, classifier and re-ranker, sparse ranker (ridx empty: none), label-name
+    match (delta <= 0: none) and the top k, as shortlist, merge_candidates, combine_scores,
+    sparse_mix_dense, add_name_match and top_k give them. The title's own arrays, this
+    thread's zeroed scratch (acc, mu, xd) and the model's scalars come first, its arrays after.
+    Returns
+    (ids, scores, a number to ignore)."""
+    c, s = shortlist(
+        pids,
+        psims,
+        point_indptr,
+        point_labels,
+        point_values,
+        cids,
+        csims,
+        centre_owner,
+        prior,
+        prior_score,
+        acc,
+        mu,
+        centroid_weight,
+        knn_power,
+        shortlist_size,
+    )
+    if extra.size:
+        c, s = merge_candidates(c, s, extra, s_extra)
+    y, t = combine_scores(Wc, c, bc, c, s, z, zr, alpha, beta, D, has_rr)
+    if ridx.size:
+        sparse_mix_dense(
+            c,
+            y,
+            ridx,
+            rval,
+            xd,
+            wptr,
+            widx,
+            wval,
+            tptr,
+            tslot,
+            tval,
+            slot,
+            hbias,
+            bias_feature,
+            gamma,
+        )
+    if delta > 0:
+        add_name_match(c, y, tids, piece, weight, delta)
+    ids, sc = top_k(c, y, k)
+    return ids, sc, t
