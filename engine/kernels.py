@@ -434,9 +434,13 @@ def sparse_mix_dense(
 @njit(cache=True, nogil=True, boundscheck=False)
 def _name_match(tids, piece, weight, lab):
     """match(title, label): per component, the best weight among its spellings in the sorted
-    title ids tids, summed (LabelText.scores for one pair)."""
+    title ids tids, summed (LabelText.scores for one pair). A name's components come first and
+    pads after (piece -1), so the walk stops at the first pad: the rest would add zeros, and a
+    short name (most have one to three words) reads one cache line of piece, not two."""
     tot = _F0
     for c in range(piece.shape[1]):
+        if piece[lab, c, 0] < 0:
+            break
         best = _F0
         for a in range(piece.shape[2]):
             p = piece[lab, c, a]
@@ -500,7 +504,10 @@ def merge_candidates(labels, s, extra, s_extra):
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def add_name_match(labels, y, tids, piece, weight, delta):
-    """y += delta * match(title, label) for each candidate, in place."""
+    """y += delta * match(title, label) for each candidate, in place (a title without a word
+    of any name adds zeros: skipped)."""
+    if tids.size == 0:
+        return
     d = np.float32(delta)
     for q in range(labels.size):
         y[q] += d * _name_match(tids, piece, weight, labels[q])
