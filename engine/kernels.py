@@ -1,11 +1,14 @@
 """Compiled (numba) kernels of the predictor's single-text path.
 
 One title is a few hundred numbers: as numpy, its ~60 small calls cost more in dispatch than in
-arithmetic (~120 us of a ~290 us prediction, besides the two hnswlib searches). These kernels do
-the same arithmetic in five calls, in float32 like the batch path (sums may be ordered
-differently, so scores can differ in the last bits), and the tests hold them to the torch model
-and to the batch path. Compiled on first use and cached on disk (numba's cache), so a new process
-pays a fraction of a second at load, not seconds.
+arithmetic (~120 us of a ~290 us prediction, besides the two hnswlib searches), and each
+compiled call still costs ~2 us. So a model of one learner with float32 classifier rows takes a
+title in two calls around the two graph searches (`title_front`, `title_back`, which chain the
+stage kernels below); ensembles and float16 rows call the stages one by one. Arithmetic in
+float32 like the batch path (sums may be ordered differently, so scores can differ in the last
+bits); the tests hold the kernels to the torch model and to the batch path. Compiled on first
+use and cached on disk (numba's cache), so a new process pays a fraction of a second at load,
+not seconds.
 """
 
 from __future__ import annotations
