@@ -1,11 +1,14 @@
 """Compiled (numba) kernels of the predictor's single-text path.
 
 One title is a few hundred numbers: as numpy, its ~60 small calls cost more in dispatch than in
-arithmetic (~120 us of a ~290 us prediction, besides the two hnswlib searches). These kernels do
-the same arithmetic in five calls, in float32 like the batch path (sums may be ordered
-differently, so scores can differ in the last bits), and the tests hold them to the torch model
-and to the batch path. Compiled on first use and cached on disk (numba's cache), so a new process
-pays a fraction of a second at load, not seconds.
+arithmetic (~120 us of a ~290 us prediction, besides the two hnswlib searches), and each
+compiled call still costs ~2 us. So a model of one learner with float32 classifier rows takes a
+title in two calls around the two graph searches (`title_front`, `title_back`, which chain the
+stage kernels below); ensembles and float16 rows call the stages one by one. Arithmetic in
+float32 like the batch path (sums may be ordered differently, so scores can differ in the last
+bits); the tests hold the kernels to the torch model and to the batch path. Compiled on first
+use and cached on disk (numba's cache), so a new process pays a fraction of a second at load,
+not seconds.
 """
 
 from __future__ import annotations
@@ -434,9 +437,13 @@ def sparse_mix_dense(
 @njit(cache=True, nogil=True, boundscheck=False)
 def _name_match(tids, piece, weight, lab):
     """match(title, label): per component, the best weight among its spellings in the sorted
-    title ids tids, summed (LabelText.scores for one pair)."""
+    title ids tids, summed (LabelText.scores for one pair). A name's components come first and
+    pads after (piece -1), so the walk stops at the first pad: the rest would add zeros, and a
+    short name (most have one to three words) reads one cache line of piece, not two."""
     tot = _F0
     for c in range(piece.shape[1]):
+        if piece[lab, c, 0] < 0:
+            break
         best = _F0
         for a in range(piece.shape[2]):
             p = piece[lab, c, a]
@@ -500,7 +507,10 @@ def merge_candidates(labels, s, extra, s_extra):
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def add_name_match(labels, y, tids, piece, weight, delta):
-    """y += delta * match(title, label) for each candidate, in place."""
+    """y += delta * match(title, label) for each candidate, in place (a title without a word
+    of any name adds zeros: skipped)."""
+    if tids.size == 0:
+        return
     d = np.float32(delta)
     for q in range(labels.size):
         y[q] += d * _name_match(tids, piece, weight, labels[q])
@@ -535,3 +545,222 @@ def name_candidates_rows(tptr, tids, indptr, ilab, piece, weight, theta):
             labels[n] = c[q]
             n += 1
     return rows, labels
+
+
+# ---- one title's words -> each consumer's features (engine/title_words.py) --------------------
+@njit(cache=True, nogil=True, boundscheck=False)
+def title_tfidf(wids, unigram, pair_keys, pair_ids, idf, sublinear, bias):
+    """(indices int64 ascending, values float32) of one title from its joint word ids: the
+    TfidfVectorizer.transform_one row (features counted, tf (or 1 + ln tf) times idf, summed
+    and scaled in float64 in ascending id order, then rounded to float32); bias >= 0 appends
+    that feature with value 1 (the sparse ranker's bias)."""
+    n = wids.size
+    W = unigram.size
+    ids = np.empty(2 * n, np.int64)
+    m = 0
+    for j in range(n):
+        w = wids[j]
+        if w >= 0 and unigram[w] >= 0:
+            ids[m] = unigram[w]
+            m += 1
+    if pair_keys.size:
+        for j in range(n - 1):
+            a, b = wids[j], wids[j + 1]
+            if a < 0 or b < 0:
+                continue
+            key = a * W + b
+            p = np.searchsorted(pair_keys, key)
+            if p < pair_keys.size and pair_keys[p] == key:
+                ids[m] = pair_ids[p]
+                m += 1
+    ids = np.sort(ids[:m])
+    extra = 1 if bias >= 0 else 0
+    idx = np.empty(m + extra, np.int64)
+    wt = np.empty(m, np.float64)
+    u = 0
+    j = 0
+    while j < m:
+        f = ids[j]
+        c = 1
+        while j + c < m and ids[j + c] == f:
+            c += 1
+        tf = 1.0 + np.log(np.float64(c)) if sublinear else np.float64(c)
+        idx[u] = f
+        wt[u] = tf * idf[f]
+        u += 1
+        j += c
+    ss = 0.0
+    for j in range(u):
+        ss += wt[j] * wt[j]
+    nrm = np.sqrt(ss)
+    val = np.empty(u + extra, np.float32)
+    for j in range(u):
+        val[j] = np.float32(wt[j] / nrm)
+    if extra:
+        idx[u] = bias
+        val[u] = _F1
+    return idx[: u + extra], val
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def title_name_ids(wids, name_ids):
+    """Sorted unique label-name vocabulary ids of a title's words (LabelText.title_ids)."""
+    out = np.empty(wids.size, np.int64)
+    m = 0
+    for j in range(wids.size):
+        w = wids[j]
+        if w >= 0 and name_ids[w] >= 0:
+            out[m] = name_ids[w]
+            m += 1
+    out = np.sort(out[:m])
+    u = 0
+    for j in range(m):
+        if j == 0 or out[j] != out[j - 1]:
+            out[u] = out[j]
+            u += 1
+    return out[:u]
+
+
+# ---- one title end to end, around the two graph searches (one learner, float32 rows) ----------
+@njit(cache=True, nogil=True, boundscheck=False)
+def title_front(
+    wids,
+    theta,
+    nptr,
+    nlab,
+    vuni,
+    vkeys,
+    vids,
+    vidf,
+    vsub,
+    E,
+    D,
+    RT,
+    RrT,
+    has_rr,
+    runi,
+    rkeys,
+    rids,
+    ridf,
+    rsub,
+    rbias,
+    name_ids,
+    piece,
+    weight,
+):
+    """Everything a title needs before the graph searches, in one call (each call costs ~2 us
+    of dispatch): (q [1, D], z, z~, ranker (idx, val), label-name ids, name candidates) from the
+    joint word ids, as title_tfidf, bag_features, residual_features, title_name_ids and
+    name_candidates give them. rbias < 0: no sparse ranker; name_ids empty: no name match;
+    theta <= 0: no name candidates."""
+    idx, val = title_tfidf(wids, vuni, vkeys, vids, vidf, vsub, -1)
+    vv, q = bag_features(idx, val, E, D)
+    z, zr = residual_features(vv, RT, RrT, D, has_rr)
+    ridx = np.empty(0, np.int64)
+    rval = np.empty(0, np.float32)
+    if rbias >= 0:
+        ridx, rval = title_tfidf(wids, runi, rkeys, rids, ridf, rsub, rbias)
+    tids = np.empty(0, np.int64)
+    if name_ids.size:
+        tids = title_name_ids(wids, name_ids)
+    extra = np.empty(0, np.int64)
+    if theta > 0 and tids.size:
+        extra = name_candidates(tids, nptr, nlab, piece, weight, theta)
+    return q, z, zr, ridx, rval, tids, extra
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def title_back(
+    pids,
+    psims,
+    cids,
+    csims,
+    acc,
+    mu,
+    xd,
+    z,
+    zr,
+    ridx,
+    rval,
+    tids,
+    extra,
+    k,
+    centroid_weight,
+    knn_power,
+    shortlist_size,
+    alpha,
+    beta,
+    gamma,
+    delta,
+    point_indptr,
+    point_labels,
+    point_values,
+    centre_owner,
+    prior,
+    prior_score,
+    s_extra,
+    Wc,
+    bc,
+    D,
+    has_rr,
+    wptr,
+    widx,
+    wval,
+    tptr,
+    tslot,
+    tval,
+    slot,
+    hbias,
+    bias_feature,
+    piece,
+    weight,
+):
+    """Everything a title needs after the graph searches, in one call: shortlist, name
+    candidates joined, classifier and re-ranker, sparse ranker (ridx empty: none), label-name
+    match (delta <= 0: none) and the top k, as shortlist, merge_candidates, combine_scores,
+    sparse_mix_dense, add_name_match and top_k give them. The title's own arrays, this
+    thread's zeroed scratch (acc, mu, xd) and the model's scalars come first, its arrays after.
+    Returns
+    (ids, scores, a number to ignore)."""
+    c, s = shortlist(
+        pids,
+        psims,
+        point_indptr,
+        point_labels,
+        point_values,
+        cids,
+        csims,
+        centre_owner,
+        prior,
+        prior_score,
+        acc,
+        mu,
+        centroid_weight,
+        knn_power,
+        shortlist_size,
+    )
+    if extra.size:
+        c, s = merge_candidates(c, s, extra, s_extra)
+    y, t = combine_scores(Wc, c, bc, c, s, z, zr, alpha, beta, D, has_rr)
+    if ridx.size:
+        sparse_mix_dense(
+            c,
+            y,
+            ridx,
+            rval,
+            xd,
+            wptr,
+            widx,
+            wval,
+            tptr,
+            tslot,
+            tval,
+            slot,
+            hbias,
+            bias_feature,
+            gamma,
+        )
+    if delta > 0:
+        add_name_match(c, y, tids, piece, weight, delta)
+    ids, sc = top_k(c, y, k)
+    return ids, sc, t

@@ -40,6 +40,7 @@ from engine.hugepages import huge_pages_for
 from engine.label_text import NAME_ONLY_S, LabelText
 from engine.manifest import Manifest, ManifestError, verify_manifest
 from engine.text import TfidfVectorizer
+from engine.title_words import TitleWords, VocabTable
 
 __all__ = ["ManifestError", "Predictor", "PredictorError"]
 
@@ -476,6 +477,19 @@ class RankerArrays(NamedTuple):
     bias_feature: int  # F - 1
 
 
+_NO_RANKER = RankerArrays(  # the sparse ranker's arguments of a learner without one (unread)
+    np.zeros(1, np.int64),
+    np.zeros(0, np.int32),
+    np.zeros(0, np.float32),
+    np.zeros(1, np.int64),
+    np.zeros(0, np.int32),
+    np.zeros(0, np.float32),
+    np.zeros(0, np.int32),
+    np.zeros(1, np.float32),
+    0,
+)
+
+
 def _split_ranker(sptr, sidx, sval, L: int, F: int) -> RankerArrays:
     """The sparse ranker's weights as kernels.sparse_scores_split reads them: rows with
     ascending feature ids, plus the transpose of the long rows (frequent labels) without the
@@ -590,6 +604,13 @@ class Predictor:
         self.label_text_weight = float(config.get("label_text_weight", 0.0))
         self.label_text_min_match = float(config.get("label_text_min_match", 0.0))
         self.label_text = LabelText(self.label_names) if self.label_text_weight > 0 else None
+        # the single-title path splits a title once for both vectorizers and the name match
+        self.title_words = (
+            TitleWords.build(vectorizer, ranker_vectorizer, self.label_text)
+            if all(TitleWords.covers(v) for v in (vectorizer, ranker_vectorizer) if v)
+            else None
+        )
+        self._fused = self._fused_constants()
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
@@ -993,21 +1014,20 @@ class Predictor:
 
     def _one(self, text: str, k: int):
         """(ids [k], scores [k], z [D] of the first learner) of one text."""
-        idx, val = self.vectorizer.transform_one(text)
+        if self._fused is not None:
+            return self._one_fused(text, k, *self._fused)
+        idx, val, ridx, rval, tids = self._title_features(text)
         lt, extra = self.label_text, None
-        if lt is not None:
-            tids = lt.title_ids(text)
-            if self.label_text_min_match > 0:
-                extra = kernels.name_candidates(
-                    tids,
-                    *lt._index(self.label_text_min_match),
-                    lt.piece,
-                    lt.weight,
-                    self.label_text_min_match,
-                )
+        if lt is not None and self.label_text_min_match > 0:
+            extra = kernels.name_candidates(
+                tids,
+                *lt._index(self.label_text_min_match),
+                lt.piece,
+                lt.weight,
+                self.label_text_min_match,
+            )
         parts = [lr.score_one(idx, val, self.threads, extra) for lr in self.learners]
-        if self.ranker_vectorizer is not None:
-            ridx, rval = self._ranker_one(text)
+        if ridx is not None:
             for lr, (c, y, _) in zip(self.learners, parts, strict=True):
                 if lr.sparse is not None:
                     sa = lr.sparse
@@ -1026,6 +1046,95 @@ class Predictor:
             kernels.add_name_match(c, y, tids, lt.piece, lt.weight, self.label_text_weight)
         ids, scores = kernels.top_k(c, y, k)
         return ids, scores, parts[0][2]
+
+    def _fused_constants(self):
+        """(the word splitter, the model's arrays among the arguments of kernels.title_front
+        and of title_back), or None where the single-title path goes stage by stage: an
+        ensemble, float16 classifier rows, or vectorizers with character n-grams. Scalars
+        (search sizes, weights) are read at each call, so changing them after load counts."""
+        tw, lt = self.title_words, self.label_text
+        if tw is None or len(self.learners) != 1 or self.learners[0].Wc.dtype != np.float32:
+            return None
+        lr = self.learners[0]
+        has_rr = lr.rr_enc is not None
+        rt = tw.ranker if lr.sparse is not None and tw.ranker is not None else None
+        rbias = self.ranker_vectorizer.num_features if rt and self.ranker_vectorizer else -1
+        rt = rt or tw.vec  # unread when rbias < 0
+        piece = lt.piece if lt is not None else np.full((1, 1, 2), -1, np.int64)
+        weight = lt.weight if lt is not None else np.zeros((1, 1, 2), np.float32)
+        front = (
+            *(tw.vec.unigram, tw.vec.pair_keys, tw.vec.pair_ids, tw.vec.idf, tw.vec.sublinear),
+            *(lr.E, lr.dim, lr._RT, lr._RrT, has_rr),
+            *(rt.unigram, rt.pair_keys, rt.pair_ids, rt.idf, rt.sublinear, rbias),
+            tw.name_ids if tw.name_ids is not None and lt is not None else _NO_IDS[0],
+            *(piece, weight),
+        )
+        sa = lr.sparse if lr.sparse is not None else _NO_RANKER
+        back = (
+            *(lr.point_indptr, lr.point_labels, lr.point_values, lr.centre_owner),
+            *(lr.prior, lr.prior_score, NAME_ONLY_S, lr.Wc, lr.bc, lr.dim, has_rr, *sa),
+            *(piece, weight),
+        )
+        return tw.word_ids, front, back
+
+    def _one_fused(self, text: str, k: int, word_ids, front: tuple, back: tuple):
+        """_one for one learner with float32 rows: two compiled calls around the two graph
+        searches (same arithmetic as the stage-by-stage path)."""
+        lr, lt = self.learners[0], self.label_text
+        theta = self.label_text_min_match if lt is not None else 0.0
+        nptr, nlab = lt._index(theta) if lt is not None and theta > 0 else (_NO_MEMBERS, _NO_IDS[0])
+        q, z, zr, ridx, rval, tids, extra = kernels.title_front(
+            word_ids(text), float(theta), nptr, nlab, *front
+        )
+        none = (_NO_IDS[0], _NO_SIMS[0])
+        pid, psim = (
+            lr.points.query_one(q, lr.knn, self.threads)
+            if lr.knn > 0 and lr.points is not None
+            else none
+        )
+        cid, csim = (
+            lr.centres.query_one(q, lr.kmu, self.threads)
+            if lr.kmu > 0 and lr.centres is not None
+            else none
+        )
+        acc, mu = lr._scratch()
+        xd = lr.ranker_scratch() if ridx.size else _NO_SIMS[0]
+        scalars = (
+            *(float(lr.centroid_weight), float(lr.knn_power), int(lr.shortlist_size)),
+            *(float(lr.alpha), float(lr.beta), float(lr.gamma)),
+            self.label_text_weight if lt is not None else 0.0,
+        )
+        try:
+            ids, scores, _ = kernels.title_back(
+                *(pid, psim, cid, csim, acc, mu, xd, z, zr, ridx, rval, tids, extra, k),
+                *scalars,
+                *back,
+            )
+        except BaseException:  # never leave a dirty scratch behind for the next text
+            acc[:] = 0
+            mu[:] = 0
+            xd[:] = 0
+            raise
+        return ids, scores, z
+
+    def _title_features(self, text: str):
+        """(idx, val) of the vectorizer, (idx, val) of the ranker's (None, None without one) and
+        the label-name ids (None without the match) of one text, from one split of the text
+        where the vectorizers allow it (engine/title_words.py)."""
+        tw, lt = self.title_words, self.label_text
+        if tw is None:
+            idx, val = self.vectorizer.transform_one(text)
+            rvec = self.ranker_vectorizer
+            ridx, rval = self._ranker_one(text) if rvec is not None else (None, None)
+            return idx, val, ridx, rval, lt.title_ids(text) if lt is not None else None
+        wids = tw.word_ids(text)
+        idx, val = _tfidf(wids, tw.vec, -1)
+        ridx = rval = tids = None
+        if tw.ranker is not None and self.ranker_vectorizer is not None:
+            ridx, rval = _tfidf(wids, tw.ranker, self.ranker_vectorizer.num_features)
+        if tw.name_ids is not None:
+            tids = kernels.title_name_ids(wids, tw.name_ids)
+        return idx, val, ridx, rval, tids
 
     def predict_with_features(self, texts: list[str], k: int = TOP_K):
         """(ids, scores, z) with z the first learner's final features float32 [n, D]."""
@@ -1055,6 +1164,10 @@ class Predictor:
             f"Predictor({str(self.root)!r}, version={self.version!r}, L={self.num_labels}, "
             f"D={self.dim}, learners={len(self.learners)}, backend={self.backend!r})"
         )
+
+
+def _tfidf(wids: np.ndarray, t: VocabTable, bias: int):
+    return kernels.title_tfidf(wids, t.unigram, t.pair_keys, t.pair_ids, t.idf, t.sublinear, bias)
 
 
 def _load_vectorizer(m: Manifest, rel: str) -> TfidfVectorizer:

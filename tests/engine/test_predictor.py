@@ -255,6 +255,22 @@ def test_single_text_path_is_repeatable_and_thread_safe(built):
         np.testing.assert_array_equal(a[1], c[1])
 
 
+def test_single_text_path_splits_a_title_once(built):
+    """The single-text path splits a title once for both vectorizers and the name match and
+    runs two compiled calls around the graph searches; the answers equal those of the path
+    that goes stage by stage with each consumer analysing the text itself (the path of a
+    vectorizer with character n-grams)."""
+    _, d, test = built
+    p = Predictor.load(d / "predictor")
+    assert p.title_words is not None and p.label_text is not None and p._fused is not None
+    shared = [p.predict_one(t, 10) for t in test]
+    p.title_words, p._fused = None, None
+    for t, (ids, sc) in zip(test, shared, strict=True):
+        ids_o, sc_o = p.predict_one(t, 10)
+        np.testing.assert_array_equal(ids, ids_o)
+        np.testing.assert_array_equal(sc, sc_o)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_single_text_kernels_agree_with_batch_path(built, tmp_path, dtype):
     """predict_one (compiled kernels) and predict (numpy batch path) are two implementations of
