@@ -303,14 +303,16 @@ def shown_recent(
     shown lately changes what a repeat earns (a tired reader clicks a repeat less; one still
     on the interest may click it again): the sign and size are the scorer's to learn, the
     decay is fitted on the logs (personalization.fit_filter)."""
-    B, C = cand_ids.shape
-    if shown is None or state_mask.shape[1] < 2:
-        return np.zeros((B, C), np.float32)
-    K = state_mask.shape[1]
-    h = np.where(state_mask[:, :-1], np.asarray(shown, np.int64)[:, :-1], -1)
-    w = (np.float64(decay) ** np.arange(K - 2, -1, -1)).astype(np.float32)
-    eq = (cand_ids[:, :, None] == h[:, None, :]) & (h[:, None, :] >= 0)
-    return (eq * w).sum(-1, dtype=np.float32)
+    from personalization import feature_kernels as fk
+
+    if shown is None:
+        return np.zeros(cand_ids.shape, np.float32)
+    return fk.shown_recent(
+        np.ascontiguousarray(cand_ids, np.int64),
+        np.ascontiguousarray(shown, np.int64),
+        np.ascontiguousarray(state_mask, np.bool_),
+        np.float32(decay),
+    )
 
 
 _NO_SIM = np.zeros((1, SIM_DIM), np.float32)
