@@ -27,7 +27,8 @@ from personalization.state import UserState
 def synthetic_windows(
     n: int, K: int, D: int, L: int, k: int, seed: int = 0
 ) -> list[tuple[list[UserState], UserState]]:
-    """n (history of K-1 states, current state) pairs with distinct query ids per window."""
+    """n (history of K-1 states, current state) pairs with distinct query ids per window;
+    each earlier state showed its page's first query (what the stream marks)."""
     rng = np.random.default_rng(seed)
     z = rng.random((n, K, D)).astype(np.float16)
     ids = np.stack([rng.choice(L, K * k, replace=L < K * k) for _ in range(n)]).reshape(n, K, k)
@@ -35,7 +36,16 @@ def synthetic_windows(
     out = []
     for i in range(n):
         st = [
-            UserState(f"e{i}-{t}", 1.7e9 + 40.0 * t, 1, 2, z[i, t], ids[i, t], sc[i, t])
+            UserState(
+                f"e{i}-{t}",
+                1.7e9 + 40.0 * t,
+                1,
+                2,
+                z[i, t],
+                ids[i, t],
+                sc[i, t],
+                shown=int(ids[i, t, 0]) if t < K - 1 else -1,
+            )
             for t in range(K)
         ]
         out.append((st[:-1], st[-1]))

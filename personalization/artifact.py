@@ -18,7 +18,7 @@ from engine.manifest import sha256_file
 from personalization.features import FEATURE_NAMES, FIT_KEY, FeatureFit, cluster_lookup
 from personalization.scoring import WEIGHT_SHAPES
 
-FORMAT = "astec-gru-policy/2"  # 2: the GRU input carries gaps and cluster evidence
+FORMAT = "astec-gru-policy/3"  # 3: a feature of what the user was shown at earlier visits
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 ONNX = "model.onnx"

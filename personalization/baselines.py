@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from personalization import session_knn as sknn
-from personalization.features import N_INTENT, EventBatch, F, cluster_lookup
+from personalization.features import N_FEATURES, N_INTENT, N_KERNEL, EventBatch, F, cluster_lookup
 from personalization.visits import VisitLog
 
 NAMES = ("session_knn", "fitted_no_intent", "intent_rule")
@@ -106,7 +106,8 @@ def fit_no_intent(
     policy, v: VisitLog, train_rows: np.ndarray, K: int, ttl_s: float, log_pop, n=60_000, seed=0
 ) -> tuple[np.ndarray, float]:
     """Ridge logistic regression of the logged clicks on the shown query's hand features
-    without the intent filter's (the last N_INTENT columns)."""
+    without the intent filter's (the kernel's last N_INTENT columns) and without what the user
+    was shown before (shown_recent): the policy's start before either."""
     from personalization.value import fit_logistic
 
     rng = np.random.default_rng(seed)
@@ -116,15 +117,15 @@ def fit_no_intent(
         shown = v.shown[r]
         eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
         has = np.flatnonzero(eq.any(1))
-        X.append(b.feats[has, eq[has].argmax(1)][:, :-N_INTENT])
+        X.append(b.feats[has, eq[has].argmax(1)][:, : N_KERNEL - N_INTENT])
         y.append(v.clicked[r][has])
     Xa = np.concatenate(X).astype(np.float64) if X else np.zeros((0, 1))
     ya = np.concatenate(y).astype(np.float64) if y else np.zeros(0)
-    w = np.zeros(Xa.shape[1] + N_INTENT, np.float32)
+    w = np.zeros(N_FEATURES, np.float32)
     if len(ya) == 0 or ya.min() == ya.max():
         return w, 0.0
     th = fit_logistic(Xa, ya, l2=1e-3)
-    w[:-N_INTENT] = th[:-1]
+    w[: N_KERNEL - N_INTENT] = th[:-1]
     return w, float(th[-1])
 
 

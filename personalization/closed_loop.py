@@ -106,9 +106,23 @@ def _serve_round(
     out_greedy = np.full(V, -1, np.int64)
     cands = [None] * V
     w = policy.weights
-    for a in range(0, V, batch):
-        r = order[a : a + batch]
-        pos = a + np.arange(len(r))
+    # a GRU reads what it showed at the window's earlier views: each user's views are served in
+    # order (one step per view rank, all users at once); a fixed ranking reads none of it and is
+    # served in plain batches (step 0 for every view: the logs of a seed stay as they were)
+    u_o = user[order]
+    first = np.r_[True, u_o[1:] != u_o[:-1]]
+    at = np.arange(V)
+    reads_shown = not isinstance(policy, BaselineLogger)
+    step = at - np.maximum.accumulate(np.where(first, at, 0)) if reads_shown else 0 * at
+    shown_lab = np.full(V, -1, np.int64)  # per position in `order`: the label id shown there
+    chunks = [
+        sel[a : a + batch]
+        for s in range(int(step.max()) + 1 if V else 0)
+        for sel in [np.flatnonzero(step == s)]
+        for a in range(0, len(sel), batch)
+    ]
+    for pos in chunks:
+        r = order[pos]
         idx = pos[:, None] - np.arange(K - 1, -1, -1)[None, :]
         safe = order[np.maximum(idx, 0)]
         mask = (
@@ -128,6 +142,7 @@ def _serve_round(
             w["sim_table"],
             w["sim_norm"],
             cluster_lookup(w),
+            np.where(mask, shown_lab[np.maximum(idx, 0)], -1),
         )
         logit = policy.logits(b)
         cold = mask.sum(1) <= 1  # the cold-start rule: the page's Astec scores as log-odds
@@ -142,6 +157,7 @@ def _serve_round(
         R = np.arange(len(r))
         top = np.argmax(np.where(m, logit, -np.inf), 1)
         lab = np.where(has, b.cand_ids[R, col], -1)
+        shown_lab[pos] = lab
         out_shown[r] = np.where(lab >= 0, q_of_label[np.maximum(lab, 0)], -1)
         out_prop[r] = prop[R, col]
         gl = np.where(has, b.cand_ids[R, top], -1)

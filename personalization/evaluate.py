@@ -25,6 +25,9 @@ With strong baselines (personalization.baselines, fitted on the training period 
 session_knn, fitted_no_intent and intent_rule are baselines beside the four.
 With a scenario that tires users (ad fatigue), each policy's choices tire its own users: a
 choice repeating one of the user's previous `window` greedy choices earns the factor.
+The GRU reads what the user was shown at its window's earlier visits (shown_recent): on the
+held-out visits that is its own earlier greedy choice (replay_shown), as the stream stores what
+it served, never the logger's.
 A bootstrap over users gives a 95% interval of the relative lift of gru over the best baseline.
 """
 
@@ -39,7 +42,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from personalization.features import EventBatch, F, cluster_lookup, sim_rank_weights
+from personalization.features import N_KERNEL, EventBatch, F, cluster_lookup, sim_rank_weights
 from personalization.visits import VisitLog
 
 log = logging.getLogger(__name__)
@@ -220,6 +223,7 @@ def evaluate_policies(
     from personalization.train import make_batch
 
     eps, temp = exploration or (EPSILON, TEMPERATURE)
+    shown_hist = replay_shown(policy, v, rows, log_pop, K, ttl_s, batch)
     names = (
         POLICIES
         + REFERENCES
@@ -271,6 +275,7 @@ def evaluate_policies(
             policy.weights["sim_table"],
             policy.weights["sim_norm"],
             cluster_lookup(policy.weights),
+            shown_hist[a : a + batch],
         )
         cold = b.state_mask.sum(1) <= 1
         n_cold += int(cold.sum())
@@ -392,6 +397,49 @@ def evaluate_policies(
     )
 
 
+def _gru_greedy(policy, b: EventBatch) -> np.ndarray:
+    """[B] the GRU's greedy choice as evaluate_policies takes it (cold start: the top-1 rule)."""
+    from personalization.scoring import softmax_masked
+
+    cold = b.state_mask.sum(1) <= 1
+    top1 = _ranks(baseline_keys(b)["top1"], b.cand_mask)
+    o = _ranks_or_top1(softmax_masked(policy.logits(b)), b.cand_mask, cold, top1)
+    return b.cand_ids[np.arange(len(o)), o[:, 0]]
+
+
+def replay_shown(
+    policy, v: VisitLog, rows: np.ndarray, log_pop: np.ndarray, K: int, ttl_s: float, batch=2048
+) -> np.ndarray:
+    """int64 [N, K]: for each evaluated visit, the query the GRU itself chose (greedy) at each
+    of its window's earlier evaluated visits, -1 elsewhere (visits before the evaluated ones,
+    and the current slot). The policy reads what it showed; replaying each user's visits in
+    order (one step per visit rank, all users at once) gives it its own choices, as the stream
+    would store them, and not the logger's. `rows` sorted by (user, ts), as VisitLog rows are."""
+    from personalization.train import make_batch
+
+    rows = np.asarray(rows, np.int64)
+    n = len(rows)
+    idx, mask = v.window(rows, K, ttl_s)
+    pos = np.minimum(np.searchsorted(rows, idx), max(n - 1, 0))
+    hpos = np.where(mask & (n > 0) & (rows[pos] == idx), pos, -1) if n else idx
+    hpos[:, -1] = -1
+    u = v.user[rows]
+    first = np.r_[True, u[1:] != u[:-1]] if n else np.zeros(0, bool)
+    at = np.arange(n)
+    step = at - np.maximum.accumulate(np.where(first, at, 0)) if n else at
+    chosen = np.full(n, -1, np.int64)
+    w = policy.weights
+    cl = cluster_lookup(w)
+    for s in range(int(step.max()) + 1 if n else 0):
+        sel = np.flatnonzero(step == s)
+        for a in range(0, len(sel), batch):
+            c = sel[a : a + batch]
+            sh = np.where(hpos[c] >= 0, chosen[np.maximum(hpos[c], 0)], -1)
+            b = make_batch(v, rows[c], K, ttl_s, log_pop, w["sim_table"], w["sim_norm"], cl, sh)
+            chosen[c] = _gru_greedy(policy, b)
+    return np.where(hpos >= 0, chosen[np.maximum(hpos, 0)], -1)
+
+
 def _explore_part(key: np.ndarray, b: EventBatch, cold: np.ndarray, temp: float) -> np.ndarray:
     """[B, C] softmax(key / temperature) over the candidates: the exploring share's choice
     probabilities (cold-start visits: over 8 x score_current, the GRU's cold-start logits)."""
@@ -433,10 +481,12 @@ def _previous_choices(user, ts, chosen, window: int) -> np.ndarray:
 
 def _reward_features(b: EventBatch, q: np.ndarray) -> np.ndarray:
     """[B, F+1] hand features of query q[b] among the visit's candidates (zeros and a 0
-    indicator when it is not one): the inputs of the evaluation's DR reward model."""
+    indicator when it is not one): the inputs of the evaluation's DR reward model. Only the
+    page-history columns (the kernel's): shown_recent holds the GRU's own replayed choices here
+    (replay_shown), which say nothing of what the logged query's user had been shown."""
     eq = (b.cand_ids == q[:, None]) & (q[:, None] >= 0)
     has = eq.any(1)
-    x = b.feats[np.arange(len(q)), eq.argmax(1)] * has[:, None]
+    x = b.feats[np.arange(len(q)), eq.argmax(1)][:, :N_KERNEL] * has[:, None]
     return np.concatenate([x, has[:, None].astype(np.float32)], 1)
 
 

@@ -351,3 +351,23 @@ def page_prediction(ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_
         total += np.log(num / den)
         count += 1
     return total, count
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def shown_recent(cand, shown, mask, decay):
+    """float32 [B, C] of `features.shown_recent`: per candidate (cand [B, C]), decay^(visits
+    back - 1) summed over the window's earlier real states (mask [B, K]) whose shown query
+    (shown [B, K], -1 none) it is; the current slot K - 1 is not read."""
+    B, C = cand.shape
+    K = shown.shape[1]
+    out = np.zeros((B, C), np.float32)
+    for b in range(B):
+        w = _F1
+        for t in range(K - 2, -1, -1):
+            q = shown[b, t]
+            if mask[b, t] and q >= 0:
+                for c in range(C):
+                    if cand[b, c] == q:
+                        out[b, c] += w
+            w = w * decay
+    return out

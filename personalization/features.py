@@ -30,14 +30,19 @@ FEATURE_NAMES = (
     "sim_window",  # ... and over the whole window
     "intent_mass",  # filtered posterior mass of the query's cluster over the window's pages
     "page_cluster_share",  # the current page's share of predicted-query score in that cluster
+    "shown_recent",  # how often the query was shown at the window's earlier visits, decayed
 )
 F = {name: i for i, name in enumerate(FEATURE_NAMES)}
-if F["sim_window"] != 13 or FEATURE_NAMES[-2:] != ("intent_mass", "page_cluster_share"):
+N_KERNEL = 16  # the columns feature_kernels.features writes (the intent pair its last two)
+if F["sim_window"] != 13 or FEATURE_NAMES[N_KERNEL - 2 : N_KERNEL] != (
+    "intent_mass",
+    "page_cluster_share",
+):
     raise ImportError("feature_kernels.features writes the columns in FEATURE_NAMES' order")
 N_FEATURES = len(FEATURE_NAMES)
 SIM_DIM = 32  # size of the query vectors behind the sim_* features
 N_SIM = 3  # the sim_* features are columns 11 .. 13
-N_INTENT = 2  # the intent_* / page_cluster_* features are the last two columns
+N_INTENT = 2  # the intent_* / page_cluster_* features are the kernel's last two columns
 # What a policy without `feature_fit` in its manifest was trained with; policies trained now
 # carry the values personalization.fit_filter fitted on their own logs (FeatureFit).
 RECENCY_GAMMA = 0.7
@@ -47,6 +52,8 @@ KAPPA_FLOOR = 0.5
 INTENT_KEEP_BLOCK = 0.7
 INTENT_KEEP = 0.95
 INTENT_SCORE_WEIGHT = 0.05
+# shown_recent's decay per earlier visit where the logs hold too few clicks to fit it
+SHOWN_DECAY = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,8 @@ class FeatureFit:
     kappa(c) = kappa_scale x max(n x the cluster's share of the views' evidence,
     kappa_floor) ^ -kappa_power over n clusters (`cluster_kappa`); recency_gamma: the decay of
     recency_score's weights; intent_score_weight: the weight of score_current beside
-    intent_mass's 1 in the fixed intent ranking (personalization.train.intent_rank_weights)."""
+    intent_mass's 1 in the fixed intent ranking (personalization.train.intent_rank_weights);
+    shown_decay: the weight of a showing one visit further back in shown_recent."""
 
     block_gap_s: float = float(BLOCK_GAP_S)
     keep: float = INTENT_KEEP
@@ -72,9 +80,10 @@ class FeatureFit:
     kappa_power: float = 1.0
     recency_gamma: float = RECENCY_GAMMA
     intent_score_weight: float = INTENT_SCORE_WEIGHT
+    shown_decay: float = SHOWN_DECAY
 
     def to_array(self) -> np.ndarray:
-        """float64 [8] in field order (how a weights dict carries it, under FIT_KEY)."""
+        """float64 [9] in field order (how a weights dict carries it, under FIT_KEY)."""
         return np.array([getattr(self, f) for f in FIT_FIELDS], np.float64)
 
     @classmethod
@@ -102,8 +111,8 @@ class FeatureFit:
             if isinstance(x, bool) or not isinstance(x, int | float) or not np.isfinite(x):
                 raise ValueError(f"field 'feature_fit.{f}' must be a finite number, got {x!r}")
             vals[f] = float(x)
-        for f in ("keep", "keep_block", "recency_gamma"):
-            if not 0.0 <= vals[f] <= 1.0:
+        for f in ("keep", "keep_block", "recency_gamma", "shown_decay"):
+            if f in vals and not 0.0 <= vals[f] <= 1.0:
                 raise ValueError(f"field 'feature_fit.{f}' must be in [0, 1], got {vals[f]}")
         for f in ("block_gap_s", "kappa_scale", "kappa_floor"):
             if vals[f] <= 0:
@@ -117,7 +126,8 @@ class FeatureFit:
 
 
 FIT_FIELDS = tuple(FeatureFit.__dataclass_fields__)
-OPTIONAL_FIELDS = ("intent_score_weight",)  # absent from the manifests of earlier fits
+# absent from the manifests of earlier fits
+OPTIONAL_FIELDS = ("intent_score_weight", "shown_decay")
 FIT_KEY = "_feature_fit"  # a weights dict's FeatureFit.to_array() (the manifest holds the JSON)
 DEFAULT_FIT = FeatureFit()
 
@@ -173,6 +183,17 @@ def pad_states(seqs: list[tuple[np.ndarray, ...]], K: int) -> tuple[np.ndarray, 
     return z, ids, scores, mask, ts
 
 
+def pad_shown(shown: list[np.ndarray], K: int) -> np.ndarray:
+    """Left-pad per-event shown query ids (one per state, as pad_states keeps the states) into
+    an int64 [B, K] array (-1: padding or nothing shown), the last K of each."""
+    out = np.full((len(shown), K), -1, np.int64)
+    for b, s in enumerate(shown):
+        n = min(len(s), K)
+        if n:
+            out[b, K - n :] = s[-n:]
+    return out
+
+
 def normalise_rows(x: np.ndarray) -> np.ndarray:
     """L2-normalise the last axis in float32 (zero rows stay zero)."""
     x = np.asarray(x, np.float32)
@@ -206,6 +227,7 @@ def build_batch(
     sim_table: np.ndarray | None = None,
     sim_norm: np.ndarray | None = None,
     clusters: Clusters | None = None,
+    shown: np.ndarray | None = None,
 ) -> EventBatch:
     """Candidates (union of the window's top-k ids) and their features for a padded batch.
 
@@ -214,7 +236,8 @@ def build_batch(
     ts [B,K] visit times in seconds (None = all one block), sim_table [L+1,d] unit query vectors
     (`sim_table_from_rows`) and sim_norm [2] the (mean, sd) of their raw cosines (None = the
     sim_* features stay 0), clusters the policy's `cluster_lookup` (None = the intent
-    features stay 0).
+    features stay 0), shown [B,K] the query shown to the user at each window visit (-1: none;
+    the current slot is not read: its ad is what is being chosen; None: nothing shown).
 
     The features (FEATURE_NAMES): the Astec score / presence of each candidate averaged over
     the states with weights for the current page, the previous one, the window (uniform), by
@@ -227,10 +250,11 @@ def build_batch(
     1 + kappa(c) e_t(c) (cluster_kappa) and, between states, keeps `keep`
     (`keep_block` across a block start) of itself, the rest uniform; `intent_mass` is the
     candidate's cluster's final belief (off-interest pages weighed against the earlier ones,
-    which the score averages cannot do), `page_cluster_share` the current page's share in it.
+    which the score averages cannot do), `page_cluster_share` the current page's share in it;
+    `shown_recent`: shown_recent().
     Padding candidates are all zeros. Compiled kernels (`feature_kernels`) do the arithmetic.
-    The constants (block_gap_s, recency_gamma, keep, keep_block) are the policy's FeatureFit,
-    carried by `clusters` (DEFAULT_FIT without clusters).
+    The constants (block_gap_s, recency_gamma, keep, keep_block, shown_decay) are the policy's
+    FeatureFit, carried by `clusters` (DEFAULT_FIT without clusters).
     """
     from personalization import feature_kernels as fk
 
@@ -261,10 +285,33 @@ def build_batch(
         has_cl,
         float(fit.keep),
         float(fit.keep_block),
-        N_FEATURES,
+        N_KERNEL,
+    )
+    feats = np.concatenate(
+        [feats, shown_recent(cand_ids, shown, state_mask, fit.shown_decay)[..., None]], -1
     )
     return EventBatch(
         z=zz, state_mask=state_mask, cand_ids=cand_ids, cand_mask=cand_ids >= 0, feats=feats
+    )
+
+
+def shown_recent(
+    cand_ids: np.ndarray, shown: np.ndarray | None, state_mask: np.ndarray, decay: float
+) -> np.ndarray:
+    """float32 [B,C]: per candidate, sum over the window's earlier visits that showed it of
+    decay^(visits back - 1) (the visit before the current one counts 1). What the user was
+    shown lately changes what a repeat earns (a tired reader clicks a repeat less; one still
+    on the interest may click it again): the sign and size are the scorer's to learn, the
+    decay is fitted on the logs (personalization.fit_filter)."""
+    from personalization import feature_kernels as fk
+
+    if shown is None:
+        return np.zeros(cand_ids.shape, np.float32)
+    return fk.shown_recent(
+        np.ascontiguousarray(cand_ids, np.int64),
+        np.ascontiguousarray(shown, np.int64),
+        np.ascontiguousarray(state_mask, np.bool_),
+        np.float32(decay),
     )
 
 

@@ -19,6 +19,9 @@ Nothing here reads how the traffic was generated: each constant is what the logs
   costs milliseconds; the continuous constants by Nelder-Mead from a neutral start.
 - recency_score's decay: the same likelihood with the recency-weighted score of the shown
   query in place of the filter's belief, by a bounded scalar search.
+- shown_recent's decay per earlier visit: the same likelihood with the shown query's
+  shown_recent (how often it was shown at the window's earlier visits), by a bounded scalar
+  search.
 - The intent ranking's weight of the current page's score beside the filter's belief
   (train.intent_rank_weights): the same likelihood with the ranking's key of the shown query
   as the one feature, by a bounded scalar search on its log.
@@ -39,6 +42,7 @@ from personalization.features import (
     kappa_of_share,
     query_lookup,
     recency_weights,
+    shown_recent,
 )
 from personalization.gap_valley import gap_valley
 from personalization.visits import VisitLog
@@ -66,6 +70,7 @@ class Windows:
     shown: np.ndarray  # int64 [B] the shown query
     clicked: np.ndarray  # float64 [B] 1.0 where it was clicked
     score_shown: np.ndarray  # float64 [B, K] the shown query's score in each state (0: absent)
+    shown_before: np.ndarray  # int64 [B, K] the query shown at each window visit (-1: none)
 
 
 def windows(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, shown: bool = True) -> Windows:
@@ -85,6 +90,7 @@ def windows(v: VisitLog, rows: np.ndarray, K: int, ttl_s: float, shown: bool = T
         shown=q,
         clicked=v.clicked[rows].astype(np.float64),
         score_shown=(sc * hit).sum(-1).astype(np.float64),
+        shown_before=np.where(mask, v.shown[idx], -1),
     )
 
 
@@ -152,6 +158,28 @@ def fit_recency(tr: Windows, va: Windows) -> float | None:
     res = minimize_scalar(
         lambda g: -click_loglik(rec(tr, g), rec(va, g), tr, va),
         bounds=(0.01, 0.99),
+        method="bounded",
+        options={"xatol": 1e-3},
+    )
+    return float(res.x)
+
+
+def fit_shown_decay(tr: Windows, va: Windows) -> float | None:
+    """shown_decay maximising the validation likelihood of the clicks given the shown query's
+    shown_recent (None: too few clicks, or no query shown twice in a window)."""
+    from scipy.optimize import minimize_scalar
+
+    if min(tr.clicked.sum(), va.clicked.sum()) < MIN_CLICKS:
+        return None
+
+    def rec(w: Windows, g: float) -> np.ndarray:
+        return shown_recent(w.shown[:, None], w.shown_before, w.mask, g)[:, 0].astype(np.float64)
+
+    if not rec(tr, 1.0).any():
+        return None
+    res = minimize_scalar(
+        lambda g: -click_loglik(rec(tr, g), rec(va, g), tr, va),
+        bounds=(0.0, 1.0),
         method="bounded",
         options={"xatol": 1e-3},
     )
@@ -326,6 +354,10 @@ def fit_intent_filter(
     gamma = fit_recency(tr, va)
     if gamma is not None:
         fit = replace(fit, recency_gamma=gamma)
+    decay = fit_shown_decay(tr, va)
+    if decay is not None:
+        fit = replace(fit, shown_decay=decay)
+    report["shown_decay"] = decay
     rows = np.concatenate([train_rows, val_rows])
     pages, col = np.unique(v.page[rows], return_inverse=True)
     sess, grp = np.unique(v.session[rows], return_inverse=True)

@@ -28,6 +28,7 @@ from personalization.features import (
     EventBatch,
     build_batch,
     cluster_lookup,
+    pad_shown,
     pad_states,
     page_feature_dim,
 )
@@ -122,6 +123,15 @@ def state_arrays(state) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         np.asarray(state.query_ids, np.int64).reshape(-1),
         np.asarray(state.scores, np.float32).reshape(-1),
     )
+
+
+def state_shown(state) -> int:
+    """The query id shown to the user at a stored visit (UserState.shown; -1: none, unknown, or
+    a state of a format that did not record it)."""
+    try:
+        return int(getattr(state, "shown", -1))
+    except (TypeError, ValueError):
+        return -1
 
 
 def _resolve(path: Path) -> tuple[Path, Path | None, str | None]:
@@ -261,7 +271,7 @@ class GruPolicy:
         None if the current page itself is unusable (-> cold-start rule)."""
         D = self.feature_dim
         window = serving_window(history, current, self.K, self.ttl_s)
-        zs, ids, scs, tss, eids = [], [], [], [], []
+        zs, ids, scs, tss, eids, shown = [], [], [], [], [], []
         for s in window:  # at most K states: only attribute and length checks per state
             try:
                 z, i, sc, t = s.z, s.query_ids, s.scores, float(s.ts)
@@ -277,6 +287,7 @@ class GruPolicy:
             scs.append(sc)
             tss.append(t)
             eids.append(str(getattr(s, "event_id", "")))
+            shown.append(state_shown(s))
         try:
             I = np.array(ids, np.int64)
             S = np.array(scs, np.float32)
@@ -288,7 +299,9 @@ class GruPolicy:
                 I[r, : len(i)] = i
                 S[r, : len(sc)] = sc
         I[(I < 0) | (I >= self.n_labels)] = -1
-        return np.array(zs, np.float32), I, S, np.array(tss, np.float64), eids
+        sh = np.array(shown, np.int64)
+        sh[(sh < 0) | (sh >= self.n_labels)] = -1
+        return np.array(zs, np.float32), I, S, np.array(tss, np.float64), eids, sh
 
     @staticmethod
     def _top_of(state) -> tuple[int, float]:
@@ -332,6 +345,7 @@ class GruPolicy:
             self.weights["sim_table"],
             self.weights["sim_norm"],
             cluster_lookup(self.weights),
+            pad_shown([a[5] for a in seqs], self.K),
         )
         probs = softmax_masked(self.logits(batch))
         order = np.argsort(-probs, axis=1, kind="stable")
@@ -421,6 +435,7 @@ class GruPolicy:
                 self.weights["sim_table"],
                 self.weights["sim_norm"],
                 cluster_lookup(self.weights),
+                pad_shown([a[5] for a in seqs], self.K),
             )
             C = batch.cand_ids.shape[1]
         k_cold = max((len(x) for x in cold_ids if x is not None), default=0)

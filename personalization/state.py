@@ -2,17 +2,20 @@
 
 The stream stores a user's last K of these in Redis (in arrival order) and the GRU reads them
 through `serving_window`, which keeps exactly the states training reads at that visit. Binary
-layout (little-endian), version 2:
+layout (little-endian), version 3:
 
     magic b"US" | u8 version | f64 ts | u64 url_hash | u64 title_hash | u64 space |
-    u16 len(event_id) | u16 D | u16 k | event_id utf-8 | z float16[D] | query_ids int32[k] |
-    scores float32[k]
+    i32 shown | u16 len(event_id) | u16 D | u16 k | event_id utf-8 | z float16[D] |
+    query_ids int32[k] | scores float32[k]
 
 z is stored as float16 (a 300-d state is 600 bytes); query ids fit int32 (< 2^31 labels).
 `space` tags the engine label space the query ids belong to (`space_tag` of the engine's
 fingerprint, engine.manifest.label_space): after an engine whose label ids moved is promoted, the
-states written before it name other queries under the same ids. Version 1 records (no `space`)
-are still read, with space 0 (unknown).
+states written before it name other queries under the same ids. `shown` is the query id of the
+ad shown at the visit (-1: none yet, or none): the stream writes the state before its policy
+chooses, then rewrites the field in place (SHOWN_OFFSET) once the ad is chosen, and the policy
+reads it as training reads the logged impressions (features.shown_recent). Version 2 records
+(no `shown`) are still read with shown -1, version 1 (no `space` either) with space 0 (unknown).
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"US"
-FORMAT_VERSION = 2
-_HEAD = struct.Struct("<2sBdQQQHHH")
+FORMAT_VERSION = 3
+_HEAD = struct.Struct("<2sBdQQQiHHH")
+_HEAD_V2 = struct.Struct("<2sBdQQQHHH")
 _HEAD_V1 = struct.Struct("<2sBdQQHHH")
+SHOWN_OFFSET = struct.calcsize("<2sBdQQQ")  # the byte offset of `shown` in a version-3 record
 
 
 class StateFormatError(ValueError):
@@ -57,6 +62,7 @@ class UserState:
     query_ids: np.ndarray  # int64[k]
     scores: np.ndarray  # float32[k]
     space: int = 0  # space_tag of the engine label space of query_ids (0: unknown)
+    shown: int = -1  # query id of the ad shown at this visit (-1: none / not yet chosen)
 
     def __post_init__(self):
         self.z = np.asarray(self.z, np.float16).reshape(-1)
@@ -86,6 +92,7 @@ class UserState:
             self.url_hash,
             self.title_hash,
             self.space,
+            self.shown,
             len(eid),
             self.z.size,
             self.query_ids.size,
@@ -102,17 +109,19 @@ class UserState:
 
     @classmethod
     def decode(cls, raw: bytes) -> UserState:
-        ver = raw[2] if len(raw) > 2 else None
-        head = _HEAD_V1 if ver == 1 else _HEAD
+        ver = raw[2] if len(raw) > 2 else -1
+        head = {1: _HEAD_V1, 2: _HEAD_V2}.get(ver, _HEAD)
         if len(raw) < head.size:
             raise StateFormatError(f"record of {len(raw)} bytes is shorter than its header")
-        if raw[:2] != MAGIC or ver not in (1, FORMAT_VERSION):
+        if raw[:2] != MAGIC or ver not in (1, 2, FORMAT_VERSION):
             raise StateFormatError(f"bad magic/version {raw[:2]!r}/{ver}")
+        space, shown = 0, -1
         if ver == 1:
             _, _, ts, uh, th, le, D, k = head.unpack_from(raw)
-            space = 0
-        else:
+        elif ver == 2:
             _, _, ts, uh, th, space, le, D, k = head.unpack_from(raw)
+        else:
+            _, _, ts, uh, th, space, shown, le, D, k = head.unpack_from(raw)
         need = head.size + le + 2 * D + 8 * k
         if len(raw) != need:
             raise StateFormatError(f"record is {len(raw)} bytes, header says {need}")
@@ -124,7 +133,7 @@ class UserState:
         ids = np.frombuffer(raw, "<i4", k, o).astype(np.int64)
         o += 4 * k
         sc = np.frombuffer(raw, "<f4", k, o)
-        return cls(eid, ts, uh, th, z, ids, sc, space)
+        return cls(eid, ts, uh, th, z, ids, sc, space, shown)
 
     def to_json(self) -> dict:
         """A readable form (dashboard, debugging); z as a list of floats."""
@@ -137,6 +146,7 @@ class UserState:
             "query_ids": self.query_ids.tolist(),
             "scores": self.scores.astype(float).tolist(),
             "space": f"{self.space:016x}",
+            "shown": self.shown,
         }
 
     @classmethod
@@ -151,6 +161,7 @@ class UserState:
             d["query_ids"],
             d["scores"],
             int(d.get("space", "0"), 16),
+            int(d.get("shown", -1)),
         )
 
 

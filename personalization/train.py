@@ -62,12 +62,16 @@ def make_batch(
     sim_table: np.ndarray | None = None,
     sim_norm: np.ndarray | None = None,
     clusters: Clusters | None = None,
+    shown: np.ndarray | None = None,
 ) -> EventBatch:
     """The serving-identical EventBatch of visits `rows` (their windows of the last K states);
-    clusters: features.cluster_lookup of the policy (None: intent features 0)."""
+    clusters: features.cluster_lookup of the policy (None: intent features 0); shown [B,K]
+    the query shown at each window visit (None: the logged ones, what the user was shown)."""
     z, ids, sc, mask = v.states(rows, K, ttl_s)
     idx, _ = v.window(rows, K, ttl_s)
-    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx], sim_table, sim_norm, clusters)
+    if shown is None:
+        shown = np.where(mask, v.shown[idx], -1)
+    return build_batch(z, ids, sc, mask, log_pop, v.ts[idx], sim_table, sim_norm, clusters, shown)
 
 
 def sim_normaliser(

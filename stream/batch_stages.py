@@ -1,11 +1,13 @@
-"""The stages of one batch of page views: decode -> predict -> state -> choose -> emit.
+"""The stages of one batch of page views: decode -> predict -> state -> choose -> shown -> emit.
 
 Every stage has the one interface `stage(batch, outbox) -> None`: it fills its fields of the
 `Batch` and drops the events it failed on, each sent to the dead letters with a reason naming
 the stage (one event's fault never holds back the rest of its batch). What is not an event's
 fault (Redis or the broker unreachable) raises. The worker binds each stage's dependencies with
 functools.partial (`default_stages`) and times it under the metric names of
-stream.consumer_metrics.STAGES: decode, predict, redis (state), policy (choose), kafka (emit).
+stream.consumer_metrics.STAGES: decode, predict, redis (state, and shown: the chosen query
+written into the event's stored state, for a policy that reads history), policy (choose),
+kafka (emit).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 # append(user ids, states, with_history) -> (fresh, histories, per-event error or None): the
 # state store's append_batch_checked, with the worker's retry while Redis is away
 Append = Callable[[list[str], list[UserState], bool], tuple[list[bool], list[list], list]]
+# mark(user ids, states, chosen query ids) -> per event True / False (state not found) / reason:
+# the state store's mark_shown, with the worker's retry while Redis is away
+Mark = Callable[[list[str], list[UserState], list[int]], list]
 
 
 def reason(stage: str, exc: BaseException) -> str:
@@ -253,6 +258,20 @@ def choose_stage(batch: Batch, out: Outbox, *, policy: Policy) -> None:
     _no_ad_without_evidence(batch)
 
 
+def shown_stage(batch: Batch, out: Outbox, *, mark: Mark) -> None:
+    """Write each event's chosen query into its stored state (UserState.shown), which the
+    policy reads at the user's later visits as training reads the logged impressions. The ad
+    goes out whatever happens here: a state not found (expired, or trimmed by newer visits) or
+    refused only leaves that visit reading as nothing shown, logged."""
+    if not len(batch.query):
+        return
+    users = [m["user_id"] for m in batch.msgs]
+    res = mark(users, batch.states, [int(q) for q in batch.query])
+    bad = [r for r in res if isinstance(r, str)]
+    if bad:
+        log.warning("%s: %d shown mark(s) refused, e.g. %s", out.consumer_id, len(bad), bad[0])
+
+
 def _no_ad_without_evidence(batch: Batch) -> None:
     """No ad for a page the model knows nothing of, though the policy could pick one from the
     user's earlier pages: the page gives no reason for it (Settings.prediction.no_evidence)."""
@@ -294,9 +313,15 @@ def emit_stage(batch: Batch, out: Outbox, *, topic: str, policy_name: str) -> No
 
 
 def default_stages(
-    settings, model: ModelHandle, policy: Policy, append: Append
+    settings, model: ModelHandle, policy: Policy, append: Append, mark: Mark | None = None
 ) -> list[tuple[str, Stage]]:
-    """The pipeline, each stage under its metric name (stream.consumer_metrics.STAGES)."""
+    """The pipeline, each stage under its metric name (stream.consumer_metrics.STAGES); the
+    shown stage (timed as redis) when the policy reads history and `mark` is given."""
+    shown: list[tuple[str, Stage]] = (
+        [("redis", functools.partial(shown_stage, mark=mark))]
+        if mark is not None and policy.needs_history
+        else []
+    )
     return [
         ("decode", functools.partial(decode_stage, max_bytes=settings.topics.max_message_bytes)),
         (
@@ -313,6 +338,7 @@ def default_stages(
             functools.partial(state_stage, append=append, with_history=policy.needs_history),
         ),
         ("policy", functools.partial(choose_stage, policy=policy)),
+        *shown,
         (
             "kafka",
             functools.partial(

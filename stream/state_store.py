@@ -27,6 +27,8 @@ which the worker retries while holding its partitions (stream.worker_health). Wh
 has replicas, the batch's pipeline ends with WAIT, and a batch no replica acknowledged is not
 counted as stored (its offsets stay uncommitted), so a failover loses no committed visit. On
 Redis Cluster the batch is one pipeline per primary it touches, each ending with its own WAIT.
+Once the policy has chosen, `mark_shown` writes the chosen query into each event's stored state
+(UserState.shown, one more pipelined round trip), so a user's later visits read what was shown.
 `EventWindow` is the same dedupe list on its own, for consumers that write elsewhere (the click
 logger).
 """
@@ -37,13 +39,13 @@ import contextlib
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote
 
 import redis
 
-from personalization.state import UserState
+from personalization.state import SHOWN_OFFSET, UserState
 from stream.redis_connect import is_cluster, parse_redis_url, redis_client
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,23 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
 if fresh then return {1, hist} end
 return {0, hist}
+"""
+
+# KEYS: states.  ARGV: a state's bytes with its `shown` field set, that field's byte offset.
+# Rewrites the stored record of the same visit (every byte but the 4 of `shown` equal): what
+# the policy chose for it, read back at the user's later visits.  Returns 1 if one was found.
+_MARK_SHOWN = """
+local new = ARGV[1]
+local o = tonumber(ARGV[2])
+local head, tail = string.sub(new, 1, o), string.sub(new, o + 5)
+local list = redis.call('LRANGE', KEYS[1], 0, -1)
+for i, e in ipairs(list) do
+  if #e == #new and string.sub(e, 1, o) == head and string.sub(e, o + 5) == tail then
+    redis.call('LSET', KEYS[1], i - 1, new)
+    return 1
+  end
+end
+return 0
 """
 
 # KEYS: eids.  ARGV: event-id hash, N, ttl.  Returns 1 if the hash was new (now remembered).
@@ -506,6 +525,21 @@ class StateStore(_Scripted):
             pipe.lrem(self.states_key(uid), 1, st.encode())  # type: ignore[arg-type]
             pipe.lrem(self.eids_key(uid), 1, event_hash(st.event_id))  # type: ignore[arg-type]
         _run(pipe, self.client)
+
+    def mark_shown(
+        self, user_ids: list[str], states: list[UserState], queries: list[int]
+    ) -> list[bool | str]:
+        """Record in each event's stored state the ad query chosen for it (one round trip);
+        per event whether its state was found, or the reason Redis refused it. Not waited on
+        by replicas: a mark lost in a failover reads as nothing shown at that visit."""
+        calls = [
+            ([self.states_key(uid)], [replace(st, shown=int(q)).encode(), SHOWN_OFFSET])
+            for uid, st, q in zip(user_ids, states, queries, strict=True)
+        ]
+        if not calls:
+            return []
+        results = self._evalsha_batch(_MARK_SHOWN, calls)
+        return [_reason(r) if isinstance(r, Exception) else bool(r) for r in results]
 
     def history(self, user_id: str) -> list[UserState]:
         """A user's stored states, oldest first."""

@@ -219,7 +219,9 @@ class StreamWorker:
         self.producer = self.clients.producer
         self.redis = self.clients.redis
         self.store = StateStore.from_settings(self.redis, settings)
-        self.stages = stages or default_stages(settings, model, policy, self._append_with_backoff)
+        self.stages = stages or default_stages(
+            settings, model, policy, self._append_with_backoff, self._mark_with_backoff
+        )
         self.aborted = 0  # transactions aborted and replayed (exactly-once)
         self.txn: OpenTxn | None = None  # the open transaction (exactly-once)
         self.committing: BackgroundCommit | None = None  # the previous one, committing
@@ -643,6 +645,12 @@ class StreamWorker:
         return self.health.retry_redis(
             lambda: self.store.append_batch_checked(user_ids, states, with_history)
         )
+
+    def _mark_with_backoff(self, user_ids, states, queries):
+        """The shown stage's Redis write (the store's mark_shown), retried like the append."""
+        if not states:
+            return []
+        return self.health.retry_redis(lambda: self.store.mark_shown(user_ids, states, queries))
 
 
 def worker_main(

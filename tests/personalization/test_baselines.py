@@ -9,7 +9,7 @@ import pytest
 
 from personalization import session_knn as sknn
 from personalization.baselines import fit_baselines
-from personalization.features import N_INTENT, F
+from personalization.features import N_INTENT, N_KERNEL, F
 from personalization.train import make_batch, session_start_ts
 from testkit.policy_data import synthetic_visits
 
@@ -85,8 +85,9 @@ def test_baselines_are_fitted_on_the_training_period_only(data):
         v.clicked[:] = clicked
     assert again.knn.config() == base.knn.config()
     assert np.array_equal(again.fitted, base.fitted)
-    assert np.all(base.fitted[-N_INTENT:] == 0)  # the intent filter's features left out
-    assert np.any(base.fitted[:-N_INTENT] != 0)
+    # the intent filter's features and what the user was shown before left out
+    assert np.all(base.fitted[N_KERNEL - N_INTENT :] == 0)
+    assert np.any(base.fitted[: N_KERNEL - N_INTENT] != 0)
 
 
 class TopicJudge:

@@ -178,3 +178,43 @@ def test_sim_features_are_zero_without_a_table():
     T = sim_table_from_rows(rng.standard_normal((20, 12)).astype(np.float32) + 1.0, dim=8)
     with pytest.raises(ValueError, match="sim_table needs sim_norm"):
         build_batch(z, I, S, m, np.zeros(20, np.float32), ts, T)
+
+
+def test_shown_recent_counts_earlier_showings_by_their_distance():
+    """shown_recent: a candidate shown at the window's earlier visits scores decay^(visits back
+    - 1) per showing; the current visit's slot, padding states and other queries count 0."""
+    from personalization.features import DEFAULT_FIT, FeatureFit, pad_shown
+
+    rng = np.random.default_rng(5)
+    L, K, k, D = 12, 5, 3, 2
+    seqs, shown = [], []
+    for n in (5, 3):
+        ids = np.stack([rng.choice(L, k, replace=False) for _ in range(n)])
+        seqs.append((rng.random((n, D)).astype(np.float32), ids, rng.random((n, k)), np.arange(n)))
+        shown.append(ids[:, 0].copy())  # each visit showed its page's first query
+    shown[0][1] = shown[0][3]  # one query shown twice (3 and 1 visits back)
+    z, ids, sc, mask, ts = pad_states(seqs, K)
+    sh = pad_shown(shown, K)
+    assert (sh[1, :2] == -1).all()
+    decay = 0.4
+    fit = FeatureFit(shown_decay=decay)
+    cl = Clusters(query_lookup(np.zeros(L, np.float32)), np.ones(1), fit)
+    b = build_batch(z, ids, sc, mask, np.zeros(L, np.float32), ts, clusters=cl, shown=sh)
+    for r, s in enumerate(shown):
+        n = len(s)
+        for c in np.flatnonzero(b.cand_mask[r]):
+            q = b.cand_ids[r, c]
+            want = sum(decay ** (n - 2 - t) for t in range(n - 1) if s[t] == q)
+            assert b.feats[r, c, F["shown_recent"]] == pytest.approx(want, abs=1e-6)
+    assert b.feats[0, :, F["shown_recent"]].max() == pytest.approx(1.0 + decay**2, abs=1e-6)
+    # nothing shown: the column is 0, and the other columns do not move
+    b0 = build_batch(z, ids, sc, mask, np.zeros(L, np.float32), ts, clusters=cl)
+    assert not b0.feats[..., F["shown_recent"]].any()
+    other = [i for i in range(len(FEATURE_NAMES)) if i != F["shown_recent"]]
+    np.testing.assert_array_equal(b0.feats[..., other], b.feats[..., other])
+    # the manifest carries the decay; a fit recorded before it existed reads the default
+    assert FeatureFit.from_json(fit.to_json()) == fit
+    with pytest.raises(ValueError, match=r"feature_fit\.shown_decay"):
+        FeatureFit.from_json({**fit.to_json(), "shown_decay": 1.5})
+    older = {f: x for f, x in fit.to_json().items() if f != "shown_decay"}
+    assert FeatureFit.from_json(older).shown_decay == DEFAULT_FIT.shown_decay

@@ -37,13 +37,17 @@ def served(world, tmp_path_factory):
     # and earlier visits' queries a chance against the current page's (sources of both kinds)
     w["lin.w"] = w["lin.w"].copy()
     w["lin.w"][F["in_current"]] -= 2.0
+    w["lin.w"][F["shown_recent"]] -= 1.0  # what was shown at earlier visits counts
     _, path = publish(tmp_path_factory.mktemp("gru"), w, cfg, {})
     return GruPolicy.load(path), w, cfg
 
 
 def visit_state(v, r, space=SPACE):
+    """The stored state of visit r, with the ad shown there (the stream marks it)."""
     p = v.page[r]
-    return UserState(v.event_ids[r], float(v.ts[r]), 1, 2, v.Z[p], v.IDS[p], v.SC[p], space)
+    return UserState(
+        v.event_ids[r], float(v.ts[r]), 1, 2, v.Z[p], v.IDS[p], v.SC[p], space, int(v.shown[r])
+    )
 
 
 def redis_history(v, r, rng):
@@ -93,6 +97,7 @@ def test_serving_scores_every_visit_as_training_did(world, served):
         lo = max(r - cfg.K + 1, 0)
         naive_differs += naive != [v.event_ids[i] for i in range(lo, r) if v.user[i] == v.user[r]]
     assert (mask.sum(1) == 1).sum() > 20  # stale earlier sessions were cut
+    assert (b.feats[..., F["shown_recent"]] > 0).sum() > 100  # earlier ads were in play
     assert naive_differs > 100  # arrival order, later and foreign states were all in play
 
 
@@ -122,11 +127,18 @@ def test_state_records_carry_their_label_space_and_old_records_still_read():
     back = UserState.decode(s.encode())
     assert back.space == SPACE and back.query_ids.tolist() == [4, 5]
     assert UserState.from_json(back.to_json()).space == SPACE
-    # a version-1 record (no space field), as Redis may still hold: read with space 0
+    # records of earlier versions, as Redis may still hold: version 2 (no shown field) read
+    # with nothing shown, version 1 (no space either) with space 0
+    s.shown = 7
     raw = s.encode()
-    v1 = raw[:2] + b"\x01" + raw[3:27] + raw[35:]
+    assert UserState.decode(raw).shown == 7 and UserState.from_json(s.to_json()).shown == 7
+    v2 = raw[:2] + b"\x02" + raw[3:35] + raw[39:]
+    old = UserState.decode(v2)
+    assert old.space == SPACE and old.shown == -1 and old.event_id == "e1"
+    assert np.array_equal(old.scores, s.scores)
+    v1 = raw[:2] + b"\x01" + raw[3:27] + raw[39:]
     old = UserState.decode(v1)
-    assert old.space == 0 and old.event_id == "e1" and old.ts == 5.0
+    assert old.space == 0 and old.shown == -1 and old.event_id == "e1" and old.ts == 5.0
     assert np.array_equal(old.scores, s.scores)
 
 

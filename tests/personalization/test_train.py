@@ -276,9 +276,10 @@ def test_evaluate_refuses_a_policy_that_read_the_evaluated_sessions(tmp_path):
 
 def test_sim_rank_start_is_the_fixed_ranking_and_competes_for_best_epoch(tmp_path):
     """init="sim_rank": before any step the policy ranks exactly like the sim_rank reference
-    (lr 0 keeps the start), and the start is epoch 0 of the best-epoch selection."""
+    (lr 0 and no random residual keep the start), and the start is epoch 0 of the best-epoch
+    selection."""
     v, rows_w, q_topic, intent = synthetic_visits(n_users=60, seed=6)
-    cfg = dataclasses.replace(HELD, epochs=1, lr=0.0)
+    cfg = dataclasses.replace(HELD, epochs=1, lr=0.0, residual_sd=0.0)
     w, rep = train_policy(v, rows_w, cfg, progress=False)
     assert rep["epochs"][0]["epoch"] == 0 and rep["init"] == "sim_rank"
     assert rep["init_scale"] > 0 and rep["best_epoch"] == 0

@@ -1,6 +1,7 @@
 """`--policy gru` in the real stream (Tansu + Redis + a real exported Astec predictor): every
-event gets a query from its user's window (the page's top query on a first visit), and a newly
-promoted GRU version is picked up while the worker runs (a corrupt one is refused)."""
+event gets a query from its user's window (the page's top query on a first visit), each visit's
+stored state holds the query published for it (what the policy reads at later visits), and a
+newly promoted GRU version is picked up while the worker runs (a corrupt one is refused)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from personalization.train import TrainConfig, publish, train_policy
 from stream.model_handle import ModelHandle
 from stream.policy_handle import make_policy
 from stream.schemas import decode
+from stream.state_store import StateStore, connect
 from stream.topics import make_consumer
 from stream.worker import StreamWorker
 from testkit.stream_run import produce_views
@@ -104,6 +106,12 @@ def test_gru_policy_in_the_stream_with_hot_reload(
         t.join(30)
     assert {a["event_id"] for a in ads} == {m["event_id"] for m in msgs}
     assert all(a["policy"] == "gru" for a in more)
+    # each visit's stored state holds the query the stream published for it
+    store = StateStore.from_settings(connect(s.redis.url.reveal()), s)
+    users = sorted({m["user_id"] for m in msgs})
+    stored = {st.event_id: st.shown for h in store.histories(users) for st in h}
+    published = {a["event_id"]: a["query_id"] for a in ads}
+    assert stored == published and all(q >= 0 for q in published.values())
     # each ad logs the candidates the GRU ranked (the union of the window's top-k: more than one
     # page's k once a user has history), best first; greedy serving shows the first, with
     # propensity 1, and the logged scores are the policy's, in its order

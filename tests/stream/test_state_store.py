@@ -77,6 +77,29 @@ def test_store_appends_once_per_event_keeps_last_k(stream_settings):
     assert [h.event_id for h in store.history("bob")] == ["e20", "e21", "e22"]
 
 
+@pytest.mark.services
+def test_the_chosen_query_is_written_into_the_events_stored_state(stream_settings):
+    """mark_shown rewrites the stored record of each event's visit with the query chosen for
+    it (what the policy reads at the user's later visits); a replayed event is marked again
+    with the replay's choice; a visit no longer stored is reported, not created."""
+    s = stream_settings
+    store = StateStore(
+        connect(s.redis.url.reveal()), s.redis.key_prefix, k=3, ttl_s=60, dedup_ttl_s=60
+    )
+    states = [state(100 + i) for i in range(4)]
+    store.append_batch(["carol"] * 4, states)  # e100 is trimmed (k=3)
+    assert store.mark_shown(["carol"] * 3, states[1:], [7, -1, 42]) == [True, True, True]
+    assert [h.shown for h in store.history("carol")] == [7, -1, 42]
+    assert store.mark_shown(["carol"], [states[1]], [8]) == [True]  # a replay's new choice
+    assert store.mark_shown(["carol", "dave"], [states[0], states[2]], [5, 5]) == [False, False]
+    hist = store.history("carol")
+    assert [h.shown for h in hist] == [8, -1, 42]
+    assert [h.event_id for h in hist] == ["e101", "e102", "e103"]
+    assert np.array_equal(hist[2].query_ids, states[3].query_ids)
+    _, h = store.append_batch(["carol"], [state(104)], with_history=True)
+    assert [x.shown for x in h[0]] == [8, -1, 42]  # what the next visit's policy reads
+
+
 @pytest.mark.parametrize(
     "raw, reason",
     [
