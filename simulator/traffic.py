@@ -25,6 +25,7 @@ session), and logs the propensity, so the GRU can learn off-policy from these lo
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import time
@@ -402,16 +403,35 @@ def simulate_logs(
     world_dir: str | None = None,
 ) -> dict:
     """Simulate and write all logs; returns the counts written to simulation.json. The click
-    weights are `params` when given, else the scenario's."""
+    weights are `params` when given, else the scenario's. One writer per directory: a second
+    run into the same `out` is refused while the first writes (simulation.json, the finished
+    mark, is written last) and after it."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".simulate.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FileExistsError(
+                f"{out}: another simulation is writing its logs here; choose a new --out"
+            ) from None
+        if (out / "simulation.json").exists():
+            raise FileExistsError(
+                f"{out}: already holds simulated logs (simulation.json); "
+                "logs are append-only, so choose a new --out"
+            )
+        return _simulate_logs(world, out, settings, params, world_dir)
+
+
+def _simulate_logs(
+    world: World,
+    out: Path,
+    settings: LogSettings | None,
+    params: ClickParams | None,
+    world_dir: str | None,
+) -> dict:
     s = settings or LogSettings()
     params = params or ClickParams.from_scenario(s.scenario.click)
-    out = Path(out)
-    if (out / "simulation.json").exists():
-        raise FileExistsError(
-            f"{out}: already holds simulated logs (simulation.json); "
-            "logs are append-only, so choose a new --out"
-        )
-    out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(s.seed)
     t0 = _start_ts(s.start)
     clock = time.perf_counter()

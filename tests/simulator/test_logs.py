@@ -125,3 +125,19 @@ def test_logs_refuse_to_overwrite_and_are_deterministic(world, logs, tmp_path):
         fa = sorted((tmp_path / "a" / kind).rglob("*.jsonl"))
         fb = sorted((tmp_path / "b" / kind).rglob("*.jsonl"))
         assert [f.read_bytes() for f in fa] == [f.read_bytes() for f in fb]
+
+
+def test_a_second_writer_into_the_same_directory_is_refused_while_the_first_writes(world, tmp_path):
+    """Two `astec simulate logs --out D` started together: the second is refused at once,
+    instead of appending a second copy of every record to the first's files."""
+    import fcntl
+
+    out = tmp_path / "d"
+    out.mkdir()
+    with open(out / ".simulate.lock", "a") as held:  # the first writer, mid-run
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(FileExistsError, match="another simulation is writing"):
+            simulate_logs(world, out, LogSettings(days=1, search_clicks_per_day=2000))
+    assert not any(p.suffix == ".jsonl" for p in out.rglob("*"))
+    summary = simulate_logs(world, out, LogSettings(days=1, search_clicks_per_day=2000))
+    assert summary["counts"]["search_clicks"] > 0
