@@ -200,10 +200,6 @@ class ConsumerSettings:
     # Kafka Streams' 100 ms), so its commit's round trips are paid once per interval, not per batch
     commit_interval_ms: int = 100
     batch_max: int = 256
-    # exactly-once: a batch goes on gathering the events that arrive for up to this long (never
-    # past its transaction's commit); its answers wait for the commit anyway, and fewer, larger
-    # batches cost the predictor and Redis less per event. 0: each poll is a batch
-    txn_linger_ms: int = 20
 
     def __post_init__(self) -> None:
         _check_choices(self)

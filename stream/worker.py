@@ -221,7 +221,6 @@ class StreamWorker:
         self.txn: OpenTxn | None = None  # the open transaction (exactly-once)
         self.committing: BackgroundCommit | None = None  # the previous one, committing
         self._committing_txn: OpenTxn | None = None
-        self._rewound: set = set()  # partitions rewound while a batch was gathered (_linger)
         # committed well before the broker would abort it (transaction.timeout.ms)
         self.txn_span_s = min(self.s.consumer.commit_interval_ms, TXN_TIMEOUT_MS // 4) / 1000.0
         self.transactions = 0  # committed (exactly-once)
@@ -280,10 +279,7 @@ class StreamWorker:
                 self.health.polled()
                 records = [r for rs in polled.values() for r in rs]
                 if self.exactly_once:
-                    t_first = time.monotonic()
-                    if records and self.s.consumer.txn_linger_ms > 0:
-                        records = self._linger(records)
-                    self.transaction_step(records, t_first)
+                    self.transaction_step(records)
                 else:
                     if records:
                         self._between_batches()
@@ -329,50 +325,23 @@ class StreamWorker:
     def _txn_due(self) -> bool:
         return self.txn is not None and time.monotonic() - self.txn.t_begin >= self.txn_span_s
 
-    def _linger(self, records: list) -> list:
-        """Exactly-once: go on gathering the events that arrive for up to txn_linger_ms (never
-        past the open transaction's commit) into this batch. Its answers wait for that commit
-        anyway, so a larger batch costs no latency, and it costs the predictor and Redis (one
-        pipelined round trip and fsync per batch) less per event. A rebalance meanwhile drops
-        the gathered records of the partitions moved away or rewound (they are read again)."""
-        end = time.monotonic() + self.s.consumer.txn_linger_ms / 1000.0
-        if self.txn is not None:
-            end = min(end, self.txn.t_begin + self.txn_span_s)
-        self._rewound = set()
-        batch_max = self.s.consumer.batch_max
-        while len(records) < batch_max:
-            left_ms = int((end - time.monotonic()) * 1000)
-            if left_ms < 1:
-                break
-            polled = self.consumer.poll(timeout_ms=left_ms, max_records=batch_max - len(records))
-            self._raise_failure()
-            records += [r for rs in polled.values() for r in rs]
-        keep = self.consumer.assignment() - self._rewound
-        return [r for r in records if TopicPartition(r.topic, r.partition) in keep]
-
-    def _rewind(self, offsets: dict) -> None:
-        """Fetch these partitions again from these offsets (an aborted transaction's)."""
-        self._rewound.update(offsets)
-        self.consumer.rewind(offsets)
-
-    def transaction_step(self, records, t_first: float | None = None) -> None:
-        """Exactly-once, once per poll: the batch into the open transaction (one opened at
-        `t_first`, when its first record came, if none is); the commit in flight seen to its
-        end if it returned; the open transaction's commit started when its interval is over and
-        the previous one returned (until then it goes on growing)."""
+    def transaction_step(self, records) -> None:
+        """Exactly-once, once per poll: the batch into the open transaction; the commit in
+        flight seen to its end if it returned; the open transaction's commit started when its
+        interval is over and the previous one returned (until then it goes on growing)."""
         if records:
-            self.add_to_transaction(records, t_first)
+            self.add_to_transaction(records)
         self._reap_commit()
         if self._txn_due() and self.committing is None:
             self._start_commit()
 
-    def add_to_transaction(self, records, t_first: float | None = None) -> None:
-        """Process a batch inside the open transaction (opening one at `t_first`, default now,
-        after swapping in a newly promoted model, when none is). While the previous transaction
-        commits, its messages are held, to be produced once that commit returned."""
+    def add_to_transaction(self, records) -> None:
+        """Process a batch inside the open transaction (opening one, after swapping in a newly
+        promoted model, when none is). While the previous transaction commits, its messages
+        are held, to be produced once that commit returned."""
         if self.txn is None:
             self._between_batches()
-            self.txn = OpenTxn(time.monotonic() if t_first is None else t_first)
+            self.txn = OpenTxn(time.monotonic())
             if self.committing is None:
                 self.producer.begin_transaction()
             else:
@@ -463,7 +432,7 @@ class StreamWorker:
         rewind = dict(txn.first)  # the earlier interval's first offsets come first
         for tp, o in (nxt.first if nxt else {}).items():
             rewind.setdefault(tp, o)
-        self._rewind(rewind)
+        self.consumer.rewind(rewind)
         return False
 
     def _produce_held(self, txn: OpenTxn) -> None:
@@ -553,7 +522,7 @@ class StreamWorker:
                 self._failure = exc
                 return
             self.aborted += 1
-            self._rewind({tp: o for tp, o in txn.first.items() if tp not in lost})
+            self.consumer.rewind({tp: o for tp, o in txn.first.items() if tp not in lost})
 
     def commit_pending(self, wait: bool = True) -> None:
         """Commit the settled batches' offsets (a no-op when there are none); wait=False does

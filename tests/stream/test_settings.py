@@ -42,7 +42,6 @@ FLAT_KEYS = {
     "consumer_retry_backoff_ms": 15,
     "commit_interval_ms": 200,
     "batch_max": 128,
-    "txn_linger_ms": 10,
     "consumer_client": "kafka-python",
     "producer_client": "kafka-python",
     "producer_linger_ms": 5,
