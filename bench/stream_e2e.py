@@ -248,8 +248,13 @@ class _Pipeline:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 ms = read_all(connect(s.redis.url.reveal()), s.redis.key_prefix)
+                # every worker owns a partition (where there are enough): a rebalance still
+                # under way would otherwise move partitions, and hold their events, in the
+                # first seconds of the phase
+                owners = sum(int(m["partitions"]) > 0 for m in ms)
                 if (
                     len(ms) >= self.workers
+                    and owners >= min(self.workers, s.topics.partitions)
                     and sum(int(m["partitions"]) for m in ms) >= s.topics.partitions
                 ):
                     break
