@@ -48,13 +48,14 @@ from typing import Any
 
 import numpy as np
 import redis
+from kafka.errors import KafkaTimeoutError
 from kafka.structs import TopicPartition
 
 from stream.batch_stages import Batch, Outbox, Stage, default_stages
 from stream.consumer_metrics import ConsumerMetrics, PromExporter, publish
 from stream.model_handle import ModelHandle, load_predictor
 from stream.policy_handle import Policy, make_policy
-from stream.rdkafka_producer import TransactionAborted
+from stream.rdkafka_producer import DeliveryError, TransactionAborted
 from stream.settings import Settings
 from stream.state_store import StateStore, connect
 from stream.topics import TXN_TIMEOUT_MS, make_stream_consumer, make_stream_producer
@@ -69,6 +70,9 @@ TXN_STALL_S = 12.0
 # while a transaction commits, the loop polls at least this often to see it return (the next
 # interval's held messages wait for it)
 COMMIT_CHECK_MS = 5
+# at-least-once: a wait for acknowledgements polls the (paused) consumer at least this often, far
+# inside max.poll.interval; an ordinary batch is acknowledged well within it, so it never pauses
+ACK_SLICE_S = 0.5
 
 
 @dataclass
@@ -289,7 +293,7 @@ class StreamWorker:
                     if records:
                         self._between_batches()
                         self.inflight.append(self.process(records))
-                    self.settle(block=len(self.inflight) > self.max_in_flight)
+                    self.settle(block=len(self.inflight) > self.max_in_flight, keep_alive=True)
                 self._maybe_publish()
             # graceful stop: everything acknowledged and committed
             if self.exactly_once:
@@ -470,17 +474,21 @@ class StreamWorker:
         if self.prom:
             self.prom.observe(b.events, b.dead, now_pc - b.t0, e2a, self.model.version)
 
-    def settle(self, block: bool = False) -> int:
+    def settle(self, block: bool = False, keep_alive: bool = False) -> int:
         """Commit the offsets of the oldest batches whose messages are all acknowledged.
 
         Batches settle strictly in order; a failed produce raises (no commit: the uncommitted
-        batches replay after the restart). Returns the number of batches settled.
+        batches replay after the restart). block waits for every batch in flight; keep_alive
+        (the worker's loop, never a rebalance callback, which runs inside a poll) keeps the
+        group membership alive meanwhile. Returns the number of batches settled.
         """
         offsets: dict = {}
         n = 0
+        t_wait = time.perf_counter()
+        if block and keep_alive:
+            self._await_acks()
         while self.inflight:
             b = self.inflight[0]
-            t_wait = time.perf_counter()
             if block:
                 self.producer.flush()
             elif not all(f.is_done for f in b.futures):
@@ -488,6 +496,7 @@ class StreamWorker:
             for f in b.futures:
                 f.get(timeout=30)  # raises if the broker refused a message
             self._record(b, time.perf_counter() - t_wait if block else 0.0)
+            t_wait = time.perf_counter()
             offsets.update(b.offsets)  # later batches carry later offsets
             self.inflight.popleft()
             n += 1
@@ -498,6 +507,20 @@ class StreamWorker:
         ):
             self.commit_pending(wait=block)
         return n
+
+    def _await_acks(self) -> None:
+        """Wait until every batch in flight is acknowledged (or failed), polling the consumer
+        with its partitions paused between waits of ACK_SLICE_S: a partition leader frozen
+        until the cluster moves its partitions (about a session timeout) would otherwise hold
+        this loop past max.poll.interval, and the group would evict the worker mid-wait."""
+        try:
+            while self.inflight and not all(f.is_done for b in self.inflight for f in b.futures):
+                try:
+                    self.producer.flush(timeout=ACK_SLICE_S)
+                except (DeliveryError, KafkaTimeoutError):
+                    self.health.hold(0.0)  # one poll, every owned partition paused
+        finally:
+            self.health.resume()
 
     def commit_before_rebalance(self, revoked: set | None = None) -> None:
         """Before partitions move to another member (called on the poll thread, inside the

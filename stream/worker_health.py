@@ -8,7 +8,8 @@ evicted from its group (its partitions then bounce between members all doing the
 retry pauses the worker's partitions and keeps polling between attempts: the group sees a live
 member, nothing new is fetched, and the batch resumes where it stopped when Redis answers again
 (its offsets stay uncommitted until then). Records that arrive anyway (partitions assigned by a
-rebalance during the pause) are rewound and paused too.
+rebalance during the pause) are rewound and paused too. The same hold covers a long wait for
+the broker's acknowledgements (a frozen leader until its partitions move: StreamWorker.settle).
 
 Ready (/readyz) = the worker owns partitions, has polled recently, Redis answers (no outage
 under way) and the broker acknowledges what it produces (no batch waiting for acks longer than
@@ -69,7 +70,7 @@ class WorkerHealth:
                         exc,
                         delay,
                     )
-                    self._hold(delay)
+                    self.hold(delay)
                     delay = min(delay * 2, 2.0)
                     continue
                 if self.redis_down_since is not None:
@@ -81,9 +82,9 @@ class WorkerHealth:
                 return out
         finally:
             self.redis_down_since = None
-            self._resume()
+            self.resume()
 
-    def _hold(self, seconds: float) -> None:
+    def hold(self, seconds: float) -> None:
         """Poll for `seconds` with every owned partition paused (membership kept alive)."""
         consumer = self.w.consumer
         end = time.monotonic() + seconds
@@ -105,7 +106,7 @@ class WorkerHealth:
             self.w.consumer.pause(*tps)
             self._paused |= set(tps)
 
-    def _resume(self) -> None:
+    def resume(self) -> None:
         if self._paused:
             owned = self._paused & set(self.w.consumer.assignment())
             if owned:
