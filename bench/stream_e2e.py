@@ -11,6 +11,10 @@ workers:
      latency = ad query received - page view ts (p50/p95/p99), plus the worker-side part
      (ad query produced - page view ts), and the p99 of the phase's first and last quarter
      (a tail that grows within a phase shows there).
+Before any mode is measured, each mode runs one unreported saturation pass of --warmup-events
+(its own topics and workers): a fresh broker's JVM spends its first seconds of sustained load
+compiling (0.95 of a core for ~6 s, against ~0.4 warm), and without the pass the mode measured
+first ran on a cold broker (saturation depended on the order of the modes).
 Where the time goes comes from the workers' own stage timers (decode, predict, Redis, policy,
 Kafka produce+ack) published to Redis, per event and as shares of the workers' wall time.
 Everything shares the machine's cores, the load generator included.
@@ -315,6 +319,7 @@ def run_bench(
     deliveries: list[str] | None = None,
     log=click.echo,
     wait_replicas: list[int] | None = None,
+    warmup_events: int = 0,
 ) -> dict:
     load0 = os.getloadavg()[0]  # the box is shared: say how busy it was
     load_client = load_client or default_client()
@@ -324,6 +329,28 @@ def run_bench(
     ) as wlog:
         traces: list[dict] = []
         runs = []
+        for delivery in dict.fromkeys(deliveries or [settings.delivery]):
+            if warmup_events > 0:
+                with _Pipeline(
+                    settings,
+                    model,
+                    workers,
+                    batch_max,
+                    wlog,
+                    titles,
+                    users,
+                    service_pids or {},
+                    load_client,
+                    delivery,
+                ) as p:
+                    ids = [f"warmup-{i}" for i in range(warmup_events)]
+                    t0 = time.time()
+                    _send(p.producer, p.s, titles, ids, users, None)
+                    p.reader.wait(ids, 600)
+                    log(
+                        f"[{delivery}] warm-up: {warmup_events} events in "
+                        f"{time.time() - t0:.1f}s (not reported)"
+                    )
         for delivery, wait in [
             (d, w)
             for d in deliveries or [settings.delivery]
@@ -360,6 +387,7 @@ def run_bench(
         "producer_client": settings.producer.client,
         "model": model,
         "cpu_count": os.cpu_count(),
+        "warmup_events": warmup_events,
         "load_client": load_client,
         "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "runs": runs,
@@ -543,6 +571,14 @@ def _run_mode(
     help="Page titles: first TSV column of this file.",
 )
 @click.option("--users", default=5000, show_default=True, help="Distinct simulated users.")
+@click.option(
+    "--warmup-events",
+    default=20000,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Events of one unreported saturation pass per delivery mode before any is measured "
+    "(a fresh broker's JVM is slower for its first seconds of load); 0 skips it.",
+)
 @click.option("--batch-max", default=256, show_default=True)
 @click.option(
     "--use-running",
@@ -584,6 +620,7 @@ def bench_stream(
     paced_seconds,
     titles,
     users,
+    warmup_events,
     batch_max,
     use_running,
     load_client,
@@ -635,6 +672,7 @@ def bench_stream(
             load_client,
             list(deliveries),
             wait_replicas=list(wait_replicas),
+            warmup_events=warmup_events,
         )
     finally:
         if tmp:

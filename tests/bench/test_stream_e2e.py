@@ -43,6 +43,8 @@ def test_bench_stream_answers_every_event_and_removes_its_services(astec_predict
             "40",
             "--paced-seconds",
             "3",
+            "--warmup-events",
+            "50",
             "--delivery",
             "exactly-once",
             "--delivery",
@@ -64,6 +66,10 @@ def test_bench_stream_answers_every_event_and_removes_its_services(astec_predict
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(out.read_text())
     assert [run["delivery"] for run in r["runs"]] == ["exactly-once", "at-least-once"]
+    # one unreported warm-up pass per mode, on its own topics: the measured phases count none of it
+    assert r["warmup_events"] == 50
+    for mode in ("exactly-once", "at-least-once"):
+        assert f"[{mode}] warm-up: 50 events" in res.stdout
     for run in r["runs"]:
         sat = run["saturation"]
         assert sat["answered"] == sat["events"] == 150 and sat["complete"]
