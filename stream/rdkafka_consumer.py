@@ -33,7 +33,9 @@ class RdConsumer:
     session timeout gets the same partitions back without a rebalance; a static member does not
     leave the group on close, its partitions move after the session timeout.
     `on_revoke(partitions)` runs before partitions move away, `on_lost(partitions)` when they
-    already belong to another member (both with kafka-python's TopicPartitions)."""
+    already belong to another member (both with kafka-python's TopicPartitions). A partition
+    assigned comes unpaused, as in the Java and kafka-python clients (librdkafka alone keeps the
+    pause of a partition revoked or lost and assigned back: fetched never again)."""
 
     def __init__(
         self,
@@ -74,6 +76,7 @@ class RdConsumer:
         self._on_revoke = on_revoke
         self._on_lost = on_lost
         self._assigned: set = set()
+        self._fresh: set = set()  # assigned in a poll's callback: resumed once the poll returns
         if topics:
             self.subscribe(topics)
 
@@ -102,7 +105,9 @@ class RdConsumer:
     # incremental (cooperative): each callback names only the partitions that change; librdkafka
     # applies the incremental assign / unassign itself once the callback returns
     def _assign(self, _consumer, partitions) -> None:
-        self._assigned |= self._tps(partitions)
+        tps = self._tps(partitions)
+        self._assigned |= tps
+        self._fresh |= tps
 
     def _revoke(self, _consumer, partitions) -> None:
         # before the partitions move: the owner drains and commits what it has on them (its
@@ -143,11 +148,12 @@ class RdConsumer:
         from kafka.structs import TopicPartition
 
         first = self._c.poll(max(0.0, timeout_ms / 1000.0))
-        if first is None:
-            return {}
-        msgs = [first]
-        if max_records > 1:
+        msgs = [] if first is None else [first]
+        if first is not None and max_records > 1:
             msgs += self._c.consume(max_records - 1, 0)
+        if self._fresh:  # the poll's callbacks ran and librdkafka applied their assignment
+            fresh, self._fresh = self._fresh & self._assigned, set()
+            self.resume(*fresh)
         out: dict = {}
         for m in msgs:
             err = m.error()

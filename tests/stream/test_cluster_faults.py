@@ -171,7 +171,7 @@ def test_kill9_of_the_busiest_partitions_leader_loses_no_acknowledged_view(
     ids = result["ids"]
     assert len(ids) == n, f"only {len(ids)} of {n} page views acknowledged"
     missing = set(ids) - set(seen)
-    assert not missing, f"{len(missing)} acknowledged page views lost"
+    assert not missing, f"{len(missing)} acknowledged page views lost\n{tail(sup)}"
     dup = sum(seen.values()) - len(seen)
     after = np.sort(np.array([t for t in answered_at if t >= t_kill - 1.0]))
     gap = float(np.diff(after).max()) if after.size > 1 else float("nan")
@@ -238,7 +238,7 @@ def test_scale_2_to_4_to_2_workers_mid_stream_at_least_once(
     ids = result["ids"]
     assert 300 < len(ids) < n
     missing = set(ids) - set(seen)
-    assert not missing, f"{len(missing)} page views lost"
+    assert not missing, f"{len(missing)} page views lost\n{tail(first)}"
     dup = sum(seen.values()) - len(seen)
     print(f"\nscale 2 -> 4 -> 2 (at-least-once): {len(ids)} views, 0 lost, {dup} duplicates")
     assert dup <= 5 * s.consumer.batch_max, f"{dup} duplicates > one worker's batches in flight"

@@ -74,7 +74,7 @@ def test_kill9_worker_mid_stream_loses_nothing_counts_nothing_twice(
     ids = result["ids"]
     assert len(ids) == n, "the broker refused page views"
     missing = set(ids) - set(seen)
-    assert not missing, f"{len(missing)} events lost"
+    assert not missing, f"{len(missing)} events lost\n{tail(sup)}"
     dup = sum(seen.values()) - len(seen)
     print(
         f"\nkill -9 test ({delivery}): {len(ids)} events, 0 lost, {dup} duplicate ad queries "
@@ -127,7 +127,7 @@ def test_broker_kill9_and_restart_mid_stream_loses_no_acknowledged_event(
     ids = result["ids"]
     assert len(ids) >= 0.9 * n, f"only {len(ids)} of {n} page views acknowledged"
     missing = set(ids) - set(seen)
-    assert not missing, f"{len(missing)} acknowledged events lost"
+    assert not missing, f"{len(missing)} acknowledged events lost\n{tail(sup)}"
     assert sum(seen.values()) == len(seen), "duplicate ad queries after the broker restart"
     store = StateStore(connect(s.redis.url.reveal()), s.redis.key_prefix, s.state.k)
     stored = Counter(
