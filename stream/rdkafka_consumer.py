@@ -23,6 +23,10 @@ from stream.settings import Settings
 log = logging.getLogger(__name__)
 
 Record = namedtuple("Record", "topic partition offset key value timestamp")
+# how often librdkafka asks which broker coordinates the group (a tenth of it while that broker
+# is down): with its default (10 min, so 1 min while down) a member whose coordinator froze kept
+# reconnecting to it after the cluster had moved the group, and the stream waited for the node
+COORDINATOR_QUERY_MS = 10000
 
 
 class RdConsumer:
@@ -67,6 +71,7 @@ class RdConsumer:
                 ),
                 "fetch.wait.max.ms": max(1, settings.consumer.fetch_wait_max_ms),
                 "enable.partition.eof": False,
+                "coordinator.query.interval.ms": COORDINATOR_QUERY_MS,
                 "socket.nagle.disable": True,
                 "logger": logging.getLogger("stream.librdkafka"),
                 "on_commit": self._committed,
