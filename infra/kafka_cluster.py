@@ -196,20 +196,27 @@ class NodeExited(ServiceError):
     """A node's JVM ended while it was being waited for."""
 
 
-def _why_exited(p: Proc) -> str:
-    """Everything known about a node that ended: its exit status (when this process started
-    it), the last ERROR lines of its server.log and the last lines of its stdout."""
+def _exit_status(p: Proc) -> int | None:
+    """A node's wait status once it ended; None while it runs. For a child of this process its
+    exit decides, not its command line: one read while the JVM starts under load has come back
+    without the program's name, and a running node was reported as ended."""
     try:
         pid, status = os.waitpid(p.pid, os.WNOHANG)
-        how = (
-            "status unknown"
-            if pid == 0
-            else f"killed by signal {os.WTERMSIG(status)}"
-            if os.WIFSIGNALED(status)
-            else f"exit code {os.WEXITSTATUS(status)}"
-        )
-    except ChildProcessError:
-        how = "status unknown (not started by this process)"
+    except ChildProcessError:  # started by another process: its command line is all there is
+        return None if _is_ours(p) else -1
+    return None if pid == 0 else status
+
+
+def _why_exited(p: Proc, status: int) -> str:
+    """Everything known about a node that ended: its exit status (when this process started
+    it), the last ERROR lines of its server.log and the last lines of its stdout."""
+    how = (
+        "status unknown (not started by this process)"
+        if status == -1
+        else f"killed by signal {os.WTERMSIG(status)}"
+        if os.WIFSIGNALED(status)
+        else f"exit code {os.WEXITSTATUS(status)}"
+    )
     log = Path(p.log)
     out = log.with_name("stdout.log")
     errors = [
@@ -229,10 +236,11 @@ def wait_ready(data_dir: Path, procs: list[Proc], password: str, timeout: float 
     deadline = time.monotonic() + timeout
     waiting = list(procs)
     while waiting:
-        dead = [p for p in waiting if not _is_ours(p)]
-        if dead:
+        ended = {p.pid: st for p in waiting if (st := _exit_status(p)) is not None}
+        if ended:
             raise NodeExited(
-                "Kafka node(s) exited before answering: " + "; ".join(_why_exited(p) for p in dead)
+                "Kafka node(s) exited before answering: "
+                + "; ".join(_why_exited(p, ended[p.pid]) for p in waiting if p.pid in ended)
             )
         waiting = [p for p in waiting if brokers_seen(p.port, password) < n]
         if waiting and time.monotonic() > deadline:

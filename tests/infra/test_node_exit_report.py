@@ -11,7 +11,7 @@ import time
 import pytest
 
 from infra.kafka_cluster import NodeExited, wait_ready
-from infra.services import Proc
+from infra.services import Proc, ServiceError
 
 
 def test_a_node_that_ended_is_reported_with_its_signal_and_log_errors(tmp_path):
@@ -46,3 +46,20 @@ def test_a_node_that_ended_is_reported_with_its_signal_and_log_errors(tmp_path):
     assert "could not open the log" in msg and "last words of the JVM" in msg
     assert "INFO more" not in msg
     child.returncode = -9  # reaped above; keep Popen from waiting on it again
+
+
+def test_a_running_node_is_never_reported_ended_whatever_its_command_line_reads(tmp_path):
+    """A JVM's command line read while it starts under load has come back without the program
+    (it then failed the start of a healthy cluster): a child of this process that still runs is
+    waited for, and only the readiness deadline ends the wait."""
+    (tmp_path / "kafka-cluster").mkdir()
+    (tmp_path / "kafka-cluster" / "state.json").write_text('{"nodes": {"1": {}}}')
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        proc = Proc(child.pid, 1, "/usr/bin/java", str(tmp_path / "server.log"), marker="nowhere")
+        with pytest.raises(ServiceError, match="not ready with 1 brokers within 1s") as err:
+            wait_ready(tmp_path, [proc], "pw", timeout=1)
+        assert not isinstance(err.value, NodeExited)
+    finally:
+        child.kill()
+        child.wait()
