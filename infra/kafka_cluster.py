@@ -236,11 +236,11 @@ def wait_ready(data_dir: Path, procs: list[Proc], password: str, timeout: float 
     deadline = time.monotonic() + timeout
     waiting = list(procs)
     while waiting:
-        ended = {p.pid: st for p in waiting if (st := _exit_status(p)) is not None}
+        ended = [(p, st) for p in waiting if (st := _exit_status(p)) is not None]
         if ended:
             raise NodeExited(
                 "Kafka node(s) exited before answering: "
-                + "; ".join(_why_exited(p, ended[p.pid]) for p in waiting if p.pid in ended)
+                + "; ".join(_why_exited(p, st) for p, st in ended)
             )
         waiting = [p for p in waiting if brokers_seen(p.port, password) < n]
         if waiting and time.monotonic() > deadline:
