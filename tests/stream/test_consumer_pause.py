@@ -10,18 +10,20 @@ import pytest
 
 from stream.rdkafka_consumer import RdConsumer
 from stream.topics import make_producer
+from testkit.stream_run import wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(150)]
 
 
 def _until(cond, consumers, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """wait_for, each member polling (its rebalance callbacks run inside poll)."""
+
+    def polled() -> bool:
         for c in consumers:
             c.poll(timeout_ms=100)
-        if cond():
-            return
-    raise AssertionError(f"timed out waiting for {what}")
+        return bool(cond())
+
+    wait_for(polled, timeout, what)
 
 
 def test_a_partition_paused_revoked_and_assigned_back_is_fetched_again(stream_settings):
