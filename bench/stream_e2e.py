@@ -39,7 +39,9 @@ from typing import Any
 import click
 import numpy as np
 
+from bench.stream_fault import FAULTS, LeaderKill
 from bench.stream_load import CLIENTS, AdReader, default_client, make_load_producer
+from infra.services import read_info
 from stream.cli_stream import checked_model
 from stream.consumer_metrics import STAGES, read_all
 from stream.schemas import encode
@@ -83,18 +85,20 @@ class _CpuMeter:
         self.sup = psutil.Process(supervisor_pid)
         self.me = psutil.Process()
         self.every_s = every_s
+        self._last: dict[str, float] = {}
 
     def _now(self) -> dict[str, float]:
         import psutil
 
-        def cpu(p):
+        def cpu(p, name=""):
             try:
                 t = p.cpu_times()
-                return t.user + t.system
-            except psutil.Error:
-                return 0.0
+            except psutil.Error:  # ended (a killed node): its last reading, not a drop to 0
+                return self._last.get(name, 0.0)
+            self._last[name] = t.user + t.system
+            return self._last[name]
 
-        out = {name: cpu(p) for name, p in self.procs.items()}
+        out = {name: cpu(p, name) for name, p in self.procs.items()}
         out["workers"] = sum(cpu(c) for c in [self.sup, *self.sup.children(recursive=True)])
         out["load_generator"] = cpu(self.me)
         out["t"] = time.monotonic()
@@ -291,6 +295,17 @@ class _Pipeline:
         return False
 
 
+def _service_pids(info) -> dict[str, int]:
+    """{party: pid} of the services a run meters (a Redis topology's nodes are not metered)."""
+    if info is None:
+        return {}
+    pids = {"broker": info.kafka.pid}
+    if info.redis is not None:
+        pids["redis"] = info.redis.pid
+    pids.update({f"broker{i}": p.pid for i, p in enumerate(info.kafka_nodes, start=2)})
+    return pids
+
+
 def _quarters(arr: np.ndarray, e2a: np.ndarray) -> dict:
     """p99 of the first and last quarter of a phase's events, in send order."""
     if e2a.size < 8:
@@ -320,6 +335,8 @@ def run_bench(
     log=click.echo,
     wait_replicas: list[int] | None = None,
     warmup_events: int = 0,
+    fault: str = "none",
+    fault_at_s: float = 20.0,
 ) -> dict:
     load0 = os.getloadavg()[0]  # the box is shared: say how busy it was
     load_client = load_client or default_client()
@@ -373,6 +390,8 @@ def run_bench(
                     wlog,
                     traces,
                     log,
+                    fault,
+                    fault_at_s,
                 )
             )
     if trace:
@@ -388,6 +407,7 @@ def run_bench(
         "model": model,
         "cpu_count": os.cpu_count(),
         "warmup_events": warmup_events,
+        "fault": fault,
         "load_client": load_client,
         "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "runs": runs,
@@ -411,9 +431,11 @@ def _run_mode(
     wlog,
     traces,
     log,
+    fault="none",
+    fault_at_s=20.0,
 ) -> dict:
     """Saturation, then each paced rate, with the workers in one delivery mode and one
-    redis_wait_replicas."""
+    redis_wait_replicas; a fault (bench/stream_fault.py) hits each paced phase."""
     mode = f"{delivery}, redis_wait_replicas {settings.redis.wait_replicas}"
 
     def pipeline() -> _Pipeline:
@@ -470,15 +492,27 @@ def _run_mode(
             ids2 = [f"paced{k}-{i}" for i in range(n2)]
             before = _stage_totals(s)
             p.cpu.start()
+            kill = None
+            if fault == "kill-leader":
+                kill = LeaderKill(s.services_dir, s, fault_at_s)
+                kill.start()
             t0 = time.time()
-            send_s = _send(p.producer, s, titles, ids2, users, r)
-            ok2 = reader.wait(ids2, 120)
-            cpu = p.cpu.stop()
-            wall2 = time.time() - t0
+            try:
+                send_s = _send(p.producer, s, titles, ids2, users, r)
+                # a crash holds some answers until leaders move and the workers retry
+                ok2 = reader.wait(ids2, 120 if kill is None else 300)
+                cpu = p.cpu.stop()
+                wall2 = time.time() - t0
+            finally:
+                if kill is not None:  # the next phase starts on a whole cluster
+                    kill.restore()
+                    if service_pids:  # the restarted node's new process is metered
+                        service_pids.update(_service_pids(read_info(s.services_dir)))
             time.sleep(1.0)
             after = _stage_totals(s)
             arr = np.array([reader.arrivals[e] for e in ids2 if e in reader.arrivals])
             duplicates += reader.duplicates
+            dup2 = reader.duplicates
             traces.append(
                 {
                     "delivery": delivery,
@@ -504,12 +538,24 @@ def _run_mode(
                 "where_time_goes": _breakdown(before, after, wall2, workers),
                 "cpu": cpu,
                 "join_s": p.join_s,
+                "duplicates": dup2,
             }
         )
         log(
             f"[{mode}] paced at {r}/s for {send_s:.0f}s: e2a p50 "
             f"{paced[-1]['e2a_ms']['p50']} ms, p99 {paced[-1]['e2a_ms']['p99']} ms"
         )
+        if kill is not None:
+            f = paced[-1]["fault"] = kill.figures(arr)
+            if "error" in f:
+                log(f"[{mode}] fault at {r}/s: {f['error']}")
+            else:
+                log(
+                    f"[{mode}] node {f['node']} (leader of page-views partition "
+                    f"{f['partition']}) killed at {fault_at_s:g}s: {n2 - len(arr)} unanswered, "
+                    f"longest gap in answers {f['longest_gap_s']} s, p99 {f['p99_ms_before']} "
+                    f"ms before, {f['p99_ms_minute_after']} ms over the minute after"
+                )
     return {
         "delivery": delivery,
         "redis_wait_replicas": settings.redis.wait_replicas,
@@ -604,6 +650,25 @@ def _run_mode(
     help="Kafka nodes of the fresh services (a cluster from 2: topics replicated min(N, 3) "
     "times, min.insync.replicas 2 from 3); ignored with --use-running.",
 )
+@click.option(
+    "--fault",
+    type=click.Choice(FAULTS),
+    default="none",
+    show_default=True,
+    help="kill-leader: SIGKILL the Kafka node leading the busiest page-views partition "
+    "--fault-at seconds into each paced phase (it stays down for the phase and is started "
+    "again before the next) and report the longest gap in answers and the p99 over the "
+    "minute after; needs a cluster (--brokers 3, or --use-running on one).",
+)
+@click.option(
+    "--fault-at",
+    "fault_at_s",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds into each paced phase when the fault hits (make --paced-seconds at least "
+    "this plus 60 for a whole minute after it).",
+)
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
 @click.option(
     "--trace",
@@ -627,21 +692,37 @@ def bench_stream(
     deliveries,
     wait_replicas,
     brokers,
+    fault,
+    fault_at_s,
     out,
     trace,
 ):
     """End-to-end events/s and event->ad latency p50/p99 of `astec stream run`, with a breakdown."""
     import logging
 
-    from infra.services import read_info, start_services, stop_services
+    from infra.services import start_services, stop_services
 
     # kafka-python warns when this 2-core box starves its I/O thread; the figures say it anyway
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     titles_list = _read_titles(titles)
+    if fault != "none" and fault_at_s >= paced_seconds:
+        raise click.BadParameter(
+            f"{fault_at_s:g} s is not inside a {paced_seconds:g} s paced phase",
+            param_hint="--fault-at",
+        )
+    if fault != "none" and not use_running and brokers < 2:
+        raise click.BadParameter(
+            f"--fault {fault} needs a Kafka cluster (--brokers 3)", param_hint="--brokers"
+        )
     tmp = info = None
     if use_running:
         settings = load_settings()
         info = read_info(settings.services_dir)  # None for services we did not start: no CPU
+        if fault != "none" and (info is None or not info.kafka_nodes):
+            raise click.ClickException(
+                f"--fault {fault} kills a node of the services recorded in "
+                f"{settings.services_dir}, and none is a cluster (astec infra up --brokers 3)"
+            )
     else:
         tmp = tempfile.mkdtemp(prefix="astec-bench-services-")
         info = start_services(tmp, brokers=brokers)
@@ -652,11 +733,7 @@ def bench_stream(
         )
     res = None
     try:
-        pids = {} if info is None else {"broker": info.kafka.pid}
-        if info is not None and info.redis is not None:  # a topology's nodes are not metered
-            pids["redis"] = info.redis.pid
-        if info is not None:
-            pids.update({f"broker{i}": p.pid for i, p in enumerate(info.kafka_nodes, start=2)})
+        pids = _service_pids(info)
         res = run_bench(
             settings,
             model,
@@ -673,6 +750,8 @@ def bench_stream(
             list(deliveries),
             wait_replicas=list(wait_replicas),
             warmup_events=warmup_events,
+            fault=fault,
+            fault_at_s=fault_at_s,
         )
     finally:
         if tmp:

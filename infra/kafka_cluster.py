@@ -310,6 +310,21 @@ def leader_of(settings, topic: str, partition: int) -> int:
     return int(meta.topics[topic].partitions[partition].leader)
 
 
+def busiest_partition(settings, topic: str) -> int:
+    """The partition of `topic` holding the most messages now (its end offset)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**settings.kafka.librdkafka_options(), "group.id": "astec-probe"})
+    try:
+        ends = [
+            c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(settings.topics.partitions)
+        ]
+    finally:
+        c.close()
+    return max(range(len(ends)), key=ends.__getitem__)  # ties: the lowest partition
+
+
 # ---- one node or all, of the services recorded in DIR/services.json ---------------------------
 def node_procs(info) -> dict[int, Proc]:
     """{node id: its process} of the recorded Kafka nodes (one node: {1: the broker})."""

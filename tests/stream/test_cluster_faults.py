@@ -17,7 +17,13 @@ import time
 import numpy as np
 import pytest
 
-from infra.kafka_cluster import kill_node, leader_of, node_procs, restart_nodes
+from infra.kafka_cluster import (
+    busiest_partition,
+    kill_node,
+    leader_of,
+    node_procs,
+    restart_nodes,
+)
 from infra.services import read_info, start_services, stop_services
 from stream.settings import load_settings
 from stream.topics import TopicMismatch, ensure_topics
@@ -89,21 +95,6 @@ def replay_bound(s, workers: int, rate: float) -> float:
     return workers * (5 * s.consumer.batch_max + rate * s.consumer.commit_interval_ms / 1000)
 
 
-def busiest_partition(settings) -> int:
-    """The page-views partition holding the most messages now."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({**settings.kafka.librdkafka_options(), "group.id": "probe"})
-    try:
-        ends = [
-            c.get_watermark_offsets(TopicPartition(settings.topics.page_views, p), timeout=10)[1]
-            for p in range(settings.topics.partitions)
-        ]
-    finally:
-        c.close()
-    return int(np.argmax(ends))
-
-
 def cluster_settings(cluster, **changes):
     """The cluster's services with topics, group and Redis prefix of the test's own (created:
     replication 3, min.insync.replicas 2)."""
@@ -150,7 +141,7 @@ def test_kill9_of_the_busiest_partitions_leader_loses_no_acknowledged_view(
         wait_for(
             lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 600, 90, "events flowing"
         )
-        victim = leader_of(s, s.topics.page_views, busiest_partition(s))
+        victim = leader_of(s, s.topics.page_views, busiest_partition(s, s.topics.page_views))
         answered_before = sum(int(m["events"]) for m in live_consumers(s))
         t_kill = time.time()
         kill_node(cluster, victim)  # SIGKILL
@@ -272,7 +263,7 @@ def test_sigstop_of_the_busiest_partitions_leader_for_30s(
         wait_for(
             lambda: sum(int(m["events"]) for m in live_consumers(s)) >= 500, 90, "events flowing"
         )
-        victim = leader_of(s, s.topics.page_views, busiest_partition(s))
+        victim = leader_of(s, s.topics.page_views, busiest_partition(s, s.topics.page_views))
         pid = node_procs(read_info(cluster))[victim].pid
         answered_before = sum(int(m["events"]) for m in live_consumers(s))
         t_stop = time.time()
