@@ -77,6 +77,40 @@ def test_candidates_are_every_label_matched_at_least_theta(theta):
     np.testing.assert_allclose(y, 0.5 * lt.scores(titles, rows, labels), atol=1e-6)
 
 
+def test_single_title_match_by_bitmap_equals_the_search():
+    """The single-title kernels look a name's spellings up in a bitmap of the title's ids; the
+    batch kernel bisects the sorted ids. Both must give the same float32 sums on every label,
+    for titles with repeated words, none of the names' words, or ids at word boundaries."""
+    from engine import kernels
+
+    ids = np.array([0, 63, 64, 127, 128, 1000, 64], np.int64)  # unsorted, one repeated
+    bits = kernels._bitmap(ids)
+    assert [i for i in range(1100) if kernels._has(bits, i)] == [0, 63, 64, 127, 128, 1000]
+    assert not kernels._has(kernels._bitmap(np.zeros(0, np.int64)), 0)
+    texts, _, names = corpus()
+    lt = LabelText(names)
+    L = len(names)
+    assert len(lt.vocab) > 128  # the bitmaps span several words
+    titles = texts[:80] + names[:40] + ["", "zzzz", names[3] + " " + names[3] + " " + names[7]]
+    titles += [" ".join(sorted(lt.vocab)[::7])]  # many ids, far apart
+    rng = np.random.default_rng(0)
+    for t in titles:
+        tids = lt.title_ids(t)
+        labels = np.arange(L, dtype=np.int64)
+        y0 = rng.random(L).astype(np.float32)
+        got, want = y0.copy(), y0.copy()
+        kernels.add_name_match(labels, got, tids, lt.piece, lt.weight, 0.3)
+        ptr = np.array([0, tids.size], np.int64)
+        kernels.add_name_match_rows(
+            np.zeros(L, np.int64), labels, want, ptr, tids, lt.piece, lt.weight, 0.3
+        )
+        assert got.tobytes() == want.tobytes()
+        for theta in (0.3, 1.0):
+            cand = kernels.name_candidates(tids, *lt._index(theta), lt.piece, lt.weight, theta)
+            m = lt.scores([tids], np.zeros(L, np.int64), labels)
+            assert set(cand.tolist()) == set(np.flatnonzero(m >= theta - 1e-6).tolist())
+
+
 def test_training_chooses_the_weight_on_validation_and_logs_it(tmp_path):
     model = train_small(tmp_path / "model")
     t = model.train_log["label_text"]
