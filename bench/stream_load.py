@@ -115,9 +115,13 @@ class AdReader(threading.Thread):
         self.consumer.close()
 
     def wait(self, ids: list[str], timeout: float) -> bool:
+        """Whether every one of `ids` arrived within `timeout` s (arrivals of other ids, such
+        as a phase's warm-up, do not count)."""
         deadline = time.monotonic() + timeout
+        pending = list(ids)
         while time.monotonic() < deadline:
-            if all(e in self.arrivals for e in ids[-200:]) and len(self.arrivals) >= len(ids):
+            pending = [e for e in pending if e not in self.arrivals]
+            if not pending:
                 return True
             time.sleep(0.02)
         return False

@@ -135,3 +135,18 @@ def test_rdkafka_consumer_commit_refusal_is_a_commit_failure(stream_settings, mo
         c.commit({})  # nothing to commit: no request at all
     finally:
         c.close()
+
+
+def test_ad_reader_waits_for_every_id_not_for_as_many_arrivals():
+    """A phase's warm-up answers sit in the same reader: one page view of the phase still
+    unanswered must keep the wait going (it once ended it early, and the saturation figure then
+    left that view out), and its arrival ends it."""
+    from bench.stream_load import AdReader
+
+    r = AdReader.__new__(AdReader)  # the wait alone: no consumer
+    ids = [f"sat-{i}" for i in range(1000)]
+    r.arrivals = {f"warm-{i}": (0.0, 0.0, 0.0) for i in range(500)}
+    r.arrivals.update({e: (1.0, 0.0, 0.0) for e in ids if e != "sat-17"})
+    assert not r.wait(ids, 0.1)
+    r.arrivals["sat-17"] = (2.0, 0.0, 0.0)
+    assert r.wait(ids, 0.1)
