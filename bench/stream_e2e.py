@@ -181,6 +181,20 @@ def _pct(x: np.ndarray) -> dict:
     }
 
 
+def _answerable(titles: list[str], model: str, no_evidence: str) -> tuple[list[str], int]:
+    """(the titles the workers answer, how many were left out): with `no_evidence` "skip" a
+    title holding no word the model knows gets no ad, and a phase would wait for it forever."""
+    if no_evidence != "skip":
+        return titles, 0
+    from stream.live_sim import known_words
+
+    known = np.asarray(known_words(model)(titles), bool)
+    kept = [t for t, k in zip(titles, known, strict=True) if k]
+    if not kept:
+        raise click.ClickException("no title holds a word the model knows: nothing to answer")
+    return kept, len(titles) - len(kept)
+
+
 def _read_titles(path: str) -> list[str]:
     with open(path, encoding="utf-8") as f:
         titles = [line.split("\t", 1)[0].strip() for line in f]
@@ -714,6 +728,12 @@ def bench_stream(
         raise click.BadParameter(
             f"--fault {fault} needs a Kafka cluster (--brokers 3)", param_hint="--brokers"
         )
+    titles_list, unknown = _answerable(titles_list, model, load_settings().prediction.no_evidence)
+    if unknown:
+        click.echo(
+            f"{unknown} of {unknown + len(titles_list)} titles hold no word the model knows and "
+            "get no ad (no_evidence = skip): not sent"
+        )
     tmp = info = None
     if use_running:
         settings = load_settings()
@@ -753,6 +773,7 @@ def bench_stream(
             fault=fault,
             fault_at_s=fault_at_s,
         )
+        res["titles_without_evidence_left_out"] = unknown
     finally:
         if tmp:
             stop_services(tmp)

@@ -6,7 +6,8 @@ it); it stays down for the rest of the phase and is started again on its ports a
 before the next phase, so every phase begins on a whole cluster. What the people running the
 stream pay for such a crash is read off the ad reader's arrivals: the longest stretch with no
 ad answered at all, and the event -> ad p99 of the page views the kill could hold (answered
-after it, sent before the minute after it ends), beside the p99 of those answered before it.
+after it, sent before the minute after it ends), beside the p99 of those answered before it and
+of those sent after the stall (is the stream back to its pace, or still catching up?).
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class LeaderKill:
         def p99(x: np.ndarray) -> float:
             return round(float(np.percentile(x, 99)), 1) if x.size else float("nan")
 
+        # once answers flow again: the events sent after the stall, within the minute
+        settled = (sent >= t + start + gap) & (sent < t + WINDOW_S) if after.size > 1 else win
         out.update(
             node=self.node,
             partition=self.partition,
@@ -99,6 +102,7 @@ class LeaderKill:
             p99_ms_before=p99(e2a[before]),
             p99_ms_minute_after=p99(e2a[win]),
             max_ms_minute_after=round(float(e2a[win].max()), 1) if win.any() else float("nan"),
+            p99_ms_after_the_gap=p99(e2a[settled]),
             minute_after_covered_s=round(min(WINDOW_S, max(0.0, last - t)), 1),
         )
         return out

@@ -41,6 +41,7 @@ def test_figures_find_the_stall_and_split_the_events_the_kill_could_hold():
     assert f["p99_ms_before"] == pytest.approx(20.0, abs=0.5)
     assert f["p99_ms_minute_after"] > 7000  # the held events' wait
     assert f["max_ms_minute_after"] == pytest.approx(7800, abs=60)
+    assert f["p99_ms_after_the_gap"] == pytest.approx(20.0, abs=0.5)  # back to its pace
     assert f["minute_after_covered_s"] == pytest.approx(29.9, abs=0.05)
 
 
