@@ -25,6 +25,17 @@ FAULTS = ("none", "kill-leader")
 WINDOW_S = 60.0  # "the minute after the kill"
 
 
+def longest_gap(received: np.ndarray, t: float, lead_s: float = 1.0) -> tuple[float, float]:
+    """(the longest stretch with no answer among the answers received from `lead_s` before the
+    fault at `t` on, when it began relative to `t`) in seconds; (nan, nan) with fewer than two."""
+    after = np.sort(received[received >= t - lead_s])
+    if after.size < 2:
+        return float("nan"), float("nan")
+    d = np.diff(after)
+    i = int(np.argmax(d))
+    return float(d[i]), float(after[i] - t)
+
+
 @dataclass
 class LeaderKill:
     """Kills the busiest page-views partition's leader `at_s` after `start`; `restore` starts
@@ -74,17 +85,11 @@ class LeaderKill:
             out["error"] = self.error or f"the phase ended before {self.at_s} s: no kill"
             return out
         t = self.t_kill
-        recv = np.sort(arr[:, 0]) if arr.size else np.zeros(0)
-        after = recv[recv >= t - 1.0]
-        gap = start = float("nan")
-        if after.size > 1:
-            d = np.diff(after)
-            i = int(np.argmax(d))
-            gap, start = float(d[i]), float(after[i] - t)
-        e2a = (arr[:, 0] - arr[:, 1]) * 1000 if arr.size else np.zeros(0)
-        sent = arr[:, 1] if arr.size else np.zeros(0)
+        arr = arr.reshape(-1, 3)  # no answer at all: an empty [0, 3]
+        got, sent = arr[:, 0], arr[:, 1]
+        gap, start = longest_gap(got, t)
+        e2a = (got - sent) * 1000
         last = float(sent.max()) if sent.size else t
-        got = arr[:, 0] if arr.size else np.zeros(0)
         # every event the kill could hold: not answered by then and sent within the minute
         win = (got >= t) & (sent < t + WINDOW_S)
         before = got < t  # sent and answered before the kill: the steady state
@@ -93,7 +98,7 @@ class LeaderKill:
             return round(float(np.percentile(x, 99)), 1) if x.size else float("nan")
 
         # once answers flow again: the events sent after the stall, within the minute
-        settled = (sent >= t + start + gap) & (sent < t + WINDOW_S) if after.size > 1 else win
+        settled = win if np.isnan(gap) else (sent >= t + start + gap) & (sent < t + WINDOW_S)
         out.update(
             node=self.node,
             partition=self.partition,

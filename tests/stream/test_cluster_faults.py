@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from bench.stream_fault import longest_gap
 from infra.kafka_cluster import (
     busiest_partition,
     kill_node,
@@ -164,8 +165,7 @@ def test_kill9_of_the_busiest_partitions_leader_loses_no_acknowledged_view(
     missing = set(ids) - set(seen)
     assert not missing, f"{len(missing)} acknowledged page views lost\n{tail(sup)}"
     dup = sum(seen.values()) - len(seen)
-    after = np.sort(np.array([t for t in answered_at if t >= t_kill - 1.0]))
-    gap = float(np.diff(after).max()) if after.size > 1 else float("nan")
+    gap, _ = longest_gap(np.array(answered_at), t_kill)
     print(
         f"\nleader kill ({delivery}): node {victim} killed, {len(ids)} views, 0 lost, "
         f"{dup} duplicates read committed, longest gap in answers after the kill {gap:.2f} s"
@@ -287,12 +287,10 @@ def test_sigstop_of_the_busiest_partitions_leader_for_30s(
     missing = set(ids) - set(seen)
     assert not missing, f"{len(missing)} acknowledged page views lost\n{tail(sup)}"
     dup = sum(seen.values()) - len(seen)
-    after = np.sort(np.array([t for t in answered_at if t >= t_stop - 1.0]))
-    i = int(np.argmax(np.diff(after)))
-    gap = float(after[i + 1] - after[i])
+    gap, start = longest_gap(np.array(answered_at), t_stop)
     when = (
-        f"longest gap in answers after the stop {gap:.2f} s (from {after[i] - t_stop:+.1f} to "
-        f"{after[i + 1] - t_stop:+.1f} s; the node resumed at {t_cont - t_stop:+.1f} s)"
+        f"longest gap in answers after the stop {gap:.2f} s (from {start:+.1f} to "
+        f"{start + gap:+.1f} s; the node resumed at {t_cont - t_stop:+.1f} s)"
     )
     print(
         f"\nSIGSTOP {frozen_s:.0f}s ({delivery}): node {victim} frozen, {len(ids)} views, "
