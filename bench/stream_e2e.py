@@ -39,7 +39,7 @@ from typing import Any
 import click
 import numpy as np
 
-from bench.stream_fault import FAULTS, LeaderKill
+from bench.stream_fault import FAULT_AT_S, FAULTS, LeaderKill
 from bench.stream_load import CLIENTS, AdReader, default_client, make_load_producer
 from infra.services import read_info
 from stream.cli_stream import checked_model
@@ -350,7 +350,7 @@ def run_bench(
     wait_replicas: list[int] | None = None,
     warmup_events: int = 0,
     fault: str = "none",
-    fault_at_s: float = 20.0,
+    fault_at_s: float = FAULT_AT_S,
 ) -> dict:
     load0 = os.getloadavg()[0]  # the box is shared: say how busy it was
     load_client = load_client or default_client()
@@ -445,8 +445,8 @@ def _run_mode(
     wlog,
     traces,
     log,
-    fault="none",
-    fault_at_s=20.0,
+    fault,
+    fault_at_s,
 ) -> dict:
     """Saturation, then each paced rate, with the workers in one delivery mode and one
     redis_wait_replicas; a fault (bench/stream_fault.py) hits each paced phase."""
@@ -677,7 +677,7 @@ def _run_mode(
 @click.option(
     "--fault-at",
     "fault_at_s",
-    default=20.0,
+    default=FAULT_AT_S,
     show_default=True,
     type=click.FloatRange(0),
     help="Seconds into each paced phase when the fault hits (make --paced-seconds at least "

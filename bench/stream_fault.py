@@ -23,6 +23,7 @@ from stream.settings import Settings
 
 FAULTS = ("none", "kill-leader")
 WINDOW_S = 60.0  # "the minute after the kill"
+FAULT_AT_S = 20.0  # seconds into each paced phase (--fault-at)
 
 
 def longest_gap(received: np.ndarray, t: float, lead_s: float = 1.0) -> tuple[float, float]:
