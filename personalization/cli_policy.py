@@ -384,14 +384,16 @@ def personalize() -> None:
 )
 @click.option(
     "--init",
-    type=click.Choice(["auto", "sim_rank", "fitted", "intent", "random"]),
+    type=click.Choice(["auto", "select", "sim_rank", "fitted", "intent", "random"]),
     default=_d("init"),
     show_default=True,
-    help="sim_rank: start as the fixed sim_rank ranking (click-calibrated) and learn a "
-    "residual; fitted: start as a logistic fit of the logged clicks on the hand features; the "
-    "start competes in the best-epoch selection. intent: the fixed ranking intent_mass + "
-    "0.05 score_current (click-calibrated). random: torch init. auto: fitted with the dr "
-    "objective, sim_rank with losses.",
+    help="The fixed ranking training starts from (it competes in the selection). fitted: a "
+    "ridge logistic fit of the logged clicks on the hand features (ridge chosen by validation "
+    "click likelihood); intent: intent_mass + the fitted intent_score_weight x score_current; "
+    "sim_rank: the sim_rank ranking (both click-calibrated); select: the best by validation "
+    "click likelihood of fitted, intent and fitted_to_intent (the fit with its ridge pulling "
+    "towards the intent ranking); random: torch init. auto: select with the dr objective, "
+    "sim_rank with losses.",
 )
 @click.option(
     "--objective",

@@ -460,11 +460,13 @@ def run_loop(
 )
 @click.option(
     "--init",
-    type=click.Choice(["fitted", "sim_rank"]),
-    default="fitted",
+    type=click.Choice(["select", "fitted", "intent", "sim_rank"]),
+    default="select",
     show_default=True,
     help="Start of each retrain (astec personalize train --init): the loop's logs explore "
-    "over the policy's own candidates, so a fit of their clicks is the natural start.",
+    "over the policy's own candidates, so a fit of their clicks is the natural start; select "
+    "keeps the fitted, the intent or the fitted-towards-intent start, by validation click "
+    "likelihood.",
 )
 @click.option("--epochs", default=2, show_default=True, help="Policy epochs per retrain.")
 @click.option("--rows-per-epoch", default=30_000, show_default=True)

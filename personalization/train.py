@@ -13,8 +13,10 @@ Objective, from logs only:
           query is worth for the rest of the session, i.e. for the user's intent)
 The policy starts (init "sim_rank") as the fixed sim_rank ranking of the hand features, its
 scale and offset fitted to the logged clicks, (init "fitted") as a logistic regression of the
-logged clicks on all hand features, or (init "intent") as the fixed intent ranking, with the
-GRU/MLP term at zero; the default "auto" picks "fitted" or "sim_rank" (resolve_auto); the start
+logged clicks on all hand features, (init "intent") as the fixed intent ranking, or (init
+"select") as the best by validation click likelihood of those two and the logistic fit pulled
+towards the intent ranking (start_weights), with the
+GRU/MLP term at zero; the default "auto" picks "select" or "sim_rank" (resolve_auto); the start
 is epoch 0 of the best-epoch selection, and training learns a residual from the logs.
 Sessions in the last `holdout` share by start time are never read (training or validation), so
 `astec personalize evaluate` can score them honestly; the validation split is the last
@@ -95,39 +97,7 @@ def sim_normaliser(
     return np.array([x.mean(), max(float(x.std()), 1e-4)], np.float32)
 
 
-def calibrate_ranking(
-    v: VisitLog,
-    rows: np.ndarray,
-    cfg: TrainConfig,
-    log_pop: np.ndarray,
-    sim: tuple,
-    w0: np.ndarray,
-    n: int = 20_000,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """(scale, bias) of a logistic fit of the logged clicks on the ranking key feats @ w0 of
-    the shown query (Newton steps on two parameters): the fixed ranking turned into click
-    log-odds, so training starts at its ranking with calibrated logits."""
-    rng = np.random.default_rng(seed)
-    r = np.sort(rng.choice(rows, min(n, len(rows)), replace=False))
-    b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, *sim)
-    shown = v.shown[r]
-    eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
-    has = eq.any(1)
-    y = v.clicked[r][has].astype(np.float64)
-    if len(y) == 0 or y.min() == y.max():
-        return 1.0, 0.0
-    key = (b.feats @ w0)[np.flatnonzero(has), eq[has].argmax(1)].astype(np.float64)
-    X = np.stack([key, np.ones_like(key)], 1)
-    theta = np.array([0.0, np.log(y.mean() / (1 - y.mean()))])
-    for _ in range(25):
-        p = 1.0 / (1.0 + np.exp(-X @ theta))
-        H = (X * (p * (1 - p))[:, None]).T @ X + 1e-6 * np.eye(2)
-        theta -= np.linalg.solve(H, X.T @ (p - y))
-    return float(theta[0]), float(theta[1])
-
-
-def fit_start(
+def shown_features(
     v: VisitLog,
     rows: np.ndarray,
     cfg: TrainConfig,
@@ -135,16 +105,10 @@ def fit_start(
     sim: tuple,
     n: int = 60_000,
     seed: int = 0,
-    l2: float = 1e-3,
-) -> tuple[np.ndarray, float]:
-    """(weights [N_FEATURES], bias) of a ridge logistic regression of the logged clicks on the
-    hand features of the shown query: the best fixed linear ranking these logs support. When
-    the logger explores over the policy's own candidates (astec simulate loop) every candidate
-    the policy can pick has logged impressions, so the fit ranks them; a linear model keeps to
-    what ~10^4 clicks can tell (a tree model fitted the same way chose off-support candidates
-    and earned 0.069 against the linear 0.123 in the simulator)."""
-    from personalization.value import fit_logistic
-
+) -> tuple[np.ndarray, np.ndarray]:
+    """(hand features [m, N_FEATURES] float64, clicked [m]) of the logged impressions at up to n
+    of `rows` whose shown query is among the window's candidates: what a fixed ranking is
+    fitted and judged on."""
     rng = np.random.default_rng(seed)
     r_all = np.sort(rng.choice(rows, min(n, len(rows)), replace=False))
     X, y = [], []
@@ -156,11 +120,64 @@ def fit_start(
         has = np.flatnonzero(eq.any(1))
         X.append(b.feats[has, eq[has].argmax(1)])
         y.append(v.clicked[r][has])
-    Xa, ya = np.concatenate(X).astype(np.float64), np.concatenate(y).astype(np.float64)
-    if len(ya) == 0 or ya.min() == ya.max():
-        return np.zeros(Xa.shape[1], np.float32), 0.0
-    th = fit_logistic(Xa, ya, l2=l2)
-    return th[:-1].astype(np.float32), float(th[-1])
+    return np.concatenate(X).astype(np.float64), np.concatenate(y).astype(np.float64)
+
+
+def calibrate_ranking(X: np.ndarray, y: np.ndarray, w0: np.ndarray) -> tuple[float, float]:
+    """(scale, bias) of a logistic fit of the clicks y on the ranking key X @ w0 of the shown
+    query (Newton steps on two parameters): the fixed ranking turned into click log-odds, so
+    training starts at its ranking with calibrated logits."""
+    if len(y) == 0 or y.min() == y.max():
+        return 1.0, 0.0
+    key = X @ w0.astype(np.float64)
+    Z = np.stack([key, np.ones_like(key)], 1)
+    theta = np.array([0.0, np.log(y.mean() / (1 - y.mean()))])
+    for _ in range(25):
+        p = 1.0 / (1.0 + np.exp(-Z @ theta))
+        H = (Z * (p * (1 - p))[:, None]).T @ Z + 1e-6 * np.eye(2)
+        theta -= np.linalg.solve(H, Z.T @ (p - y))
+    return float(theta[0]), float(theta[1])
+
+
+def click_loglik(X: np.ndarray, y: np.ndarray, w: np.ndarray, bias: float) -> float:
+    """Mean log-likelihood of the clicks y under P(click) = sigmoid(X @ w + bias)."""
+    z = X @ w.astype(np.float64) + bias
+    return float(np.mean(-y * np.logaddexp(0.0, -z) - (1 - y) * np.logaddexp(0.0, z)))
+
+
+# ridge strengths a fitted start chooses from by validation click likelihood: a search grid
+# (a per-impression penalty on the squared distance of the weights from their prior), not a
+# model constant
+START_L2 = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
+
+
+def fit_start(
+    X: np.ndarray,
+    y: np.ndarray,
+    Xv: np.ndarray,
+    yv: np.ndarray,
+    prior: np.ndarray | None = None,
+) -> tuple[np.ndarray, float, dict]:
+    """(weights [N_FEATURES], bias, report) of a ridge logistic regression of the logged clicks
+    (X, y) on the hand features of the shown query, pulled towards `prior` (zeros when None),
+    with the ridge strength of START_L2 whose fit has the highest click log-likelihood on the
+    validation impressions (Xv, yv): the best fixed linear ranking these logs support. When
+    the logger explores over the policy's own candidates (astec simulate loop) every candidate
+    the policy can pick has logged impressions, so the fit ranks them; a linear model keeps to
+    what ~10^4 clicks can tell (a tree model fitted the same way chose off-support candidates
+    and earned 0.069 against the linear 0.123 in the simulator), and with ~10^3 clicks a weak
+    ridge overfits its 17 correlated features."""
+    from personalization.value import fit_logistic
+
+    if len(y) == 0 or y.min() == y.max():
+        w = np.zeros(X.shape[1]) if prior is None else np.asarray(prior, np.float64)
+        return w.astype(np.float32), 0.0, {"start_l2": None}
+    fits = {l2: fit_logistic(X, y, l2=l2, prior=prior) for l2 in START_L2}
+    ll = {l2: click_loglik(Xv, yv, th[:-1], th[-1]) if len(yv) else 0.0 for l2, th in fits.items()}
+    best = max(START_L2, key=lambda l2: (ll[l2], l2))  # ties: the stronger ridge
+    th = fits[best]
+    rep = {"start_l2": best, "start_l2_val_loglik": {str(k): x for k, x in ll.items()}}
+    return th[:-1].astype(np.float32), float(th[-1]), rep
 
 
 def intent_rank_weights(fit: FeatureFit = DEFAULT_FIT) -> np.ndarray:
@@ -176,18 +193,43 @@ def intent_rank_weights(fit: FeatureFit = DEFAULT_FIT) -> np.ndarray:
 
 
 def start_weights(
-    v: VisitLog, rows: np.ndarray, cfg: TrainConfig, log_pop: np.ndarray, sim: tuple
+    v: VisitLog,
+    rows: np.ndarray,
+    val_rows: np.ndarray,
+    cfg: TrainConfig,
+    log_pop: np.ndarray,
+    sim: tuple,
 ) -> tuple[np.ndarray, float, dict]:
-    """(linear weights, bias, report fields) of the policy's start (cfg.init)."""
-    if cfg.init == "fitted":
-        w, bias = fit_start(v, rows, cfg, log_pop, sim, seed=cfg.seed)
-        return w, bias, {"init": "fitted", "init_weights": w.tolist(), "init_bias": bias}
-    if cfg.init in ("sim_rank", "intent"):
-        fit = DEFAULT_FIT if sim[2] is None else sim[2].fit
-        w0 = sim_rank_weights(sim[1]) if cfg.init == "sim_rank" else intent_rank_weights(fit)
-        scale, bias = calibrate_ranking(v, rows, cfg, log_pop, sim, w0, seed=cfg.seed)
-        return scale * w0, bias, {"init": cfg.init, "init_scale": scale, "init_bias": bias}
-    raise ValueError(f"init must be 'fitted', 'sim_rank', 'intent' or 'random', got {cfg.init!r}")
+    """(linear weights, bias, report fields) of the policy's start (cfg.init), fitted on the
+    logged impressions of `rows`. "select" keeps, of "fitted", "intent" and
+    "fitted_to_intent" (the fitted ranking with its ridge pulling towards the click-calibrated
+    intent ranking rather than towards zero), the one with the highest click log-likelihood on
+    the logged impressions of `val_rows` (all recorded): the intent ranking is a strong prior
+    the logs may move away from as far as held-out clicks support."""
+    if cfg.init not in ("fitted", "sim_rank", "intent", "select"):
+        raise ValueError(
+            f"init must be 'fitted', 'sim_rank', 'intent', 'select' or 'random', got {cfg.init!r}"
+        )
+    X, y = shown_features(v, rows, cfg, log_pop, sim, seed=cfg.seed)
+    Xv, yv = shown_features(v, val_rows, cfg, log_pop, sim, seed=cfg.seed + 1)
+    starts: dict[str, tuple] = {}
+    for name in ("intent",) if cfg.init == "select" else (cfg.init,):
+        if name in ("sim_rank", "intent"):
+            fit = DEFAULT_FIT if sim[2] is None else sim[2].fit
+            w0 = sim_rank_weights(sim[1]) if name == "sim_rank" else intent_rank_weights(fit)
+            scale, bias = calibrate_ranking(X, y, w0)
+            starts[name] = (scale * w0, bias, {"init_scale": scale, "init_bias": bias})
+    priors = {"fitted": None}
+    if cfg.init == "select":
+        priors["fitted_to_intent"] = starts["intent"][0]
+    for name, prior in priors.items() if cfg.init in ("fitted", "select") else ():
+        w, bias, ridge = fit_start(X, y, Xv, yv, prior)
+        starts[name] = (w, bias, {"init_weights": w.tolist(), "init_bias": bias, **ridge})
+    ll = {k: click_loglik(Xv, yv, w, b) if len(yv) else 0.0 for k, (w, b, _) in starts.items()}
+    name = max(starts, key=lambda k: (ll[k], k == "fitted"))  # ties: the fitted start
+    w, bias, rep = starts[name]
+    sel = {"start_val_loglik": ll} if cfg.init == "select" else {}
+    return w, bias, {"init": name, **rep, **sel}
 
 
 def intent_clusters(
@@ -230,7 +272,8 @@ def candidate_support(v: VisitLog, cfg: TrainConfig, n: int = 2000, seed: int = 
 
 def resolve_auto(v: VisitLog, cfg: TrainConfig) -> tuple[TrainConfig, str]:
     """cfg with objective / init "auto" resolved, and a line saying why. auto: "dr" with
-    init "fitted" when the logger explored >= AUTO_SUPPORT of the policy's candidates (the
+    init "select" (the start with the best validation click likelihood) when the
+    logger explored >= AUTO_SUPPORT of the policy's candidates (the
     configuration that earned most on such logs), else "losses" with init "sim_rank" (on the
     true-link logs of `astec simulate logs` the DR objective exploits its reward model where no
     logged click corrects it: docs/decisions.md)."""
@@ -244,7 +287,7 @@ def resolve_auto(v: VisitLog, cfg: TrainConfig) -> tuple[TrainConfig, str]:
         objective = "dr" if share >= AUTO_SUPPORT else "losses"
     init = cfg.init
     if init == "auto":
-        init = "fitted" if objective == "dr" else "sim_rank"
+        init = "select" if objective == "dr" else "sim_rank"
     why = (
         f"--objective auto -> {objective}, --init auto -> {init}: the logger explored "
         f"{share:.0%} of the policy's candidates (dr needs >= {AUTO_SUPPORT:.0%})"
@@ -465,7 +508,7 @@ def train_policy(
 
     start: dict = {}
     if cfg.init != "random":
-        w_start, b_start, start = start_weights(v, train_rows, cfg, log_pop, sim)
+        w_start, b_start, start = start_weights(v, train_rows, val_rows, cfg, log_pop, sim)
         net.start_at(w_start, b_start)
         val = _validation(net, v, val_rows, cfg, log_pop, sim)
         history.append({"epoch": 0, **val, "elapsed_s": round(time.perf_counter() - t0, 1)})
@@ -766,7 +809,7 @@ def _train_dr(
     D = classifier_rows.shape[1]
     if cfg.init == "random":
         raise ValueError("objective dr starts from a fixed ranking: init 'fitted' or 'sim_rank'")
-    w_start, b_start, start = start_weights(v, train_rows, cfg, log_pop, sim)
+    w_start, b_start, start = start_weights(v, train_rows, val_rows, cfg, log_pop, sim)
 
     def fresh(residual_sd: float = 0.0):
         """The start (residual_sd 0: exactly the linear ranking the selection scores as

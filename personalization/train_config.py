@@ -64,10 +64,12 @@ class TrainConfig:
     # (personalization.query_clusters): 0 = chosen by personalization.fit_filter, -1 = off
     clusters: int = 0
     # "sim_rank": start as the fixed sim_rank ranking (click-calibrated) and learn a residual;
-    # "fitted": start as a logistic fit of the logged clicks on the hand features (fit_start);
-    # "intent": the fixed intent ranking (train.intent_rank_weights, click-calibrated); the
-    # start is also a candidate of the best-epoch selection. "random": torch's init. "auto"
-    # (default): see resolve_auto.
+    # "fitted": start as a ridge logistic fit of the logged clicks on the hand features
+    # (train.fit_start); "intent": the fixed intent ranking (train.intent_rank_weights,
+    # click-calibrated); "select": the best by validation click likelihood of fitted, intent
+    # and fitted_to_intent (train.start_weights); the start
+    # is also a candidate of the best-epoch selection. "random": torch's init. "auto"
+    # (default): see train.resolve_auto.
     init: str = "auto"
     # "losses": the weighted losses above, epochs chosen by their validation sum.
     # "dr": a reward model P(click | window, candidate) fitted on every logged impression, then

@@ -279,20 +279,28 @@ def mean_ci(
 # off-policy estimates from logged impressions
 
 
-def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1e-2, iters: int = 30) -> np.ndarray:
+def fit_logistic(
+    X: np.ndarray,
+    y: np.ndarray,
+    l2: float = 1e-2,
+    iters: int = 30,
+    prior: np.ndarray | None = None,
+) -> np.ndarray:
     """Ridge-regularised logistic regression by Newton steps (small dense X): the reward model
-    behind DR when no better one is given. Returns weights with the bias last."""
+    behind DR when no better one is given. The ridge pulls the weights towards `prior` (zeros
+    when None; the bias is not penalised). Returns weights with the bias last."""
     Xb = np.concatenate([X, np.ones((len(X), 1))], 1).astype(np.float64)
     y = y.astype(np.float64)
     m = min(max(y.mean(), 1e-4), 1 - 1e-4)
-    th = np.zeros(Xb.shape[1])
+    mu = np.zeros(Xb.shape[1]) if prior is None else np.r_[np.asarray(prior, np.float64), 0.0]
+    th = mu.copy()
     th[-1] = np.log(m / (1 - m))
     reg = l2 * np.eye(Xb.shape[1])
     reg[-1, -1] = 0.0
     for _ in range(iters):
         p = 1 / (1 + np.exp(-Xb @ th))
         H = (Xb * (p * (1 - p))[:, None]).T @ Xb + reg * len(y)
-        g = Xb.T @ (p - y) + reg @ th * len(y)
+        g = Xb.T @ (p - y) + reg @ (th - mu) * len(y)
         th -= np.linalg.solve(H, g)
     return th
 

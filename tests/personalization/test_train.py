@@ -302,7 +302,7 @@ def test_fitted_start_is_the_logistic_fit_of_the_logged_clicks(tmp_path):
     by it before any step (lr 0, the residual started at zero), and it competes as epoch 0; the
     DR trainer scores it as 'start'."""
     from personalization.features import cluster_lookup
-    from personalization.train import make_batch
+    from personalization.train import START_L2, make_batch
     from personalization.value import fit_logistic
 
     v, rows_w, _q_topic, _intent = synthetic_visits(n_users=60, seed=6)
@@ -317,7 +317,12 @@ def test_fitted_start_is_the_logistic_fit_of_the_logged_clicks(tmp_path):
     )
     eq = (b.cand_ids == v.shown[r][:, None]) & (v.shown[r][:, None] >= 0)
     has = np.flatnonzero(eq.any(1))
-    th = fit_logistic(b.feats[has, eq[has].argmax(1)].astype(np.float64), v.clicked[r][has], 1e-3)
+    assert rep["start_l2"] in START_L2
+    assert rep["start_l2_val_loglik"][str(rep["start_l2"])] == max(
+        rep["start_l2_val_loglik"].values()
+    )
+    X, y = b.feats[has, eq[has].argmax(1)].astype(np.float64), v.clicked[r][has]
+    th = fit_logistic(X, y, rep["start_l2"])
     np.testing.assert_allclose(rep["init_weights"], th[:-1], rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(w["lin.w"], th[:-1], rtol=1e-3, atol=1e-4)
     assert not np.allclose(th[:-1], 0)
@@ -325,6 +330,76 @@ def test_fitted_start_is_the_logistic_fit_of_the_logged_clicks(tmp_path):
         v, rows_w, dataclasses.replace(cfg, objective="dr", lr=3e-3, reward_epochs=1), False
     )
     assert "start" in rep_dr["val_dr"] and rep_dr["init"] == "fitted"
+
+
+def test_fitted_start_ridge_follows_what_the_logs_can_carry():
+    """The fitted start's ridge is the one with the best validation click likelihood: strong
+    where few clicks meet many features of which one matters, weak where many clicks carry
+    several real effects (a fixed ridge would over- or under-fit one of the two)."""
+    from personalization.train import fit_start
+
+    rng = np.random.default_rng(0)
+
+    def logs(n, w):
+        X = rng.random((n, len(w)))
+        return X, (rng.random(n) < 1 / (1 + np.exp(2.5 - X @ w))).astype(np.float64)
+
+    sparse = np.r_[1.0, np.zeros(16)]
+    dense = np.r_[3.0, -2.0, 2.0, -1.0, 1.5, -1.5, np.zeros(11)]
+    few = fit_start(*logs(400, sparse), *logs(20_000, sparse))[2]
+    many = fit_start(*logs(50_000, dense), *logs(20_000, dense))[2]
+    assert few["start_l2"] >= 100 * many["start_l2"], (few, many)
+    for rep in (few, many):
+        ll = rep["start_l2_val_loglik"]
+        assert ll[str(rep["start_l2"])] == max(ll.values())
+
+
+def test_select_start_keeps_the_start_the_validation_clicks_prefer():
+    """init "select" (the dr default): the fitted start, the intent start and the fitted start
+    pulled towards the intent ranking are fitted on the training impressions and scored by
+    click log-likelihood on the validation ones; the policy is built on the one scoring
+    highest, whose recorded likelihood is its own."""
+    from personalization.features import F, cluster_lookup
+    from personalization.train import click_loglik, shown_features
+
+    v, rows_w, _q_topic, _intent = synthetic_visits(n_users=60, seed=6)
+    cfg = dataclasses.replace(HELD, objective="dr", init="select", epochs=0, reward_epochs=0)
+    w, rep = train_policy(v, rows_w, cfg, progress=False)
+    ll = rep["start_val_loglik"]
+    assert set(ll) == {"fitted", "intent", "fitted_to_intent"}
+    assert rep["init"] == max(ll, key=ll.get)
+    lin = np.asarray(w["lin.w"]).ravel()  # the start's linear part (frozen, --freeze-start)
+    if rep["init"] == "intent":  # the two-feature ranking, click-calibrated
+        assert set(np.flatnonzero(lin)) <= {F["intent_mass"], F["score_current"]}
+    else:
+        np.testing.assert_allclose(lin, rep["init_weights"], rtol=1e-5)
+    _, val_rows, _ = split_rows(v, cfg.val_frac, rep["holdout_split_ts"])
+    _, m = v.window(val_rows, 2, cfg.ttl_s)
+    sim = (w["sim_table"], w["sim_norm"], cluster_lookup(w))
+    Xv, yv = shown_features(v, val_rows[m[:, 0]], cfg, w["log_pop"], sim, seed=cfg.seed + 1)
+    assert len(yv) and click_loglik(Xv, yv, lin, rep["init_bias"]) == pytest.approx(
+        ll[rep["init"]], rel=1e-4
+    )
+
+
+def test_a_strong_ridge_keeps_the_fit_at_its_prior():
+    """fit_start's ridge pulls towards its prior: with few clicks and a prior that is the
+    generating ranking, the validation likelihood keeps the weights near it; towards zero, the
+    same clicks give a flatter ranking."""
+    from personalization.train import fit_start
+
+    rng = np.random.default_rng(1)
+    w_true = np.r_[2.0, -1.0, np.zeros(15)]
+
+    def logs(n):
+        X = rng.random((n, len(w_true)))
+        return X, (rng.random(n) < 1 / (1 + np.exp(2.0 - X @ w_true))).astype(np.float64)
+
+    (X, y), (Xv, yv) = logs(300), logs(20_000)
+    w_prior, _, rep = fit_start(X, y, Xv, yv, prior=w_true)
+    w_zero, _, _ = fit_start(X, y, Xv, yv)
+    assert rep["start_l2"] >= 1.0, rep
+    assert np.abs(w_prior - w_true).sum() < 0.5 * np.abs(w_zero - w_true).sum()
 
 
 def test_dr_training_earns_more_clicks_than_every_baseline():
@@ -370,7 +445,7 @@ def test_promotion_needs_a_dr_lower_bound_above_zero():
 
 
 def test_auto_objective_follows_the_loggers_support():
-    """--objective / --init auto: dr + fitted when the logger's logged candidates cover the
+    """--objective / --init auto: dr + select when the logger's logged candidates cover the
     policy's own (a logger exploring over them), losses + sim_rank when it explored other
     queries (a true-link logger) or logged no candidates; the held-out sessions are not read."""
     from personalization.train import candidate_support, make_batch, resolve_auto
@@ -382,7 +457,7 @@ def test_auto_objective_follows_the_loggers_support():
     b = make_batch(v, np.arange(v.n), cfg.K, cfg.ttl_s, np.zeros(v.n_labels, np.float32))
     own = [row[m] for row, m in zip(b.cand_ids, b.cand_mask, strict=True)]
     first = [row[:1] for row in own]
-    for logged, want in ((own, ("dr", "fitted")), (first, ("losses", "sim_rank"))):
+    for logged, want in ((own, ("dr", "select")), (first, ("losses", "sim_rank"))):
         v.logged_indptr = np.r_[0, np.cumsum([len(x) for x in logged])].astype(np.int64)
         v.logged_ids = np.concatenate(logged).astype(np.int64)
         share = candidate_support(v, cfg)
