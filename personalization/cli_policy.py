@@ -618,10 +618,13 @@ def _train_one(
     version, path = publish(root, weights, cfg, meta, promote=promote, keep=keep)
     if objective == "dr":
         vs = report["val_vs_best_baseline"]
+        l2 = report.get("start_l2")
+        start = f"{report['init']}{f', ridge {l2:g}' if l2 is not None else ''}"
         click.echo(
             f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}"
             f"{': ' + why if why else ''}); {report['train_visits']} train / "
-            f"{report['val_visits']} validation visits; chosen {report['chosen']}: "
+            f"{report['val_visits']} validation visits; start {start}; chosen "
+            f"{report['chosen']}: "
             f"validation DR CTR {report['val_dr'][report['chosen']]:.4f} vs "
             f"{report['val_best_baseline']} {report['val_dr'][report['val_best_baseline']]:.4f}"
             f" (difference {vs['diff']:+.4f}, 95% CI {vs['diff_ci95'][0]:+.4f} .. "
