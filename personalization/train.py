@@ -15,9 +15,9 @@ The policy starts (init "sim_rank") as the fixed sim_rank ranking of the hand fe
 scale and offset fitted to the logged clicks, (init "fitted") as a logistic regression of the
 logged clicks on all hand features, (init "intent") as the fixed intent ranking, or (init
 "select") as the best by validation click likelihood of those two and the logistic fit pulled
-towards the intent ranking (start_weights), with the
-GRU/MLP term at zero; the default "auto" picks "select" or "sim_rank" (resolve_auto); the start
-is epoch 0 of the best-epoch selection, and training learns a residual from the logs.
+towards the intent ranking (start_weights), with the GRU/MLP term at zero; the default "auto"
+picks "select" or "sim_rank" (resolve_auto); the start is epoch 0 of the best-epoch
+selection, and training learns a residual from the logs.
 Sessions in the last `holdout` share by start time are never read (training or validation), so
 `astec personalize evaluate` can score them honestly; the validation split is the last
 `val_frac` of the remaining sessions, and the epoch with the lowest validation objective (the
@@ -39,6 +39,7 @@ from tqdm import tqdm
 from personalization.artifact import save_policy
 from personalization.features import (
     DEFAULT_FIT,
+    N_FEATURES,
     Clusters,
     EventBatch,
     FeatureFit,
@@ -120,6 +121,8 @@ def shown_features(
         has = np.flatnonzero(eq.any(1))
         X.append(b.feats[has, eq[has].argmax(1)])
         y.append(v.clicked[r][has])
+    if not X:  # no rows: nothing logged to fit or judge on
+        return np.zeros((0, N_FEATURES)), np.zeros(0)
     return np.concatenate(X).astype(np.float64), np.concatenate(y).astype(np.float64)
 
 
