@@ -108,19 +108,12 @@ def fit_no_intent(
     """Ridge logistic regression of the logged clicks on the shown query's hand features
     without the intent filter's (the kernel's last N_INTENT columns) and without what the user
     was shown before (shown_recent): the policy's start before either."""
+    from personalization.train import shown_features
     from personalization.value import fit_logistic
 
-    rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(train_rows, min(n, len(train_rows)), replace=False))
-    X, y = [], []
-    for r, b in _batches(policy, v, rows, K, ttl_s, log_pop, 4096):
-        shown = v.shown[r]
-        eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
-        has = np.flatnonzero(eq.any(1))
-        X.append(b.feats[has, eq[has].argmax(1)][:, : N_KERNEL - N_INTENT])
-        y.append(v.clicked[r][has])
-    Xa = np.concatenate(X).astype(np.float64) if X else np.zeros((0, 1))
-    ya = np.concatenate(y).astype(np.float64) if y else np.zeros(0)
+    sim = (policy.weights["sim_table"], policy.weights["sim_norm"], cluster_lookup(policy.weights))
+    X, ya = shown_features(v, train_rows, K, ttl_s, log_pop, sim, n, seed)
+    Xa = X[:, : N_KERNEL - N_INTENT]
     w = np.zeros(N_FEATURES, np.float32)
     if len(ya) == 0 or ya.min() == ya.max():
         return w, 0.0

@@ -127,8 +127,9 @@ def _logistic(X: np.ndarray, y: np.ndarray, ridge: float = 1e-3, iters: int = 25
 
 def _loglik(X: np.ndarray, y: np.ndarray, beta: np.ndarray) -> float:
     """Mean Bernoulli log-likelihood of y under the logistic model beta."""
-    z = np.clip(X @ beta, -30, 30)
-    return float(np.mean(y * z - np.logaddexp(0.0, z)))
+    from personalization.value import bernoulli_loglik
+
+    return bernoulli_loglik(np.clip(X @ beta, -30, 30), y)
 
 
 def click_loglik(feat_tr: np.ndarray, feat_va: np.ndarray, tr: Windows, va: Windows) -> float:

@@ -101,7 +101,8 @@ def sim_normaliser(
 def shown_features(
     v: VisitLog,
     rows: np.ndarray,
-    cfg: TrainConfig,
+    K: int,
+    ttl_s: float,
     log_pop: np.ndarray,
     sim: tuple,
     n: int = 60_000,
@@ -115,7 +116,7 @@ def shown_features(
     X, y = [], []
     for a in range(0, len(r_all), 4096):
         r = r_all[a : a + 4096]
-        b = make_batch(v, r, cfg.K, cfg.ttl_s, log_pop, *sim)
+        b = make_batch(v, r, K, ttl_s, log_pop, *sim)
         shown = v.shown[r]
         eq = (b.cand_ids == shown[:, None]) & (shown[:, None] >= 0)
         has = np.flatnonzero(eq.any(1))
@@ -142,12 +143,6 @@ def calibrate_ranking(X: np.ndarray, y: np.ndarray, w0: np.ndarray) -> tuple[flo
     return float(theta[0]), float(theta[1])
 
 
-def click_loglik(X: np.ndarray, y: np.ndarray, w: np.ndarray, bias: float) -> float:
-    """Mean log-likelihood of the clicks y under P(click) = sigmoid(X @ w + bias)."""
-    z = X @ w.astype(np.float64) + bias
-    return float(np.mean(-y * np.logaddexp(0.0, -z) - (1 - y) * np.logaddexp(0.0, z)))
-
-
 # ridge strengths a fitted start chooses from by validation click likelihood: a search grid
 # (a per-impression penalty on the squared distance of the weights from their prior), not a
 # model constant
@@ -170,13 +165,16 @@ def fit_start(
     what ~10^4 clicks can tell (a tree model fitted the same way chose off-support candidates
     and earned 0.069 against the linear 0.123 in the simulator), and with ~10^3 clicks a weak
     ridge overfits its 17 correlated features."""
-    from personalization.value import fit_logistic
+    from personalization.value import bernoulli_loglik, fit_logistic
 
     if len(y) == 0 or y.min() == y.max():
         w = np.zeros(X.shape[1]) if prior is None else np.asarray(prior, np.float64)
         return w.astype(np.float32), 0.0, {"start_l2": None}
     fits = {l2: fit_logistic(X, y, l2=l2, prior=prior) for l2 in START_L2}
-    ll = {l2: click_loglik(Xv, yv, th[:-1], th[-1]) if len(yv) else 0.0 for l2, th in fits.items()}
+    ll = {
+        l2: bernoulli_loglik(Xv @ th[:-1] + th[-1], yv) if len(yv) else 0.0
+        for l2, th in fits.items()
+    }
     best = max(START_L2, key=lambda l2: (ll[l2], l2))  # ties: the stronger ridge
     th = fits[best]
     rep = {"start_l2": best, "start_l2_val_loglik": {str(k): x for k, x in ll.items()}}
@@ -213,26 +211,29 @@ def start_weights(
         raise ValueError(
             f"init must be 'fitted', 'sim_rank', 'intent', 'select' or 'random', got {cfg.init!r}"
         )
-    X, y = shown_features(v, rows, cfg, log_pop, sim, seed=cfg.seed)
-    Xv, yv = shown_features(v, val_rows, cfg, log_pop, sim, seed=cfg.seed + 1)
+    from personalization.value import bernoulli_loglik
+
+    X, y = shown_features(v, rows, cfg.K, cfg.ttl_s, log_pop, sim, seed=cfg.seed)
+    Xv, yv = shown_features(v, val_rows, cfg.K, cfg.ttl_s, log_pop, sim, seed=cfg.seed + 1)
+    select = cfg.init == "select"
     starts: dict[str, tuple] = {}
-    for name in ("intent",) if cfg.init == "select" else (cfg.init,):
-        if name in ("sim_rank", "intent"):
-            fit = DEFAULT_FIT if sim[2] is None else sim[2].fit
-            w0 = sim_rank_weights(sim[1]) if name == "sim_rank" else intent_rank_weights(fit)
-            scale, bias = calibrate_ranking(X, y, w0)
-            starts[name] = (scale * w0, bias, {"init_scale": scale, "init_bias": bias})
-    priors = {"fitted": None}
-    if cfg.init == "select":
-        priors["fitted_to_intent"] = starts["intent"][0]
-    for name, prior in priors.items() if cfg.init in ("fitted", "select") else ():
-        w, bias, ridge = fit_start(X, y, Xv, yv, prior)
-        starts[name] = (w, bias, {"init_weights": w.tolist(), "init_bias": bias, **ridge})
-    ll = {k: click_loglik(Xv, yv, w, b) if len(yv) else 0.0 for k, (w, b, _) in starts.items()}
+    if cfg.init in ("sim_rank", "intent", "select"):  # a fixed ranking, click-calibrated
+        name = "intent" if select else cfg.init
+        fit = DEFAULT_FIT if sim[2] is None else sim[2].fit
+        w0 = sim_rank_weights(sim[1]) if name == "sim_rank" else intent_rank_weights(fit)
+        scale, bias = calibrate_ranking(X, y, w0)
+        starts[name] = (scale * w0, bias, {"init_scale": scale, "init_bias": bias})
+    if cfg.init in ("fitted", "select"):  # fitted, pulled towards zero / the intent ranking
+        priors = {"fitted": None} | ({"fitted_to_intent": starts["intent"][0]} if select else {})
+        for name, prior in priors.items():
+            w, bias, ridge = fit_start(X, y, Xv, yv, prior)
+            starts[name] = (w, bias, {"init_weights": w.tolist(), "init_bias": bias, **ridge})
+    ll = {
+        k: bernoulli_loglik(Xv @ w + b, yv) if len(yv) else 0.0 for k, (w, b, _) in starts.items()
+    }
     name = max(starts, key=lambda k: (ll[k], k == "fitted"))  # ties: the fitted start
     w, bias, rep = starts[name]
-    sel = {"start_val_loglik": ll} if cfg.init == "select" else {}
-    return w, bias, {"init": name, **rep, **sel}
+    return w, bias, {"init": name, **rep, **({"start_val_loglik": ll} if select else {})}
 
 
 def intent_clusters(

@@ -305,6 +305,11 @@ def fit_logistic(
     return th
 
 
+def bernoulli_loglik(z: np.ndarray, y: np.ndarray) -> float:
+    """Mean log-likelihood of the 0/1 outcomes y under P(y = 1) = sigmoid(z)."""
+    return float(np.mean(y * z - np.logaddexp(0.0, z)))
+
+
 def predict_logistic(th: np.ndarray, X: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-(X @ th[:-1] + th[-1])))
 

@@ -360,7 +360,8 @@ def test_select_start_keeps_the_start_the_validation_clicks_prefer():
     click log-likelihood on the validation ones; the policy is built on the one scoring
     highest, whose recorded likelihood is its own."""
     from personalization.features import F, cluster_lookup
-    from personalization.train import click_loglik, shown_features
+    from personalization.train import shown_features
+    from personalization.value import bernoulli_loglik
 
     v, rows_w, _q_topic, _intent = synthetic_visits(n_users=60, seed=6)
     cfg = dataclasses.replace(HELD, objective="dr", init="select", epochs=0, reward_epochs=0)
@@ -376,8 +377,10 @@ def test_select_start_keeps_the_start_the_validation_clicks_prefer():
     _, val_rows, _ = split_rows(v, cfg.val_frac, rep["holdout_split_ts"])
     _, m = v.window(val_rows, 2, cfg.ttl_s)
     sim = (w["sim_table"], w["sim_norm"], cluster_lookup(w))
-    Xv, yv = shown_features(v, val_rows[m[:, 0]], cfg, w["log_pop"], sim, seed=cfg.seed + 1)
-    assert len(yv) and click_loglik(Xv, yv, lin, rep["init_bias"]) == pytest.approx(
+    Xv, yv = shown_features(
+        v, val_rows[m[:, 0]], cfg.K, cfg.ttl_s, w["log_pop"], sim, seed=cfg.seed + 1
+    )
+    assert len(yv) and bernoulli_loglik(Xv @ lin + rep["init_bias"], yv) == pytest.approx(
         ll[rep["init"]], rel=1e-4
     )
 
