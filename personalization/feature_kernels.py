@@ -59,13 +59,38 @@ def _block_starts(mask, ts, block_gap, starts):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _filter(ids, scores, mask, starts, lookup, kappa, keep, keep_block, E, belief):
-    """The intent filter over one window (ids / scores [K, k], mask / starts [K]): E [K, n] gets
-    each state's share of its clustered score per cluster, belief [n] the unnormalised forward
-    belief (uniform start; per state, oldest first: keep (keep_block at a block start) of
-    itself, the rest uniform, times 1 + kappa(c) E[t, c]); returns belief's sum."""
+def _carry(belief, kp, succ, succ_p, rest, out):
+    """out = the belief carried over one step: kp of itself, the rest through the successor
+    kernel (succ / succ_p [n, r]: each cluster's r likeliest successors and their
+    probabilities, rest [n]: the share of each cluster's mass spread uniformly); a kernel of
+    another row count than the belief's: uniform, as before kernels were fitted."""
+    n_cl = belief.shape[0]
+    if succ.shape[0] != n_cl:
+        tot = 0.0
+        for e in range(n_cl):
+            tot += belief[e]
+        mix = (1.0 - kp) * (tot / n_cl)
+        for e in range(n_cl):
+            out[e] = kp * belief[e] + mix
+        return
+    spread = 0.0
+    for j in range(n_cl):
+        spread += belief[j] * rest[j]
+    mix = (1.0 - kp) * (spread / n_cl)
+    for e in range(n_cl):
+        out[e] = kp * belief[e] + mix
+    for j in range(n_cl):
+        bj = (1.0 - kp) * belief[j]
+        if bj != 0.0:
+            for r in range(succ.shape[1]):
+                out[succ[j, r]] += bj * succ_p[j, r]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _evidence(ids, scores, mask, lookup, E):
+    """E [K, n]: each state's share of its clustered score per cluster (ids / scores [K, k])."""
     K, k = ids.shape
-    n_cl = kappa.shape[0]
+    n_cl = E.shape[1]
     for t in range(K):
         tot = 0.0
         for e in range(n_cl):
@@ -82,16 +107,35 @@ def _filter(ids, scores, mask, starts, lookup, kappa, keep, keep_block, E, belie
         tot = max(tot, 1e-9)
         for e in range(n_cl):
             E[t, e] = E[t, e] / tot
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _filter(
+    ids, scores, mask, starts, lookup, kappa, keep, keep_block, succ, succ_p, rest, E, belief, nb
+):
+    """The intent filter over one window (ids / scores [K, k], mask / starts [K]): E [K, n] gets
+    each state's share of its clustered score per cluster, belief [n] the unnormalised forward
+    belief (uniform start; per state, oldest first: keep (keep_block at a block start) of
+    itself, the rest through the successor kernel (_carry; uniform without one), times
+    1 + kappa(c) E[t, c]); returns belief's sum. nb [n]: scratch. With a kernel, the belief
+    is carried only from the window's first real state on (a uniform start stays uniform)."""
+    K = ids.shape[0]
+    n_cl = kappa.shape[0]
+    _evidence(ids, scores, mask, lookup, E)
+    fitted = succ.shape[0] == n_cl
     for e in range(n_cl):
         belief[e] = 1.0
+    started = False
     for t in range(K):
-        tot = 0.0
-        for e in range(n_cl):
-            tot += belief[e]
         kp = keep_block if starts[t] else keep
-        mix = (1.0 - kp) * (tot / n_cl)
-        for e in range(n_cl):
-            belief[e] = (kp * belief[e] + mix) * (1.0 + kappa[e] * E[t, e])
+        if started or not fitted:
+            _carry(belief, kp, succ, succ_p, rest, nb)
+            for e in range(n_cl):
+                belief[e] = nb[e] * (1.0 + kappa[e] * E[t, e])
+        else:
+            for e in range(n_cl):
+                belief[e] = belief[e] * (1.0 + kappa[e] * E[t, e])
+        started = started or mask[t]
     tot = 0.0
     for e in range(n_cl):
         tot += belief[e]
@@ -99,7 +143,9 @@ def _filter(ids, scores, mask, starts, lookup, kappa, keep, keep_block, E, belie
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def intent_mass(ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block, target):
+def intent_mass(
+    ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block, succ, succ_p, rest, target
+):
     """(mass [B], share [B]) float64: the filtered belief in cluster target[b] at the end of
     each window and the current page's share in it (0 where target[b] < 0): the intent_mass /
     page_cluster_share of `features` for one query per event, without the other features
@@ -111,13 +157,15 @@ def intent_mass(ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_bloc
     starts = np.zeros(K, np.bool_)
     E = np.zeros((K, n_cl))
     belief = np.zeros(n_cl)
+    nb = np.zeros(n_cl)
     for b in range(B):
         g = target[b]
         if g < 0:
             continue
         _block_starts(mask[b], ts[b], block_gap, starts)
         tot = _filter(
-            ids[b], scores[b], mask[b], starts, lookup, kappa, keep, keep_block, E, belief
+            *(ids[b], scores[b], mask[b], starts, lookup, kappa, keep, keep_block),
+            *(succ, succ_p, rest, E, belief, nb),
         )
         mass[b] = belief[g] / tot
         share[b] = E[K - 1, g]
@@ -143,6 +191,9 @@ def features(
     has_clusters,
     keep,
     keep_block,
+    succ,
+    succ_p,
+    rest,
     n_features,
 ):
     """(feats [B, C, n_features] float32, zz [B, K, D + 2 + n] float32) of
@@ -166,6 +217,7 @@ def features(
     pages = np.zeros((K, d), np.float32)
     E = np.zeros((K, n_cl), np.float64)
     belief = np.zeros(n_cl, np.float64)
+    nb = np.zeros(n_cl, np.float64)
     for b in range(B):
         nc = 0
         while nc < C and cand[b, nc] >= 0:
@@ -279,7 +331,8 @@ def features(
                 f[13] = (win - sim_norm[0]) * inv_sd
         if has_clusters:
             tot = _filter(
-                ids[b], scores[b], mask[b], starts, lookup, kappa, keep, keep_block, E, belief
+                *(ids[b], scores[b], mask[b], starts, lookup, kappa, keep, keep_block),
+                *(succ, succ_p, rest, E, belief, nb),
             )
             for c in range(nc):
                 g = lookup[cand[b, c]]
@@ -309,48 +362,132 @@ def features(
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def page_prediction(ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block):
+def _last_pair(ids, scores, mask, ts, block_gap, lookup, starts, e):
+    """For one window (ids / scores [K, k], mask / ts [K]) whose last two states are real:
+    e [n] <- the last state's clustered scores, starts <- its block starts, and the sum of e
+    returned (0: the window has no such pair with clustered evidence, e and starts unset)."""
+    K = ids.shape[0]
+    if K < 2 or not mask[K - 1] or not mask[K - 2]:
+        return 0.0
+    for j in range(e.shape[0]):
+        e[j] = 0.0
+    tot_e = 0.0
+    for j in range(ids.shape[1]):
+        q = ids[K - 1, j]
+        if q >= 0 and lookup[q] >= 0:
+            e[lookup[q]] += np.float64(scores[K - 1, j])
+            tot_e += np.float64(scores[K - 1, j])
+    if tot_e > 0.0:
+        _block_starts(mask, ts, block_gap, starts)
+    return tot_e
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def page_prediction(
+    ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block, succ, succ_p, rest
+):
     """(sum, count) over the windows whose last page has clustered evidence and an earlier
     page: log of sum_c b(c) (1 + kappa(c) e(c)) / sum_c (1 + kappa(c) e(c)) / n, the last
     page's evidence e under the filter's belief b from the pages before it, carried over the
-    last step (keep, keep_block at a block start), against the uniform belief: how much better
-    than knowing nothing the filter predicts where the next page's interest lies."""
-    B, K, k = ids.shape
+    last step (keep, keep_block at a block start; the rest through the successor kernel where
+    one is given), against the uniform belief: how much better than knowing nothing the filter
+    predicts where the next page's interest lies. (Without a kernel the belief is carried
+    twice over the last step, as when the keep rates of earlier policies were fitted.)"""
+    B, K = ids.shape[:2]
     n_cl = kappa.shape[0]
+    fitted = succ.shape[0] == n_cl
     starts = np.zeros(K, np.bool_)
     prior = np.zeros(K, np.bool_)
     E = np.zeros((K, n_cl))
     belief = np.zeros(n_cl)
+    nb = np.zeros(n_cl)
+    pred = np.zeros(n_cl)
     e = np.zeros(n_cl)
     total = 0.0
     count = 0
     for b in range(B):
-        if not mask[b, K - 1] or K < 2 or not mask[b, K - 2]:
-            continue
-        for j in range(n_cl):
-            e[j] = 0.0
-        tot_e = 0.0
-        for j in range(k):
-            q = ids[b, K - 1, j]
-            if q >= 0 and lookup[q] >= 0:
-                e[lookup[q]] += np.float64(scores[b, K - 1, j])
-                tot_e += np.float64(scores[b, K - 1, j])
+        tot_e = _last_pair(ids[b], scores[b], mask[b], ts[b], block_gap, lookup, starts, e)
         if tot_e <= 0.0:
             continue
-        _block_starts(mask[b], ts[b], block_gap, starts)
-        for t in range(K):
-            prior[t] = mask[b, t] and t < K - 1
-        tot = _filter(ids[b], scores[b], prior, starts, lookup, kappa, keep, keep_block, E, belief)
         kp = keep_block if starts[K - 1] else keep
         num = 0.0
         den = 0.0
-        for j in range(n_cl):
-            lr = 1.0 + kappa[j] * e[j] / tot_e
-            num += (kp * belief[j] / tot + (1.0 - kp) / n_cl) * lr
-            den += lr / n_cl
+        if fitted:
+            tot = _filter(
+                *(ids[b, : K - 1], scores[b, : K - 1], mask[b, : K - 1], starts[: K - 1]),
+                *(lookup, kappa, keep, keep_block, succ, succ_p, rest, E, belief, nb),
+            )
+            _carry(belief, kp, succ, succ_p, rest, pred)
+            for j in range(n_cl):
+                lr = 1.0 + kappa[j] * e[j] / tot_e
+                num += pred[j] / tot * lr
+                den += lr / n_cl
+        else:
+            for t in range(K):
+                prior[t] = mask[b, t] and t < K - 1
+            tot = _filter(
+                *(ids[b], scores[b], prior, starts, lookup, kappa, keep, keep_block),
+                *(succ, succ_p, rest, E, belief, nb),
+            )
+            for j in range(n_cl):
+                lr = 1.0 + kappa[j] * e[j] / tot_e
+                num += (kp * belief[j] / tot + (1.0 - kp) / n_cl) * lr
+                den += lr / n_cl
         total += np.log(num / den)
         count += 1
     return total, count
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def successor_counts(
+    ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block, succ, succ_p, rest
+):
+    """float64 [n, n]: the expected number of intent moves j -> c between the last two pages of
+    the windows page_prediction reads, under the filter with this kernel (uniform where none
+    is given): the belief b from the pages before the last, times the move's probability
+    (1 - keep) T(j, c), times the last page's odds 1 + kappa(c) e(c), normalised per window.
+    One E-step of fitting the kernel to the page sequence (personalization.fit_filter)."""
+    B, K = ids.shape[:2]
+    n_cl = kappa.shape[0]
+    fitted = succ.shape[0] == n_cl
+    counts = np.zeros((n_cl, n_cl))
+    starts = np.zeros(K, np.bool_)
+    E = np.zeros((K, n_cl))
+    belief = np.zeros(n_cl)
+    nb = np.zeros(n_cl)
+    pred = np.zeros(n_cl)
+    e = np.zeros(n_cl)
+    lr = np.zeros(n_cl)
+    T = np.zeros((n_cl, n_cl))
+    for j in range(n_cl):
+        for c in range(n_cl):
+            T[j, c] = rest[j] / n_cl if fitted else 1.0 / n_cl
+        if fitted:
+            for r in range(succ.shape[1]):
+                T[j, succ[j, r]] += succ_p[j, r]
+    for b in range(B):
+        tot_e = _last_pair(ids[b], scores[b], mask[b], ts[b], block_gap, lookup, starts, e)
+        if tot_e <= 0.0:
+            continue
+        kp = keep_block if starts[K - 1] else keep
+        _filter(
+            *(ids[b, : K - 1], scores[b, : K - 1], mask[b, : K - 1], starts[: K - 1]),
+            *(lookup, kappa, keep, keep_block, succ, succ_p, rest, E, belief, nb),
+        )
+        _carry(belief, kp, succ, succ_p, rest, pred)
+        z = 0.0
+        for c in range(n_cl):
+            lr[c] = 1.0 + kappa[c] * e[c] / tot_e
+            z += pred[c] * lr[c]
+        if z <= 0.0:
+            continue
+        for j in range(n_cl):
+            w = (1.0 - kp) * belief[j] / z
+            if w == 0.0:
+                continue
+            for c in range(n_cl):
+                counts[j, c] += w * T[j, c] * lr[c]
+    return counts
 
 
 @njit(cache=True, nogil=True, boundscheck=False)

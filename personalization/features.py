@@ -64,8 +64,9 @@ class FeatureFit:
 
     block_gap_s: a gap this long between two visits starts a new block (a "session");
     keep / keep_block: the share of the intent filter's belief kept between two views of one
-    block / across a block start (the rest uniform); kappa_*: a page whose predicted queries
-    put share e(c) of their score in cluster c multiplies the belief in c by 1 + kappa(c) e(c),
+    block / across a block start (the rest through the successor kernel, uniform without one);
+    kappa_*: a page whose predicted queries put share e(c) of their score in cluster c
+    multiplies the belief in c by 1 + kappa(c) e(c),
     kappa(c) = kappa_scale x max(n x the cluster's share of the views' evidence,
     kappa_floor) ^ -kappa_power over n clusters (`cluster_kappa`); recency_gamma: the decay of
     recency_score's weights; intent_score_weight: the weight of score_current beside
@@ -248,7 +249,8 @@ def build_batch(
     each state's predicted queries spread their scores over query clusters (share e_t); a
     forward filter over the window (oldest first) multiplies the belief in cluster c by
     1 + kappa(c) e_t(c) (cluster_kappa) and, between states, keeps `keep`
-    (`keep_block` across a block start) of itself, the rest uniform; `intent_mass` is the
+    (`keep_block` across a block start) of itself, the rest moved through the policy's
+    successor kernel (uniform without one); `intent_mass` is the
     candidate's cluster's final belief (off-interest pages weighed against the earlier ones,
     which the score averages cannot do), `page_cluster_share` the current page's share in it;
     `shown_recent`: shown_recent().
@@ -267,6 +269,7 @@ def build_batch(
     has_sim = sim_table is not None
     has_cl = clusters is not None
     fit = clusters.fit if clusters is not None else DEFAULT_FIT
+    succ, succ_p, rest = clusters.successors() if clusters is not None else NO_SUCCESSORS
     feats, zz = fk.features(
         np.ascontiguousarray(z, np.float32),
         ids,
@@ -285,6 +288,9 @@ def build_batch(
         has_cl,
         float(fit.keep),
         float(fit.keep_block),
+        succ,
+        succ_p,
+        rest,
         N_KERNEL,
     )
     feats = np.concatenate(
@@ -318,6 +324,9 @@ def shown_recent(
 _NO_SIM = np.zeros((1, SIM_DIM), np.float32)
 _NO_LOOKUP = np.full(1, -1, np.int64)
 _NO_KAPPA = np.ones(1, np.float64)
+# (succ, succ_p, rest) of a filter without a fitted successor kernel: what is not kept of the
+# belief goes uniformly to every cluster (feature_kernels._carry)
+NO_SUCCESSORS = (np.zeros((0, 0), np.int64), np.zeros((0, 0), np.float64), np.zeros(0))
 
 
 @dataclass(frozen=True)
@@ -327,6 +336,63 @@ class Clusters:
     lookup: np.ndarray  # int64 [L+1] cluster of every query id, -1 last (padding id -1 gathers it)
     kappa: np.ndarray  # float64 [n] odds factor per unit of a page's evidence for each cluster
     fit: FeatureFit = DEFAULT_FIT  # block gap, keep rates, recency decay
+    # the successor kernel: where an interest that is not kept goes (Successors; None: uniform)
+    kernel: Successors | None = None
+
+    def successors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(succ, succ_p, rest) as the compiled filter reads them."""
+        return NO_SUCCESSORS if self.kernel is None else self.kernel.arrays()
+
+
+@dataclass(frozen=True)
+class Successors:
+    """A sparse successor kernel over n clusters: T(j, c) = rest[j] / n + sum_r succ_p[j, r]
+    [succ[j, r] = c], each cluster's r likeliest successors explicit, the rest of its mass
+    spread uniformly; fitted on the page sequences of a policy's logs
+    (personalization.fit_filter.fit_successors) and stored in its weights as float32
+    `cluster_succ` (ids) and `cluster_succ_p` [n, r]."""
+
+    succ: np.ndarray  # int64 [n, r]
+    succ_p: np.ndarray  # float64 [n, r], float32 values (as stored)
+    rest: np.ndarray  # float64 [n]: 1 - the row's sum of succ_p
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.succ, self.succ_p, self.rest
+
+    def dense(self) -> np.ndarray:
+        """float64 [n, n] T."""
+        n = self.succ.shape[0]
+        T = np.repeat(self.rest[:, None] / n, n, 1)
+        np.add.at(
+            T, (np.repeat(np.arange(n), self.succ.shape[1]), self.succ.ravel()), self.succ_p.ravel()
+        )
+        return T
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {
+            "cluster_succ": self.succ.astype(np.float32),
+            "cluster_succ_p": self.succ_p.astype(np.float32),
+        }
+
+    @classmethod
+    def from_weights(cls, succ: np.ndarray, succ_p: np.ndarray, n: int) -> Successors:
+        """From the stored arrays; ValueError naming what is wrong (shapes, ids outside the
+        clusters, probabilities outside [0, 1] or rows summing above 1)."""
+        succ, p = np.asarray(succ), np.asarray(succ_p, np.float32).astype(np.float64)
+        if succ.ndim != 2 or succ.shape[0] != n or p.shape != succ.shape:
+            raise ValueError(
+                f"cluster_succ / cluster_succ_p have shapes {succ.shape} / {p.shape}, "
+                f"{n} clusters need ({n}, r) both"
+            )
+        if not np.all(np.isfinite(succ)) or np.any(succ != np.round(succ)):
+            raise ValueError("cluster_succ must hold cluster ids")
+        ids = succ.astype(np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise ValueError(f"cluster_succ holds ids outside 0..{n - 1}")
+        rows = p.sum(1)
+        if not np.all(np.isfinite(p)) or np.any(p < 0) or np.any(rows > 1 + 1e-5):
+            raise ValueError("cluster_succ_p must be probabilities in [0, 1], rows summing to <= 1")
+        return cls(ids, p, np.maximum(1.0 - rows, 0.0))
 
 
 def query_lookup(query_cluster: np.ndarray) -> np.ndarray:
@@ -336,10 +402,11 @@ def query_lookup(query_cluster: np.ndarray) -> np.ndarray:
 
 
 def cluster_lookup(weights: dict) -> Clusters | None:
-    """The Clusters of a policy's float32 `query_cluster` [L] and `cluster_kappa` [n] weights
-    and its FeatureFit (under FIT_KEY; the defaults for a policy without one; a policy without
-    `cluster_kappa` filters with INTENT_KAPPA for every cluster); cached in `weights` (None: no
-    clusters). ValueError if the two disagree on the number of clusters."""
+    """The Clusters of a policy's float32 `query_cluster` [L] and `cluster_kappa` [n] weights,
+    its FeatureFit (under FIT_KEY; the defaults for a policy without one; a policy without
+    `cluster_kappa` filters with INTENT_KAPPA for every cluster) and its successor kernel
+    (`cluster_succ`, `cluster_succ_p`; uniform without them); cached in `weights` (None: no
+    clusters). ValueError if they disagree on the number of clusters."""
     if "_cl" not in weights:
         qc = weights.get("query_cluster")
         if qc is None:
@@ -353,7 +420,13 @@ def cluster_lookup(weights: dict) -> Clusters | None:
                 raise ValueError(f"cluster_kappa has shape {kappa.shape}, {n} clusters need ({n},)")
             fit = weights.get(FIT_KEY)
             ff = DEFAULT_FIT if fit is None else FeatureFit.from_array(fit)
-            weights["_cl"] = Clusters(lookup, kappa, ff)
+            succ, succ_p = weights.get("cluster_succ"), weights.get("cluster_succ_p")
+            kern = None
+            if succ is not None and succ_p is not None:
+                kern = Successors.from_weights(succ, succ_p, n)
+            elif succ is not None or succ_p is not None:
+                raise ValueError("cluster_succ and cluster_succ_p come together")
+            weights["_cl"] = Clusters(lookup, kappa, ff, kern)
     return weights["_cl"]
 
 

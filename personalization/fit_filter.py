@@ -10,6 +10,10 @@ Nothing here reads how the traffic was generated: each constant is what the logs
   the interest of its last page, against a uniform belief, on the validation windows. The
   filter is a model of how a reader's interest carries over from page to page, and the page
   sequence is what shows it; the likelihood of the clicks is nearly flat in the keep rates.
+- The intent filter's successor kernel (where an interest goes when it is not kept; uniform
+  unless fitted): EM on the training page sequence, smoothed towards uniform; the smoothing,
+  and whether any kernel at all, chosen by the validation click likelihood below (the most
+  page-predictive kernels also model the pages read off the interest).
 - The query clusters' count: by the log-likelihood, on the validation visits, of the logged
   clicks on the shown query under a logistic model of the filter's belief in the shown
   query's cluster and its score on the current page (the logistic's three coefficients fitted
@@ -37,7 +41,9 @@ import numpy as np
 from personalization.features import (
     DEFAULT_FIT,
     FIT_KEY,
+    NO_SUCCESSORS,
     FeatureFit,
+    Successors,
     cluster_share,
     kappa_of_share,
     query_lookup,
@@ -222,7 +228,17 @@ def _filter_fit(theta: np.ndarray, fit: FeatureFit) -> FeatureFit:
     return replace(_kappa_fit(theta[2:], fit), keep=_sig(theta[0]), keep_block=_sig(theta[1]))
 
 
-def page_score(share: np.ndarray, lookup: np.ndarray, w: Windows, fit: FeatureFit) -> float:
+def _succ(kernel: Successors | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return NO_SUCCESSORS if kernel is None else kernel.arrays()
+
+
+def page_score(
+    share: np.ndarray,
+    lookup: np.ndarray,
+    w: Windows,
+    fit: FeatureFit,
+    kernel: Successors | None = None,
+) -> float:
     """Mean log ratio by which the filter's belief from each window's earlier pages predicts
     the interest of its last page better than a uniform belief
     (feature_kernels.page_prediction)."""
@@ -230,9 +246,99 @@ def page_score(share: np.ndarray, lookup: np.ndarray, w: Windows, fit: FeatureFi
 
     kappa = kappa_of_share(share, fit).astype(np.float64)
     s, n = page_prediction(
-        w.ids, w.scores, w.mask, w.ts, fit.block_gap_s, lookup, kappa, fit.keep, fit.keep_block
+        *(w.ids, w.scores, w.mask, w.ts, fit.block_gap_s, lookup, kappa),
+        *(fit.keep, fit.keep_block, *_succ(kernel)),
     )
     return s / max(n, 1)
+
+
+# Successors kept explicit per cluster (the rest of a row spread uniformly): a compute knob of
+# the served filter (each step costs n x SUCCESSORS), not fitted
+SUCCESSORS = 16
+# EM steps per kernel, the smoothing strengths tried (a row's pseudo-count towards the uniform
+# kernel) and the evidence scales of the E-step's page odds (em_successors): search ranges,
+# the pair is chosen on the validation clicks
+SUCCESSOR_EM_STEPS = 8
+SUCCESSOR_PRIORS = (1.0, 10.0, 100.0)
+SUCCESSOR_SCALES = (10.0, 30.0, 100.0, 300.0)
+# the E-step's odds divide by a cluster's share of the views, floored at this fraction of the
+# uniform share: a numerical guard for clusters almost never viewed
+SUCCESSOR_SHARE_FLOOR = 0.01
+
+
+def project_successors(T: np.ndarray, r: int = SUCCESSORS) -> Successors:
+    """The sparse kernel (Successors, stored precision) nearest the dense row-stochastic T:
+    each row's r largest entries kept exactly, the others replaced by their mean."""
+    n = T.shape[0]
+    r = min(r, n)
+    idx = np.argsort(-T, axis=1, kind="stable")[:, :r]
+    top = np.take_along_axis(T, idx, 1)
+    rho = n * np.maximum(1.0 - top.sum(1), 0.0) / (n - r) if r < n else np.zeros(n)
+    p = np.maximum(top - rho[:, None] / n, 0.0)
+    p /= np.maximum(p.sum(1, keepdims=True) + rho[:, None], 1.0)  # rows sum to <= 1
+    return Successors.from_weights(idx.astype(np.float32), p.astype(np.float32), n)
+
+
+def em_successors(
+    share: np.ndarray,
+    lookup: np.ndarray,
+    pages: Windows,
+    fit: FeatureFit,
+    prior: float,
+    scale: float,
+) -> Successors:
+    """The successor kernel after SUCCESSOR_EM_STEPS EM steps on the last two pages of the
+    windows `pages` (feature_kernels.successor_counts), from the uniform kernel, each row
+    smoothed towards uniform by `prior` pseudo-counts. The E-step weighs a page's evidence for
+    cluster c by the odds 1 + scale e(c) / (n share(c)): a page of a cluster everyone reads
+    says less about where this reader went than one of a niche. (With the served filter's
+    own odds, fitted to predict pages, a page read off the interest in a busy cluster counts
+    as a move there, and the kernel learns those instead of the reader's moves.)"""
+    from personalization.feature_kernels import successor_counts
+
+    e_fit = replace(fit, kappa_scale=scale, kappa_power=1.0, kappa_floor=SUCCESSOR_SHARE_FLOOR)
+    kappa = kappa_of_share(share, e_fit).astype(np.float64)
+    n = len(share)
+    kern: Successors | None = None
+    for _ in range(SUCCESSOR_EM_STEPS):
+        counts = successor_counts(
+            *(pages.ids, pages.scores, pages.mask, pages.ts, fit.block_gap_s, lookup),
+            *(kappa, fit.keep, fit.keep_block, *_succ(kern)),
+        )
+        kern = project_successors((counts + prior / n) / (counts.sum(1, keepdims=True) + prior))
+    assert kern is not None
+    return kern
+
+
+def fit_successors(
+    share: np.ndarray,
+    lookup: np.ndarray,
+    pages: Windows,
+    tr: Windows,
+    va: Windows,
+    fit: FeatureFit,
+) -> tuple[Successors | None, dict]:
+    """The successor kernel of the intent filter: where an interest goes when it is not kept.
+    EM on the training page windows `pages` (em_successors) for each pseudo-count and evidence
+    scale of SUCCESSOR_PRIORS x SUCCESSOR_SCALES; the pair, and whether any kernel at all,
+    chosen by the validation click log-likelihood of the filter's belief in the shown query's
+    cluster (filter_click_loglik on the shown windows tr / va; None: the uniform kernel did
+    as well). Not by how well it predicts the next page: the most page-predictive kernels
+    also model the pages read off the interest, and pick the clicked query's cluster less
+    often."""
+    base = filter_click_loglik(share, lookup, tr, va, fit)
+    report: dict = {"uniform": base}
+    best, best_ll = None, base
+    if len(share) < 2:
+        return None, report
+    for scale in SUCCESSOR_SCALES:
+        for prior in SUCCESSOR_PRIORS:
+            kern = em_successors(share, lookup, pages, fit, prior, scale)
+            ll = filter_click_loglik(share, lookup, tr, va, fit, kern)
+            report[f"scale {scale:g}, prior {prior:g}"] = ll
+            if ll > best_ll:
+                best, best_ll = kern, ll
+    return best, report
 
 
 def fit_filter_constants(
@@ -241,6 +347,7 @@ def fit_filter_constants(
     va: Windows,
     fit: FeatureFit,
     max_evals: int = MAX_EVALS,
+    kernel: Successors | None = None,
 ) -> FeatureFit:
     """fit with keep, keep_block and kappa_* maximising how well the filter's belief from a
     window's earlier pages predicts the interest of its last page on the validation windows
@@ -249,7 +356,7 @@ def fit_filter_constants(
     sequence is what shows it (the likelihood of the clicks is nearly flat in the keep rates
     and, fitted jointly, drives them to 1 with kappa to its bounds)."""
     res = _nelder_mead(
-        lambda th: -page_score(share, lookup, va, _filter_fit(th, fit)),
+        lambda th: -page_score(share, lookup, va, _filter_fit(th, fit), kernel),
         np.r_[_KEEP0, _KAPPA0],
         np.r_[_KEEP_STEP, _KAPPA_STEP],
         max_evals,
@@ -257,33 +364,39 @@ def fit_filter_constants(
     return _filter_fit(res.x, fit)
 
 
-def filter_mass(share: np.ndarray, lookup: np.ndarray, w: Windows, fit: FeatureFit) -> np.ndarray:
+def filter_mass(
+    share: np.ndarray,
+    lookup: np.ndarray,
+    w: Windows,
+    fit: FeatureFit,
+    kernel: Successors | None = None,
+) -> np.ndarray:
     """float64 [B] the filter's belief under `fit` in the shown query's cluster at each window."""
     from personalization.feature_kernels import intent_mass
 
     kappa = kappa_of_share(share, fit).astype(np.float64)
     m, _ = intent_mass(
-        w.ids,
-        w.scores,
-        w.mask,
-        w.ts,
-        fit.block_gap_s,
-        lookup,
-        kappa,
-        fit.keep,
-        fit.keep_block,
-        lookup[w.shown],
+        *(w.ids, w.scores, w.mask, w.ts, fit.block_gap_s, lookup, kappa),
+        *(fit.keep, fit.keep_block, *_succ(kernel), lookup[w.shown]),
     )
     return m
 
 
 def filter_click_loglik(
-    share: np.ndarray, lookup: np.ndarray, tr: Windows, va: Windows, fit: FeatureFit
+    share: np.ndarray,
+    lookup: np.ndarray,
+    tr: Windows,
+    va: Windows,
+    fit: FeatureFit,
+    kernel: Successors | None = None,
 ) -> float:
     """Validation click log-likelihood (click_loglik) of the filter's belief in the shown
-    query's cluster under `fit`."""
+    query's cluster under `fit` (and the successor kernel)."""
     return click_loglik(
-        filter_mass(share, lookup, tr, fit), filter_mass(share, lookup, va, fit), tr, va
+        filter_mass(share, lookup, tr, fit, kernel),
+        filter_mass(share, lookup, va, fit, kernel),
+        tr,
+        va,
     )
 
 
@@ -401,12 +514,20 @@ def fit_intent_filter(
         report["clusters_tried"] = {str(k): round(t, 6) for k, t in sorted(tried.items())}
     lookup = query_lookup(qc)
     share = cluster_share(v.IDS[viewed], v.SC[viewed], lookup)
+    kernel = None
     if n_clusters >= 0:  # the page sequence needs no clicks
+        pages_tr = subsample(windows(v, train_rows, K, ttl_s, shown=False), MAX_ROWS, seed)
         pages_va = subsample(windows(v, val_rows, K, ttl_s, shown=False), MAX_ROWS, seed + 1)
         fit = fit_filter_constants(share, lookup, pages_va, fit)
-        report["val_page_score"] = page_score(share, lookup, pages_va, fit)
         if enough:
-            m_tr, m_va = filter_mass(share, lookup, tr, fit), filter_mass(share, lookup, va, fit)
+            kernel, report["successors_val_click_loglik"] = fit_successors(
+                share, lookup, pages_tr, tr, va, fit
+            )
+        report["successors"] = 0 if kernel is None else int(kernel.succ.shape[1])
+        report["val_page_score"] = page_score(share, lookup, pages_va, fit, kernel)
+        if enough:
+            m_tr = filter_mass(share, lookup, tr, fit, kernel)
+            m_va = filter_mass(share, lookup, va, fit, kernel)
             report["val_click_loglik"] = click_loglik(m_tr, m_va, tr, va)
             isw = fit_intent_score_weight(m_tr, m_va, tr, va)
             report["intent_score_weight_val_click_loglik"] = {
@@ -418,4 +539,5 @@ def fit_intent_filter(
     report["clusters"] = int(lookup.max()) + 1
     report["feature_fit"] = fit.to_json()
     log.info("fitted feature constants: %s", report)
-    return {"query_cluster": qc, "cluster_kappa": kappa, FIT_KEY: fit.to_array()}, report
+    weights = {"query_cluster": qc, "cluster_kappa": kappa, FIT_KEY: fit.to_array()}
+    return weights | ({} if kernel is None else kernel.weights()), report

@@ -1,7 +1,8 @@
 """The features' constants follow the logs they are fitted on: traffic whose sessions persist
 more, drift less or whose views come further apart gives keep rates and a block gap that move
-the same way; logs without session ids are cut into sessions where their own gaps split; a
-trained policy stores what was fitted and serving reads exactly that back."""
+the same way; logs without session ids are cut into sessions where their own gaps split; the
+filter's successor kernel learns where interests lead, and is kept only where the clicks prefer
+it; a trained policy stores what was fitted and serving reads exactly that back."""
 
 import json
 
@@ -9,11 +10,24 @@ import numpy as np
 import pytest
 
 from personalization.artifact import MANIFEST, PolicyFileError
-from personalization.features import DEFAULT_FIT, FIT_KEY, FeatureFit, cluster_lookup
-from personalization.fit_filter import fit_block_gap, fit_intent_filter
+from personalization.features import (
+    DEFAULT_FIT,
+    FIT_KEY,
+    FeatureFit,
+    cluster_lookup,
+    cluster_share,
+)
+from personalization.fit_filter import (
+    em_successors,
+    fit_block_gap,
+    fit_intent_filter,
+    page_score,
+    windows,
+)
 from personalization.policy import GruPolicy
 from personalization.train import make_batch, publish, split_rows, train_policy
 from personalization.visits import session_codes
+from simulator.dynamics import transition_kernel
 from simulator.scenario import load_scenario
 from simulator.traffic import LogSettings, with_scenario
 from simulator.world import generate_world
@@ -142,6 +156,67 @@ def test_fitted_constants_follow_the_scenarios(scenario_fits):
         ll = report["intent_score_weight_val_click_loglik"]
         assert ll["fitted"] > ll["unfitted"], (name, ll)
         assert fit.intent_score_weight != DEFAULT_FIT.intent_score_weight, name
+
+
+def _kernel_gain(world, scenario: str) -> tuple[float, float, float, dict, dict]:
+    """With a policy's fitted filter on `scenario`'s traffic, a successor kernel fitted by EM
+    on the training pages: how much better than the uniform kernel it predicts the validation
+    pages (page_score); the share of its mass that goes to clusters of the `transitions`
+    scenario's successor sub-topics (each cluster read as the sub-topic most of its queries
+    belong to) and that share for a kernel that ignores where it comes from; and
+    fit_intent_filter's weights and report."""
+    sc = load_scenario(scenario)
+    v = traffic_visits(world, with_scenario(LogSettings(days=5, seed=1, epsilon=0.5), sc), 1.0)
+    tr, va, _ = split_rows(v, 0.25)
+    w, report = fit_intent_filter(v, tr, va, 8, 30 * 86400.0, world.n_queries, 16, seed=0)
+    cl = cluster_lookup(w)
+    viewed = v.page[np.concatenate([tr, va])]
+    share = cluster_share(v.IDS[viewed], v.SC[viewed], cl.lookup)
+    pages_tr, pages_va = (windows(v, r, 8, 30 * 86400.0, shown=False) for r in (tr, va))
+    kern = em_successors(share, cl.lookup, pages_tr, cl.fit, 10.0, 30.0)
+    gain = page_score(share, cl.lookup, pages_va, cl.fit, kern) - page_score(
+        share, cl.lookup, pages_va, cl.fit
+    )
+    successors = transition_kernel(world, load_scenario("transitions").intent.transitions)
+    n = len(share)
+    qsub, qcl = world.query_subtopic, cl.lookup[:-1]
+    dom = np.array(
+        [np.bincount(qsub[qcl == c]).argmax() if (qcl == c).any() else -1 for c in range(n)]
+    )
+    to_succ = np.array([np.isin(dom, successors[d]) if d >= 0 else np.zeros(n, bool) for d in dom])
+    T = kern.dense()[dom >= 0]
+    mass = float((T * to_succ[dom >= 0]).sum() / T.sum())
+    chance = float(to_succ[dom >= 0].mean())
+    return gain, mass, chance, w, report
+
+
+@pytest.fixture(scope="module")
+def kernel_fits(world):
+    return {name: _kernel_gain(world, name) for name in ("default", "transitions")}
+
+
+def test_the_successor_kernel_follows_the_traffic(kernel_fits):
+    """Where interests lead to particular others (`transitions`: 80% of redraws go to one of
+    two successor sub-topics), the kernel EM fits on the page sequence sends its mass to the
+    successors far above chance, far more than on `default` traffic (redraws from each user's
+    own interests), and predicts the next page better than the uniform kernel by far more."""
+    gain, mass, chance = kernel_fits["transitions"][:3]
+    gain_default, mass_default, _ = kernel_fits["default"][:3]
+    assert mass > 2 * chance and mass > 2 * mass_default, (mass, chance, mass_default)
+    assert gain > 0.02 and gain > 3 * gain_default, (gain, gain_default)
+
+
+def test_the_successor_kernel_is_kept_only_where_the_clicks_prefer_it(kernel_fits):
+    """A policy's training keeps the kernel whose validation click likelihood is best, the
+    uniform one included, and stores exactly that."""
+    for name, (*_, w, report) in kernel_fits.items():
+        ll = report["successors_val_click_loglik"]
+        best = max(ll, key=lambda k: ll[k])
+        kernel = cluster_lookup(w).kernel
+        assert (kernel is None) == (best == "uniform"), (name, ll)
+        assert report["successors"] == (0 if kernel is None else kernel.succ.shape[1])
+        if kernel is not None:
+            np.testing.assert_allclose(kernel.dense().sum(1), 1.0, atol=1e-6)
 
 
 def test_block_gap_needs_gaps():

@@ -1,5 +1,6 @@
 """The intent features: the batched filter equals its definition written as a plain loop over
-one window, padding never leaks into them, and co-occurrence clusters recover planted groups."""
+one window (with and without a successor kernel), padding never leaks into them, and
+co-occurrence clusters recover planted groups."""
 
 import numpy as np
 import pytest
@@ -19,12 +20,13 @@ from personalization.features import (
 from personalization.query_clusters import query_clusters
 
 
-def _loop_intent(cl, kappa, ids, sc, mask, starts, cand):
-    """Definition: belief over clusters, uniform at first; per state (oldest first) mix toward
-    uniform (keep INTENT_KEEP, INTENT_KEEP_BLOCK at a block start) unless it is the first, then
-    multiply by 1 + kappa(c) * the state's score share per cluster c; mass of the cand's
-    cluster."""
+def _loop_intent(cl, kappa, ids, sc, mask, starts, cand, T=None):
+    """Definition: belief over clusters, uniform at first; per state (oldest first) keep
+    INTENT_KEEP of it (INTENT_KEEP_BLOCK at a block start), the rest moved through the
+    successor kernel T [n, n] (uniform: T None) unless it is the first, then multiply by
+    1 + kappa(c) * the state's score share per cluster c; mass of the cand's cluster."""
     n = int(cl.max()) + 1
+    T = np.full((n, n), 1.0 / n) if T is None else T
     belief = np.full(n, 1.0 / n)
     first = True
     share = np.zeros(n)
@@ -38,7 +40,7 @@ def _loop_intent(cl, kappa, ids, sc, mask, starts, cand):
         share = share / max(share.sum(), 1e-9)
         if not first:
             keep = INTENT_KEEP_BLOCK if starts[t] else INTENT_KEEP
-            belief = keep * belief + (1 - keep) / n
+            belief = keep * belief + (1 - keep) * (belief @ T)
         belief = belief * (1 + kappa * share)
         belief /= belief.sum()
         first = False
@@ -46,9 +48,14 @@ def _loop_intent(cl, kappa, ids, sc, mask, starts, cand):
     return (belief[c], share[c]) if c >= 0 else (0.0, 0.0)
 
 
-@pytest.mark.parametrize("kappa", [None, [5.0, 40.0, 20.0, 1.0]])
-def test_intent_features_match_their_definition(kappa):
-    """With a policy's per-cluster factors and, for a policy without them, INTENT_KAPPA."""
+@pytest.mark.parametrize(
+    ("kappa", "kernel"),
+    [(None, False), ([5.0, 40.0, 20.0, 1.0], False), ([5.0, 40.0, 20.0, 1.0], True)],
+)
+def test_intent_features_match_their_definition(kappa, kernel):
+    """With a policy's per-cluster factors and, for a policy without them, INTENT_KAPPA; with
+    a fitted successor kernel (two explicit successors per cluster, the rest uniform) and
+    without (uniform)."""
     rng = np.random.default_rng(0)
     L, K, k, D = 30, 5, 4, 3
     cl = rng.integers(0, 4, L).astype(np.float32)
@@ -56,8 +63,23 @@ def test_intent_features_match_their_definition(kappa):
     w = {"query_cluster": cl}
     if kappa is not None:
         w["cluster_kappa"] = np.array(kappa, np.float32)
+    T = None
+    if kernel:
+        w["cluster_succ"] = np.array([[1, 2], [0, 0], [3, 1], [2, 0]], np.float32)
+        w["cluster_succ_p"] = np.array(
+            [[0.6, 0.3], [0.5, 0.2], [0.9, 0.05], [0.0, 0.1]], np.float32
+        )
+        p = w["cluster_succ_p"].astype(np.float64)
+        T = np.repeat((1 - p.sum(1))[:, None] / 4, 4, 1)
+        for j in range(4):
+            for r in range(2):
+                T[j, int(w["cluster_succ"][j, r])] += p[j, r]
+        np.testing.assert_allclose(T.sum(1), 1.0)
     clusters = cluster_lookup(w)
     assert clusters is not None
+    if kernel:
+        assert clusters.kernel is not None
+        np.testing.assert_allclose(clusters.kernel.dense(), T)
     lookup = clusters.lookup
     assert lookup.shape == (L + 1,) and lookup[-1] == -1
     want_kappa = np.full(4, INTENT_KAPPA) if kappa is None else np.array(kappa)
@@ -77,7 +99,7 @@ def test_intent_features_match_their_definition(kappa):
         starts = mask[r] & (gaps >= 1800)
         for c in np.flatnonzero(b.cand_mask[r]):
             want = _loop_intent(
-                lookup[:-1], want_kappa, ids[r], sc[r], mask[r], starts, b.cand_ids[r, c]
+                lookup[:-1], want_kappa, ids[r], sc[r], mask[r], starts, b.cand_ids[r, c], T
             )
             assert b.feats[r, c, cols] == pytest.approx(want, abs=1e-5)
         assert not b.feats[r, ~b.cand_mask[r]].any()
@@ -169,3 +191,23 @@ def test_query_clusters_join_what_sessions_view_together():
     assert not recovered(query_clusters(ids, sc, L, n_clusters=I, seed=0))
     with pytest.raises(ValueError, match="page columns"):
         query_clusters(ids, sc, L, n_clusters=I, groups=groups[:, :10])
+
+
+@pytest.mark.parametrize(
+    ("succ", "succ_p", "match"),
+    [
+        ([[1.0], [4.0]], [[0.5], [0.5]], "outside"),
+        ([[1.0], [0.0]], [[0.5], [1.5]], "probabilities"),
+        ([[1.0], [0.5]], [[0.5], [0.5]], "cluster ids"),
+        ([[1.0, 0.0]], [[0.5, 0.5]], "shapes"),
+        ([[1.0], [0.0]], None, "together"),
+    ],
+)
+def test_a_broken_successor_kernel_is_refused(succ, succ_p, match):
+    """A policy's successor kernel that cannot be a distribution over its clusters is refused
+    with what is wrong, not served."""
+    w = {"query_cluster": np.array([0, 1, 1, 0], np.float32), "cluster_succ": np.array(succ)}
+    if succ_p is not None:
+        w["cluster_succ_p"] = np.array(succ_p, np.float32)
+    with pytest.raises(ValueError, match=match):
+        cluster_lookup(w)
