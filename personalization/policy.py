@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from personalization.artifact import PolicyFileError, load_policy
-from personalization.explain import margins, page_top, sources
+from personalization.explain import page_top, sources
 from personalization.features import (
     EventBatch,
     build_batch,
@@ -33,6 +33,7 @@ from personalization.features import (
     page_feature_dim,
 )
 from personalization.scoring import candidate_logits, softmax_masked
+from personalization.serve_kernels import serve_rows
 from personalization.state import serving_window
 from personalization.window import WINDOW
 
@@ -454,37 +455,38 @@ class GruPolicy:
         none = ~mask.any(1)
         mask[none, 0] = True  # keep the maths finite; these rows show nothing
         logit[none, 0] = 0.0
-        col, prop, probs = explore(logit, mask, epsilon, temperature, rng)
-        order = np.argsort(-np.where(mask, probs, -1.0), axis=1, kind="stable")
-        cand_o = np.take_along_axis(np.where(mask, cand, -1), order, 1)
-        R = np.arange(n)
-        q = cand[R, col]
-        q[none] = NO_QUERY
-        ago = np.where(q >= 0, 0, -1)  # cold rows: the current page's own queries
-        src = [str(getattr(c, "event_id", "")) for c in currents]
-        top = np.full(n, -1, np.int64)
+        top = np.full(n, -1, np.int64)  # the page's own top query (explain.margins)
         for b, ci in enumerate(cold_ids):
             if ci is not None and len(ci):
                 top[b] = ci[int(np.argmax(cold_sc[b]))]
         if seqs:
+            top[np.asarray(rows)] = page_top(ids[:, -1], scores[:, -1])
+        # policy.explore and the logged arrays in one compiled pass (serve_kernels)
+        col, greedy, p_col, q_col, cand_o, cand_s, cand_p, margin = serve_rows(
+            logit, mask, cand, float(epsilon), float(temperature), rng.random(n), top
+        )
+        q = cand[np.arange(n), col]
+        q[none] = NO_QUERY
+        ago = np.where(q >= 0, 0, -1)  # cold rows: the current page's own queries
+        src = [str(getattr(c, "event_id", "")) for c in currents]
+        if seqs:
             r = np.asarray(rows)
             a = sources(ids, smask, q[r])
             ago[r] = a
-            top[r] = page_top(ids[:, -1], scores[:, -1])
             for j, b in enumerate(rows):  # the source state's event id (its window slot)
                 eids = seqs[j][4]
                 src[b] = eids[len(eids) - 1 - a[j]] if a[j] >= 0 else ""
         return Served(
             query=q,
-            score=np.where(none, 0.0, probs[R, col]).astype(np.float32),
-            propensity=np.where(none, 1.0, prop[R, col]).astype(np.float32),
-            greedy=col == np.argmax(np.where(mask, logit, -np.inf), 1),
+            score=np.where(none, np.float32(0.0), p_col),
+            propensity=np.where(none, np.float32(1.0), q_col),
+            greedy=greedy,
             cand_ids=cand_o,
-            cand_scores=np.take_along_axis(probs, order, 1) * (cand_o >= 0),
-            cand_prop=np.take_along_axis(prop, order, 1) * (cand_o >= 0),
+            cand_scores=cand_s,
+            cand_prop=cand_p,
             source_ago=ago,
             source_event=src,
-            margin=margins(cand, probs, col, top),
+            margin=margin,
         )
 
     def choose(self, history: Sequence, current) -> tuple[int, float]:
