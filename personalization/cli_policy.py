@@ -620,6 +620,8 @@ def _train_one(
         vs = report["val_vs_best_baseline"]
         l2 = report.get("start_l2")
         start = f"{report['init']}{f', ridge {l2:g}' if l2 is not None else ''}"
+        kern = report.get("successor_kernel", 0)
+        start += f", successor kernel {kern} per cluster" if kern else ", uniform successors"
         click.echo(
             f"GRU policy {version} -> {path} ({'promoted' if promote else 'not promoted'}"
             f"{': ' + why if why else ''}); {report['train_visits']} train / "

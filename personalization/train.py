@@ -468,6 +468,8 @@ def train_policy(
         sim_norm = np.array([0.0, 1.0], np.float32)
     clusters = intent_clusters(v, train_rows, val_rows, cfg, classifier_rows.shape[0])
     sim = (sim_table, sim_norm, cluster_lookup(dict(clusters)))
+    # successors per cluster of the filter's fitted kernel (0: uniform, none fitted)
+    kernel = int(clusters["cluster_succ"].shape[1]) if "cluster_succ" in clusters else 0
     if cfg.objective == "dr":
         weights, rep = _train_dr(
             v,
@@ -490,6 +492,7 @@ def train_policy(
             **rep,
             "train_visits": len(train_rows),
             "session_gap_s": v.session_gap_s,
+            "successor_kernel": kernel,
             "val_visits": len(val_rows),
         }
         weights["sim_table"], weights["sim_norm"] = sim_table, sim_norm
@@ -585,6 +588,7 @@ def train_policy(
         **start,
         "train_visits": len(train_rows),
         "session_gap_s": v.session_gap_s,
+        "successor_kernel": kernel,
         "val_visits": len(val_rows),
         "epochs": history,
         "best_epoch": int(history[int(np.argmin([h["val_objective"] for h in history]))]["epoch"]),
