@@ -383,6 +383,37 @@ def _last_pair(ids, scores, mask, ts, block_gap, lookup, starts, e):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def _before_last(
+    ids,
+    scores,
+    mask,
+    starts,
+    kp,
+    lookup,
+    kappa,
+    keep,
+    keep_block,
+    succ,
+    succ_p,
+    rest,
+    E,
+    belief,
+    nb,
+    pred,
+):
+    """One window (ids / scores [K, k], mask / starts [K]): belief <- the filter over all but
+    its last page, pred <- that belief carried over the last step (keep rate kp); returns
+    belief's sum."""
+    K = ids.shape[0]
+    tot = _filter(
+        *(ids[: K - 1], scores[: K - 1], mask[: K - 1], starts[: K - 1]),
+        *(lookup, kappa, keep, keep_block, succ, succ_p, rest, E, belief, nb),
+    )
+    _carry(belief, kp, succ, succ_p, rest, pred)
+    return tot
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def page_prediction(
     ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block, succ, succ_p, rest
 ):
@@ -413,11 +444,10 @@ def page_prediction(
         num = 0.0
         den = 0.0
         if fitted:
-            tot = _filter(
-                *(ids[b, : K - 1], scores[b, : K - 1], mask[b, : K - 1], starts[: K - 1]),
-                *(lookup, kappa, keep, keep_block, succ, succ_p, rest, E, belief, nb),
+            tot = _before_last(
+                *(ids[b], scores[b], mask[b], starts, kp, lookup, kappa, keep, keep_block),
+                *(succ, succ_p, rest, E, belief, nb, pred),
             )
-            _carry(belief, kp, succ, succ_p, rest, pred)
             for j in range(n_cl):
                 lr = 1.0 + kappa[j] * e[j] / tot_e
                 num += pred[j] / tot * lr
@@ -440,16 +470,16 @@ def page_prediction(
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def successor_counts(
-    ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block, succ, succ_p, rest
+    ids, scores, mask, ts, block_gap, lookup, kappa, keep, keep_block, succ, succ_p, rest, T
 ):
     """float64 [n, n]: the expected number of intent moves j -> c between the last two pages of
     the windows page_prediction reads, under the filter with this kernel (uniform where none
-    is given): the belief b from the pages before the last, times the move's probability
-    (1 - keep) T(j, c), times the last page's odds 1 + kappa(c) e(c), normalised per window.
-    One E-step of fitting the kernel to the page sequence (personalization.fit_filter)."""
+    is given; T [n, n] the same kernel dense, features.Successors.dense): the belief b from the
+    pages before the last, times the move's probability (1 - keep) T(j, c), times the last
+    page's odds 1 + kappa(c) e(c), normalised per window. One E-step of fitting the kernel to
+    the page sequence (personalization.fit_filter)."""
     B, K = ids.shape[:2]
     n_cl = kappa.shape[0]
-    fitted = succ.shape[0] == n_cl
     counts = np.zeros((n_cl, n_cl))
     starts = np.zeros(K, np.bool_)
     E = np.zeros((K, n_cl))
@@ -458,23 +488,15 @@ def successor_counts(
     pred = np.zeros(n_cl)
     e = np.zeros(n_cl)
     lr = np.zeros(n_cl)
-    T = np.zeros((n_cl, n_cl))
-    for j in range(n_cl):
-        for c in range(n_cl):
-            T[j, c] = rest[j] / n_cl if fitted else 1.0 / n_cl
-        if fitted:
-            for r in range(succ.shape[1]):
-                T[j, succ[j, r]] += succ_p[j, r]
     for b in range(B):
         tot_e = _last_pair(ids[b], scores[b], mask[b], ts[b], block_gap, lookup, starts, e)
         if tot_e <= 0.0:
             continue
         kp = keep_block if starts[K - 1] else keep
-        _filter(
-            *(ids[b, : K - 1], scores[b, : K - 1], mask[b, : K - 1], starts[: K - 1]),
-            *(lookup, kappa, keep, keep_block, succ, succ_p, rest, E, belief, nb),
+        _before_last(
+            *(ids[b], scores[b], mask[b], starts, kp, lookup, kappa, keep, keep_block),
+            *(succ, succ_p, rest, E, belief, nb, pred),
         )
-        _carry(belief, kp, succ, succ_p, rest, pred)
         z = 0.0
         for c in range(n_cl):
             lr[c] = 1.0 + kappa[c] * e[c] / tot_e

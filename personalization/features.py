@@ -341,7 +341,7 @@ class Clusters:
 
     def successors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(succ, succ_p, rest) as the compiled filter reads them."""
-        return NO_SUCCESSORS if self.kernel is None else self.kernel.arrays()
+        return successor_arrays(self.kernel)
 
 
 @dataclass(frozen=True)
@@ -393,6 +393,11 @@ class Successors:
         if not np.all(np.isfinite(p)) or np.any(p < 0) or np.any(rows > 1 + 1e-5):
             raise ValueError("cluster_succ_p must be probabilities in [0, 1], rows summing to <= 1")
         return cls(ids, p, np.maximum(1.0 - rows, 0.0))
+
+
+def successor_arrays(kernel: Successors | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(succ, succ_p, rest) of a kernel for the compiled filter (NO_SUCCESSORS: uniform)."""
+    return NO_SUCCESSORS if kernel is None else kernel.arrays()
 
 
 def query_lookup(query_cluster: np.ndarray) -> np.ndarray:

@@ -41,7 +41,6 @@ import numpy as np
 from personalization.features import (
     DEFAULT_FIT,
     FIT_KEY,
-    NO_SUCCESSORS,
     FeatureFit,
     Successors,
     cluster_share,
@@ -49,6 +48,7 @@ from personalization.features import (
     query_lookup,
     recency_weights,
     shown_recent,
+    successor_arrays,
 )
 from personalization.gap_valley import gap_valley
 from personalization.visits import VisitLog
@@ -228,10 +228,6 @@ def _filter_fit(theta: np.ndarray, fit: FeatureFit) -> FeatureFit:
     return replace(_kappa_fit(theta[2:], fit), keep=_sig(theta[0]), keep_block=_sig(theta[1]))
 
 
-def _succ(kernel: Successors | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return NO_SUCCESSORS if kernel is None else kernel.arrays()
-
-
 def page_score(
     share: np.ndarray,
     lookup: np.ndarray,
@@ -247,7 +243,7 @@ def page_score(
     kappa = kappa_of_share(share, fit).astype(np.float64)
     s, n = page_prediction(
         *(w.ids, w.scores, w.mask, w.ts, fit.block_gap_s, lookup, kappa),
-        *(fit.keep, fit.keep_block, *_succ(kernel)),
+        *(fit.keep, fit.keep_block, *successor_arrays(kernel)),
     )
     return s / max(n, 1)
 
@@ -301,9 +297,10 @@ def em_successors(
     n = len(share)
     kern: Successors | None = None
     for _ in range(SUCCESSOR_EM_STEPS):
+        T = np.full((n, n), 1.0 / n) if kern is None else kern.dense()
         counts = successor_counts(
             *(pages.ids, pages.scores, pages.mask, pages.ts, fit.block_gap_s, lookup),
-            *(kappa, fit.keep, fit.keep_block, *_succ(kern)),
+            *(kappa, fit.keep, fit.keep_block, *successor_arrays(kern), T),
         )
         kern = project_successors((counts + prior / n) / (counts.sum(1, keepdims=True) + prior))
     assert kern is not None
@@ -347,7 +344,6 @@ def fit_filter_constants(
     va: Windows,
     fit: FeatureFit,
     max_evals: int = MAX_EVALS,
-    kernel: Successors | None = None,
 ) -> FeatureFit:
     """fit with keep, keep_block and kappa_* maximising how well the filter's belief from a
     window's earlier pages predicts the interest of its last page on the validation windows
@@ -356,7 +352,7 @@ def fit_filter_constants(
     sequence is what shows it (the likelihood of the clicks is nearly flat in the keep rates
     and, fitted jointly, drives them to 1 with kappa to its bounds)."""
     res = _nelder_mead(
-        lambda th: -page_score(share, lookup, va, _filter_fit(th, fit), kernel),
+        lambda th: -page_score(share, lookup, va, _filter_fit(th, fit)),
         np.r_[_KEEP0, _KAPPA0],
         np.r_[_KEEP_STEP, _KAPPA_STEP],
         max_evals,
@@ -377,7 +373,7 @@ def filter_mass(
     kappa = kappa_of_share(share, fit).astype(np.float64)
     m, _ = intent_mass(
         *(w.ids, w.scores, w.mask, w.ts, fit.block_gap_s, lookup, kappa),
-        *(fit.keep, fit.keep_block, *_succ(kernel), lookup[w.shown]),
+        *(fit.keep, fit.keep_block, *successor_arrays(kernel), lookup[w.shown]),
     )
     return m
 
