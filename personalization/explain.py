@@ -11,25 +11,40 @@ dashboard's Users page print them.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
 def sources(ids: np.ndarray, mask: np.ndarray, query: np.ndarray) -> np.ndarray:
     """int64 [B] visits ago (0 = the current page, the last slot) of the latest window state
     whose top-k holds `query` [B]; -1 where none does. ids [B,K,k] and mask [B,K] are the
-    right-aligned windows (features.pad_states)."""
-    hit = (np.asarray(ids) == np.asarray(query)[:, None, None]).any(2) & mask
-    ago = np.argmax(hit[:, ::-1], axis=1)
-    return np.where(hit.any(1) & (np.asarray(query) >= 0), ago, -1).astype(np.int64)
+    right-aligned windows (features.pad_states). Compiled: it runs once per served event."""
+    B, K = ids.shape[0], ids.shape[1]
+    out = np.full(B, -1, np.int64)
+    for b in range(B):
+        if query[b] < 0:
+            continue
+        for ago in range(K):
+            t = K - 1 - ago
+            if mask[b, t] and (ids[b, t] == query[b]).any():
+                out[b] = ago
+                break
+    return out
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
 def page_top(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """int64 [B] the best-scored valid id of each row of ids / scores [B,k] (-1 if none)."""
-    ids = np.asarray(ids, np.int64)
-    if ids.shape[1] == 0:
-        return np.full(len(ids), -1, np.int64)
-    j = np.argmax(np.where(ids >= 0, scores, -np.inf), axis=1)
-    top = ids[np.arange(len(ids)), j]
-    return np.where((ids >= 0).any(1), top, -1)
+    """int64 [B] the best-scored valid id of each row of ids / scores [B,k] (-1 if none; the
+    first of equal scores)."""
+    B, k = ids.shape
+    out = np.full(B, -1, np.int64)
+    for b in range(B):
+        best = -np.inf
+        for j in range(k):
+            if ids[b, j] >= 0 and (out[b] < 0 or scores[b, j] > best):
+                out[b] = ids[b, j]
+                best = scores[b, j]
+    return out
 
 
 def margins(cand: np.ndarray, probs: np.ndarray, col: np.ndarray, top: np.ndarray):

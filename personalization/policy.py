@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from personalization import logit_kernel
 from personalization.artifact import PolicyFileError, load_policy
 from personalization.explain import page_top, sources
 from personalization.features import (
@@ -39,6 +40,7 @@ from personalization.window import WINDOW
 
 log = logging.getLogger(__name__)
 
+BACKENDS = ("compiled", "onnx", "numpy")  # GruPolicy.backend: how the logits are computed
 NO_QUERY = -1  # returned (with score 0.0) when the current page has no predicted query
 # Exploration of the served policy (what makes its logs teach a successor): with probability
 # EPSILON the shown query is drawn from softmax(logits / TEMPERATURE) over the same candidates
@@ -161,24 +163,28 @@ class GruPolicy:
     root: Path | None = None
     version: str | None = None
     reload_every_s: float = 5.0
-    backend: str = "onnx"  # "onnx" (ONNX Runtime, the fast path) or "numpy"
+    # "compiled" (logit_kernel, the fast path), "onnx" (ONNX Runtime on the exported graph) or
+    # "numpy" (scoring.candidate_logits, the reference)
+    backend: str = "compiled"
     fallbacks: int = 0  # events answered by the cold-start rule because of bad state
     _session: Any = field(default=None, repr=False)  # onnxruntime.InferenceSession or None
+    _kw: tuple | None = field(default=None, repr=False)  # logit_kernel.kernel_weights
     _next_check: float = field(default=0.0, repr=False)
     refused: dict[str, str] = field(default_factory=dict, repr=False)  # version -> reason
     _ttl: tuple = field(default=(None, 0.0), repr=False)  # (manifest, its ttl_s)
 
     @classmethod
     def load(
-        cls, path: str | Path, reload_every_s: float = 5.0, backend: str = "onnx"
+        cls, path: str | Path, reload_every_s: float = 5.0, backend: str = "compiled"
     ) -> GruPolicy:
         """Load and verify a policy (version dir or registry root); PolicyFileError if corrupt.
 
-        backend "onnx" serves with ONNX Runtime (falls back to numpy if the version has no
-        model.onnx); "numpy" always uses the pure-numpy forward pass.
+        backend "compiled" scores with one compiled call per batch (`logit_kernel`); "onnx"
+        with ONNX Runtime (numpy if the version has no model.onnx); "numpy" with the pure-numpy
+        forward pass. All three give the same logits to float32 rounding.
         """
-        if backend not in ("onnx", "numpy"):
-            raise ValueError(f"backend must be 'onnx' or 'numpy', got {backend!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         vdir, root, version = _resolve(Path(path))
         weights, manifest, onnx_bytes = load_policy(vdir)
         version = version or manifest.get("version") or vdir.name
@@ -192,6 +198,7 @@ class GruPolicy:
             reload_every_s=reload_every_s,
             backend=backend,
             _session=_make_session(onnx_bytes, backend, vdir),
+            _kw=_kernel_weights(weights, backend),
             _next_check=time.monotonic() + reload_every_s,
         )
 
@@ -255,6 +262,7 @@ class GruPolicy:
         try:
             weights, manifest, onnx_bytes = load_policy(vdir)
             sess = _make_session(onnx_bytes, self.backend, vdir)
+            kw = _kernel_weights(weights, self.backend)
         except (PolicyFileError, OSError) as e:
             self.refused[str(version)] = str(e)
             log.error(
@@ -262,7 +270,7 @@ class GruPolicy:
             )
             return False
         self.weights, self.manifest, self.path, self.version = weights, manifest, vdir, version
-        self._session = sess
+        self._session, self._kw = sess, kw
         log.info("GRU policy hot-reloaded: now %s", version)
         return True
 
@@ -335,19 +343,7 @@ class GruPolicy:
             seqs.append(arr)
         if not seqs:
             return out
-        z, ids, scores, mask, ts = pad_states([a[:4] for a in seqs], self.K)
-        batch = build_batch(
-            z,
-            ids,
-            scores,
-            mask,
-            self.weights["log_pop"],
-            ts,
-            self.weights["sim_table"],
-            self.weights["sim_norm"],
-            cluster_lookup(self.weights),
-            pad_shown([a[5] for a in seqs], self.K),
-        )
+        batch = self._window_batch(seqs)[0]
         probs = softmax_masked(self.logits(batch))
         order = np.argsort(-probs, axis=1, kind="stable")
         n_c = batch.cand_mask.sum(1)
@@ -357,7 +353,11 @@ class GruPolicy:
         return out
 
     def logits(self, batch: EventBatch) -> np.ndarray:
-        """Candidate logits [B,C] (-inf on padding) from ONNX Runtime or numpy."""
+        """Candidate logits [B,C] (-inf on padding) by the policy's backend."""
+        if self._kw is not None:
+            return logit_kernel.candidate_logits(
+                self._kw, batch.z, batch.state_mask, batch.cand_ids, batch.cand_mask, batch.feats
+            )
         if self._session is None:
             return candidate_logits(self.weights, batch)
         B, K, _ = batch.z.shape
@@ -423,63 +423,54 @@ class GruPolicy:
             except (AttributeError, TypeError, ValueError):
                 i, sc, ok = np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, bool)
             cold_ids[b], cold_sc[b] = i[ok], sc[ok]
-        C = 1
         if seqs:
-            z, ids, scores, smask, ts = pad_states([a[:4] for a in seqs], self.K)
-            batch = build_batch(
-                z,
-                ids,
-                scores,
-                smask,
-                self.weights["log_pop"],
-                ts,
-                self.weights["sim_table"],
-                self.weights["sim_norm"],
-                cluster_lookup(self.weights),
-                pad_shown([a[5] for a in seqs], self.K),
+            batch, ids, scores, smask = self._window_batch(seqs)
+        if len(rows) == n:  # every event has a window: nothing to merge (batch 1's usual case)
+            cand, logit, mask, none = batch.cand_ids, self.logits(batch), batch.cand_mask, None
+            top = page_top(ids[:, -1], scores[:, -1])
+        else:
+            C = max(
+                [batch.cand_ids.shape[1] if seqs else 1]
+                + [len(x) for x in cold_ids if x is not None]
             )
-            C = batch.cand_ids.shape[1]
-        k_cold = max((len(x) for x in cold_ids if x is not None), default=0)
-        C = max(C, k_cold, 1)
-        cand = np.full((n, C), -1, np.int64)
-        logit = np.full((n, C), -np.inf, np.float32)
-        if seqs:
-            r = np.asarray(rows)
-            cand[r, : batch.cand_ids.shape[1]] = batch.cand_ids
-            logit[r, : batch.cand_ids.shape[1]] = self.logits(batch)
-        for b, ci in enumerate(cold_ids):  # cold rows: at most top-k copies, no per-candidate work
-            if ci is not None and len(ci):
-                cand[b, : len(ci)] = ci
-                logit[b, : len(ci)] = cold_sc[b] * 8.0  # Astec scores as log-odds
-        mask = cand >= 0
-        none = ~mask.any(1)
-        mask[none, 0] = True  # keep the maths finite; these rows show nothing
-        logit[none, 0] = 0.0
-        top = np.full(n, -1, np.int64)  # the page's own top query (explain.margins)
-        for b, ci in enumerate(cold_ids):
-            if ci is not None and len(ci):
-                top[b] = ci[int(np.argmax(cold_sc[b]))]
-        if seqs:
-            top[np.asarray(rows)] = page_top(ids[:, -1], scores[:, -1])
+            cand = np.full((n, C), -1, np.int64)
+            logit = np.full((n, C), -np.inf, np.float32)
+            top = np.full(n, -1, np.int64)  # the page's own top query (explain.margins)
+            if seqs:
+                r = np.asarray(rows)
+                cand[r, : batch.cand_ids.shape[1]] = batch.cand_ids
+                logit[r, : batch.cand_ids.shape[1]] = self.logits(batch)
+                top[r] = page_top(ids[:, -1], scores[:, -1])
+            for b, ci in enumerate(cold_ids):  # cold rows: at most top-k copies
+                if ci is not None and len(ci):
+                    cand[b, : len(ci)] = ci
+                    logit[b, : len(ci)] = cold_sc[b] * 8.0  # Astec scores as log-odds
+                    top[b] = ci[int(np.argmax(cold_sc[b]))]
+            mask = cand >= 0
+            none = ~mask.any(1)
+            mask[none, 0] = True  # keep the maths finite; these rows show nothing
+            logit[none, 0] = 0.0
         # policy.explore and the logged arrays in one compiled pass (serve_kernels)
         col, greedy, p_col, q_col, cand_o, cand_s, cand_p, margin = serve_rows(
             logit, mask, cand, float(epsilon), float(temperature), rng.random(n), top
         )
         q = cand[np.arange(n), col]
-        q[none] = NO_QUERY
+        if none is not None:
+            q[none] = NO_QUERY
+            p_col = np.where(none, np.float32(0.0), p_col)
+            q_col = np.where(none, np.float32(1.0), q_col)
         ago = np.where(q >= 0, 0, -1)  # cold rows: the current page's own queries
         src = [str(getattr(c, "event_id", "")) for c in currents]
         if seqs:
-            r = np.asarray(rows)
-            a = sources(ids, smask, q[r])
-            ago[r] = a
+            a = sources(ids, smask, q[np.asarray(rows)])
             for j, b in enumerate(rows):  # the source state's event id (its window slot)
+                ago[b] = a[j]
                 eids = seqs[j][4]
                 src[b] = eids[len(eids) - 1 - a[j]] if a[j] >= 0 else ""
         return Served(
             query=q,
-            score=np.where(none, np.float32(0.0), p_col),
-            propensity=np.where(none, np.float32(1.0), q_col),
+            score=p_col,
+            propensity=q_col,
             greedy=greedy,
             cand_ids=cand_o,
             cand_scores=cand_s,
@@ -489,11 +480,32 @@ class GruPolicy:
             margin=margin,
         )
 
+    def _window_batch(self, seqs: list[tuple]) -> tuple:
+        """(EventBatch, ids, scores, state mask) of the events' cleaned windows (`_clean`)."""
+        z, ids, scores, smask, ts = pad_states([a[:4] for a in seqs], self.K)
+        batch = build_batch(
+            z,
+            ids,
+            scores,
+            smask,
+            self.weights["log_pop"],
+            ts,
+            self.weights["sim_table"],
+            self.weights["sim_norm"],
+            cluster_lookup(self.weights),
+            pad_shown([a[5] for a in seqs], self.K),
+        )
+        return batch, ids, scores, smask
+
     def choose(self, history: Sequence, current) -> tuple[int, float]:
         """The query to send to the ads pipeline for this visit (history oldest first)."""
         if not history:
             return self._top_of(current)
         return self.choose_batch([history], [current])[0]
+
+
+def _kernel_weights(weights: dict, backend: str) -> tuple | None:
+    return logit_kernel.kernel_weights(weights) if backend == "compiled" else None
 
 
 def _make_session(onnx_bytes: bytes | None, backend: str, vdir: Path):

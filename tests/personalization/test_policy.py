@@ -15,7 +15,7 @@ import pytest
 
 from personalization.artifact import ONNX, WEIGHTS, PolicyFileError
 from personalization.features import cluster_lookup
-from personalization.policy import NO_QUERY, GruPolicy
+from personalization.policy import BACKENDS, NO_QUERY, GruPolicy
 from personalization.train import make_batch, publish, split_rows, train_policy
 from testkit.paths import REPO
 from testkit.policy_data import CFG, state, synthetic_visits, window_states
@@ -99,7 +99,7 @@ def test_choose_batch_equals_choose(registry, world):
     assert np.allclose([s for _, s in single], [s for _, s in batch], atol=1e-6)
 
 
-def test_torch_numpy_onnx_agree(trained, world, registry):
+def test_torch_numpy_onnx_compiled_agree(trained, world, registry):
     import torch
 
     from personalization.features import log_popularity
@@ -132,10 +132,13 @@ def test_torch_numpy_onnx_agree(trained, world, registry):
         ).numpy()
     ln = candidate_logits(dict(weights), b)
     lo = GruPolicy.load(registry[2], backend="onnx").logits(b)
+    lc = GruPolicy.load(registry[2], backend="compiled").logits(b)
     fin = np.isfinite(lt)
     assert (np.isfinite(ln) == fin).all() and (np.isfinite(lo) == fin).all()
+    assert (np.isfinite(lc) == fin).all()
     assert np.abs(lt[fin] - ln[fin]).max() < 1e-4
     assert np.abs(lo[fin] - ln[fin]).max() < 1e-4
+    assert np.abs(lc[fin] - ln[fin]).max() < 1e-4
     assert log_popularity(np.array([0, 1, 3])).max() == pytest.approx(1.0)
 
 
@@ -155,7 +158,7 @@ def test_without_recurrence_the_history_reaches_the_policy_only_through_its_feat
     _, path = publish(tmp_path / "off", w_off, cfg, {"engine_version": "synthetic", "train": rep})
     _, path_on = publish(tmp_path / "on", trained[0], CFG, {"engine_version": "synthetic"})
     for p, moves in ((path, False), (path_on, True)):
-        for backend in ("onnx", "numpy"):
+        for backend in BACKENDS:
             pol = GruPolicy.load(p, backend=backend)
             b = make_batch(
                 v,
@@ -283,7 +286,7 @@ def test_serving_never_imports_torch(registry, world):
         from personalization.state import UserState
         z, ids, sc = {z!r}, {ids!r}, {sc!r}
         st = [UserState(f"e{{i}}", 1.7e9 + i, 1, 2, z[i], ids[i], sc[i]) for i in range(3)]
-        for backend in ("onnx", "numpy"):
+        for backend in ("compiled", "onnx", "numpy"):
             p = GruPolicy.load({str(registry[0])!r}, backend=backend)
             q, s = p.choose(st[:2], st[2])
             assert q in ids[0] + ids[1] + ids[2], q

@@ -44,3 +44,27 @@ def test_serve_rows_equal_their_numpy_definition(epsilon, temperature):
     np.testing.assert_allclose(margin, margins(cand, probs_ref, col, top), atol=1e-6)
     assert np.isnan(margin[9]) and np.isnan(margin[5])
     np.testing.assert_allclose(cp.sum(1)[~(cand < 0).all(1)], 1.0, atol=1e-5)
+
+
+def test_page_top_and_sources_follow_their_definitions():
+    from personalization.explain import page_top, sources
+
+    rng = np.random.default_rng(4)
+    B, K, k = 300, 5, 4
+    ids = rng.integers(-1, 30, (B, K, k)).astype(np.int64)
+    sc = rng.choice(np.float32([0.1, 0.2, 0.3]), (B, K, k))  # ties: the first one wins
+    mask = np.arange(K)[None, :] >= rng.integers(0, K, B)[:, None]
+    q = np.where(rng.random(B) < 0.9, ids[:, -1, 0], -1)
+    q[:20] = 99  # in no window
+    top = page_top(ids[:, -1], sc[:, -1])
+    ago = sources(ids, mask, q)
+    for b in range(B):
+        valid = [j for j in range(k) if ids[b, -1, j] >= 0]
+        want = -1
+        if valid:
+            want = ids[b, -1, max(valid, key=lambda j: (sc[b, -1, j], -j))]
+        assert top[b] == want
+        hits = [
+            a for a in range(K) if mask[b, K - 1 - a] and q[b] >= 0 and q[b] in ids[b, K - 1 - a]
+        ]
+        assert ago[b] == (hits[0] if hits else -1)

@@ -219,7 +219,7 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
     bench = json.loads(
         astec("bench", "gru", "--policy", str(vdir), "--events", "200", "--batch", "1,32")
     )
-    assert {r["backend"] for r in bench["results"]} == {"onnx", "numpy"}
+    assert {r["backend"] for r in bench["results"]} == {"compiled", "onnx", "numpy"}
     assert all(r["mean_us"] > 0 for r in bench["results"])
     assert os.path.isdir(vdir)
 
