@@ -35,7 +35,7 @@ from personalization.features import (
 )
 from personalization.scoring import candidate_logits, softmax_masked
 from personalization.serve_kernels import serve_rows
-from personalization.state import serving_window
+from personalization.state import UserState, serving_window
 from personalization.window import WINDOW
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class GruPolicy:
         weights, manifest, onnx_bytes = load_policy(vdir)
         version = version or manifest.get("version") or vdir.name
         log.info("GRU policy %s loaded from %s", version, vdir)
-        return cls(
+        pol = cls(
             weights=weights,
             manifest=manifest,
             path=vdir,
@@ -201,6 +201,18 @@ class GruPolicy:
             _kw=_kernel_weights(weights, backend),
             _next_check=time.monotonic() + reload_every_s,
         )
+        pol.warm()
+        return pol
+
+    def warm(self) -> None:
+        """Compile (or load from numba's cache) every kernel serving uses, on one synthetic
+        two-visit window, before the first real event: on a fresh install they compile for
+        ~10-20 s, which on a consumer's poll thread would outlast its max.poll.interval."""
+        k = min(10, self.n_labels)
+        ids, sc = np.arange(k), np.linspace(1.0, 0.1, k, dtype=np.float32)
+        z = np.zeros(self.feature_dim, np.float16)
+        a, b = (UserState(f"warm-{i}", 1.0 + i, 0, 0, z, ids, sc) for i in range(2))
+        self.serve_batch([[a]], [b], rng=np.random.default_rng(0))
 
     @property
     def K(self) -> int:

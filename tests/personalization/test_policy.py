@@ -349,3 +349,28 @@ def test_serving_cold_start_and_empty_pages_with_exploration(registry, world):
     assert sorted(sv.cand_ids[0][sv.cand_ids[0] >= 0].tolist()) == [2, 7, 9]
     sv = pol.serve_batch([[]] * 2000, [cur] * 2000, epsilon=0.5, rng=np.random.default_rng(1))
     assert set(sv.query.tolist()) == {2, 7, 9} and np.isclose(sv.cand_prop[0].sum(), 1.0)
+
+
+def test_loading_compiles_every_serving_kernel_before_the_first_event(registry):
+    """A consumer's first event must not wait for numba (seconds on a fresh install, past its
+    max.poll.interval): load() has compiled or cache-loaded every kernel serving calls."""
+    code = textwrap.dedent(f"""
+        from personalization import explain, feature_kernels, logit_kernel, serve_kernels
+        from personalization.policy import GruPolicy
+        kernels = (logit_kernel.logits, serve_kernels.serve_rows, feature_kernels.features,
+                   explain.page_top, explain.sources)
+        assert not any(k.signatures for k in kernels)
+        p = GruPolicy.load({str(registry[0])!r})
+        assert all(k.signatures for k in kernels), [k for k in kernels if not k.signatures]
+        assert p.fallbacks == 0
+        print("ok")
+    """)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
