@@ -93,12 +93,12 @@ def recent_users(client: redis.Redis, prefix: str, limit: int = 50) -> list[str]
 
 
 def load_policy(policy_dir: Path | None):
-    """personalization.policy.GruPolicy from `policy_dir` (numpy backend), or None if absent."""
+    """personalization.policy.GruPolicy from `policy_dir`, or None if absent."""
     if policy_dir is None or not Path(policy_dir).exists():
         return None
     from personalization.policy import GruPolicy
 
-    return GruPolicy.load(policy_dir, backend="numpy")
+    return GruPolicy.load(policy_dir)
 
 
 def chosen_queries(states: list[UserState], policy=None) -> list[tuple[int, float]]:

@@ -317,7 +317,7 @@ def run_loop(
             str(policy_dir), predictor.num_labels, WINDOW.K
         )
     else:
-        policy = GruPolicy.load(policy_dir, backend="numpy")
+        policy = GruPolicy.load(policy_dir)
     rng = np.random.default_rng(seed)
     cfg = train_cfg or TrainConfig(
         K=policy.K, seed=seed, rows_per_epoch=30_000, epochs=2, objective="dr"
@@ -410,7 +410,7 @@ def run_loop(
         echo(json.dumps(rec))
         results.append(rec)
         if ok:
-            policy = GruPolicy.load(path, backend="numpy")
+            policy = GruPolicy.load(path)
     (out / "loop.json").write_text(json.dumps(results, indent=1) + "\n")
     return results
 
