@@ -437,7 +437,7 @@ class GruPolicy:
             cold_ids[b], cold_sc[b] = i[ok], sc[ok]
         if seqs:
             batch, ids, scores, smask = self._window_batch(seqs)
-        if len(rows) == n:  # every event has a window: nothing to merge (batch 1's usual case)
+        if seqs and len(rows) == n:  # every event has a window: nothing to merge (batch 1's case)
             cand, logit, mask, none = batch.cand_ids, self.logits(batch), batch.cand_mask, None
             top = page_top(ids[:, -1], scores[:, -1])
         else:

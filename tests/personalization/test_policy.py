@@ -374,3 +374,8 @@ def test_loading_compiles_every_serving_kernel_before_the_first_event(registry):
         check=False,
     )
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_an_empty_batch_serves_nothing(registry):
+    s = GruPolicy.load(registry[0]).serve_batch([], [])
+    assert s.query.shape == (0,) and s.cand_ids.shape[0] == 0 and s.source_event == []
