@@ -41,6 +41,9 @@ from personalization.window import WINDOW
 log = logging.getLogger(__name__)
 
 BACKENDS = ("compiled", "onnx", "numpy")  # GruPolicy.backend: how the logits are computed
+# An engine's scores lie in [0, 1 + label_text_weight] and that weight is at most 1e3 (the
+# predictor's config check): a stored score beyond this, or NaN, is a corrupt record
+MAX_ABS_SCORE = 1e6
 NO_QUERY = -1  # returned (with score 0.0) when the current page has no predicted query
 # Exploration of the served policy (what makes its logs teach a successor): with probability
 # EPSILON the shown query is drawn from softmax(logits / TEMPERATURE) over the same candidates
@@ -322,7 +325,17 @@ class GruPolicy:
         I[(I < 0) | (I >= self.n_labels)] = -1
         sh = np.array(shown, np.int64)
         sh[(sh < 0) | (sh >= self.n_labels)] = -1
-        return np.array(zs, np.float32), I, S, np.array(tss, np.float64), eids, sh
+        Z, T = np.array(zs, np.float32), np.array(tss, np.float64)
+        # a state with a NaN or infinite feature or a score no predictor gives (a corrupt record)
+        # is dropped like one of the wrong size (NaN and inf survive the feature sums)
+        ok = np.isfinite(Z.sum(1)) & (np.abs(S).max(1) <= MAX_ABS_SCORE)
+        if not ok.all():
+            if not ok[-1]:
+                return None
+            keep = np.flatnonzero(ok)
+            Z, I, S, T, sh = Z[keep], I[keep], S[keep], T[keep], sh[keep]
+            eids = [eids[j] for j in keep]
+        return Z, I, S, T, eids, sh
 
     @staticmethod
     def _top_of(state) -> tuple[int, float]:
@@ -332,8 +345,11 @@ class GruPolicy:
             return NO_QUERY, 0.0
         if ids.size == 0:
             return NO_QUERY, 0.0
-        j = int(np.argmax(sc)) if sc.shape == ids.shape else 0
-        return int(ids[j]), float(sc[j]) if sc.shape == ids.shape else 0.0
+        if sc.shape != ids.shape:
+            return int(ids[0]), 0.0
+        fin = np.abs(sc) <= MAX_ABS_SCORE  # a corrupt score ranks nothing, is never reported
+        j = int(np.argmax(np.where(fin, sc, -np.inf))) if fin.any() else 0
+        return int(ids[j]), float(sc[j]) if fin[j] else 0.0
 
     def rank_batch(
         self, histories: Sequence[Sequence], currents: Sequence
@@ -431,7 +447,11 @@ class GruPolicy:
                 continue
             try:
                 _, i, sc = state_arrays(cur)
-                ok = (i >= 0) & (i < self.n_labels) if sc.shape == i.shape else i < -1
+                ok = (
+                    (i >= 0) & (i < self.n_labels) & np.isfinite(sc)
+                    if sc.shape == i.shape
+                    else i < -1
+                )
             except (AttributeError, TypeError, ValueError):
                 i, sc, ok = np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, bool)
             cold_ids[b], cold_sc[b] = i[ok], sc[ok]

@@ -379,3 +379,47 @@ def test_loading_compiles_every_serving_kernel_before_the_first_event(registry):
 def test_an_empty_batch_serves_nothing(registry):
     s = GruPolicy.load(registry[0]).serve_batch([], [])
     assert s.query.shape == (0,) and s.cand_ids.shape[0] == 0 and s.source_event == []
+
+
+def test_garbage_states_never_stop_serving(registry, world):
+    """The compiled kernels run without bounds checks: whatever a stored state holds (ids out
+    of range or negative, NaN / inf features, scores and times, lengths that disagree, shown
+    ids from nowhere, objects that are not states), a batch is served with a query from its
+    events' own pages or none, and valid probabilities."""
+    v = world[0]
+    pol = GruPolicy.load(registry[0])
+    rng = np.random.default_rng(7)
+    D, L = pol.feature_dim, pol.n_labels
+    weird = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 0.0, 1.0])
+
+    def junk(i):
+        kind = rng.integers(8)
+        k = int(rng.integers(0, 12))
+        ids = rng.integers(-(10**9), 10**9, k) if kind == 0 else rng.integers(-2, L + 3, k)
+        z = v.Z[rng.integers(len(v.Z))].astype(float)
+        if kind == 1:
+            z = rng.choice(weird, D)
+        if kind == 2:
+            z = np.zeros(int(rng.integers(0, 2 * D)))
+        sc = rng.choice(weird, k) if kind == 3 else rng.random(k)
+        ts = float(rng.choice(weird)) if kind == 4 else 1.7e9 + 30 * i
+        if kind == 5:
+            return object()
+        s = state(i, z, ids, sc, ts)
+        if kind == 6:
+            s.shown = int(rng.integers(-(10**9), 10**9))
+        if kind == 7:
+            s.ts = "not a time"
+        return s
+
+    for _ in range(150):
+        n = int(rng.integers(1, 6))
+        hists = [[junk(j) for j in range(int(rng.integers(0, 12)))] for _ in range(n)]
+        curs = [junk(99) for _ in range(n)]
+        served = pol.serve_batch(hists, curs, rng=rng)
+        for b, cur in enumerate(curs):
+            q = int(served.query[b])
+            pages = [s for s in [*hists[b], cur] if hasattr(s, "query_ids")]
+            assert q == NO_QUERY or any(q in s.query_ids for s in pages), q
+            assert 0 <= q < L or q == NO_QUERY
+            assert 0.0 <= served.propensity[b] <= 1.0 and np.isfinite(served.propensity[b])
