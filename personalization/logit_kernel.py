@@ -106,7 +106,7 @@ def logits(
             _matvec(uw, h, ub, u)
             for q in range(Q):
                 u[q] = math.tanh(u[q])
-        if dense:  # the scorer's hidden layer for every candidate: one BLAS product
+            # the scorer's hidden layer for every candidate: one BLAS product
             for c in range(C):
                 X[c, :F] = feats[b, c]
                 qid = cand_ids[b, c] if cand_mask[b, c] else 0

@@ -293,15 +293,20 @@ def test_serving_never_imports_torch(registry, world):
         assert "torch" not in sys.modules, "serving imported torch"
         print("ok")
     """)
-    res = subprocess.run(
+    res = _fresh_python(code, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def _fresh_python(code: str, timeout: float) -> subprocess.CompletedProcess:
+    """`code` run by a new interpreter in the repository (nothing imported or compiled yet)."""
+    return subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
-    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
 
 
 def test_time_split_holds_out_later_sessions(world):
@@ -365,14 +370,7 @@ def test_loading_compiles_every_serving_kernel_before_the_first_event(registry):
         assert p.fallbacks == 0
         print("ok")
     """)
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    res = _fresh_python(code, timeout=300)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
 
 
