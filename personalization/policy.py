@@ -328,7 +328,7 @@ class GruPolicy:
         Z, T = np.array(zs, np.float32), np.array(tss, np.float64)
         # a state with a NaN or infinite feature or a score no predictor gives (a corrupt record)
         # is dropped like one of the wrong size (NaN and inf survive the feature sums)
-        ok = np.isfinite(Z.sum(1)) & (np.abs(S).max(1) <= MAX_ABS_SCORE)
+        ok = np.isfinite(Z.sum(1)) & _sane(S).all(1)
         if not ok.all():
             if not ok[-1]:
                 return None
@@ -347,7 +347,7 @@ class GruPolicy:
             return NO_QUERY, 0.0
         if sc.shape != ids.shape:
             return int(ids[0]), 0.0
-        fin = np.abs(sc) <= MAX_ABS_SCORE  # a corrupt score ranks nothing, is never reported
+        fin = _sane(sc)  # a corrupt score ranks nothing, is never reported
         j = int(np.argmax(np.where(fin, sc, -np.inf))) if fin.any() else 0
         return int(ids[j]), float(sc[j]) if fin[j] else 0.0
 
@@ -447,11 +447,7 @@ class GruPolicy:
                 continue
             try:
                 _, i, sc = state_arrays(cur)
-                ok = (
-                    (i >= 0) & (i < self.n_labels) & np.isfinite(sc)
-                    if sc.shape == i.shape
-                    else i < -1
-                )
+                ok = (i >= 0) & (i < self.n_labels) & _sane(sc) if sc.shape == i.shape else i < -1
             except (AttributeError, TypeError, ValueError):
                 i, sc, ok = np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, bool)
             cold_ids[b], cold_sc[b] = i[ok], sc[ok]
@@ -534,6 +530,11 @@ class GruPolicy:
         if not history:
             return self._top_of(current)
         return self.choose_batch([history], [current])[0]
+
+
+def _sane(scores: np.ndarray) -> np.ndarray:
+    """bool, per score: one a predictor can give (not NaN, |s| <= MAX_ABS_SCORE)."""
+    return np.abs(scores) <= MAX_ABS_SCORE
 
 
 def _kernel_weights(weights: dict, backend: str) -> tuple | None:
