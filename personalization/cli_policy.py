@@ -219,7 +219,8 @@ def print_value(val: dict) -> None:
                 f"as served (actual_ctr column is the greedy choice's): gru / best baseline "
                 f"({val['served_best_baseline']}) = {t['served_ratio_vs_best']:.3f}, paired "
                 f"lower bound {t['served_paired_lo_vs_best']:+.4f}; headroom knows_intent / "
-                f"best = {t.get('headroom', float('nan')):.3f}"
+                f"best = {t.get('headroom', float('nan')):.3f}, bayes_window / best = "
+                f"{t.get('window_headroom', float('nan')):.3f}"
             )
 
 

@@ -579,6 +579,10 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
             out["targets"]["headroom"] = pol["knows_intent"]["actual_ctr"] / max(
                 pol[best]["actual_ctr"], 1e-12
             )
+        if "bayes_window" in pol:  # what seeing the window's true page sub-topics would earn
+            out["targets"]["window_headroom"] = pol["bayes_window"]["actual_ctr"] / max(
+                pol[best]["actual_ctr"], 1e-12
+            )
     return out
 
 

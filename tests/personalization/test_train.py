@@ -204,6 +204,10 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
         *strong,
     }
     assert "actual_ctr" in out and "DR" in out and "targets:" in out
+    # both bounds are read against the best baseline by greedy CTR
+    t, best = rep["value"]["targets"], val[rep["value"]["best_baseline"]]["actual_ctr"]
+    assert t["headroom"] == pytest.approx(val["knows_intent"]["actual_ctr"] / best)
+    assert t["window_headroom"] == pytest.approx(val["bayes_window"]["actual_ctr"] / best)
     # the Bayes posterior with the world's true parameters bounds every policy on intent hit
     for p in ("gru", "top1", "most_frequent", "popularity", "sim_rank"):
         assert m["oracle"]["intent_hit"] >= m[p]["intent_hit"], (p, m)
