@@ -10,7 +10,9 @@ the logs (the sessions before the evaluation's split):
   intent_rule       the fixed hand rule intent_mass + 0.05 score_current
 
 Each gives a ranking key over the batch's candidates; the evaluation applies the same cold-start
-rule to every one (a visit without history gets the current page's top query).
+rule to every one (a visit without history gets the current page's top query). `knn_val` is the
+session-kNN fitted without the validation carve-out: a key judged on those sessions must not
+have read their clicks (personalization.evaluate.explore_scales).
 """
 
 from __future__ import annotations
@@ -32,13 +34,24 @@ class Baselines:
     fitted: np.ndarray  # [N_FEATURES] weights (intent columns 0)
     fitted_bias: float
     intent: np.ndarray  # [N_FEATURES] weights of the hand rule
+    knn_val: sknn.SessionKNN | None = None  # the chosen configuration on the fit sessions only
     report: dict = field(default_factory=dict)
 
-    def keys(self, b: EventBatch, v: VisitLog, rows: np.ndarray, K: int, ttl_s: float) -> dict:
-        """Ranking keys [B, C] (higher = better) of NAMES."""
+    def keys(
+        self,
+        b: EventBatch,
+        v: VisitLog,
+        rows: np.ndarray,
+        K: int,
+        ttl_s: float,
+        validation: bool = False,
+    ) -> dict:
+        """Ranking keys [B, C] (higher = better) of NAMES (validation: session-kNN's from
+        knn_val, for rows of the validation carve-out)."""
         tie = 1e-6 * b.feats[..., F["mean_score_window"]]
+        knn = self.knn_val if validation and self.knn_val is not None else self.knn
         return {
-            "session_knn": sknn.scores(self.knn, v, rows, b.cand_ids, K, ttl_s) + tie,
+            "session_knn": sknn.scores(knn, v, rows, b.cand_ids, K, ttl_s) + tie,
             "fitted_no_intent": b.feats @ self.fitted + self.fitted_bias,
             "intent_rule": b.feats @ self.intent,
         }
@@ -64,16 +77,26 @@ def _greedy(key: np.ndarray, b: EventBatch) -> np.ndarray:
     return np.where(b.cand_mask.any(1), b.cand_ids[np.arange(len(col)), col], -1)
 
 
-def fit_session_knn(
-    policy, v: VisitLog, train_rows: np.ndarray, K: int, ttl_s: float, log_pop, val_frac=0.2
-) -> tuple[sknn.SessionKNN, dict]:
-    """V-SKNN with the configuration that earns the most logged IPS CTR on the latest
-    `val_frac` of the training sessions, refitted on all of them."""
+VAL_FRAC = 0.2  # the validation carve-out: the latest share of the training sessions
+
+
+def carve_out(v: VisitLog, train_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fit rows, validation rows): the training visits split at the start time below which
+    1 - VAL_FRAC of them start."""
     from personalization.train import session_start_ts
 
     start = session_start_ts(v)[train_rows]
-    cut = np.quantile(start, 1.0 - val_frac) if len(start) else 0.0
-    fit_rows, val_rows = train_rows[start < cut], train_rows[start >= cut]
+    cut = np.quantile(start, 1.0 - VAL_FRAC) if len(start) else 0.0
+    return train_rows[start < cut], train_rows[start >= cut]
+
+
+def fit_session_knn(
+    policy, v: VisitLog, train_rows: np.ndarray, K: int, ttl_s: float, log_pop
+) -> tuple[sknn.SessionKNN, sknn.SessionKNN, dict]:
+    """V-SKNN with the configuration that earns the most logged IPS CTR on the validation
+    carve-out (carve_out), refitted on all the training sessions; and that configuration on
+    the fit sessions alone."""
+    fit_rows, val_rows = carve_out(v, train_rows)
     batches = list(_batches(policy, v, val_rows, K, ttl_s, log_pop))
     grid = {}
     for k in sknn.GRID_K:
@@ -92,6 +115,7 @@ def fit_session_knn(
                 grid[(k, decay, cw)] = sknn.ips_ctr(v, val_rows, ch)
     best = max(grid, key=lambda c: grid[c])
     model = sknn.build(v, train_rows, *best)
+    model_val = sknn.build(v, fit_rows, *best)
     rep = {
         "chosen": model.config(),
         "validation_visits": len(val_rows),
@@ -99,7 +123,7 @@ def fit_session_knn(
             f"k={c[0]} {c[1]} click={c[2]:g}": round(x, 5) for c, x in grid.items()
         },
     }
-    return model, rep
+    return model, model_val, rep
 
 
 def fit_no_intent(
@@ -128,6 +152,6 @@ def fit_baselines(
     """Every strong baseline from the training visits `train_rows` (never the evaluated ones)."""
     from personalization.train import intent_rank_weights
 
-    knn, rep = fit_session_knn(policy, v, train_rows, K, ttl_s, log_pop)
+    knn, knn_val, rep = fit_session_knn(policy, v, train_rows, K, ttl_s, log_pop)
     w, bias = fit_no_intent(policy, v, train_rows, K, ttl_s, log_pop)
-    return Baselines(knn, w, bias, intent_rank_weights(), {"session_knn": rep})
+    return Baselines(knn, w, bias, intent_rank_weights(), knn_val, {"session_knn": rep})

@@ -114,7 +114,13 @@ def run_evaluation(
 ) -> dict:
     """Evaluate on the held-out sessions; returns the JSON-able report. Raises
     personalization.evaluate.OverlapError if the policy read any of those sessions."""
-    from personalization.evaluate import check_held_out, evaluate_policies, summarize, value_summary
+    from personalization.evaluate import (
+        check_held_out,
+        evaluate_policies,
+        explore_scales,
+        summarize,
+        value_summary,
+    )
     from personalization.train import split_rows
 
     train_rows, rows, t_split = split_rows(v, val_frac)
@@ -122,6 +128,7 @@ def run_evaluation(
     from personalization.baselines import fit_baselines
 
     strong = fit_baselines(policy, v, train_rows, policy.K, policy.ttl_s, policy.weights["log_pop"])
+    scales = explore_scales(policy, v, train_rows, policy.weights["log_pop"], strong)
     res = evaluate_policies(
         policy,
         v,
@@ -134,6 +141,7 @@ def run_evaluation(
         oracle=oracle,
         judge=judge,
         baselines=strong,
+        scales=scales,
     )
     out = {
         "held_out_visits": res.n_visits,
@@ -144,6 +152,7 @@ def run_evaluation(
         "metrics": res.metrics,
         "lift": {},
         "baselines": strong.report,
+        "explore_scales": scales,
     }
     for metric in ("intent_hit", "click_hit", "ips_ctr"):
         s = summarize(res, metric) if metric in res.per_visit["gru"] else {}

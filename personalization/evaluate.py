@@ -18,9 +18,11 @@ Metrics (per visit, then averaged):
                  epsilon-greedy impressions (0 credit when the logger never showed the choice)
   actual_ctr     (simulated logs) the exact click probability of the greedy choice
   served_ctr     (simulated logs) the expected click probability as served: the epsilon-mixture
-                 of the greedy choice and the softmax of the policy's key (logits; a baseline's
-                 ranking key) at the stream's exploration (personalization.policy.EPSILON,
-                 TEMPERATURE), cold-start visits exploring over 8 x score_current like the GRU
+                 of the greedy choice and the softmax of the policy's key at the stream's
+                 exploration (personalization.policy.EPSILON, TEMPERATURE), cold-start visits
+                 exploring over 8 x score_current like the GRU. The GRU's key is its logits,
+                 click log-odds; a baseline's ranking key is put on the same scale first
+                 (explore_scales), or its exploration would depend on the key's arbitrary unit
 With strong baselines (personalization.baselines, fitted on the training period only):
 session_knn, fitted_no_intent and intent_rule are baselines beside the four.
 With a scenario that tires users (ad fatigue), each policy's choices tire its own users: a
@@ -169,6 +171,46 @@ def sim_rank_key(b: EventBatch, sim_norm: np.ndarray) -> np.ndarray:
     return b.feats @ sim_rank_weights(sim_norm)
 
 
+def explore_scales(
+    policy, v: VisitLog, train_rows: np.ndarray, log_pop, baselines=None, n: int = 20_000
+) -> dict[str, float]:
+    """{baseline: the scale that turns its ranking key into click log-odds}: a logistic fit
+    of the logged clicks on the key of the shown query (personalization.train
+    calibrate_ranking) over up to n visits with history of the training period's validation
+    carve-out (personalization.baselines.carve_out, where session-kNN has not read the
+    clicks). Served, a baseline then explores as the GRU does with its logits: by what a
+    candidate's key says about its click odds. A key whose fitted slope is negative explores
+    uniformly (scale 0), never towards the candidates it ranks last."""
+    from personalization.baselines import carve_out
+    from personalization.train import calibrate_ranking, make_batch
+
+    K, ttl_s, w = policy.K, policy.ttl_s, policy.weights
+    _, val = carve_out(v, train_rows)
+    _, mask = v.window(val, 2, ttl_s)
+    val = val[mask[:, 0] & (v.shown[val] >= 0)]
+    r_all = np.sort(np.random.default_rng(0).choice(val, min(n, len(val)), replace=False))
+    at: dict[str, list[np.ndarray]] = {}
+    ys = []
+    for a in range(0, len(r_all), 4096):
+        r = r_all[a : a + 4096]
+        b = make_batch(v, r, K, ttl_s, log_pop, w["sim_table"], w["sim_norm"], cluster_lookup(w))
+        keys = baseline_keys(b) | {"sim_rank": sim_rank_key(b, w["sim_norm"])}
+        if baselines is not None:
+            keys |= baselines.keys(b, v, r, K, ttl_s, validation=True)
+        eq = (b.cand_ids == v.shown[r][:, None]) & b.cand_mask
+        has = np.flatnonzero(eq.any(1))
+        col = eq[has].argmax(1)
+        for name, key in keys.items():
+            at.setdefault(name, []).append(key[has, col])
+        ys.append(v.clicked[r][has].astype(np.float64))
+    y = np.concatenate(ys) if ys else np.zeros(0)
+    out = {}
+    for name, parts in at.items():
+        scale, _ = calibrate_ranking(np.concatenate(parts)[:, None], y, np.ones(1))
+        out[name] = max(float(scale), 0.0)
+    return out
+
+
 def _ranks(key: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Candidate order [B,C] best first (padding last)."""
     return np.argsort(-np.where(mask, key, -np.inf), axis=1, kind="stable")
@@ -212,11 +254,13 @@ def evaluate_policies(
     judge=None,
     baselines=None,
     exploration: tuple[float, float] | None = None,
+    scales: dict[str, float] | None = None,
 ) -> EvalResult:
     """Score every policy on the visits `rows` (see the module docstring for the metrics);
     plus the REFERENCES rows and, with `oracle` (personalization.oracle.OracleModel), the
     ORACLES rows; with `baselines` (personalization.baselines.Baselines) STRONG_BASELINES.
-    `exploration` (epsilon, temperature) of the served CTR: default the stream's."""
+    `exploration` (epsilon, temperature) of the served CTR: default the stream's; `scales`
+    (explore_scales) multiply a baseline's key before its softmax (1 where not given)."""
     from personalization.oracle import oracle_keys
     from personalization.policy import EPSILON, TEMPERATURE
     from personalization.scoring import softmax_masked
@@ -300,7 +344,8 @@ def evaluate_policies(
             p_true = judge.p_click(r, b.cand_ids)
             cand_all.append(b.cand_ids)
             for name in served_names:
-                soft_p[name].append(_explore_part(keys[name], b, cold, temp) * p_true)
+                lg = keys[name] if name == "gru" else (scales or {}).get(name, 1.0) * keys[name]
+                soft_p[name].append(_explore_part(lg, b, cold, temp) * p_true)
             orders["knows_intent"] = ranked_or_top1(
                 np.where(b.cand_mask, p_true, -1.0) + 1e-6 * b.feats[..., F["mean_score_window"]]
             )

@@ -108,22 +108,61 @@ class TopicJudge:
         return np.full((len(rows), int(self.q_topic.max()) + 1), 1.0)
 
 
-def _evaluate(data, exploration, fatigue=(0, 1.0)):
-    from personalization.evaluate import Truth, evaluate_policies
-
-    v, q_topic, intent, train, test = data
-    policy = SimpleNamespace(
+def _policy():
+    return SimpleNamespace(
+        K=K,
+        ttl_s=TTL,
         weights={"sim_table": None, "sim_norm": np.array([0.0, 1.0], np.float32)},
         logits=lambda b: 3.0 * b.feats[..., F["score_current"]],
     )
+
+
+def _evaluate(data, exploration, fatigue=(0, 1.0), base=None, scales=None):
+    from personalization.evaluate import Truth, evaluate_policies
+
+    v, q_topic, intent, train, test = data
+    policy = _policy()
     log_pop = np.zeros(v.n_labels, np.float32)
-    base = fit_baselines(policy, v, train, K, TTL, log_pop)
+    base = base or fit_baselines(policy, v, train, K, TTL, log_pop)
     truth = Truth({f"s{i}": int(x) for i, x in enumerate(intent)}, q_topic)
     judge = TopicJudge(v, q_topic, intent, fatigue)
     return evaluate_policies(
         policy, v, test, log_pop, K, TTL, truth, progress=False, judge=judge,
-        baselines=base, exploration=exploration,
+        baselines=base, exploration=exploration, scales=scales,
     )  # fmt: skip
+
+
+def test_a_baselines_exploration_does_not_depend_on_its_keys_unit(data):
+    """Served, a baseline explores by its key put on the click log-odds scale: votes counted
+    in hundreds serve the same CTR."""
+    import dataclasses
+
+    from personalization.evaluate import explore_scales
+
+    v, _, _, train, _ = data
+    log_pop = np.zeros(v.n_labels, np.float32)
+    base = fit_baselines(_policy(), v, train, K, TTL, log_pop)
+    small = dataclasses.replace(
+        base,
+        knn=dataclasses.replace(base.knn, M=base.knn.M * 0.01),
+        knn_val=dataclasses.replace(base.knn_val, M=base.knn_val.M * 0.01),
+    )
+    sc, sc_small = (explore_scales(_policy(), v, train, log_pop, b) for b in (base, small))
+    assert sc["session_knn"] > 0
+    assert sc_small["session_knn"] == pytest.approx(sc["session_knn"] * 100.0, rel=1e-3)
+    # a key that rises with the click odds explores towards its best candidates
+    assert sc["fitted_no_intent"] == pytest.approx(1.0, abs=0.3)  # already log-odds
+    served = [
+        _evaluate(data, (1.0, 1.0), base=b, scales=s).metrics["session_knn"]["served_ctr"]
+        for b, s in ((base, sc), (small, sc_small))
+    ]
+    assert served[0] == pytest.approx(served[1], rel=1e-6)
+    # without the scale the unit decides: votes / 100 explore almost uniformly
+    raw = [
+        _evaluate(data, (1.0, 1.0), base=b).metrics["session_knn"]["served_ctr"]
+        for b in (base, small)
+    ]
+    assert abs(raw[0] - raw[1]) > 1e-3
 
 
 def test_served_ctr_is_the_greedy_one_without_exploration_and_pays_for_exploring(data):
