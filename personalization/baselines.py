@@ -98,7 +98,9 @@ def fit_session_knn(
     the fit sessions alone."""
     fit_rows, val_rows = carve_out(v, train_rows)
     batches = list(_batches(policy, v, val_rows, K, ttl_s, log_pop))
-    grid = {}
+    grid: dict[tuple, float] = {}
+    best: tuple | None = None  # the first configuration with the highest CTR, as max()
+    model_val: sknn.SessionKNN | None = None
     for k in sknn.GRID_K:
         for decay in sknn.GRID_DECAY:
             for cw in sknn.GRID_CLICK:
@@ -113,9 +115,10 @@ def fit_session_knn(
                 ]
                 ch = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
                 grid[(k, decay, cw)] = sknn.ips_ctr(v, val_rows, ch)
-    best = max(grid, key=lambda c: grid[c])
+                if best is None or grid[(k, decay, cw)] > grid[best]:
+                    best, model_val = (k, decay, cw), model
+    assert best is not None and model_val is not None  # the grid is never empty
     model = sknn.build(v, train_rows, *best)
-    model_val = sknn.build(v, fit_rows, *best)
     rep = {
         "chosen": model.config(),
         "validation_visits": len(val_rows),
