@@ -1,13 +1,13 @@
 """Back the memory a loader allocates with transparent huge pages (Linux, best effort).
 
-An hnswlib search walks ~1,500 graph nodes scattered over tens of MB; with 4 KiB pages nearly
-every hop is also a TLB miss. hnswlib allocates its graph with malloc, which the kernel backs
-with small pages unless told otherwise, and hnswlib offers no hook. So `huge_pages_for` notes
-the process's anonymous mappings before a load and, after it, asks the kernel to collapse the
-new ones into 2 MiB pages (madvise MADV_COLLAPSE, Linux >= 6.1; it works whatever the THP sysfs
-mode says, except "never"). Anything unsupported (another OS, an older kernel, a locked-down
-container) just leaves the small pages: the answers are the same either way, only the speed
-differs (README: the predictor's p50).
+A graph search walks ~1,100 nodes scattered over tens of MB; with 4 KiB pages nearly every hop
+is also a TLB miss. The graph's arrays (numpy's, or a library's) come from malloc, which the
+kernel backs with small pages unless told otherwise, and neither offers a hook. So
+`huge_pages_for` notes the process's anonymous mappings before a load and, after it, asks the
+kernel to collapse the new ones into 2 MiB pages (madvise MADV_COLLAPSE, Linux >= 6.1; it
+works whatever the THP sysfs mode says, except "never"). Anything unsupported (another OS, an
+older kernel, a locked-down container) just leaves the small pages: the answers are the same
+either way, only the speed differs (README: the predictor's p50).
 """
 
 from __future__ import annotations

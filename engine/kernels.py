@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from engine.hnsw_graph import search_one
+
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _CLIP = np.float32(30.0)
@@ -89,35 +91,36 @@ def residual_features(vv, RT, RrT, D, has_rr):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def graph_hits(labels, dist, members_indptr, members, k):
-    """(ids int64 [k'], sims float32 [k']) of one hnswlib answer (labels [1, kq] of distinct
-    vectors, inner-product distances [1, kq], best first): sims = 1 - distance, and each
-    distinct vector expanded to its original ids in ascending order (members_indptr of size 1:
-    no duplicates) keeping the first k, as AnnSearch.query does for a batch."""
-    kq = labels.shape[1]
+def graph_hits(
+    q, k, ef, codes, scale, links0, count0, upper_indptr, upper, labels, entry, max_level,
+    visited, stamp, hd, hi, members_indptr, members,
+):  # fmt: skip
+    """(ids int64 [k'], sims float32 [k']) of one graph search for q [D] (engine.hnsw_graph,
+    over distinct vectors, best first), each distinct vector expanded to its original ids in
+    ascending order (members_indptr of size 1: no duplicates) keeping the first k, as
+    AnnSearch.query does for a batch."""
+    kq = k if members_indptr.size <= 1 else min(k, members_indptr.size - 1)
+    hit, sim = search_one(
+        q, kq, ef, codes, scale, links0, count0, upper_indptr, upper, labels, entry,
+        max_level, visited, stamp, hd, hi,
+    )  # fmt: skip
     if members_indptr.size <= 1:
-        ids = np.empty(kq, np.int64)
-        sims = np.empty(kq, np.float32)
-        for j in range(kq):
-            ids[j] = np.int64(labels[0, j])
-            sims[j] = _F1 - dist[0, j]
-        return ids, sims
+        return hit, sim
     total = 0
-    for j in range(kq):
-        u = np.int64(labels[0, j])
+    for j in range(hit.size):
+        u = hit[j]
         total += members_indptr[u + 1] - members_indptr[u]
     n = min(total, k)
     ids = np.empty(n, np.int64)
     sims = np.empty(n, np.float32)
     m = 0
-    for j in range(kq):
-        u = np.int64(labels[0, j])
-        s = _F1 - dist[0, j]
+    for j in range(hit.size):
+        u = hit[j]
         for p in range(members_indptr[u], members_indptr[u + 1]):
             if m == n:
                 return ids, sims
             ids[m] = members[p]
-            sims[m] = s
+            sims[m] = sim[j]
             m += 1
     return ids, sims
 

@@ -1,7 +1,8 @@
 """The torch-free CPU predictor: title -> top-k labels in O(D^2 + D log L), for stream consumers.
 
 Loads an exported predictor directory (see docs/predictor-format.md, written by `astec export`)
-with numpy, hnswlib and, optionally, onnxruntime only: importing this module never imports torch.
+with numpy, numba and, optionally, onnxruntime only: importing this module never imports torch
+(nor hnswlib: its graph files are read and searched by engine.hnsw_graph).
 Loading verifies the manifest (size + sha256 of every file) before any file is used and builds
 the object only once everything is loaded, so a predictor is either complete or refused.
 
@@ -30,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import hnswlib
 import numpy as np
 import scipy.sparse as sp
 
 from engine import kernels
 from engine.astec.config import TOP_K
+from engine.hnsw_graph import GraphFileError, HnswGraph, read_graph
 from engine.hugepages import huge_pages_for
 from engine.label_text import NAME_ONLY_S, LabelText
 from engine.manifest import Manifest, ManifestError, verify_manifest
@@ -102,14 +103,15 @@ class ServingEncoder:
 class AnnSearch:
     """k nearest training points / label centres by cosine, as the model's engine.astec.ann does.
 
-    Either an hnswlib graph or an exact search over a small float32 table. Exported indexes hold
-    each distinct vector once (duplicate vectors, common among label centres of rare labels, cut
-    HNSW graphs into islands and wreck recall); `members` maps a distinct vector back to the
-    original ids, and ties between duplicates go to the lower original id.
+    Either an HNSW graph (hnswlib's, searched by engine.hnsw_graph) or an exact search over a
+    small float32 table. Exported indexes hold each distinct vector once (duplicate vectors,
+    common among label centres of rare labels, cut HNSW graphs into islands and wreck recall);
+    `members` maps a distinct vector back to the original ids, and ties between duplicates go
+    to the lower original id.
     """
 
     count: int  # original items
-    hnsw: hnswlib.Index | None = None
+    graph: HnswGraph | None = None
     vectors: np.ndarray | None = None  # exact search: distinct unit vectors [U, D]
     members_indptr: np.ndarray | None = None  # distinct vector -> original ids (None: identity)
     members: np.ndarray | None = None
@@ -120,16 +122,17 @@ class AnnSearch:
 
     def query_one(self, q: np.ndarray, k: int, threads: int = 1):
         """query for one query q [1, D] as flat (ids [k'], sims [k']): the single-text path,
-        hnswlib's answer turned into ids and similarities by one compiled kernel (no numpy
-        calls per title); an exact table goes through query."""
+        the graph search and the expansion of duplicates in one compiled call; an exact table
+        goes through query."""
         k = min(int(k), self.count)
-        if self.hnsw is None or k <= 0:
+        g = self.graph
+        if g is None or k <= 0:
             ids, sims = self.query(q, k, threads)
             return ids[0], sims[0]
-        labels, dist = self.hnsw.knn_query(q, k=min(k, self.unique), num_threads=threads)
-        if self.members_indptr is None or self.members is None:
-            return kernels.graph_hits(labels, dist, _NO_MEMBERS, _NO_MEMBERS, k)
-        return kernels.graph_hits(labels, dist, self.members_indptr, self.members, k)
+        mi = self.members_indptr if self.members_indptr is not None else _NO_MEMBERS
+        me = self.members if self.members is not None else _NO_MEMBERS
+        args = (q[0], k, g.ef, *g.arrays(), *g.scratch(), mi, me)
+        return kernels.graph_hits(*args)
 
     def query(self, Q: np.ndarray, k: int, threads: int = 1):
         """(ids int64 [n, k'], sims float32 [n, k']) best first, k' = min(k, count)."""
@@ -138,10 +141,8 @@ class AnnSearch:
         kq = min(k, self.unique)
         if k <= 0:
             return np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32)
-        if self.hnsw is not None:
-            ids, dist = self.hnsw.knn_query(Q, k=kq, num_threads=threads)
-            ids = ids.astype(np.int64, copy=False)
-            sims = (1.0 - dist).astype(np.float32, copy=False)
+        if self.graph is not None:
+            ids, sims = self.graph.search(Q, kq)
         else:
             if self.vectors is None:
                 raise PredictorError(f"an index of {self.count} items has neither graph nor table")
@@ -373,7 +374,7 @@ class ServingLearner:
         self, idx: np.ndarray, val: np.ndarray, threads: int, extra: np.ndarray | None = None
     ):
         """(labels ascending, y, z) for one text's TF-IDF (idx, val): the batch path's
-        arithmetic for one row in four compiled kernels (engine.kernels) around the two hnswlib
+        arithmetic for one row in four compiled kernels (engine.kernels) around the two graph
         searches; z [D] is the text's final feature vector. extra: ascending labels that join
         the shortlist (label-name candidates).
         """
@@ -623,9 +624,9 @@ class Predictor:
     ) -> Predictor:
         """Verify every file against manifest.json, then load; raise ManifestError/PredictorError.
 
-        threads: hnswlib / onnxruntime threads per call (1 by default: consumers scale by
-        processes). backend: "numpy" (default, fastest per `astec bench predict`) or "onnx"
-        for the feature networks.
+        threads: onnxruntime threads per call (1 by default: consumers scale by processes;
+        the graph searches run on the calling thread). backend: "numpy" (default, fastest per
+        `astec bench predict`) or "onnx" for the feature networks.
         """
         root = Path(path)
         m = verify_manifest(root, check_hashes=check_hashes)  # nothing is read before this passes
@@ -1205,20 +1206,19 @@ def _load_ann(m: Manifest, ic: dict, dim: int, count: int, max_id: int, where: s
         )
     if kind == "hnsw":
         path = m.path(ic["file"])
-        index = hnswlib.Index(space="ip", dim=dim)
         try:
             with huge_pages_for(str(path)):  # graph walks: far fewer TLB misses
-                index.load_index(str(path), max_elements=unique)
-        except RuntimeError as e:
-            raise PredictorError(f"{path}: unreadable hnswlib index ({e})") from None
-        if index.get_current_count() != unique:
+                graph = read_graph(path, dim)
+        except GraphFileError as e:
+            raise PredictorError(str(e)) from None
+        if graph.count != unique:
             raise PredictorError(
-                f"{path}: index holds {index.get_current_count()} items, "
-                f"predictor.json says {unique}"
+                f"{path}: index holds {graph.count} items, predictor.json says {unique}"
             )
-        index.set_ef(max(int(ic.get("ef", 100)), 1))
-        index.set_num_threads(1)
-        ann.hnsw = index
+        if graph.labels.min() < 0 or graph.labels.max() >= unique:
+            raise PredictorError(f"{path}: item ids outside 0..{unique - 1}")
+        graph.ef = max(int(ic.get("ef", 100)), 1)
+        ann.graph = graph
     elif kind == "exact":
         ann.vectors = np.ascontiguousarray(m.load_npy(ic["file"], mmap=False), np.float32)
         if ann.vectors.shape != (unique, dim):

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 from numba import njit
 
+from engine.prefetch import prefetch_row
+
 from .fused import _AHEAD, _FM, _adam_rows, _group_by_label, adam_on_rows
 from .network import Encoder
-from .prefetch import prefetch_row
 
 
 @njit(cache=True, nogil=True, fastmath=_FM, error_model="numpy")

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 from numba import njit
 
-from .prefetch import prefetch_row
+from engine.prefetch import prefetch_row
 
 # reassociation lets the dot products and row updates use SIMD; no nnan/ninf (the BCE needs them)
 _FM = {"reassoc", "contract", "nsz", "arcp"}

@@ -71,8 +71,8 @@ def test_hnsw_model_and_ensemble_export_as_one_predictor(tmp_path):
     export_model(tmp_path / "model", tmp_path / "pred", progress=False)
     p = Predictor.load(tmp_path / "pred")
     assert len(p.learners) == 2 and p.ensemble == "max"
-    assert all(lr.points.hnsw is not None for lr in p.learners)
-    assert p.learners[0].centres.hnsw.M == model.config.search.graph_m
+    assert all(lr.points.graph is not None for lr in p.learners)
+    assert p.learners[0].centres.graph.m == model.config.search.graph_m
     cfg = json.loads((tmp_path / "pred" / "predictor.json").read_text())
     for lr, lc in zip(model.learners, cfg["learners"], strict=True):
         want = lr.search_sizes(model.config)
@@ -388,13 +388,14 @@ def test_export_without_sparse_ranker_serves_gamma_one(built, tmp_path):
     assert not np.array_equal(ids_r, ids_p)  # the ranker did change the answers
 
 
-def test_single_query_hits_match_the_batch_search():
-    """The single-text path turns hnswlib's answer into ids and similarities in a compiled
-    kernel; the batch path does it with numpy. Both must give the same ids in the same order
-    and the same similarities, also when duplicate vectors map one graph node to several ids
-    (a group cut at k) and for an exact table."""
+def test_single_query_hits_match_the_batch_search(tmp_path):
+    """The single-text path searches the graph and expands duplicates in one compiled kernel;
+    the batch path expands with numpy. Both must give the same ids in the same order and the
+    same similarities, also when duplicate vectors map one graph node to several ids (a group
+    cut at k) and for an exact table."""
     import hnswlib
 
+    from engine.hnsw_graph import read_graph
     from engine.predictor import AnnSearch
 
     rng = np.random.default_rng(3)
@@ -410,10 +411,11 @@ def test_single_query_hits_match_the_batch_search():
     graph = hnswlib.Index(space="ip", dim=D)
     graph.init_index(max_elements=U, M=8, ef_construction=50, random_seed=0)
     graph.add_items(X, np.arange(U))
-    graph.set_ef(1)
+    graph.save_index(str(tmp_path / "g.hnsw"))
+    graph = read_graph(tmp_path / "g.hnsw", D)
     searches = [
-        AnnSearch(count=int(indptr[-1]), hnsw=graph, members_indptr=indptr, members=members),
-        AnnSearch(count=U, hnsw=graph),
+        AnnSearch(count=int(indptr[-1]), graph=graph, members_indptr=indptr, members=members),
+        AnnSearch(count=U, graph=graph),
         AnnSearch(count=U, vectors=X),
     ]
     Q = rng.normal(size=(30, D)).astype(np.float32)

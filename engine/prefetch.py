@@ -1,10 +1,10 @@
 """A software prefetch for numba kernels that read scattered rows of large tables.
 
-Why: the shortlisted classifier's kernels read ~30k rows of W (and its Adam moments) per batch
-at random; each row starts with a cache miss that the hardware prefetcher cannot foresee, and
-the loops wait for it. Asking for the row a couple of entries ahead overlaps those misses with
-the arithmetic. A prefetch is only a hint:
-results do not change.
+Why: the shortlisted classifier's training kernels read ~30k rows of W (and its Adam moments)
+per batch at random, and the predictor's graph search scores each visited node's neighbours;
+each row starts with a cache miss that the hardware prefetcher cannot foresee, and the loops
+wait for it. Asking for the rows ahead overlaps those misses with the arithmetic. A prefetch is
+only a hint: results do not change.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _prefetch(typingctx, arr, i, j):
     return sig, codegen
 
 
-_prefetch_at: Any = _prefetch  # called as _prefetch_at(arr, i, j); numba supplies typingctx
+prefetch_at: Any = _prefetch  # called as prefetch_at(arr, i, j); numba supplies typingctx
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -59,4 +59,4 @@ def prefetch_row(arr, i):
     """Hint that row i of a 2-D C-contiguous array will be read soon: one prefetch per 64-byte
     cache line of it."""
     for j in range(0, arr.shape[1], max(1, 64 // arr.itemsize)):
-        _prefetch_at(arr, i, j)
+        prefetch_at(arr, i, j)
