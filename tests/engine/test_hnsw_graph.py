@@ -110,3 +110,35 @@ def _nan_vector(b: bytearray, head: int) -> bytearray:
     at = head + 4 + 4 * m0  # node 0's vector
     b[at : at + 4] = np.array([np.nan], np.float32).tobytes()
     return b
+
+
+def test_random_damage_is_refused_or_searched_safely(tmp_path):
+    """The search runs without bounds checks, so every byte the reader accepts must keep it in
+    bounds: flip bytes anywhere in a small graph file (header, links, vectors, upper layers);
+    each result is either refused with GraphFileError or a graph every search of which
+    returns in-range labels."""
+    _saved_graph(tmp_path / "g.hnsw", n=200, dim=8, m=6)
+    clean = _bytes(tmp_path / "g.hnsw")
+    rng = np.random.default_rng(7)
+    Q = rng.normal(size=(5, 8)).astype(np.float32)
+    refused = 0
+    for trial in range(300):
+        b = bytearray(clean)
+        for at in rng.integers(0, len(b), size=int(rng.integers(1, 4))):
+            b[at] = int(rng.integers(0, 256))
+        path = tmp_path / f"d{trial % 3}.hnsw"
+        path.write_bytes(bytes(b))
+        try:
+            g = read_graph(path, 8)
+        except GraphFileError as e:
+            assert str(path) in str(e)
+            refused += 1
+            continue
+        try:
+            ids, sims = g.search(Q, min(10, g.count))
+        except GraphFileError as e:  # links that cut the graph into islands: said, not crashed
+            assert "islands" in str(e)
+            continue
+        assert ids.min() >= 0 and np.isin(ids, g.labels).all()
+        assert np.isfinite(sims).all()
+    assert refused > 0
