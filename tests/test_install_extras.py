@@ -1,6 +1,7 @@
-"""An engine-only install (`pip install astec-ads`, no extras) trains, evaluates, exports and
-predicts without the broker's, Redis' or Streamlit's clients; a command that needs them says
-which extra to install. Simulated here by making those packages unimportable in a child."""
+"""An engine install without the stream extras (`pip install 'astec-ads[train]'`) trains,
+evaluates, exports and predicts without the broker's, Redis' or Streamlit's clients; a command
+that needs them says which extra to install. Simulated here by making those packages
+unimportable in a child."""
 
 import os
 import signal
