@@ -75,11 +75,10 @@ class HnswGraph:
         marks nodes with a new stamp instead of clearing an array of U."""
         loc = self._local
         if not hasattr(loc, "visited"):
-            n = self.count + 1
-            loc.visited = np.zeros(max(n - 1, 1), np.uint32)
+            loc.visited = np.zeros(max(self.count, 1), np.uint32)
             loc.stamp = np.zeros(1, np.uint32)
-            loc.hd = np.empty(2 * n, np.float32)
-            loc.hi = np.empty(2 * n, np.int64)
+            loc.hd = np.empty(2 * (self.count + 1), np.float32)  # see search_one
+            loc.hi = np.empty(2 * (self.count + 1), np.int64)
         return loc.visited, loc.stamp, loc.hd, loc.hi
 
     def search(self, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -139,11 +138,7 @@ def _parse(raw: np.ndarray, path: Path, dim: int) -> HnswGraph:
     count0 = (head & 0xFFFF).astype(np.int32)
     links0 = np.ascontiguousarray(block[:, 4:od]).view("<u4").astype(np.int32)
     labels = np.ascontiguousarray(block[:, lo:per]).view("<u8")[:, 0]
-    if count0.max() > m0:
-        raise bad(f"a layer-0 list longer than M0 = {m0}")
-    used = np.arange(m0)[None, :] < count0[:, None]
-    if np.any(used & ((links0 < 0) | (links0 >= n))):
-        raise bad("a layer-0 neighbour outside the graph")
+    _check_links(count0, links0, n, bad, f"a layer-0 list longer than M0 = {m0}", "a layer-0")
     if labels.max() >= np.uint64(1 << 62):
         raise bad("an element label out of range")
     if np.unique(labels).size != n:
@@ -158,13 +153,10 @@ def _parse(raw: np.ndarray, path: Path, dim: int) -> HnswGraph:
     np.cumsum(levels, out=indptr[1:])
     if upper.shape[0]:
         row_level = np.arange(upper.shape[0]) - np.repeat(indptr[:-1], levels) + 1
-        cnt = upper[:, 0]
-        if cnt.min() < 0 or cnt.max() > mm:
-            raise bad(f"an upper-layer list longer than M = {mm}")
         tgt = upper[:, 1:]
-        live = np.arange(mm)[None, :] < cnt[:, None]
-        if np.any(live & ((tgt < 0) | (tgt >= n))):
-            raise bad("an upper-layer neighbour outside the graph")
+        live = _check_links(
+            upper[:, 0], tgt, n, bad, f"an upper-layer list longer than M = {mm}", "an upper-layer"
+        )
         t = np.where(live, tgt, entry)
         if np.any(levels[t] < row_level[:, None]):
             raise bad("an upper-layer neighbour below that layer")
@@ -181,7 +173,7 @@ def _parse(raw: np.ndarray, path: Path, dim: int) -> HnswGraph:
     return HnswGraph(
         codes=codes,
         scale=scale,
-        links0=np.ascontiguousarray(links0),
+        links0=links0,
         count0=count0,
         upper_indptr=indptr,
         upper=upper,
@@ -190,6 +182,25 @@ def _parse(raw: np.ndarray, path: Path, dim: int) -> HnswGraph:
         max_level=max_level,
         m=m,
     )
+
+
+def _check_links(counts, links, n, bad, too_long: str, layer: str) -> np.ndarray:
+    """The used slots [rows, width] of link lists (counts [rows], ids [rows, width]), once each
+    count fits the width and each used id is a node of the graph; `bad` makes the error."""
+    width = links.shape[1]
+    if counts.size and (counts.min() < 0 or counts.max() > width):
+        raise bad(too_long)
+    live = np.arange(width)[None, :] < counts[:, None]
+    if np.any(live & ((links < 0) | (links >= n))):
+        raise bad(f"{layer} neighbour outside the graph")
+    return live
+
+
+@njit(cache=True, inline="always")
+def _u32(raw, p):
+    """The little-endian uint32 at byte p of raw (uint8), as int64."""
+    v = np.int64(raw[p]) | (np.int64(raw[p + 1]) << 8)
+    return v | (np.int64(raw[p + 2]) << 16) | (np.int64(raw[p + 3]) << 24)
 
 
 @njit(cache=True)
@@ -203,8 +214,7 @@ def _upper_lists(raw, pos, n, mm):
     for i in range(n):
         if pos + 4 > raw.size:
             return levels, np.zeros((0, mm + 1), np.int32), -1
-        size = np.int64(raw[pos]) | (np.int64(raw[pos + 1]) << 8)
-        size |= (np.int64(raw[pos + 2]) << 16) | (np.int64(raw[pos + 3]) << 24)
+        size = _u32(raw, pos)
         pos += 4 + size
         if size % row_bytes or pos > raw.size:
             return levels, np.zeros((0, mm + 1), np.int32), -1
@@ -217,9 +227,7 @@ def _upper_lists(raw, pos, n, mm):
         pos += 4
         for _ in range(levels[i]):
             for j in range(mm + 1):
-                p = pos + 4 * j
-                v = np.int64(raw[p]) | (np.int64(raw[p + 1]) << 8)
-                v |= (np.int64(raw[p + 2]) << 16) | (np.int64(raw[p + 3]) << 24)
+                v = _u32(raw, pos + 4 * j)
                 upper[r, j] = np.int32(v if v < 2**31 else -1)
             pos += row_bytes
             r += 1

@@ -1,7 +1,7 @@
 """Compiled (numba) kernels of the predictor's single-text path.
 
 One title is a few hundred numbers: as numpy, its ~60 small calls cost more in dispatch than in
-arithmetic (~120 us of a ~290 us prediction, besides the two hnswlib searches), and each
+arithmetic (~120 us of a ~290 us prediction, besides the two graph searches), and each
 compiled call still costs ~2 us. So a model of one learner with float32 classifier rows takes a
 title in two calls around the two graph searches (`title_front`, `title_back`, which chain the
 stage kernels below); ensembles and float16 rows call the stages one by one. Arithmetic in
@@ -99,9 +99,8 @@ def graph_hits(
     over distinct vectors, best first), each distinct vector expanded to its original ids in
     ascending order (members_indptr of size 1: no duplicates) keeping the first k, as
     AnnSearch.query does for a batch."""
-    kq = k if members_indptr.size <= 1 else min(k, members_indptr.size - 1)
-    hit, sim = search_one(
-        q, kq, ef, codes, scale, links0, count0, upper_indptr, upper, labels, entry,
+    hit, sim = search_one(  # at most min(k, distinct vectors) hits
+        q, k, ef, codes, scale, links0, count0, upper_indptr, upper, labels, entry,
         max_level, visited, stamp, hd, hi,
     )  # fmt: skip
     if members_indptr.size <= 1:

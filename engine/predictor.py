@@ -1248,7 +1248,7 @@ def _load_ann(m: Manifest, ic: dict, dim: int, count: int, max_id: int, where: s
             raise PredictorError(
                 f"{path}: index holds {graph.count} items, predictor.json says {unique}"
             )
-        if graph.labels.min() < 0 or graph.labels.max() >= unique:
+        if graph.labels.max() >= unique:  # read_graph's labels are never negative
             raise PredictorError(f"{path}: item ids outside 0..{unique - 1}")
         graph.ef = max(int(ic.get("ef", 100)), 1)
         ann.graph = graph
