@@ -7,6 +7,7 @@ auto-creation) has the topics with the configured partitions; it is a no-op when
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -228,9 +229,12 @@ def make_stream_producer(settings: Settings, client_id: str, transactional_id: s
     return RdProducer(settings, client_id, settings.producer.linger_ms, **txn)
 
 
-def make_consumer(settings: Settings, topics: list[str], group_id: str | None, **overrides):
+def make_consumer(
+    settings: Settings, topics: list[str], group_id: str | None, cls: Any = None, **overrides
+):
     """A manually committing consumer that reads committed data only (outputs of exactly-once
-    workers: an aborted transaction's messages are never seen)."""
+    workers: an aborted transaction's messages are never seen); `cls`: a KafkaConsumer
+    subclass to build instead."""
     from kafka import KafkaConsumer
 
     cfg = dict(
@@ -253,7 +257,7 @@ def make_consumer(settings: Settings, topics: list[str], group_id: str | None, *
         metadata_max_age_ms=5000,
     )
     cfg.update(overrides)
-    return KafkaConsumer(*topics, **cfg)
+    return (cls or KafkaConsumer)(*topics, **cfg)
 
 
 def make_stream_consumer(
@@ -270,14 +274,25 @@ def make_stream_consumer(
     `on_revoke(partitions)` runs before partitions move to another member, `on_lost(partitions)`
     when they already have."""
     if settings.consumer.client == "kafka-python":
-        from kafka import ConsumerRebalanceListener
+        from kafka import ConsumerRebalanceListener, KafkaConsumer
         from kafka.coordinator.assignors.cooperative_sticky import (
             CooperativeStickyAssignor,
         )
 
+        # kafka-python runs rebalance listeners on its I/O thread, and a blocking commit there
+        # waits for that same thread: it raised, and the worker died at every scale-out with
+        # batches in flight. Commits made inside the listener are sent without waiting: they
+        # are queued on the coordinator's connection ahead of the follow-up JoinGroup that
+        # hands the revoked partitions over, so the new owner still starts after them.
+        in_listener = threading.local()
+
         class _Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked) -> None:
-                on_revoke(set(revoked))
+                in_listener.on = True
+                try:
+                    on_revoke(set(revoked))
+                finally:
+                    in_listener.on = False
 
             def on_partitions_assigned(self, assigned) -> None:
                 pass
@@ -285,10 +300,17 @@ def make_stream_consumer(
             def on_partitions_lost(self, lost) -> None:
                 (on_lost or on_revoke)(set(lost))
 
+        class _Consumer(KafkaConsumer):
+            def commit(self, offsets=None, timeout_ms=None):
+                if getattr(in_listener, "on", False):
+                    return self.commit_async(offsets)
+                return super().commit(offsets, timeout_ms)
+
         c = make_consumer(
             settings,
             [],
             group_id,
+            cls=_Consumer,
             client_id=client_id,
             group_instance_id=instance_id,
             partition_assignment_strategy=(CooperativeStickyAssignor,),

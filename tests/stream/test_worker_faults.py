@@ -138,9 +138,16 @@ def test_broker_kill9_and_restart_mid_stream_loses_no_acknowledged_event(
     assert rc == 0 and "0 worker restarts" in tail(sup), tail(sup)
 
 
-@pytest.mark.parametrize("delivery", ["exactly-once", "at-least-once"])
+@pytest.mark.parametrize(
+    ("delivery", "client"),
+    [
+        ("exactly-once", "confluent"),
+        ("at-least-once", "confluent"),
+        ("at-least-once", "kafka-python"),  # its rebalance listener runs on its I/O thread
+    ],
+)
 def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
-    stream_settings, stream_corpus, astec_predictor, delivery
+    stream_settings, stream_corpus, astec_predictor, delivery, client
 ):
     """A second `astec stream run` joins the group while the first has batches in flight: the
     partitions are split between them (cooperative: only the moving ones pause), nothing is
@@ -148,7 +155,7 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
     worker drains its batches in flight and commits before it hands partitions over, so
     repeats stay within that in-flight bound."""
     s = stream_settings.replace(
-        state_k=256, metrics_interval_s=0.2, batch_max=32, delivery=delivery
+        state_k=256, metrics_interval_s=0.2, batch_max=32, delivery=delivery, consumer_client=client
     )
     users, n = 50, 12000
     first = start_stream(s, astec_predictor, workers=1)
@@ -187,7 +194,7 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
     assert 400 < len(ids) < n
     assert not set(ids) - set(seen), f"{len(set(ids) - set(seen))} events lost"
     dup = sum(seen.values()) - len(seen)
-    print(f"\nworker added mid-stream ({delivery}): {len(ids)} events, 0 lost, {dup} duplicates")
+    print(f"\nworker added mid-stream ({delivery}, {client}): {len(ids)} events, {dup} duplicates")
     if delivery == "exactly-once":
         assert dup == 0, "an event answered twice across the rebalance"
     else:
@@ -196,6 +203,8 @@ def test_worker_added_mid_stream_rebalances_without_loss_or_double_count(
     assert len(busy) == 2, "the added worker took no traffic"
     assert_state_exact(s, users, ids)
     assert rcs == [0, 0]
+    for sup in (first, second):  # a rebalance callback that raised kills the worker
+        assert "0 worker restarts" in tail(sup), tail(sup)
 
 
 def test_redis_kill9_mid_stream_keeps_state_and_consumers_reconnect(
