@@ -260,6 +260,20 @@ def make_consumer(
     return (cls or KafkaConsumer)(*topics, **cfg)
 
 
+def _await_stranded_join(coordinator: Any) -> None:
+    """kafka-python 3.0: a leader that rejoins because its metadata changed stops needing to
+    rejoin once it has computed the assignment, so a poll that times out while its SyncGroup is
+    in flight leaves the join unfinished: later polls never wait for it, its heartbeats stay
+    off, the broker evicts it, and it goes on believing it owns every partition (a two-worker
+    group stayed unsplit for 90 s, about 1 run in 20). Asking to rejoin makes the next poll wait
+    for that join (or start a new one if it has ended)."""
+    if getattr(coordinator, "_join_task", None) is not None and not coordinator.need_rejoin():
+        logging.getLogger(__name__).warning(
+            "group %s: kafka-python left its join unfinished; finishing it", coordinator.group_id
+        )
+        coordinator.request_rejoin()
+
+
 def make_stream_consumer(
     settings: Settings,
     topic: str,
@@ -305,6 +319,11 @@ def make_stream_consumer(
                 if getattr(in_listener, "on", False):
                     return self.commit_async(offsets)
                 return super().commit(offsets, timeout_ms)
+
+            def poll(self, timeout_ms=0, max_records=None, update_offsets=True):
+                records = super().poll(timeout_ms, max_records, update_offsets)
+                _await_stranded_join(self._coordinator)
+                return records
 
         c = make_consumer(
             settings,
