@@ -392,6 +392,8 @@ def demo(
                 str(duration),
                 "--warmup",
                 str(warmup),
+                "--model",  # a page the engine knows no word of gets no ad: no_ad, not unanswered
+                str(engine_models),
             )
         )
         _run(_astec("stream", "metrics", *svc))
