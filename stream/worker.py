@@ -523,10 +523,11 @@ class StreamWorker:
             self.health.resume()
 
     def commit_before_rebalance(self, revoked: set | None = None) -> None:
-        """Before partitions move to another member (called on the poll thread, inside the
-        consumer's poll): drain every batch in flight (the revoked partitions' among them) and
-        commit their offsets (at-least-once), or commit the open transaction (exactly-once), so
-        the new owner starts where this worker's answers end: nothing repeated, nothing skipped.
+        """Before partitions move to another member (called inside the consumer's poll, while
+        the worker's loop waits in it; kafka-python calls it on its I/O thread): drain every
+        batch in flight (the revoked partitions' among them) and commit their offsets
+        (at-least-once), or commit the open transaction (exactly-once), so the new owner
+        starts where this worker's answers end: nothing repeated, nothing skipped.
         A failed produce or a fenced producer stops the worker (raised after the poll): its
         uncommitted batches replay, never lost."""
         try:
