@@ -12,9 +12,12 @@ workers:
      (ad query produced - page view ts), and the p99 of the phase's first and last quarter
      (a tail that grows within a phase shows there).
 Before any mode is measured, each mode runs one unreported saturation pass of --warmup-events
-(its own topics and workers): a fresh broker's JVM spends its first seconds of sustained load
-compiling (0.95 of a core for ~6 s, against ~0.4 warm), and without the pass the mode measured
-first ran on a cold broker (saturation depended on the order of the modes).
+and then --warmup-seconds paced at the highest --rate (its own topics and workers): a fresh
+broker's JVM spends its first seconds of each new kind of load compiling (0.95 of a core for
+~6 s, against ~0.4 warm; the small batches of a paced stream take other paths than a
+saturating one's and compile again, ~10 s at 1,000 events/s). Without the pass the mode measured
+first ran on a cold broker (saturation depended on the order of the modes), and the first
+paced phase's first quarter on a broker still compiling (its p99 2-4x the last quarter's).
 Where the time goes comes from the workers' own stage timers (decode, predict, Redis, policy,
 Kafka produce+ack) published to Redis, per event and as shares of the workers' wall time.
 Everything shares the machine's cores, the load generator included.
@@ -351,6 +354,7 @@ def run_bench(
     warmup_events: int = 0,
     fault: str = "none",
     fault_at_s: float = FAULT_AT_S,
+    warmup_seconds: float = 0.0,
 ) -> dict:
     load0 = os.getloadavg()[0]  # the box is shared: say how busy it was
     load_client = load_client or default_client()
@@ -361,7 +365,8 @@ def run_bench(
         traces: list[dict] = []
         runs = []
         for delivery in dict.fromkeys(deliveries or [settings.delivery]):
-            if warmup_events > 0:
+            paced_warmup = max(rates) if rates and warmup_seconds > 0 else None
+            if warmup_events > 0 or paced_warmup:
                 with _Pipeline(
                     settings,
                     model,
@@ -374,14 +379,24 @@ def run_bench(
                     load_client,
                     delivery,
                 ) as p:
-                    ids = [f"warmup-{i}" for i in range(warmup_events)]
-                    t0 = time.time()
-                    _send(p.producer, p.s, titles, ids, users, None)
-                    p.reader.wait(ids, 600)
-                    log(
-                        f"[{delivery}] warm-up: {warmup_events} events in "
-                        f"{time.time() - t0:.1f}s (not reported)"
-                    )
+                    if warmup_events > 0:
+                        ids = [f"warmup-{i}" for i in range(warmup_events)]
+                        t0 = time.time()
+                        _send(p.producer, p.s, titles, ids, users, None)
+                        p.reader.wait(ids, 600)
+                        log(
+                            f"[{delivery}] warm-up: {warmup_events} events in "
+                            f"{time.time() - t0:.1f}s (not reported)"
+                        )
+                    if paced_warmup:
+                        n = max(1, int(paced_warmup * warmup_seconds))
+                        ids = [f"warmup-paced-{i}" for i in range(n)]
+                        _send(p.producer, p.s, titles, ids, users, paced_warmup)
+                        p.reader.wait(ids, 120)
+                        log(
+                            f"[{delivery}] warm-up: {warmup_seconds:g}s paced at "
+                            f"{paced_warmup:g}/s (not reported)"
+                        )
         for delivery, wait in [
             (d, w)
             for d in deliveries or [settings.delivery]
@@ -421,6 +436,7 @@ def run_bench(
         "model": model,
         "cpu_count": os.cpu_count(),
         "warmup_events": warmup_events,
+        "warmup_seconds": warmup_seconds,
         "fault": fault,
         "load_client": load_client,
         "loadavg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
@@ -612,7 +628,7 @@ def _run_mode(
     multiple=True,
     type=click.Choice(["exactly-once", "at-least-once"]),
     help="Workers' delivery mode; repeat to run both side by side (default: the "
-    "`delivery` setting, at-least-once).",
+    "`delivery` setting, exactly-once).",
 )
 @click.option(
     "--wait-replicas",
@@ -638,6 +654,15 @@ def _run_mode(
     type=click.IntRange(0),
     help="Events of one unreported saturation pass per delivery mode before any is measured "
     "(a fresh broker's JVM is slower for its first seconds of load); 0 skips it.",
+)
+@click.option(
+    "--warmup-seconds",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds of unreported traffic paced at the highest --rate after the warm-up's "
+    "saturation pass (a paced stream's small batches are new load to the broker's JVM); "
+    "0 skips it.",
 )
 @click.option("--batch-max", default=256, show_default=True)
 @click.option(
@@ -700,6 +725,7 @@ def bench_stream(
     titles,
     users,
     warmup_events,
+    warmup_seconds,
     batch_max,
     use_running,
     load_client,
@@ -770,6 +796,7 @@ def bench_stream(
             list(deliveries),
             wait_replicas=list(wait_replicas),
             warmup_events=warmup_events,
+            warmup_seconds=warmup_seconds,
             fault=fault,
             fault_at_s=fault_at_s,
         )

@@ -273,19 +273,34 @@ class Settings:
     prediction: Prediction = field(default_factory=Prediction)
     state: StateSettings = field(default_factory=StateSettings)
     ops: OpsSettings = field(default_factory=OpsSettings)
-    # at-least-once: offsets are committed after the outputs are acknowledged; a crash can repeat
-    # ad queries (never lose one; the click logger dedupes by event id). exactly-once: a worker's
-    # ad queries, dead letters and input offsets commit in one Kafka transaction (readers see
-    # committed data only). At-least-once is the default: exactly-once's answers become visible
-    # when their transaction commits, up to commit_interval_ms (plus a commit) later, and at low
-    # rates it spent 1.3-2.7x at-least-once's Kafka time per event (`astec bench stream
-    # --delivery ...` measures both; docs/benchmarks-stream.md)
-    delivery: Literal["at-least-once", "exactly-once"] = "at-least-once"
+    # exactly-once (the default): a worker's ad queries, dead letters and input offsets of every
+    # batch of a commit interval commit in one Kafka transaction (readers see committed data
+    # only), so a crash or a rebalance repeats no answer; an answer becomes visible when its
+    # transaction commits (event->ad p50 ~65 ms against ~10 ms). at-least-once: offsets are
+    # committed after the outputs are acknowledged; a crash can repeat ad queries (never lose
+    # one; the click logger dedupes by event id). Both measured side by side by `astec bench
+    # stream --delivery exactly-once --delivery at-least-once` (docs/benchmarks-stream.md)
+    delivery: Literal["at-least-once", "exactly-once"] = "exactly-once"
     # where `astec infra up` recorded the loopback services it started (services.json)
     services_dir: str = DEFAULT_SERVICES_DIR
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        python_clients = [
+            key
+            for key, client in (
+                ("consumer_client", self.consumer.client),
+                ("producer_client", self.producer.client),
+            )
+            if client == "kafka-python"
+        ]
+        if self.delivery == "exactly-once" and python_clients:
+            # kafka-python has no transactional producer with read-committed offsets we use
+            raise ConfigError(
+                f"delivery 'exactly-once' (the default) needs the confluent (librdkafka) "
+                f"clients, and {' and '.join(python_clients)} is 'kafka-python': set delivery "
+                f"(ASTEC_DELIVERY) to at-least-once, or the client(s) to confluent"
+            )
 
     def replace(self, **changes: Any) -> Settings:
         """These settings with some changed, named by their flat keys (`consumer_group=...`)."""

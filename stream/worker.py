@@ -192,15 +192,6 @@ class StreamWorker:
         self.policy = policy
         self.cid = consumer_id or f"{socket.gethostname()}-{os.getpid()}"
         self.exactly_once = settings.delivery == "exactly-once"
-        if self.exactly_once and "kafka-python" in (
-            settings.producer.client,
-            settings.consumer.client,
-        ):
-            raise ValueError(
-                "delivery = exactly-once needs the confluent (librdkafka) consumer and "
-                "producer; set producer_client/consumer_client to confluent or "
-                "delivery to at-least-once"
-            )
         self.stop_event = threading.Event()
         # a stable transactional id per worker slot: a restarted worker fences its dead
         # predecessor and aborts the transaction it left open (which would otherwise hold back

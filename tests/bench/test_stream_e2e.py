@@ -45,6 +45,8 @@ def test_bench_stream_answers_every_event_and_removes_its_services(astec_predict
             "3",
             "--warmup-events",
             "50",
+            "--warmup-seconds",
+            "1",
             "--delivery",
             "exactly-once",
             "--delivery",
@@ -70,6 +72,7 @@ def test_bench_stream_answers_every_event_and_removes_its_services(astec_predict
     assert r["warmup_events"] == 50
     for mode in ("exactly-once", "at-least-once"):
         assert f"[{mode}] warm-up: 50 events" in res.stdout
+        assert f"[{mode}] warm-up: 1s paced at 40/s" in res.stdout
     for run in r["runs"]:
         sat = run["saturation"]
         assert sat["answered"] == sat["events"] == 150 and sat["complete"]

@@ -88,7 +88,8 @@ def test_each_paced_phase_loses_a_leader_and_nothing_acknowledged(astec_predicto
     env = {**os.environ, "TMPDIR": str(tmp)}
     for k in ("KAFKA_BOOTSTRAP", "REDIS_URL"):  # the bench starts its own cluster
         env.pop(k, None)
-    args = ["--brokers", "3", "--events", "100", "--warmup-events", "0", "--workers", "2"]
+    args = ["--brokers", "3", "--events", "100", "--warmup-events", "0", "--warmup-seconds", "0"]
+    args += ["--workers", "2"]
     args += ["--rate", "40", "--rate", "40", "--paced-seconds", "12", "--fault", "kill-leader"]
     args += ["--fault-at", "4", "--delivery", "at-least-once", "--users", "20", "--out", str(out)]
     args += ["--titles", os.path.join(STREAM_DATA, "train.tsv")]

@@ -81,7 +81,8 @@ def test_settings_errors_name_source_and_field(tmp_path):
         load_settings(env={"ASTEC_PRODUCER_CLIENT": "librdkafka"}, services_dir=str(tmp_path))
     assert (
         load_settings(
-            env={"ASTEC_PRODUCER_CLIENT": "kafka-python"}, services_dir=str(tmp_path)
+            env={"ASTEC_PRODUCER_CLIENT": "kafka-python", "ASTEC_DELIVERY": "at-least-once"},
+            services_dir=str(tmp_path),
         ).producer.client
         == "kafka-python"
     )

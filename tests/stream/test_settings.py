@@ -23,7 +23,7 @@ FLAT_KEYS = {
     "kafka_ssl_certfile": "/etc/astec/client.pem",
     "kafka_ssl_keyfile": "/etc/astec/client.key",
     "redis_url": "redis://:redis-pw-91c2@redis.internal:6380/2",
-    "delivery": "exactly-once",
+    "delivery": "at-least-once",
     "services_dir": "/nonexistent/services",
     "topic_page_views": "pv",
     "topic_ad_queries": "aq",
@@ -100,11 +100,11 @@ def test_config_file_sections_equal_flat_keys(tmp_path):
     flat = tmp_path / "flat.toml"
     flat.write_text(
         'kafka_bootstrap = "b:9092"\nconsumer_group = "g"\nstate_k = 8\n'
-        'redis_url = "redis://:pw@r:6379/0"\ndelivery = "exactly-once"\n'
+        'redis_url = "redis://:pw@r:6379/0"\ndelivery = "at-least-once"\n'
     )
     sectioned = tmp_path / "sections.toml"
     sectioned.write_text(
-        'delivery = "exactly-once"\n[kafka]\nbootstrap = "b:9092"\n[consumer]\ngroup = "g"\n'
+        'delivery = "at-least-once"\n[kafka]\nbootstrap = "b:9092"\n[consumer]\ngroup = "g"\n'
         '[state]\nk = 8\n[redis]\nurl = "redis://:pw@r:6379/0"\n'
     )
     a = load_settings(flat, env={}, services_dir=str(tmp_path))
@@ -172,6 +172,27 @@ def test_a_value_outside_its_choices_names_field_and_source(tmp_path, key, bad, 
         load_settings(env={}, services_dir=none, **{key: bad})
     with pytest.raises(ConfigError, match=rf"field '{key}' is '{bad}', expected one of {allowed}"):
         Settings().replace(**{key: bad})
+
+
+def test_exactly_once_with_a_kafka_python_client_is_refused_with_the_way_out(tmp_path):
+    """Exactly-once is the default and needs librdkafka's transactions: a user who picks
+    kafka-python gets one line naming the client and the setting to change, before any worker
+    starts, not a worker that dies at its first batch."""
+    none = str(tmp_path / "none")
+    assert Settings().delivery == "exactly-once"
+    with pytest.raises(
+        ConfigError,
+        match=r"'exactly-once' \(the default\).*consumer_client.*"
+        r"ASTEC_DELIVERY\) to at-least-once",
+    ):
+        load_settings(env={"ASTEC_CONSUMER_CLIENT": "kafka-python"}, services_dir=none)
+    with pytest.raises(ConfigError, match=r"producer_client is 'kafka-python'"):
+        Settings().replace(producer_client="kafka-python")
+    s = load_settings(
+        env={"ASTEC_CONSUMER_CLIENT": "kafka-python", "ASTEC_DELIVERY": "at-least-once"},
+        services_dir=none,
+    )
+    assert (s.consumer.client, s.delivery) == ("kafka-python", "at-least-once")
 
 
 def test_replace_takes_flat_keys_and_refuses_unknown_ones():
