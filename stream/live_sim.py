@@ -263,8 +263,18 @@ def run_simulation(
                 time.sleep(ahead)
         producer.flush()
         sent_s = time.monotonic() - t0
+        bar.close()
+        # a page the model knows no word of gets no ad (no_evidence = skip): waiting for its
+        # answer would only run the drain out
+        no_ad_pages = set()
+        if known is not None and settings.prediction.no_evidence == "skip":
+            pages = np.unique(plan["page"][:n])
+            ok = np.asarray(known([world.page_title[p] for p in pages]), bool)
+            no_ad_pages = set(pages[~ok].tolist())
         deadline = time.monotonic() + drain_s
-        while pending and time.monotonic() < deadline:
+        while time.monotonic() < deadline and any(
+            page not in no_ad_pages for _, page in list(pending.values())
+        ):
             time.sleep(0.05)
     finally:
         bar.close()
