@@ -297,7 +297,7 @@ class Settings:
         if self.delivery == "exactly-once" and python_clients:
             # kafka-python has no transactional producer with read-committed offsets we use
             raise ConfigError(
-                f"delivery 'exactly-once' (the default) needs the confluent (librdkafka) "
+                f"delivery 'exactly-once' (also the default) needs the confluent (librdkafka) "
                 f"clients, and {' and '.join(python_clients)} is 'kafka-python': set delivery "
                 f"(ASTEC_DELIVERY) to at-least-once, or the client(s) to confluent"
             )

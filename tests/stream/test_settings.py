@@ -182,7 +182,7 @@ def test_exactly_once_with_a_kafka_python_client_is_refused_with_the_way_out(tmp
     assert Settings().delivery == "exactly-once"
     with pytest.raises(
         ConfigError,
-        match=r"'exactly-once' \(the default\).*consumer_client.*"
+        match=r"'exactly-once' \(also the default\).*consumer_client.*"
         r"ASTEC_DELIVERY\) to at-least-once",
     ):
         load_settings(env={"ASTEC_CONSUMER_CLIENT": "kafka-python"}, services_dir=none)
