@@ -136,7 +136,7 @@ def stream() -> None:
     help="exactly-once: the ad queries, dead letters and input offsets of every batch of "
     "a commit interval commit in one Kafka transaction (answers visible when it commits, "
     "~65 ms p50: see docs/benchmarks-stream.md); "
-    "at-least-once: a crash or rebalance may repeat ad queries (default: the `delivery` "
+    "at-least-once: a crash may repeat ad queries (default: the `delivery` "
     "setting, exactly-once).",
 )
 def run(
