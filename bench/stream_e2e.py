@@ -364,8 +364,8 @@ def run_bench(
     ) as wlog:
         traces: list[dict] = []
         runs = []
+        paced_warmup = max(rates) if rates and warmup_seconds > 0 else None
         for delivery in dict.fromkeys(deliveries or [settings.delivery]):
-            paced_warmup = max(rates) if rates and warmup_seconds > 0 else None
             if warmup_events > 0 or paced_warmup:
                 with _Pipeline(
                     settings,

@@ -264,16 +264,18 @@ def run_simulation(
         producer.flush()
         sent_s = time.monotonic() - t0
         bar.close()
-        # a page the model knows no word of gets no ad (no_evidence = skip): waiting for its
-        # answer would only run the drain out
-        no_ad_pages = set()
-        if known is not None and settings.prediction.no_evidence == "skip":
+        # the planned pages the model knows no word of, asked once: with no_evidence = skip
+        # they get no ad, so waiting for their answers would only run the drain out; a view
+        # of one left unanswered counts as no_ad
+        unknown_pages: set[int] = set()
+        if known is not None:
             pages = np.unique(plan["page"][:n])
             ok = np.asarray(known([world.page_title[p] for p in pages]), bool)
-            no_ad_pages = set(pages[~ok].tolist())
+            unknown_pages = set(pages[~ok].tolist())
+        not_awaited = unknown_pages if settings.prediction.no_evidence == "skip" else set()
         deadline = time.monotonic() + drain_s
         while time.monotonic() < deadline and any(
-            page not in no_ad_pages for _, page in list(pending.values())
+            page not in not_awaited for _, page in list(pending.values())
         ):
             time.sleep(0.05)
     finally:
@@ -285,10 +287,7 @@ def run_simulation(
     idx = np.concatenate(responder.latency_event) if responder.latency_event else np.zeros(0)
     pct = _percentiles(lat[idx >= n_warm])
     warm = _percentiles(lat[idx < n_warm]) if n_warm else {}
-    no_ad = 0
-    if known is not None and pending:
-        left = [world.page_title[page] for _, page in pending.values()]
-        no_ad = int((~np.asarray(known(left), bool)).sum())
+    no_ad = sum(page in unknown_pages for _, page in pending.values())
     return {
         "page_views": n,
         "warmup_page_views": n_warm,

@@ -295,7 +295,8 @@ class Settings:
             if client == "kafka-python"
         ]
         if self.delivery == "exactly-once" and python_clients:
-            # kafka-python has no transactional producer with read-committed offsets we use
+            # the worker's transactions (offsets sent with the consumer's group metadata) are
+            # built on librdkafka's API only
             raise ConfigError(
                 f"delivery 'exactly-once' (also the default) needs the confluent (librdkafka) "
                 f"clients, and {' and '.join(python_clients)} is 'kafka-python': set delivery "
