@@ -9,7 +9,8 @@ the other strong baselines included) with the paired, user-clustered 95% lower b
 difference, the knows_intent ceiling and the headroom (ceiling / best baseline, greedy), and
 bayes_window / best baseline: knows_intent sees the latent intent, which no window reveals, so
 the Bayes filter on the window's true page sub-topics is the nearer bound on what a policy over
-the window can earn.
+the window can earn; bayes_profile / best baseline: the same filter with the user's earlier
+history (before the window) as its prior, what a long-term profile of the user could add.
 """
 
 from __future__ import annotations
@@ -149,8 +150,9 @@ def tables(runs: list[dict]) -> str:
     lines += [
         "",
         "| world | seed | best baseline (served) | gru / best, served | paired lower bound "
-        "| gru / best, greedy | knows_intent | headroom | bayes_window / best |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| gru / best, greedy | knows_intent | headroom | bayes_window / best "
+        "| bayes_profile / best |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         val, t = r["value"], r["value"]["targets"]
@@ -159,7 +161,8 @@ def tables(runs: list[dict]) -> str:
             f"| {t['served_ratio_vs_best']:.3f} | {t['served_paired_lo_vs_best']:+.4f} "
             f"| {t['ctr_ratio_vs_best']:.3f} ({val['best_baseline']}) "
             f"| {val['policies']['knows_intent']['actual_ctr']:.4f} | {t['headroom']:.3f} "
-            f"| {t.get('window_headroom', float('nan')):.3f} |"
+            f"| {t.get('window_headroom', float('nan')):.3f} "
+            f"| {t.get('profile_headroom', float('nan')):.3f} |"
         )
     return "\n".join(lines)
 

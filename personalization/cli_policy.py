@@ -229,7 +229,8 @@ def print_value(val: dict) -> None:
                 f"({val['served_best_baseline']}) = {t['served_ratio_vs_best']:.3f}, paired "
                 f"lower bound {t['served_paired_lo_vs_best']:+.4f}; headroom knows_intent / "
                 f"best = {t.get('headroom', float('nan')):.3f}, bayes_window / best = "
-                f"{t.get('window_headroom', float('nan')):.3f}"
+                f"{t.get('window_headroom', float('nan')):.3f}, bayes_profile / best = "
+                f"{t.get('profile_headroom', float('nan')):.3f}"
             )
 
 

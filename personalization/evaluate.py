@@ -57,7 +57,9 @@ STRONG_BASELINES = ("session_knn", "fitted_no_intent", "intent_rule")  # persona
 ORACLES = ("oracle", "oracle_no_user")  # --oracle rows (personalization.oracle)
 # with a click judge (simulated logs): the best CTR on the same candidates knowing the visit's
 # intent, and the Bayes-optimal CTR given the window's true page sub-topics (uniform prior)
-VALUE_ORACLES = ("knows_intent", "bayes_window")
+# ... and that filter told two things a window's pages do not hold: each earlier visit's ad and
+# its click outcome (bayes_clicks), the user's earlier history as its prior (bayes_profile)
+VALUE_ORACLES = ("knows_intent", "bayes_window", "bayes_clicks", "bayes_profile")
 
 
 @dataclass
@@ -349,11 +351,16 @@ def evaluate_policies(
             orders["knows_intent"] = ranked_or_top1(
                 np.where(b.cand_mask, p_true, -1.0) + 1e-6 * b.feats[..., F["mean_score_window"]]
             )
-            post = judge.window_posterior(v, r, K, ttl_s)
-            orders["bayes_window"] = ranked_or_top1(
-                np.where(b.cand_mask, judge.p_click(r, b.cand_ids, intent=post), -1.0)
-                + 1e-6 * b.feats[..., F["mean_score_window"]]
-            )
+            for name, kw in (
+                ("bayes_window", {}),
+                ("bayes_clicks", {"clicks": True}),
+                ("bayes_profile", {"profile": True}),
+            ):
+                post = judge.window_posterior(v, r, K, ttl_s, **kw)
+                orders[name] = ranked_or_top1(
+                    np.where(b.cand_mask, judge.p_click(r, b.cand_ids, intent=post), -1.0)
+                    + 1e-6 * b.feats[..., F["mean_score_window"]]
+                )
         ranked = {name: np.take_along_axis(b.cand_ids, o, 1) for name, o in orders.items()}
         shown, clicked = v.shown[r], v.clicked[r]
         x_shown_all.append(_reward_features(b, shown))
@@ -624,10 +631,13 @@ def value_summary(res: EvalResult, v: VisitLog, n_boot: int = 1000, seed: int = 
             out["targets"]["headroom"] = pol["knows_intent"]["actual_ctr"] / max(
                 pol[best]["actual_ctr"], 1e-12
             )
-        if "bayes_window" in pol:  # what seeing the window's true page sub-topics would earn
-            out["targets"]["window_headroom"] = pol["bayes_window"]["actual_ctr"] / max(
-                pol[best]["actual_ctr"], 1e-12
-            )
+        # what seeing the window's true page sub-topics would earn; with the user's history
+        for ref, key in (
+            ("bayes_window", "window_headroom"),
+            ("bayes_profile", "profile_headroom"),
+        ):
+            if ref in pol:
+                out["targets"][key] = pol[ref]["actual_ctr"] / max(pol[best]["actual_ctr"], 1e-12)
     return out
 
 

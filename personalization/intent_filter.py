@@ -1,6 +1,7 @@
 """The Bayes filter over a visit's latent intent from its window's true page sub-topics: the
-reference rows (`bayes_window`, `oracle`, `oracle_no_user`) see what a policy sees, with the
-simulator's own generative model.
+reference rows (`bayes_window`, `bayes_clicks`, `bayes_profile`, `oracle`, `oracle_no_user`)
+see what a policy sees (`bayes_clicks` also the window's ad outcomes, `bayes_profile` the user's
+earlier history), with the simulator's own generative model.
 
 The simulator (simulator/traffic.py) draws a session's intent as the user's previous session's
 final intent with probability `persist`, else afresh from the user's interests; at each later
@@ -28,10 +29,13 @@ def intent_posterior(
     persist: float = 0.0,
     drift: float = 0.0,
     prior: np.ndarray | None = None,
+    slot_lik=None,
 ) -> np.ndarray:
     """[B,S] P(intent at visit rows[b] | its window's pages). page_sub: sub-topic of each
     VisitLog page (-1 unknown); log_lr [S]: log odds factor of a page of s; prior [B,S] (rows
-    sum to 1) or None for uniform."""
+    sum to 1) or None for uniform; slot_lik(j, idx[:, j], mask[:, j]) -> [B,S] or None: a
+    further likelihood of what was observed at window slot j besides its page (an ad's click
+    outcome), applied after the page's."""
     rows = np.asarray(rows, np.int64)
     idx, mask = v.window(rows, K, ttl_s)
     B, S = len(rows), len(log_lr)
@@ -52,6 +56,9 @@ def intent_posterior(
         e = m & (sub[:, j] >= 0)
         s = np.maximum(sub[:, j], 0)
         alpha[R[e], s[e]] *= lr[s[e]]
+        extra = slot_lik(j, idx[:, j], m) if slot_lik is not None else None
+        if extra is not None:
+            alpha *= extra
         alpha /= alpha.sum(1, keepdims=True)
         started |= m
         prev = np.where(m, sess[:, j], prev)

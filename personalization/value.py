@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -96,15 +97,86 @@ class ClickJudge:
         p = np.where(ok, np.clip(p, 0.0, 1.0), 0.0)
         return p if two else p[:, 0]
 
-    def window_posterior(self, v, rows: np.ndarray, K: int, ttl_s: float) -> np.ndarray:
+    def window_posterior(
+        self,
+        v,
+        rows: np.ndarray,
+        K: int,
+        ttl_s: float,
+        clicks: bool = False,
+        profile: bool = False,
+    ) -> np.ndarray:
         """[B,S] posterior over the visit's intent from the window's pages (the simulator's
         intent chain, uniform prior): what a policy that knew every page's true sub-topic and
-        the session boundaries could infer."""
+        the session boundaries could infer. clicks: also each earlier window visit's logged ad
+        and whether it was clicked, through the click model; profile: the prior is the user's
+        own history instead (profile_prior)."""
         from personalization.intent_filter import intent_posterior
 
+        rows = np.asarray(rows, np.int64)
         return intent_posterior(
-            v, rows, K, ttl_s, self.page_sub, self.log_lr, self.persist, self.drift
+            v,
+            rows,
+            K,
+            ttl_s,
+            self.page_sub,
+            self.log_lr,
+            self.persist,
+            self.drift,
+            prior=self.profile_prior(v, rows, K, ttl_s) if profile else None,
+            slot_lik=partial(self._click_lik, v, K) if clicks else None,
         )
+
+    def _click_lik(self, v, K: int, j: int, idx: np.ndarray, m: np.ndarray) -> np.ndarray | None:
+        """[B,S] P(the logged ad outcome at window slot j | intent s) (ones where no ad was
+        logged, and at the current slot, whose outcome is not known when its ad is chosen)."""
+        if j == K - 1:
+            return None
+        q, y = v.shown[idx], v.clicked[idx]
+        h = m & (q >= 0)
+        out = np.ones((len(idx), len(self.log_lr)))
+        if not h.any():
+            return out
+        qq = q[h]
+        c0 = self.p_click(idx[h], qq, intent=np.full(len(qq), -1))  # the intent's term is 0
+        sub, top = self.q_sub[qq], self.q_top[qq]
+        s_all = np.arange(len(self.log_lr))
+        rel = np.where(
+            s_all[None] == sub[:, None],
+            1.0,
+            np.where(
+                (self.sub_topic[None] == top[:, None]) & (sub[:, None] >= 0),
+                self.params["intent_same_topic"],
+                0.0,
+            ),
+        )
+        pc = np.clip(c0[:, None] + self.params["intent"] * rel, 0.0, 1.0)
+        out[h] = np.where(y[h][:, None], pc, 1.0 - pc)
+        return out
+
+    def profile_prior(self, v, rows: np.ndarray, K: int, ttl_s: float) -> np.ndarray:
+        """[B,S] the user's interests as their own history shows them: the true sub-topics of
+        every page the user viewed before the visit's window (all logged history; the window's
+        own pages are the filter's evidence, not counted twice), as the mean of a Dirichlet
+        posterior whose prior is one visit spread uniformly."""
+        rows = np.asarray(rows, np.int64)
+        idx, mask = v.window(rows, K, ttl_s)
+        start_ts = v.ts[np.where(mask.any(1), idx[np.arange(len(rows)), mask.argmax(1)], rows)]
+        S = len(self.log_lr)
+        out = np.full((len(rows), S), 1.0 / S)
+        psub = self.page_sub[v.page]
+        ukeys = v.user[rows]
+        for u in np.unique(ukeys):
+            at = np.flatnonzero(ukeys == u)
+            own = np.flatnonzero(v.user == u)
+            own = own[np.argsort(v.ts[own], kind="stable")]
+            s = psub[own]
+            onehot = np.zeros((len(own) + 1, S))
+            onehot[np.flatnonzero(s >= 0) + 1, s[s >= 0]] = 1.0
+            before = np.cumsum(onehot, 0)  # row i: counts over the user's first i visits
+            pos = np.searchsorted(v.ts[own], start_ts[at], side="left")
+            out[at] += before[pos]
+        return out / out.sum(1, keepdims=True)
 
 
 def _read_queries(world_dir: Path) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:

@@ -104,7 +104,7 @@ class TopicJudge:
         it = it if q.ndim == 1 else it[:, None] if it.ndim == 1 else it.argmax(1)[:, None]
         return np.where(q >= 0, np.where(self.q_topic[np.maximum(q, 0)] == it, 0.3, 0.02), 0.0)
 
-    def window_posterior(self, v, rows, K, ttl_s):
+    def window_posterior(self, v, rows, K, ttl_s, clicks=False, profile=False):
         return np.full((len(rows), int(self.q_topic.max()) + 1), 1.0)
 
 

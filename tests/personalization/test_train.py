@@ -179,6 +179,8 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
         "oracle_no_user",
         "knows_intent",
         "bayes_window",
+        "bayes_clicks",
+        "bayes_profile",
     }
     m = rep["metrics"]
     # value: the simulator's click model judges every row; knowing the intent bounds them all
@@ -191,6 +193,8 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
         "sim_rank",
         "session_knn",
         "bayes_window",
+        "bayes_clicks",
+        "bayes_profile",
     ):
         assert 0 < val[p]["actual_ctr"] <= val["knows_intent"]["actual_ctr"] + 1e-9, (p, val)
         lo, hi = val[p]["dr_ci95"]
@@ -208,6 +212,7 @@ def test_cli_train_and_evaluate_on_simulated_logs(astec_predictor, tmp_path):
     t, best = rep["value"]["targets"], val[rep["value"]["best_baseline"]]["actual_ctr"]
     assert t["headroom"] == pytest.approx(val["knows_intent"]["actual_ctr"] / best)
     assert t["window_headroom"] == pytest.approx(val["bayes_window"]["actual_ctr"] / best)
+    assert t["profile_headroom"] == pytest.approx(val["bayes_profile"]["actual_ctr"] / best)
     # the Bayes posterior with the world's true parameters bounds every policy on intent hit
     for p in ("gru", "top1", "most_frequent", "popularity", "sim_rank"):
         assert m["oracle"]["intent_hit"] >= m[p]["intent_hit"], (p, m)

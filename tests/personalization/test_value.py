@@ -168,3 +168,73 @@ def test_dr_interval_holds_when_few_clicks_carry_large_weights():
         widths.append(hi - lo)
     assert hits / n >= 0.935
     assert np.median(widths) < 0.25  # ~5 clicks: a Poisson count allows about 0.04 .. 0.30
+
+
+def _toy_judge_and_log():
+    """Two users, 4 sub-topics in 2 topics, one query per sub-topic; user u0 read three pages of
+    sub-topic 2 in an earlier session, then a window of a page of sub-topic 0 and one of 1."""
+    from personalization.value import DEFAULT_CLICK, ClickJudge
+    from personalization.visits import VisitLog
+
+    user = np.array([0, 0, 0, 0, 0, 1, 1])
+    ts = np.array([0.0, 10, 20, 1e5, 1e5 + 10, 0, 10])
+    session = np.array([0, 0, 0, 1, 1, 2, 2])
+    page = np.array([2, 2, 2, 0, 1, 3, 3])  # page i is of sub-topic i
+    v = SimpleNamespace(
+        user=user,
+        ts=ts,
+        session=session,
+        session_ids=["s0", "s1", "s2"],
+        page=page,
+        shown=np.full(7, -1),
+        clicked=np.zeros(7, bool),
+        n=7,
+    )
+    v.window = lambda rows, K, ttl_s: VisitLog.window(v, rows, K, ttl_s)
+    judge = ClickJudge(
+        params=dict(DEFAULT_CLICK),
+        q_sub=np.arange(4),
+        q_top=np.array([0, 0, 1, 1]),
+        q_head=np.ones(4),
+        sub_topic=np.array([0, 0, 1, 1]),
+        page_sub=np.arange(4),
+        link_keys=np.zeros(0, np.int64),
+        visit_intent=np.zeros(7, np.int64),
+        log_lr=np.log(np.full(4, 3.0)),
+        visit_page=page,
+        persist=0.7,
+        drift=0.05,
+    )
+    return judge, v
+
+
+def test_the_profile_reference_reads_the_users_history_before_the_window_only():
+    """bayes_profile's prior is the user's own earlier pages: the sub-topic u0 read before its
+    window leads the prior (and not the window's own pages, which the filter reads); a user with
+    no earlier history keeps the uniform prior."""
+    judge, v = _toy_judge_and_log()
+    prior = judge.profile_prior(v, np.array([4, 6]), K=2, ttl_s=1e9)
+    np.testing.assert_allclose(prior.sum(1), 1.0)
+    assert prior[0].argmax() == 2 and prior[0, 2] == pytest.approx((3 + 0.25) / 4)
+    assert prior[0, 0] == prior[0, 1] == prior[0, 3]  # the window's pages are not counted
+    np.testing.assert_allclose(prior[1], 0.25)  # u1: nothing before its window
+    with_profile = judge.window_posterior(v, np.array([4]), 2, 1e9, profile=True)
+    without = judge.window_posterior(v, np.array([4]), 2, 1e9)
+    assert with_profile[0, 2] > 2 * without[0, 2]
+
+
+def test_the_clicks_reference_reads_each_earlier_ad_outcome():
+    """bayes_clicks: a click on an earlier visit's ad of sub-topic 0 raises the posterior of 0;
+    an ad shown and not clicked lowers it a little; the current visit's own outcome (not known
+    when its ad is chosen) changes nothing."""
+    judge, v = _toy_judge_and_log()
+    row = np.array([4])
+    base = judge.window_posterior(v, row, 2, 1e9, clicks=True)[0]
+    np.testing.assert_allclose(base, judge.window_posterior(v, row, 2, 1e9)[0])
+    v.shown[3] = 0
+    no_click = judge.window_posterior(v, row, 2, 1e9, clicks=True)[0]
+    v.clicked[3] = True
+    click = judge.window_posterior(v, row, 2, 1e9, clicks=True)[0]
+    assert click[0] > 1.5 * base[0] and no_click[0] < base[0]
+    v.shown[4], v.clicked[4] = 1, True  # the current slot
+    np.testing.assert_allclose(judge.window_posterior(v, row, 2, 1e9, clicks=True)[0], click)
