@@ -164,14 +164,13 @@ class ClickJudge:
         start_ts = v.ts[np.where(mask.any(1), idx[np.arange(len(rows)), mask.argmax(1)], rows)]
         S = len(self.log_lr)
         out = np.full((len(rows), S), 1.0 / S)
-        psub = self.page_sub[v.page]
         ukeys = v.user[rows]
         for u in np.unique(ukeys):
             at = np.flatnonzero(ukeys == u)
-            own = np.flatnonzero(v.user == u)
-            own = own[np.argsort(v.ts[own], kind="stable")]
-            s = psub[own]
-            onehot = np.zeros((len(own) + 1, S))
+            # VisitLog rows are sorted by (user, ts): the user's visits are one run of rows
+            own = slice(np.searchsorted(v.user, u, "left"), np.searchsorted(v.user, u, "right"))
+            s = self.page_sub[v.page[own]]
+            onehot = np.zeros((len(s) + 1, S))
             onehot[np.flatnonzero(s >= 0) + 1, s[s >= 0]] = 1.0
             before = np.cumsum(onehot, 0)  # row i: counts over the user's first i visits
             pos = np.searchsorted(v.ts[own], start_ts[at], side="left")
