@@ -134,23 +134,15 @@ class ClickJudge:
             return None
         q, y = v.shown[idx], v.clicked[idx]
         h = m & (q >= 0)
-        out = np.ones((len(idx), len(self.log_lr)))
-        if not h.any():
+        S = len(self.log_lr)
+        out = np.ones((len(idx), S))
+        n = int(h.sum())
+        if not n:
             return out
-        qq = q[h]
-        c0 = self.p_click(idx[h], qq, intent=np.full(len(qq), -1))  # the intent's term is 0
-        sub, top = self.q_sub[qq], self.q_top[qq]
-        s_all = np.arange(len(self.log_lr))
-        rel = np.where(
-            s_all[None] == sub[:, None],
-            1.0,
-            np.where(
-                (self.sub_topic[None] == top[:, None]) & (sub[:, None] >= 0),
-                self.params["intent_same_topic"],
-                0.0,
-            ),
-        )
-        pc = np.clip(c0[:, None] + self.params["intent"] * rel, 0.0, 1.0)
+        # the click model itself, at every intent s: one (visit, ad, s) triple per row
+        pc = self.p_click(
+            np.repeat(idx[h], S), np.repeat(q[h], S), intent=np.tile(np.arange(S), n)
+        ).reshape(n, S)
         out[h] = np.where(y[h][:, None], pc, 1.0 - pc)
         return out
 
